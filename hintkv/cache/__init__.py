@@ -1,0 +1,1 @@
+"""hintkv.cache"""
