@@ -1,0 +1,450 @@
+"""Helpers every `hintkv bench ...` benchmark shares.
+
+- `ServerProcess`: start a server subprocess on a free loopback port, wait for `/health`, stop it.
+  `hintkv_server(...)` builds the `python -m hintkv serve ...` command for it.
+- `stream_completion` / `stream_batch`: an httpx streaming client for OpenAI `/v1/completions`
+  with token-id prompts, recording when each streamed chunk arrived (TTFT, inter-token times).
+- `percentile`, `median`, `summarize`: plain-Python statistics (linear interpolation, numpy's
+  default), so benchmark numbers do not depend on numpy being importable.
+- `print_table(rows, columns)`, `goal(...)`, `emit_json(obj)`: the output convention. A benchmark
+  prints a readable table, then its very last stdout line is one compact JSON object carrying a
+  `goals` object whose entries are built by `goal()` from measured values, never typed in.
+- `add_common_args(parser)` / `repeats(args, full, quick)`: the `--quick` convention. `--quick`
+  is a reduced run (under about 2 minutes) with fewer sizes and fewer repeats; both modes use the
+  same code path.
+
+Example:
+    with ServerProcess(hintkv_server("dummy:tiny")) as srv:
+        t = asyncio.run(stream_completion(srv.base_url, "dummy:tiny", [1, 2, 3], max_tokens=8))
+        print(t.ttft_s, t.decode_tok_per_s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+# ---------------------------------------------------------------- statistics
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0 <= q <= 100) with linear interpolation between closest ranks."""
+    xs = sorted(float(v) for v in values)
+    if not xs:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float]) -> float:
+    return percentile(values, 50)
+
+
+def summarize(values: Iterable[float]) -> dict[str, float]:
+    """Count, mean, p50, p90, p99 and max of a non-empty sample."""
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ValueError("summarize of an empty sequence")
+    return {
+        "n": len(xs),
+        "mean": sum(xs) / len(xs),
+        "p50": percentile(xs, 50),
+        "p90": percentile(xs, 90),
+        "p99": percentile(xs, 99),
+        "max": max(xs),
+    }
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or the denominator is 0."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+# ---------------------------------------------------------------- output convention
+
+
+def goal(target: float, measured: float | None, met: bool) -> dict[str, Any]:
+    """One entry of a benchmark's `goals` object."""
+    return {"target": target, "measured": measured, "met": bool(met)}
+
+
+def goal_at_least(target: float, measured: float | None) -> dict[str, Any]:
+    """A goal met when measured >= target; a missing measurement is never met."""
+    return goal(target, measured, measured is not None and measured >= target)
+
+
+def goal_at_most(target: float, measured: float | None) -> dict[str, Any]:
+    """A goal met when measured <= target; a missing measurement is never met."""
+    return goal(target, measured, measured is not None and measured <= target)
+
+
+def format_cell(value: Any) -> str:
+    """How a table cell reads: None as '-', floats with 3 significant digits (at least)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if value == 0:
+            return "0"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """Rows (dicts) as an aligned text table; a column missing from a row shows '-'."""
+    cells = [[format_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(items: Sequence[str]) -> str:
+        return "  ".join(s.rjust(w) if i else s.ljust(w) for i, (s, w) in enumerate(zip(items, widths)))
+
+    out = [line(columns), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    print(format_table(rows, columns), flush=True)
+
+
+def emit_json(obj: Mapping[str, Any]) -> None:
+    """Print `obj` as one compact JSON line (the benchmark's last line of stdout)."""
+    print(json.dumps(obj, separators=(",", ":"), sort_keys=False, default=_json_default), flush=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return str(value)
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr so stdout holds only the table and the JSON line."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- --quick convention
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every benchmark takes: `--quick` (reduced run, < ~2 min) and `--seed`."""
+    parser.add_argument("--quick", action="store_true", help="reduced run: fewer sizes and repeats")
+    parser.add_argument("--seed", type=int, default=0, help="seed for random prompts")
+
+
+def repeats(args: argparse.Namespace, full: int = 3, quick: int = 1) -> int:
+    """How many times each measurement is repeated (its median is reported)."""
+    return quick if getattr(args, "quick", False) else full
+
+
+# ---------------------------------------------------------------- prompts
+
+
+class PromptFactory:
+    """Random token-id prompts that never share a prefix with an earlier one (so nothing is
+    cached unless a benchmark asks for it): each starts with a token not used before."""
+
+    def __init__(self, vocab_size: int, seed: int = 0, low: int = 16) -> None:
+        if vocab_size <= low + 1:
+            raise ValueError("vocab too small")
+        self._rng = random.Random(seed)
+        self._low = low  # skip the lowest ids, where special tokens usually live
+        self._high = vocab_size - 1
+        firsts = list(range(low, vocab_size))
+        self._rng.shuffle(firsts)
+        self._firsts = firsts
+
+    def make(self, num_tokens: int) -> list[int]:
+        if num_tokens < 1:
+            raise ValueError("num_tokens must be >= 1")
+        if not self._firsts:
+            raise RuntimeError("ran out of distinct first tokens")
+        first = self._firsts.pop()
+        return [first] + [self._rng.randint(self._low, self._high) for _ in range(num_tokens - 1)]
+
+
+# ---------------------------------------------------------------- server processes
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(slots=True)
+class ServerSpec:
+    """How to start one OpenAI-compatible server; `{port}` in argv is replaced by the port."""
+
+    name: str  # label in logs and tables
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to os.environ
+    health_path: str = "/health"
+    startup_timeout_s: float = 180.0
+    cwd: str | None = None
+
+
+class ServerProcess:
+    """A server subprocess on a free loopback port; a context manager that waits for health.
+
+    Output goes to a log file (its tail is shown if the server dies or never gets healthy).
+    """
+
+    def __init__(self, spec: ServerSpec, port: int | None = None) -> None:
+        self.spec = spec
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = os.path.join(tempfile.gettempdir(), f"hintkv-bench-{spec.name}-{self.port}.log")
+        self.startup_s: float | None = None
+
+    def start(self) -> ServerProcess:
+        argv = [a.replace("{port}", str(self.port)) for a in self.spec.argv]
+        env = {**os.environ, **self.spec.env}
+        log(f"starting {self.spec.name}: {' '.join(argv)}  (log: {self.log_path})")
+        t0 = time.perf_counter()
+        with open(self.log_path, "wb") as logf:
+            # own process group, so stop() reaches the server's workers too
+            self.proc = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=self.spec.cwd, start_new_session=True
+            )
+        self._wait_healthy()
+        self.startup_s = time.perf_counter() - t0
+        log(f"{self.spec.name} healthy after {self.startup_s:.1f}s on port {self.port}")
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        url = self.base_url + self.spec.health_path
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"{self.spec.name} not healthy after {self.spec.startup_timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, num_chars: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-num_chars:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        import signal
+
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def hintkv_server(
+    model: str,
+    *,
+    name: str = "hintkv",
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    startup_timeout_s: float = 180.0,
+) -> ServerSpec:
+    """`python -m hintkv serve --model MODEL --host 127.0.0.1 --port {port} ...` in this interpreter."""
+    argv = [sys.executable, "-m", "hintkv", "serve", "--model", model, "--host", "127.0.0.1", "--port", "{port}"]
+    return ServerSpec(name=name, argv=argv + list(extra_args), env=dict(env or {}), startup_timeout_s=startup_timeout_s)
+
+
+# ---------------------------------------------------------------- streaming client
+
+
+@dataclass(slots=True)
+class CompletionTiming:
+    """When one streamed completion's pieces arrived, in seconds after the request was sent."""
+
+    prompt_tokens: int
+    sent_at: float  # time.perf_counter() when the request was sent
+    chunk_times: list[float]  # arrival time of each chunk that carried output
+    num_tokens: int  # generated tokens (usage.completion_tokens when reported, else chunks)
+    total_s: float  # until the stream closed
+    finish_reason: str | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.chunk_times[0] if self.chunk_times else self.total_s
+
+    @property
+    def inter_token_s(self) -> list[float]:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def decode_tok_per_s(self) -> float | None:
+        """Tokens after the first, over the time from the first chunk to the last."""
+        if len(self.chunk_times) < 2:
+            return None
+        span = self.chunk_times[-1] - self.chunk_times[0]
+        return (self.num_tokens - 1) / span if span > 0 else None
+
+
+def completion_body(
+    model: str, prompt_token_ids: Sequence[int], max_tokens: int, *, ignore_eos: bool = True, **extra: Any
+) -> dict[str, Any]:
+    """An OpenAI `/v1/completions` streaming request with a token-id prompt, greedy."""
+    return {
+        "model": model,
+        "prompt": list(prompt_token_ids),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,  # an extra field both hintkv and vLLM accept
+        **extra,
+    }
+
+
+async def stream_completion(
+    base_url: str,
+    model: str,
+    prompt_token_ids: Sequence[int],
+    max_tokens: int,
+    *,
+    client: httpx.AsyncClient | None = None,
+    ignore_eos: bool = True,
+    timeout_s: float = 600.0,
+    **extra: Any,
+) -> CompletionTiming:
+    """Send one streaming completion and time each chunk that carries a choice."""
+    body = completion_body(model, prompt_token_ids, max_tokens, ignore_eos=ignore_eos, **extra)
+    own = client is None
+    client = client or httpx.AsyncClient(timeout=timeout_s)
+    chunk_times: list[float] = []
+    usage_tokens: int | None = None
+    finish: str | None = None
+    try:
+        t0 = time.perf_counter()
+        async with client.stream("POST", base_url + "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                raise RuntimeError(f"HTTP {resp.status_code} from {base_url}: {text[:500]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter() - t0
+                event = json.loads(data)
+                if event.get("usage"):
+                    usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
+                for choice in event.get("choices") or ():
+                    chunk_times.append(now)
+                    finish = choice.get("finish_reason") or finish
+                    break
+        total = time.perf_counter() - t0
+    finally:
+        if own:
+            await client.aclose()
+    return CompletionTiming(
+        prompt_tokens=len(prompt_token_ids),
+        sent_at=t0,
+        chunk_times=chunk_times,
+        num_tokens=usage_tokens if usage_tokens is not None else len(chunk_times),
+        total_s=total,
+        finish_reason=finish,
+    )
+
+
+async def stream_batch(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    *,
+    ignore_eos: bool = True,
+    timeout_s: float = 600.0,
+) -> list[CompletionTiming]:
+    """Send all prompts at once as concurrent streams (a batch of len(prompts))."""
+    limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=len(prompts) + 4)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        return list(
+            await asyncio.gather(
+                *(
+                    stream_completion(base_url, model, p, max_tokens, client=client, ignore_eos=ignore_eos)
+                    for p in prompts
+                )
+            )
+        )
+
+
+def batch_decode_tok_per_s(timings: Sequence[CompletionTiming]) -> float | None:
+    """Aggregate decode throughput of concurrent streams, over the window where all decode.
+
+    Counts chunks that arrived after the last stream's first token and before the first stream
+    ended; a server that ran the streams one after another has no such window and gets the plain
+    total (all tokens after each stream's first over the whole decode span) instead.
+    """
+    if not timings or any(len(t.chunk_times) < 2 for t in timings):
+        return None
+    base = min(t.sent_at for t in timings)
+    abs_times = [[t.sent_at - base + c for c in t.chunk_times] for t in timings]
+    start = max(ts[0] for ts in abs_times)
+    end = min(ts[-1] for ts in abs_times)
+    tokens_per_chunk = [t.num_tokens / len(t.chunk_times) for t in timings]
+    if end > start:
+        count = sum(k * sum(1 for c in ts if start < c <= end) for k, ts in zip(tokens_per_chunk, abs_times))
+        if count >= 2 * len(timings):
+            return count / (end - start)
+    first = min(ts[0] for ts in abs_times)
+    last = max(ts[-1] for ts in abs_times)
+    total = sum(t.num_tokens - 1 for t in timings)
+    return total / (last - first) if last > first else None
+

@@ -1,0 +1,151 @@
+"""The shared benchmark helpers: statistics, goal objects, the table and JSON-line output,
+prompt factories, the batch-throughput window, and a real subprocess server's lifecycle."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from hintkv.bench.common import (
+    CompletionTiming,
+    PromptFactory,
+    ServerProcess,
+    ServerSpec,
+    batch_decode_tok_per_s,
+    emit_json,
+    format_table,
+    goal,
+    goal_at_least,
+    goal_at_most,
+    median,
+    percentile,
+    ratio,
+    summarize,
+)
+
+
+def test_percentile_interpolates_like_numpy_linear():
+    xs = [10.0, 1.0, 4.0, 7.0]  # sorted: 1 4 7 10
+    assert percentile(xs, 0) == 1.0
+    assert percentile(xs, 100) == 10.0
+    assert percentile(xs, 50) == pytest.approx(5.5)
+    assert percentile(xs, 90) == pytest.approx(9.1)
+    assert median([3.0]) == 3.0
+    assert median([5, 1, 3]) == 3.0
+
+
+def test_percentile_rejects_empty_and_out_of_range():
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_fields():
+    s = summarize(range(1, 101))
+    assert s["n"] == 100
+    assert s["mean"] == pytest.approx(50.5)
+    assert s["p50"] == pytest.approx(50.5)
+    assert s["p99"] == pytest.approx(99.01)
+    assert s["max"] == 100
+
+
+def test_ratio_handles_missing_values():
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(1.0, 0.0) is None
+
+
+def test_goal_objects_are_computed_from_measurements():
+    assert goal(1.0, 0.5, False) == {"target": 1.0, "measured": 0.5, "met": False}
+    assert goal_at_least(1.0, 1.2)["met"] is True
+    assert goal_at_least(1.0, 0.99)["met"] is False
+    assert goal_at_most(1.5, 1.5)["met"] is True
+    assert goal_at_most(1.5, 1.51)["met"] is False
+    # a measurement that did not happen never meets a goal
+    assert goal_at_least(1.0, None) == {"target": 1.0, "measured": None, "met": False}
+    assert goal_at_most(1.5, None)["met"] is False
+
+
+def test_format_table_aligns_columns_and_marks_missing():
+    rows = [{"model": "tiny", "tok_s": 1234.5, "ratio": 0.5}, {"model": "smollm2-135m", "tok_s": 12.345}]
+    text = format_table(rows, ["model", "tok_s", "ratio"])
+    lines = text.splitlines()
+    assert lines[0].split() == ["model", "tok_s", "ratio"]
+    assert set(lines[1]) <= {"-", " "}
+    assert lines[2].split() == ["tiny", "1,234", "0.5"]
+    assert lines[3].split() == ["smollm2-135m", "12.35", "-"]
+    assert len({len(line) for line in lines}) == 1  # every line the same width
+
+
+def test_emit_json_is_one_compact_line(capsys):
+    emit_json({"bench": "x", "goals": {"g": goal_at_least(1.0, 2.0)}, "v": float("nan")})
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    obj = json.loads(out)
+    assert obj["goals"]["g"]["met"] is True
+    assert " " not in out.strip().replace('"bench"', "")
+
+
+def test_prompt_factory_prompts_never_share_a_first_token():
+    pf = PromptFactory(vocab_size=200, seed=1)
+    prompts = [pf.make(8) for _ in range(100)]
+    assert all(len(p) == 8 for p in prompts)
+    assert len({p[0] for p in prompts}) == 100
+    assert all(16 <= t < 200 for p in prompts for t in p)
+
+
+def _timing(sent_at: float, chunks: list[float]) -> CompletionTiming:
+    return CompletionTiming(prompt_tokens=4, sent_at=sent_at, chunk_times=chunks, num_tokens=len(chunks),
+                            total_s=chunks[-1])
+
+
+def test_completion_timing_ttft_and_decode_rate():
+    t = _timing(0.0, [0.5, 0.6, 0.7, 0.9])
+    assert t.ttft_s == 0.5
+    assert t.inter_token_s == pytest.approx([0.1, 0.1, 0.2])
+    assert t.decode_tok_per_s == pytest.approx(3 / 0.4)
+
+
+def test_batch_decode_window_counts_only_where_all_streams_decode():
+    # two streams in lockstep, 10 tokens each, one every 0.1 s after a 1 s prefill
+    chunks = [1.0 + 0.1 * i for i in range(10)]
+    both = [_timing(0.0, chunks), _timing(0.0, chunks)]
+    assert batch_decode_tok_per_s(both) == pytest.approx(2 / 0.1)
+
+
+def test_batch_decode_falls_back_when_streams_ran_one_after_another():
+    first = _timing(0.0, [0.1 * i + 0.1 for i in range(10)])  # 0.1 .. 1.0
+    second = _timing(0.0, [1.1 + 0.1 * i for i in range(10)])  # 1.1 .. 2.0
+    # no overlap: 18 decoded tokens over 1.9 s, not a doubled rate
+    assert batch_decode_tok_per_s([first, second]) == pytest.approx(18 / 1.9)
+
+
+_HEALTH_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_server_process_waits_for_health_and_stops():
+    import httpx
+
+    spec = ServerSpec(name="stub", argv=[sys.executable, "-c", _HEALTH_SERVER, "{port}"], startup_timeout_s=30)
+    srv = ServerProcess(spec)
+    with srv:
+        assert httpx.get(srv.base_url + "/health").status_code == 200
+        proc = srv.proc
+    assert proc is not None and proc.poll() is not None
+
+
+def test_server_process_reports_an_early_exit():
+    spec = ServerSpec(name="dies", argv=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
+                      startup_timeout_s=30)
+    with pytest.raises(RuntimeError, match="boom"):
+        ServerProcess(spec).start()
