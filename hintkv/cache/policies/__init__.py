@@ -1,1 +1,10 @@
-"""hintkv.cache.policies"""
+"""Eviction policies: a function of block (and session) state to a sortable key, chosen by name.
+
+The smallest key is reclaimed first. A policy only orders victims; it never refuses an
+allocation (soft protection: the engine can always make progress).
+"""
+
+from hintkv.cache.policies.base import EvictionPolicy, make_policy, policy_names, register_policy
+from hintkv.cache.policies import lru as _lru  # noqa: F401  (registers "lru")
+
+__all__ = ["EvictionPolicy", "make_policy", "policy_names", "register_policy"]

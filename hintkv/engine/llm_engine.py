@@ -1,0 +1,167 @@
+"""The synchronous engine: one `step()` reads top to bottom: schedule -> run -> postprocess.
+
+Single-threaded by design: every change to sequences, blocks and sessions happens on the thread
+that calls `step()` (the async wrapper funnels requests and management calls onto it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hintkv.cache.hashing import namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.config import EngineConfig, parse_bytes
+from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import Sequence, SeqStatus
+from hintkv.engine.types import GenerateRequest, RequestOutput
+from hintkv.models.loader import load_model
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        torch.manual_seed(cfg.seed)
+        loaded = load_model(cfg.model, self.dtype, self.device, seed=cfg.seed)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_name = cfg.served_model_name or loaded.name
+        self.block_size = cfg.block_size
+        self.num_blocks = self._num_blocks()
+        self.max_model_len = cfg.max_model_len or min(loaded.config.max_position_embeddings, 32768)
+        self.eos_token_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
+        self.kv = KVCacheManager(self.num_blocks, cfg.block_size, make_policy(cfg.eviction_policy))
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.runner = ModelRunner(loaded.model, loaded.config, self.num_blocks, cfg.block_size,
+                                  self.dtype, self.device)
+        self._seqs: dict[str, Sequence] = {}
+        self._dtype_name = str(self.dtype).removeprefix("torch.")
+        log.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d (%d tokens)",
+                 self.model_name, self.device, self._dtype_name, self.num_blocks, self.num_kv_tokens)
+
+    def _num_blocks(self) -> int:
+        if self.cfg.kv_cache_tokens is not None:
+            return self.cfg.kv_cache_tokens // self.cfg.block_size
+        per_block = kv_bytes_per_block(self.model_config, self.cfg.block_size, self.dtype)
+        if self.cfg.kv_cache_memory is not None:
+            budget = parse_bytes(self.cfg.kv_cache_memory)
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * 0.85)
+        else:
+            budget = 2**30
+        n = budget // per_block
+        if n < 1:
+            raise ValueError("the KV cache memory does not hold a single block")
+        return n
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    # ---- requests ------------------------------------------------------------------------
+    def validate(self, req: GenerateRequest) -> None:
+        n = len(req.prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens; this model's context is {self.max_model_len}")
+        if n + 1 > self.num_kv_tokens:
+            raise ValueError(f"the prompt has {n} tokens; the whole KV cache holds {self.num_kv_tokens}")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in req.prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+
+    def add_request(self, req: GenerateRequest) -> None:
+        self.validate(req)
+        if req.request_id in self._seqs:
+            raise ValueError(f"request id {req.request_id!r} is already running")
+        gen = None
+        if req.sampling.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(req.sampling.seed)
+        root = namespace_root(self.model_name, self._dtype_name, self.block_size, req.cache_salt)
+        seq = Sequence(req.request_id, list(req.prompt_token_ids), len(req.prompt_token_ids),
+                       req.sampling, root, session=req.session, generator=gen)
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.remove(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        outputs = [self._finish(seq, "length") for seq in sched.out_of_room]
+        if not sched.scheduled:
+            return outputs
+        tokens = self.runner.run(sched.scheduled)
+        for s, tok in zip(sched.scheduled, tokens):
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            self.kv.commit(seq)
+            if tok is None:
+                continue
+            seq.token_ids.append(tok)
+            reason = self._stop_reason(seq, tok)
+            if reason is not None:
+                outputs.append(self._finish(seq, reason))
+            else:
+                outputs.append(self._output(seq))
+        return outputs
+
+    def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.sampling
+        if not p.ignore_eos and tok in self.eos_token_ids:
+            return "stop"
+        if tok in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, finished: bool = False) -> RequestOutput:
+        new = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens:]
+        seq.num_sent_tokens += len(new)
+        return RequestOutput(seq.request_id, new, finished, seq.finish_reason, seq.num_prompt_tokens,
+                             seq.num_cached_tokens, seq.num_output_tokens)
+
+    def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
+        self._seqs.pop(seq.request_id, None)
+        return self._output(seq, finished=True)
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        live = {b.block_id for s in self.scheduler.running for b in s.block_table}
+        in_use = {b.block_id for b in self.kv.pool.blocks if b.ref_cnt > 0}
+        assert live == in_use, "blocks in use that no running sequence holds"
+        assert all(s.status != SeqStatus.FINISHED for s in self._seqs.values())

@@ -1,0 +1,58 @@
+"""A request's state inside the engine: its tokens, how far its KV is computed, its blocks."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hintkv.cache.block import Block
+from hintkv.cache.hashing import BlockHash
+from hintkv.engine.types import FinishReason, SamplingParams, SessionRef
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # not admitted yet, or preempted (its KV freed, to be recomputed)
+    LOADING = "loading"  # admitted; waiting for prefix KV to arrive from a lower tier
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: str
+    token_ids: list[int]  # prompt + generated so far
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    root_hash: BlockHash  # namespace of this request's KV (model, dtype, layout, cache_salt)
+    session: SessionRef | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the block table
+    block_table: list[Block] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of full blocks, in order
+    num_registered_blocks: int = 0  # leading blocks of block_table already in the prefix index
+    num_cached_tokens: int = 0  # prefix hit at first admission (reported as cached_tokens)
+    num_preemptions: int = 0
+    admitted_once: bool = False
+    generator: torch.Generator | None = None
+    finish_reason: FinishReason | None = None
+    num_sent_tokens: int = 0  # output tokens already returned to the caller
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]

@@ -1,0 +1,67 @@
+"""The contract between the server and the engine: what a request asks for, what comes back.
+
+The server builds a `GenerateRequest` (token ids, sampling, cache namespace, session identity)
+and reads a stream of `RequestOutput`s; it never touches the scheduler or the cache directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(slots=True)
+class SessionRef:
+    """Who a request belongs to, as far as the cache is concerned (from the Agent Hint)."""
+
+    tenant: str  # API key identity + cache_salt: sessions never cross tenants
+    session_id: str
+    parent_session_id: str
+    ttl_s: float | None = None  # cache_control.ttl: soft protection for this long
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    cache_salt: str | None = None  # different salts never share KV blocks
+    session: SessionRef | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One increment of a request's result; the last one has `finished=True`."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (any tier)
+    num_output_tokens: int = 0
+    error: str | None = None  # set when the engine could not serve the request at all
