@@ -1,0 +1,233 @@
+"""The Agent Hint: types of the `agent_hint` request field and the one function that parses it.
+
+An agent framework (openJiuwen agent-core today) puts `agent_hint` at the top level of an OpenAI
+chat-completions body to tell the server which agent context a prompt belongs to and what to do
+with that context's KV cache. The wire format is fixed by that client and written down in
+docs/protocol.md; this module accepts all of it and rejects what is malformed with a
+`HintError` naming the exact field:
+
+    {"session_id": "sub-1", "parent_session_id": "main-0",
+     "context_management": {"manage_request": true,
+                            "edits": [{"type": "evict", "target": "messages", "start": 3, "end": 9}]},
+     "cache_control": {"type": "ephemeral", "ttl": 300},   # engine-side extension
+     "session_control": {"type": "pause"}}                 # gateway alias of an edit
+
+Invariants of a parsed hint (checked here, relied on downstream):
+- both ids are non-empty strings;
+- a `session` edit has no range; a `messages`/`tools` edit has integers 0 <= start < end <= the
+  number of messages/tools sent in that same request;
+- unknown fields anywhere are accepted and dropped, and so are an edit's server-internal
+  `block_start`/`block_end`.
+
+Use: `hint = parse_agent_hint(body, request.headers, len(messages), len(tools or []))`, then
+`resolved_edits(hint)` for the list of actions to apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hintkv.protocol.errors import HintError
+
+EditType = Literal["evict", "offload", "prefetch"]
+EditTarget = Literal["session", "messages", "tools"]
+SessionControlType = Literal["start", "pause", "resume", "stop", "compact"]
+
+DEFAULT_TTL_S = 300.0
+MAX_TTL_S = 3600.0
+
+SESSION_HEADER = "x-session-id"
+PARENT_SESSION_HEADER = "x-parent-session-id"
+
+# session_control is a gateway alias: each type stands for one whole-session edit (or none).
+SESSION_CONTROL_EDIT_TYPES: dict[str, EditType | None] = {
+    "start": None,
+    "pause": "offload",
+    "resume": "prefetch",
+    "stop": "evict",
+    "compact": "evict",
+}
+
+
+class _FieldError(ValueError):
+    """A cross-field rule broken by one named field, so the error can point at that field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _HintModel(BaseModel):
+    # strict: a bool is not an int, 1.5 is not an int, "1" is not an int; extra fields are dropped.
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class Edit(_HintModel):
+    """One action on a session's KV: the whole session, or a half-open range of messages/tools."""
+
+    type: EditType
+    target: EditTarget
+    start: int | None = None  # index of the first changed item in the list sent (ranges only)
+    end: int | None = None  # one past the last item (ranges only; the client sends the old end)
+
+    @model_validator(mode="after")
+    def _check_range(self) -> Edit:
+        if self.target == "session":
+            if self.start is not None or self.end is not None:
+                raise _FieldError("start" if self.start is not None else "end", "target 'session' takes no range")
+            return self
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is None:
+                raise _FieldError(name, f"target {self.target!r} requires both start and end")
+            if value < 0:
+                raise _FieldError(name, f"{name} must be non-negative, got {value}")
+        if self.start >= self.end:
+            raise _FieldError("start", f"half-open range requires start < end, got [{self.start}, {self.end})")
+        return self
+
+    @property
+    def is_range(self) -> bool:
+        return self.target != "session"
+
+
+class ContextManagement(_HintModel):
+    """Edits to apply; `manage_request` true means apply them and do not generate."""
+
+    manage_request: bool
+    edits: list[Edit] = Field(default_factory=list)
+
+
+class CacheControl(_HintModel):
+    """Keep this session's KV warm for `ttl` seconds: a soft protection, never a hard lock."""
+
+    type: Literal["ephemeral"] = "ephemeral"
+    ttl: float = Field(default=DEFAULT_TTL_S, gt=0, le=MAX_TTL_S)
+
+
+class SessionControl(_HintModel):
+    """Gateway alias for a whole-session edit (see SESSION_CONTROL_EDIT_TYPES)."""
+
+    type: SessionControlType
+
+    def edits(self) -> list[Edit]:
+        edit_type = SESSION_CONTROL_EDIT_TYPES[self.type]
+        return [] if edit_type is None else [Edit(type=edit_type, target="session")]
+
+
+class AgentHint(_HintModel):
+    """Who a request belongs to (`session_id` under `parent_session_id`) and what to do with its KV."""
+
+    session_id: str
+    parent_session_id: str  # a root session sends its own id
+    context_management: ContextManagement | None = None
+    cache_control: CacheControl | None = None
+    session_control: SessionControl | None = None
+
+    @field_validator("session_id", "parent_session_id")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a non-empty string")
+        return value
+
+    @property
+    def manage_request(self) -> bool:
+        """True when the request asks for its edits only, with no generation."""
+        return self.context_management is not None and self.context_management.manage_request
+
+
+def resolved_edits(hint: AgentHint) -> list[Edit]:
+    """All actions a hint asks for, in order: context_management edits, then the session_control alias."""
+    edits = list(hint.context_management.edits) if hint.context_management is not None else []
+    if hint.session_control is not None:
+        edits.extend(hint.session_control.edits())
+    return edits
+
+
+def is_management_request(hint: AgentHint | None, num_messages: int) -> bool:
+    """Whether the server must apply the hint's edits and not generate.
+
+    `manage_request: true` says so explicitly; a hint carrying only a session_control alias with
+    no messages has nothing to generate from, so it is a management request too.
+    """
+    if hint is None:
+        return False
+    if hint.context_management is not None:
+        return hint.context_management.manage_request
+    return hint.session_control is not None and num_messages == 0
+
+
+def parse_agent_hint(
+    body: Mapping, headers: Mapping[str, str], num_messages: int, num_tools: int
+) -> AgentHint | None:
+    """Parse and validate the hint of one chat-completions request; None if it carries none.
+
+    The identity comes from `body["agent_hint"]`; when that has no `session_id`, it comes from
+    the `x-session-id` / `x-parent-session-id` headers. Raises `HintError` for anything malformed.
+    """
+    raw = body.get("agent_hint")
+    header_session = _header(headers, SESSION_HEADER)
+    header_parent = _header(headers, PARENT_SESSION_HEADER)
+    if raw is None and header_session is None:
+        return None
+    if raw is not None and not isinstance(raw, Mapping):
+        raise HintError("agent_hint must be an object", "agent_hint")
+    data = dict(raw or {})
+    if data.get("session_id") is None and header_session is not None:
+        data["session_id"] = header_session
+        if data.get("parent_session_id") is None and header_parent is not None:
+            data["parent_session_id"] = header_parent
+    try:
+        hint = AgentHint.model_validate(data)
+    except ValidationError as exc:
+        raise _to_hint_error(exc, in_body=raw is not None) from None
+    _check_ranges_fit(hint, num_messages, num_tools)
+    return hint
+
+
+def _check_ranges_fit(hint: AgentHint, num_messages: int, num_tools: int) -> None:
+    if hint.context_management is None:
+        return
+    sizes = {"messages": num_messages, "tools": num_tools}
+    for index, edit in enumerate(hint.context_management.edits):
+        if edit.is_range and edit.end > sizes[edit.target]:
+            raise HintError(
+                f"end {edit.end} is beyond the {sizes[edit.target]} {edit.target} sent in this request",
+                f"agent_hint.context_management.edits[{index}].end",
+            )
+
+
+def _to_hint_error(exc: ValidationError, *, in_body: bool) -> HintError:
+    error = exc.errors()[0]
+    loc = list(error["loc"])
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _FieldError):
+        loc.append(cause.field)
+    param = _param(loc, in_body=in_body)
+    if error["type"] == "missing":
+        return HintError(f"{param} is required", param)
+    message = str(cause) if isinstance(cause, ValueError) else error["msg"]
+    return HintError(f"{param}: {message}", param)
+
+
+def _param(loc: list, *, in_body: bool) -> str:
+    if not in_body and loc == ["parent_session_id"]:
+        return PARENT_SESSION_HEADER
+    if not in_body and loc == ["session_id"]:
+        return SESSION_HEADER
+    path = "agent_hint"
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive header lookup (HTTP names are); a blank value counts as absent."""
+    value = headers.get(name)
+    if value is None:
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    return value if value is not None and value.strip() else None
