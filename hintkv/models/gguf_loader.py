@@ -1,0 +1,135 @@
+"""Load a llama.cpp GGUF file: config from metadata, dequantized weights, byte-level BPE tokenizer.
+
+llama.cpp's converter permutes the rows of Q and K (llama arch only) for its interleaved RoPE;
+we use rotate-half RoPE, so the permutation is undone here ("reverse_permute" in transformers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
+
+from hintkv.models.config import ModelConfig
+from hintkv.models.tokenizer import Tokenizer
+
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+_PERMUTED_ARCHS = ("llama",)  # archs whose converter permutes Q/K rows
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def _reader(path: str | Path) -> Any:
+    import gguf  # heavy-ish import, only for GGUF specs
+
+    return gguf.GGUFReader(str(path))
+
+
+def _meta(reader: Any) -> dict[str, Any]:
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def config_from_gguf(meta: dict[str, Any], has_output: bool, name: str) -> ModelConfig:
+    arch = meta["general.architecture"]
+    a = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
+    hidden, heads = a("embedding_length"), a("attention.head_count")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        vocab_size=a("vocab_size") or len(meta["tokenizer.ggml.tokens"]),
+        hidden_size=hidden,
+        intermediate_size=a("feed_forward_length"),
+        num_hidden_layers=a("block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=a("attention.head_count_kv", heads),
+        head_dim=a("attention.key_length") or a("rope.dimension_count") or hidden // heads,
+        rms_norm_eps=a("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=a("rope.freq_base", 10000.0),
+        max_position_embeddings=a("context_length", 8192),
+        tie_word_embeddings=not has_output,
+        attention_bias=arch == "qwen2",
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[] if eos is None else [eos],
+        name=name,
+    )
+
+
+def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute` (rows grouped (head, 2, d/2) -> (head, d/2, 2))."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")  # blk.N.attn_q.weight
+    if parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+        return None  # e.g. rope_freqs.weight: we compute frequencies from the config
+    return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+
+
+def gguf_state_dict(reader: Any, cfg: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
+    """Dequantized float32 tensors under Hugging Face names."""
+    from gguf.quants import dequantize
+
+    sd: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        w = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)])
+        if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            w = _reverse_permute(w, heads)
+        sd[name] = torch.from_numpy(np.array(w, dtype=np.float32))  # copy: GGUF F32 data is a read-only memmap
+    return sd
+
+
+def tokenizer_from_gguf(meta: dict[str, Any]) -> Tokenizer:
+    """A byte-level BPE `tokenizers.Tokenizer` from the `tokenizer.ggml.*` metadata (gpt2 model)."""
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"only gpt2-style byte-level BPE GGUF vocabularies are supported, got {model!r}")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if meta.get("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact", "codeshell"):
+        # these vocabularies split every digit on its own before the GPT-2 regex
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
+    specials = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+                for i, t in enumerate(types) if t in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
+    backend.add_special_tokens(specials)
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    return Tokenizer(backend, meta.get("tokenizer.chat_template"), [] if eos is None else [eos],
+                     bos_token=None if bos is None else tokens[bos], eos_token=None if eos is None else tokens[eos])
+
+
+def read_gguf(path: str | Path, name: str | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Everything a GGUF file holds: (config, HF-named float32 state dict, tokenizer)."""
+    reader = _reader(path)
+    meta = _meta(reader)
+    arch = meta["general.architecture"]
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    cfg = config_from_gguf(meta, has_output, name or Path(path).stem)
+    return cfg, gguf_state_dict(reader, cfg, arch), tokenizer_from_gguf(meta)

@@ -1,0 +1,199 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Qwen2) over a paged KV cache.
+
+Row layout: a step's tokens are flattened to T rows (no batch dim); `paged_attention` splits them
+back into sequences through `AttentionMetadata`. Weights are fused where it saves CPU time:
+one q/k/v matmul and one gate/up matmul per layer. `load_state_dict_hf` takes Hugging Face
+parameter names and fills the fused tensors.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hintkv.models.attention import AttentionMetadata, paged_attention
+from hintkv.models.config import ModelConfig
+from hintkv.models.rope import RotaryEmbedding
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    # Uninitialised on purpose: weights come from a checkpoint or presets.init_random_.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.weight = _param(n_out, n_in, dtype=dtype, device=device)
+        self.bias = _param(n_out, dtype=dtype, device=device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """Normalises in float32 and scales in the input dtype, like transformers' LlamaRMSNorm."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.weight = _param(dim, dtype=dtype, device=device)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, device)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        # q and k rotate together: one RoPE pass over Hq + Hkv heads
+        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, device)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(cfg, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MLP(cfg, dtype, device)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
+                        else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
+        self.rotary = RotaryEmbedding(cfg, dtype, device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] of the step's T new tokens."""
+        cos, sin = self.rotary.cos_sin(positions)
+        h = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h = layer(h, cos, sin, kv_cache, meta)
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> float32 logits [N, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
+
+    @torch.inference_mode()
+    def load_state_dict_hf(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named weights in (fusing q/k/v and gate/up); raise if any is missing."""
+        cfg = self.config
+        loaded: set[str] = set()
+        own = dict(self.named_parameters(remove_duplicate=False))
+        for hf_name, tensor in sd.items():
+            target = _hf_to_own(hf_name, cfg)
+            if target is None:
+                continue
+            if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue  # some tied checkpoints still ship the copy
+            own_name, row_slice = target
+            if own_name not in own:
+                raise KeyError(f"checkpoint tensor {hf_name!r} has no place in this model ({own_name})")
+            dst = own[own_name].data if row_slice is None else own[own_name].data[row_slice]
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)} != expected {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add(f"{own_name}[{row_slice}]")
+        expected = {f"{n}[{s}]" for hf in _expected_hf_names(cfg) for n, s in [_hf_to_own(hf, cfg)]}
+        missing = expected - loaded
+        if missing:
+            raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def _hf_to_own(name: str, cfg: ModelConfig) -> tuple[str, slice | None] | None:
+    """HF parameter name -> (own parameter name, row slice inside a fused tensor); None = ignore."""
+    if name == "model.embed_tokens.weight":
+        return "embed_tokens", None
+    if name == "model.norm.weight":
+        return "norm.weight", None
+    if name == "lm_head.weight":
+        return "lm_head", None
+    m = _LAYER.fullmatch(name)
+    if m is None or "rotary_emb" in name:
+        return None
+    i, rest = m.group(1), m.group(2)
+    q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    fused = {
+        "self_attn.q_proj": ("self_attn.qkv_proj", slice(0, q)),
+        "self_attn.k_proj": ("self_attn.qkv_proj", slice(q, q + kv)),
+        "self_attn.v_proj": ("self_attn.qkv_proj", slice(q + kv, q + 2 * kv)),
+        "mlp.gate_proj": ("mlp.gate_up_proj", slice(0, inter)),
+        "mlp.up_proj": ("mlp.gate_up_proj", slice(inter, 2 * inter)),
+    }
+    module, _, kind = rest.rpartition(".")
+    if module in fused:
+        own_module, rows = fused[module]
+        return f"layers.{i}.{own_module}.{kind}", rows
+    return f"layers.{i}.{rest}", None
+
+
+def _expected_hf_names(cfg: ModelConfig) -> list[str]:
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not cfg.tie_word_embeddings:
+        names.append("lm_head.weight")
+    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    for p in ("q_proj", "k_proj", "v_proj"):
+        per_layer.append(f"self_attn.{p}.weight")
+        if cfg.attention_bias:
+            per_layer.append(f"self_attn.{p}.bias")
+    for i in range(cfg.num_hidden_layers):
+        names.extend(f"model.layers.{i}.{n}" for n in per_layer)
+    return names

