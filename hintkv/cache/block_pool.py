@@ -91,6 +91,7 @@ class BlockPool:
         if self.policy.lru_order:
             it = iter(self._cached_free.values())
             return [next(it) for _ in range(n)]
+        self.policy.prepare()
         return heapq.nsmallest(n, self._cached_free.values(), key=self.policy.key)
 
     def touch(self, blocks: list[Block]) -> None:

@@ -7,17 +7,20 @@ that calls `step()` (the async wrapper funnels requests and management calls ont
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
 from hintkv.cache.hashing import namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry
 from hintkv.config import EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import Sequence, SeqStatus
-from hintkv.engine.types import GenerateRequest, RequestOutput
+from hintkv.engine.types import CacheEdit, EditOutcome, GenerateRequest, RequestOutput, SessionRef
 from hintkv.models.loader import load_model
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,13 @@ class LLMEngine:
         self.num_blocks = self._num_blocks()
         self.max_model_len = cfg.max_model_len or min(loaded.config.max_position_embeddings, 32768)
         self.eos_token_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
-        self.kv = KVCacheManager(self.num_blocks, cfg.block_size, make_policy(cfg.eviction_policy))
+        self.sessions = SessionRegistry(protect_budget_blocks=int(cfg.protect_budget * self.num_blocks))
+        policy = make_policy(cfg.eviction_policy, sessions=self.sessions)
+        self.kv = KVCacheManager(self.num_blocks, cfg.block_size, policy)
+        self.sam = SessionAwareManager(self.kv, self.sessions)
+        # Held while scheduling and bookkeeping, not during the forward pass, so that management
+        # requests apply within milliseconds even while a long prefill runs.
+        self.lock = threading.Lock()
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.runner = ModelRunner(loaded.model, loaded.config, self.num_blocks, cfg.block_size,
                                   self.dtype, self.device)
@@ -103,27 +112,55 @@ class LLMEngine:
         root = namespace_root(self.model_name, self._dtype_name, self.block_size, req.cache_salt)
         seq = Sequence(req.request_id, list(req.prompt_token_ids), len(req.prompt_token_ids),
                        req.sampling, root, session=req.session, generator=gen)
-        self._seqs[seq.request_id] = seq
-        self.scheduler.add(seq)
+        with self.lock:
+            if req.session is not None and self.cfg.hints:
+                seq.session_key = self.sam.on_arrival(req.session, req.session.tool)
+            self._seqs[seq.request_id] = seq
+            self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> bool:
-        seq = self._seqs.pop(request_id, None)
-        if seq is None:
-            return False
+        with self.lock:
+            seq = self._seqs.pop(request_id, None)
+            if seq is None:
+                return False
+            self._release(seq)
+            return True
+
+    def _release(self, seq: Sequence) -> None:
+        """A sequence leaves the engine: its session now holds its blocks; its refs are dropped."""
+        if seq.session_key is not None:
+            self.sam.on_done(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // self.block_size])
         self.scheduler.remove(seq)
-        return True
+
+    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
+        """Apply Agent Hint edits for a session (any thread; takes the state lock briefly)."""
+        if not self.cfg.hints:
+            return [EditOutcome("none", notes=["hints are ignored by this server (--ignore-hints)"])
+                    for _ in edits]
+        with self.lock:
+            return [self.sam.apply(ref, e) for e in edits]
+
+    def describe_session(self, tenant: str, session_id: str) -> dict | None:
+        with self.lock:
+            return self.sam.describe(tenant, session_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
-        outputs = [self._finish(seq, "length") for seq in sched.out_of_room]
-        if not sched.scheduled:
-            return outputs
+        with self.lock:
+            sched = self.scheduler.schedule()
+            outputs = [self._finish(seq, "length") for seq in sched.out_of_room]
+            if not sched.scheduled:
+                return outputs
         tokens = self.runner.run(sched.scheduled)
-        for s, tok in zip(sched.scheduled, tokens):
+        with self.lock:
+            return outputs + self._postprocess(sched.scheduled, tokens)
+
+    def _postprocess(self, scheduled, tokens) -> list[RequestOutput]:
+        outputs = []
+        for s, tok in zip(scheduled, tokens):
             seq = s.seq
             seq.num_computed_tokens += s.num_new_tokens
             self.kv.commit(seq)
@@ -155,12 +192,13 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
         seq.finish_reason = reason
-        self.scheduler.remove(seq)
+        self._release(seq)
         self._seqs.pop(seq.request_id, None)
         return self._output(seq, finished=True)
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
+        self.sessions.check_integrity()
         live = {b.block_id for s in self.scheduler.running for b in s.block_table}
         in_use = {b.block_id for b in self.kv.pool.blocks if b.ref_cnt > 0}
         assert live == in_use, "blocks in use that no running sequence holds"

@@ -28,6 +28,7 @@ class Sequence:
     sampling: SamplingParams
     root_hash: BlockHash  # namespace of this request's KV (model, dtype, layout, cache_salt)
     session: SessionRef | None = None
+    session_key: str | None = None  # registry key when hints are on
     arrival: float = field(default_factory=time.monotonic)
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the block table

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef  # noqa: F401  (re-exported)
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -35,16 +37,6 @@ class SamplingParams:
 
 
 @dataclass(slots=True)
-class SessionRef:
-    """Who a request belongs to, as far as the cache is concerned (from the Agent Hint)."""
-
-    tenant: str  # API key identity + cache_salt: sessions never cross tenants
-    session_id: str
-    parent_session_id: str
-    ttl_s: float | None = None  # cache_control.ttl: soft protection for this long
-
-
-@dataclass(slots=True)
 class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
@@ -65,3 +57,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (any tier)
     num_output_tokens: int = 0
     error: str | None = None  # set when the engine could not serve the request at all
+

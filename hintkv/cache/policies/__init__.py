@@ -6,5 +6,6 @@ allocation (soft protection: the engine can always make progress).
 
 from hintkv.cache.policies.base import EvictionPolicy, make_policy, policy_names, register_policy
 from hintkv.cache.policies import lru as _lru  # noqa: F401  (registers "lru")
+from hintkv.cache.policies import sam as _sam  # noqa: F401  (registers "sam")
 
 __all__ = ["EvictionPolicy", "make_policy", "policy_names", "register_policy"]

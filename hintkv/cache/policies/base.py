@@ -14,6 +14,9 @@ class EvictionPolicy:
     name = "base"
     lru_order = False  # True: key is last-release order, so the pool may skip computing keys
 
+    def prepare(self) -> None:
+        """Called once before a round of `key` calls (a policy may snapshot the clock here)."""
+
     def key(self, block: Any) -> tuple:
         raise NotImplementedError
 

@@ -1,0 +1,92 @@
+"""SAM, the session-aware manager: applies Agent Hint edits and request lifecycles to the cache.
+
+It joins the session registry (who holds what) and the KV manager (where blocks are). Evicting
+frees blocks nobody holds at once; offload and prefetch change how the policy ranks a session's
+blocks (and, once lower tiers exist, move them). Everything here runs under the engine's state
+lock, so it is consistent with the scheduler, and none of it can make inference fail.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hintkv.cache.hashing import BlockHash
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.sessions import SessionRegistry, SessionState, session_key
+from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef
+
+
+class SessionAwareManager:
+    def __init__(self, kv: KVCacheManager, sessions: SessionRegistry) -> None:
+        self.kv = kv
+        self.sessions = sessions
+
+    # ---- request lifecycle ---------------------------------------------------------------
+    def on_arrival(self, ref: SessionRef, tool: str | None = None) -> str:
+        now = time.monotonic()
+        s = self.sessions.on_arrival(ref.tenant, ref.session_id, ref.parent_session_id, now, tool)
+        if ref.ttl_s:
+            self.sessions.set_ttl(s.key, ref.ttl_s, now)
+        return s.key
+
+    def on_done(self, key: str, hashes: list[BlockHash]) -> None:
+        self.sessions.on_done(key, hashes, time.monotonic())
+
+    # ---- edits ---------------------------------------------------------------------------
+    def apply(self, ref: SessionRef, edit: CacheEdit) -> EditOutcome:
+        key = session_key(ref.tenant, ref.session_id)
+        s = self.sessions.sessions.get(key)
+        if s is None:
+            return EditOutcome("none", notes=["unknown session: nothing to do"])
+        if edit.action == "evict":
+            return self._evict(key, edit.token_start)
+        if edit.action == "offload":
+            self.sessions.suspend(key)
+            n = self._device_blocks(s.held)
+            return EditOutcome("offloaded", {"device": (0, 0)}, [
+                f"no lower tier configured: {n} device blocks of this session are now first in line "
+                "for eviction (kept until room is needed)"])
+        self.sessions.prefetch(key, time.monotonic())
+        n = self._device_blocks(s.held)
+        return EditOutcome("prefetched", {"device": (0, 0)}, [
+            f"{n} of the session's {len(s.held)} blocks are in device memory and now protected"])
+
+    def _evict(self, key: str, token_start: int | None) -> EditOutcome:
+        if token_start is None:
+            orphans = self.sessions.end(key)
+        else:
+            orphans = self.sessions.truncate(key, token_start // self.kv.block_size)
+        freed = 0
+        for h in orphans:
+            b = self.kv.pool.lookup(h)
+            if b is not None and self.kv.pool.drop(b):
+                freed += 1
+        bs = self.kv.block_size
+        notes = [] if freed == len(orphans) else [
+            f"{len(orphans) - freed} released blocks are still in use by running requests or gone"]
+        return EditOutcome("evicted" if orphans or token_start is None else "none",
+                           {"device": (-freed, -freed * bs)}, notes)
+
+    def _device_blocks(self, hashes: list[BlockHash]) -> int:
+        return sum(1 for h in hashes if self.kv.pool.lookup(h) is not None)
+
+    # ---- introspection -------------------------------------------------------------------
+    def describe(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        s = self.sessions.get(tenant, session_id)
+        if s is None:
+            return None
+        bs = self.kv.block_size
+        parent = self.sessions.sessions[s.parent].session_id if s.parent else s.session_id
+        return {
+            "session_id": s.session_id,
+            "parent_session_id": parent,
+            "state": s.state.value,
+            "num_requests": s.num_requests,
+            "num_inflight": s.num_inflight,
+            "held_tokens": len(s.held) * bs,
+            "tokens_per_tier": {"device": self._device_blocks(s.held) * bs},
+            "children": sorted(self.sessions.sessions[c].session_id for c in s.children),
+            "predicted_gap_s": round(self.sessions.predicted_gap(s)[0], 3)
+            if s.state is SessionState.WAITING else None,
+        }

@@ -1,0 +1,224 @@
+"""The session registry: which agent sessions exist, their state, and which KV blocks they hold.
+
+Sessions form trees (a sub-agent names its parent; a root names itself) and are namespaced by
+tenant, so a hint can only ever reach its own tenant's sessions. State machine:
+
+    (new) --request--> ACTIVE --last request done--> WAITING --request--> ACTIVE
+    ACTIVE/WAITING --offload--> SUSPENDED --prefetch/request--> ACTIVE
+    any --evict--> ENDED (a root's evict ends its whole tree; a later request revives it)
+
+Ownership: a session holds the full blocks of its latest prompt + completion, by content hash, so
+a shared prefix is held by many sessions and stored once. Invariant (`check_integrity`): `holders`
+maps each hash to exactly the live sessions whose `held` list contains it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hintkv.cache.gaps import GapEstimator
+from hintkv.cache.hashing import BlockHash
+
+PREFETCH_GRACE_S = 30.0  # a prefetched session counts as about to run for this long
+
+
+class SessionState(enum.Enum):
+    ACTIVE = "active"
+    WAITING = "waiting"
+    SUSPENDED = "suspended"
+    ENDED = "ended"
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    key: str
+    tenant: str
+    session_id: str
+    parent: str | None  # key of the parent session; None for a root
+    children: set[str] = field(default_factory=set)
+    state: SessionState = SessionState.WAITING
+    held: list[BlockHash] = field(default_factory=list)
+    num_inflight: int = 0
+    num_requests: int = 0
+    last_arrival: float = 0.0
+    last_done: float = 0.0
+    last_tool: str | None = None
+    gaps: GapEstimator = field(default_factory=GapEstimator)
+    protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
+    prefetched_until: float = 0.0
+
+
+def session_key(tenant: str, session_id: str) -> str:
+    return f"{tenant}\x1f{session_id}"
+
+
+class SessionRegistry:
+    def __init__(self, protect_budget_blocks: int = 0) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.holders: dict[BlockHash, set[str]] = {}
+        self.tool_gaps: dict[str, GapEstimator] = {}
+        self.all_gaps = GapEstimator()
+        self.protect_budget_blocks = protect_budget_blocks
+
+    # ---- lookup --------------------------------------------------------------------------
+    def get(self, tenant: str, session_id: str) -> Session | None:
+        return self.sessions.get(session_key(tenant, session_id))
+
+    def _ensure(self, tenant: str, session_id: str, parent_id: str | None) -> Session:
+        key = session_key(tenant, session_id)
+        s = self.sessions.get(key)
+        if s is None:
+            pkey = None
+            if parent_id is not None and parent_id != session_id:
+                pkey = self._ensure(tenant, parent_id, None).key
+            s = self.sessions[key] = Session(key, tenant, session_id, pkey)
+            if pkey is not None:
+                self.sessions[pkey].children.add(key)
+        return s
+
+    def is_held(self, h: BlockHash) -> bool:
+        return h in self.holders
+
+    # ---- request lifecycle ---------------------------------------------------------------
+    def on_arrival(self, tenant: str, session_id: str, parent_id: str, now: float,
+                   tool: str | None = None) -> Session:
+        s = self._ensure(tenant, session_id, parent_id)
+        if s.num_requests and s.num_inflight == 0 and s.last_done:
+            gap = now - s.last_done
+            s.gaps.observe(gap)
+            self.all_gaps.observe(gap)
+            if s.last_tool:
+                self.tool_gaps.setdefault(s.last_tool, GapEstimator()).observe(gap)
+        s.state = SessionState.ACTIVE
+        s.num_inflight += 1
+        s.num_requests += 1
+        s.last_arrival = now
+        s.last_tool = tool
+        return s
+
+    def on_done(self, key: str, hashes: list[BlockHash], now: float) -> None:
+        """A request finished: the session now holds exactly this prompt + completion's blocks."""
+        s = self.sessions.get(key)
+        if s is None:
+            return
+        s.num_inflight = max(0, s.num_inflight - 1)
+        s.last_done = now
+        if s.state is SessionState.ENDED:
+            return  # evicted while its request ran: hold nothing
+        self._set_held(s, hashes)
+        if s.num_inflight == 0 and s.state is SessionState.ACTIVE:
+            s.state = SessionState.WAITING
+
+    def _set_held(self, s: Session, hashes: list[BlockHash]) -> list[BlockHash]:
+        """Replace what `s` holds; return the hashes nobody holds any more."""
+        new = set(hashes)
+        orphans = []
+        for h in s.held:
+            if h not in new:
+                owners = self.holders.get(h)
+                if owners is not None:
+                    owners.discard(s.key)
+                    if not owners:
+                        del self.holders[h]
+                        orphans.append(h)
+        for h in hashes:
+            self.holders.setdefault(h, set()).add(s.key)
+        s.held = list(hashes)
+        return orphans
+
+    # ---- hint actions --------------------------------------------------------------------
+    def subtree(self, key: str) -> list[Session]:
+        out, stack = [], [key]
+        while stack:
+            s = self.sessions.get(stack.pop())
+            if s is not None:
+                out.append(s)
+                stack.extend(s.children)
+        return out
+
+    def end(self, key: str) -> list[BlockHash]:
+        """Evict a session (a root: its whole tree). Returns hashes nobody holds any more."""
+        s = self.sessions.get(key)
+        if s is None:
+            return []
+        targets = self.subtree(key) if s.parent is None else [s]
+        orphans: list[BlockHash] = []
+        for t in targets:
+            orphans += self._set_held(t, [])
+            t.state = SessionState.ENDED
+            t.protect_until = t.prefetched_until = 0.0
+        return orphans
+
+    def truncate(self, key: str, keep_blocks: int) -> list[BlockHash]:
+        """Drop the session's claim on its blocks from index `keep_blocks` on (stale context)."""
+        s = self.sessions.get(key)
+        if s is None or keep_blocks >= len(s.held):
+            return []
+        return self._set_held(s, s.held[:keep_blocks])
+
+    def suspend(self, key: str) -> Session | None:
+        s = self.sessions.get(key)
+        if s is not None and s.state is not SessionState.ENDED:
+            s.state = SessionState.SUSPENDED
+            s.prefetched_until = 0.0
+        return s
+
+    def prefetch(self, key: str, now: float) -> Session | None:
+        s = self.sessions.get(key)
+        if s is not None and s.state is not SessionState.ENDED:
+            s.prefetched_until = now + PREFETCH_GRACE_S
+            if s.state is SessionState.SUSPENDED:
+                s.state = SessionState.WAITING
+        return s
+
+    def set_ttl(self, key: str, ttl_s: float, now: float) -> bool:
+        """Protect a session's blocks for `ttl_s` if the protection budget allows it."""
+        s = self.sessions.get(key)
+        if s is None:
+            return False
+        others = sum(len(o.held) for o in self.sessions.values()
+                     if o is not s and o.protect_until > now)
+        if others + len(s.held) > self.protect_budget_blocks:
+            return False
+        s.protect_until = now + ttl_s
+        return True
+
+    # ---- ranking for the policy ----------------------------------------------------------
+    def predicted_gap(self, s: Session) -> tuple[float, float]:
+        """(expected gap, gap after which the session is presumed gone) for a waiting session."""
+        est = s.gaps if s.gaps.n >= 2 else self.tool_gaps.get(s.last_tool or "", None)
+        if est is None or not est.known:
+            est = s.gaps if s.gaps.known else self.all_gaps
+        if not est.known:
+            return 5.0, 60.0
+        return est.expected(), est.stale_after()
+
+    def rank(self, s: Session, now: float) -> tuple[int, float]:
+        """Smaller = reclaimed sooner. (class, tiebreak): 3 running/protected, 2 waiting
+        (predicted furthest first), 1 suspended or presumed gone, 0 nobody (handled by caller)."""
+        if s.state is SessionState.ACTIVE or s.prefetched_until > now or s.protect_until > now:
+            return (3, 0.0)
+        if s.state is SessionState.WAITING:
+            expected, stale = self.predicted_gap(s)
+            idle = now - s.last_done
+            if idle > stale:
+                return (1, 0.0)
+            return (2, -(s.last_done + expected))
+        return (1, 0.0)
+
+    # ---- introspection -------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        expect: dict[BlockHash, set[str]] = {}
+        for s in self.sessions.values():
+            if s.state is SessionState.ENDED:
+                assert not s.held, f"ended session {s.session_id} still holds blocks"
+            for h in s.held:
+                expect.setdefault(h, set()).add(s.key)
+            for c in s.children:
+                assert self.sessions[c].parent == s.key, "child/parent links disagree"
+        assert expect == self.holders, "holders map out of sync with sessions' held lists"
+
+    def live(self) -> Iterable[Session]:
+        return (s for s in self.sessions.values() if s.state is not SessionState.ENDED)

@@ -1,0 +1,173 @@
+"""SAM bookkeeping without a model: the session state machine, ownership, and the `sam` order."""
+
+import time
+
+from hypothesis import given, settings, strategies as st
+
+from hintkv.cache.hashing import namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry, SessionState
+from hintkv.cache.types import CacheEdit, SessionRef
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import Sequence
+from hintkv.engine.types import SamplingParams
+
+BS = 4
+ROOT = namespace_root("test", "float32", BS, None)
+
+
+class Harness:
+    """The engine's bookkeeping path (scheduler + KV manager + SAM) driven without a model."""
+
+    def __init__(self, num_blocks: int, policy: str = "sam") -> None:
+        self.sessions = SessionRegistry(protect_budget_blocks=num_blocks // 2)
+        self.kv = KVCacheManager(num_blocks, BS, make_policy(policy, sessions=self.sessions))
+        self.sam = SessionAwareManager(self.kv, self.sessions)
+        self.sched = Scheduler(self.kv, max_num_seqs=8, max_num_batched_tokens=64)
+        self.n = 0
+
+    def run(self, ref: SessionRef | None, prompt: list[int], max_tokens: int = 2) -> Sequence:
+        self.n += 1
+        seq = Sequence(f"r{self.n}", list(prompt), len(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), ROOT)
+        if ref is not None:
+            seq.session_key = self.sam.on_arrival(ref)
+        self.sched.add(seq)
+        while seq in self.sched.waiting or seq in self.sched.running:
+            out = self.sched.schedule()
+            for s in out.out_of_room:
+                self.finish(s)
+            for s in out.scheduled:
+                samples = s.samples
+                s.seq.num_computed_tokens += s.num_new_tokens
+                self.kv.commit(s.seq)
+                if samples:
+                    s.seq.token_ids.append(1000 + self.n)
+                    if s.seq.num_output_tokens >= s.seq.sampling.max_tokens:
+                        self.finish(s.seq)
+        return seq
+
+    def finish(self, seq: Sequence) -> None:
+        if seq.session_key:
+            self.sam.on_done(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // BS])
+        self.sched.remove(seq)
+
+    def check(self) -> None:
+        self.kv.check_integrity()
+        self.sessions.check_integrity()
+
+
+def ref(sid: str, parent: str | None = None, tenant: str = "t") -> SessionRef:
+    return SessionRef(tenant, sid, parent or sid)
+
+
+SYSTEM = list(range(1, 17))  # a shared 16-token (4-block) system prompt
+
+
+def test_state_machine_and_tree():
+    h = Harness(64)
+    h.run(ref("lead"), SYSTEM + [50, 51, 52, 53])
+    h.run(ref("lead_sub_1", "lead"), SYSTEM + [60, 61, 62, 63])
+    reg = h.sessions
+    lead, sub = reg.get("t", "lead"), reg.get("t", "lead_sub_1")
+    assert lead.state is SessionState.WAITING and sub.parent == lead.key
+    assert lead.key in reg.holders[lead.held[0]] and sub.key in reg.holders[lead.held[0]], \
+        "the shared system prompt is held by both and stored once"
+    assert h.sam.apply(ref("lead_sub_1", "lead"), CacheEdit("offload")).action == "offloaded"
+    assert sub.state is SessionState.SUSPENDED
+    h.sam.apply(ref("lead_sub_1", "lead"), CacheEdit("prefetch"))
+    assert sub.state is SessionState.WAITING and reg.rank(sub, time.monotonic())[0] == 3
+    h.sam.apply(ref("lead"), CacheEdit("evict"))  # a root's evict ends the whole tree
+    assert lead.state is SessionState.ENDED and sub.state is SessionState.ENDED
+    assert not reg.holders
+    assert h.kv.pool.num_cached_free == 0, "blocks nobody holds are freed at once"
+    h.check()
+
+
+def test_evict_is_idempotent_and_unknown_sessions_are_noops():
+    h = Harness(32)
+    assert h.sam.apply(ref("ghost"), CacheEdit("evict")).action == "none"
+    h.run(ref("a"), SYSTEM + [9])
+    first = h.sam.apply(ref("a"), CacheEdit("evict"))
+    second = h.sam.apply(ref("a"), CacheEdit("evict"))
+    assert first.tiers["device"][0] < 0 and second.tiers["device"] == (0, 0)
+    h.check()
+
+
+def test_range_evict_keeps_the_prefix_and_frees_the_stale_tail():
+    h = Harness(32)
+    h.run(ref("a"), SYSTEM + list(range(100, 120)), max_tokens=1)
+    held = list(h.sessions.get("t", "a").held)
+    out = h.sam.apply(ref("a"), CacheEdit("evict", token_start=18))  # stale from block 4 on
+    assert h.sessions.get("t", "a").held == held[:4]
+    assert out.tiers["device"][0] == -(len(held) - 4)
+    assert all(h.kv.pool.lookup(x) is None for x in held[4:])
+    assert all(h.kv.pool.lookup(x) is not None for x in held[:4])
+    h.check()
+
+
+def test_tenants_cannot_touch_each_other():
+    h = Harness(32)
+    h.run(ref("s", tenant="alice"), SYSTEM + [7])
+    assert h.sam.apply(ref("s", tenant="mallory"), CacheEdit("evict")).action == "none"
+    assert h.sessions.get("alice", "s").state is SessionState.WAITING
+    assert h.sam.describe("mallory", "s") is None and h.sam.describe("alice", "s") is not None
+
+
+def test_sam_orders_unheld_then_suspended_then_waiting_then_running():
+    h = Harness(64)
+    h.run(None, [200 + i for i in range(8)])  # nobody holds this
+    h.run(ref("susp"), [300 + i for i in range(8)])
+    h.run(ref("wait"), [400 + i for i in range(8)])
+    h.sam.apply(ref("susp"), CacheEdit("offload"))
+    now = time.monotonic()
+    h.sessions.on_arrival("t", "run", "run", now)  # running right now
+    h.sessions.on_done(h.sessions.get("t", "run").key, [], now)
+    h.sessions.on_arrival("t", "run", "run", now)
+    run_hashes = [b"run-" + bytes([i]) for i in range(2)]
+    h.sessions._set_held(h.sessions.get("t", "run"), run_hashes)
+    blocks = h.kv.pool.allocate(2)
+    for b, x in zip(blocks, run_hashes):
+        h.kv.pool.register(b, x)
+    h.kv.pool.release(blocks)
+    order = h.kv.pool.choose_victims(h.kv.pool.num_cached_free)
+    owner = {}
+    for name in ("susp", "wait", "run"):
+        for x in h.sessions.get("t", name).held:
+            owner[x] = name
+    labels = [owner.get(b.hash, "nobody") for b in order]
+    first = {lab: labels.index(lab) for lab in set(labels)}
+    assert first["nobody"] < first["susp"] < first["wait"] < first["run"], labels
+    h.check()
+
+
+def test_soft_protection_never_deadlocks_when_everything_is_protected():
+    h = Harness(12)
+    for i in range(6):
+        r = SessionRef("t", f"s{i}", f"s{i}", ttl_s=3600)
+        h.run(r, [i * 50 + j for j in range(9)])
+        h.sam.apply(r, CacheEdit("prefetch"))
+    # every cached block is protected; new work must still get blocks
+    seq = h.run(ref("late"), [999] * 30, max_tokens=3)
+    assert seq.num_output_tokens == 3
+    h.check()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["run", "run", "offload", "prefetch", "evict", "range"]),
+                          st.integers(0, 4), st.integers(0, 20)), max_size=40))
+def test_random_multi_session_workload_keeps_ownership_consistent(ops):
+    h = Harness(24)
+    for op, k, m in ops:
+        r = ref(f"s{k}", "s0" if k else None)
+        if op == "run":
+            h.run(r, SYSTEM + [k * 100 + j for j in range(m)], max_tokens=1 + m % 3)
+        elif op == "range":
+            h.sam.apply(r, CacheEdit("evict", token_start=m))
+        else:
+            h.sam.apply(r, CacheEdit(op))
+        h.check()
+        for x, owners in h.sessions.holders.items():
+            assert all(h.sessions.sessions[o].state is not SessionState.ENDED for o in owners)
+    assert h.kv.pool.num_in_use == 0
