@@ -1,0 +1,104 @@
+"""The one contract every KV tier implements (host, disk, and later the shared pool).
+
+A tier stores block payloads (see `layout.BlockLayout`) under opaque keys: the chained content
+hash of the block, which already folds in the namespace (model, dtype, block layout, cache_salt).
+A block is therefore stored at most once per tier, however many sessions hold it.
+
+Invariants (each tier's `check_integrity()` asserts them):
+  - `usage().num_blocks <= usage().capacity_blocks`, and `bytes_used` matches the blocks held.
+  - every key the tier reports through `contains` has storage behind it, and no storage
+    (slot, file) is held by a key the tier no longer knows: removal leaks nothing.
+
+Semantics shared by all tiers:
+  - `put(items)` is asynchronous and batched: it returns one future per item, resolving to True
+    once the payload is stored, False if it could not be (full of blocks that cannot be evicted,
+    I/O error). The caller must not modify a source tensor until its future resolves.
+    Putting a key the tier already holds (or is writing) is a no-op success.
+  - When full, a tier evicts the ready block with the smallest `priority(key)` first (default:
+    least recently used). Blocks still being written are never evicted. Each evicted block is
+    reported to `on_evict(key, payload)`; `payload` is a tensor view valid only during the call
+    (copy it to keep it), or None when the tier cannot provide the bytes.
+  - `get(key, dst)` is asynchronous: True once `dst` holds the block's exact bytes; False on a
+    miss, including a block that fails its checksum or an I/O error (the caller recomputes).
+    On False the content of `dst` is undefined. Errors are counted and logged, never raised.
+  - `remove(key)` forgets a block now; storage is reclaimed once in-flight reads of it finish.
+  - `contains(key)` is a probe: it does not count as an access for eviction order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Priority = Callable[[bytes], Any]  # key -> sortable; the smallest is evicted first
+OnEvict = Callable[[bytes, "torch.Tensor | None"], None]
+
+
+@dataclass(slots=True)
+class TierUsage:
+    num_blocks: int  # blocks held (including ones still being written)
+    capacity_blocks: int
+    bytes_used: int  # storage consumed by those blocks (payload, plus headers on disk)
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Event counters of one tier since it started (all monotonic)."""
+
+    num_puts: int = 0  # blocks newly stored
+    num_put_failed: int = 0  # puts refused (no evictable room) or failed (I/O error)
+    num_hits: int = 0  # gets that delivered the bytes
+    num_misses: int = 0  # gets of unknown keys, plus corrupt and failed reads
+    num_corrupt: int = 0  # blocks dropped because their checksum, header or length was wrong
+    num_io_errors: int = 0  # OSErrors met (ENOSPC, EROFS, EACCES, ...), all turned into misses
+    num_evicted: int = 0  # blocks evicted to make room
+    num_removed: int = 0  # blocks removed by `remove`
+
+
+class Tier(ABC):
+    """One level of the KV hierarchy. See the module docstring for the contract."""
+
+    name: str = "tier"
+    upper: str = "device"  # where blocks come from; names transfer directions ("device->host")
+
+    @abstractmethod
+    def contains(self, key: bytes) -> bool: ...
+
+    @abstractmethod
+    def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]: ...
+
+    @abstractmethod
+    def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]: ...
+
+    @abstractmethod
+    def remove(self, key: bytes) -> bool: ...
+
+    @abstractmethod
+    def usage(self) -> TierUsage: ...
+
+    @abstractmethod
+    def stats(self) -> TierStats: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Raise AssertionError, with a message, if an invariant of the contract is broken."""
+
+    @abstractmethod
+    def set_priority(self, priority: Priority | None) -> None:
+        """Plug the victim order (None: back to LRU). Called by the cache manager."""
+
+    @abstractmethod
+    def set_on_evict(self, on_evict: OnEvict | None) -> None:
+        """Plug the eviction listener (the tier stack uses it to cascade blocks downward)."""
+
+    @abstractmethod
+    def last_access(self, key: bytes) -> int:
+        """Logical time of the key's last put or get (for priorities that tie-break by recency)."""
+
+    @abstractmethod
+    def close(self) -> None: ...

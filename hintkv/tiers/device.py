@@ -1,0 +1,58 @@
+"""Gather and scatter whole blocks between the device KV cache and tier payloads.
+
+The model runner owns, per layer, one tensor `kv: [2, num_blocks, block_size, num_kv_heads,
+head_dim]` (K and V). A block leaving the device is gathered across all layers into one payload
+`[num_layers, 2, block_size, num_kv_heads, head_dim]` (`layout.BlockLayout.shape`); a block
+coming back is scattered into its new block ids. Both are one indexed copy per layer for the
+whole batch of blocks, never a Python loop over blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hintkv.tiers.layout import BlockLayout
+
+
+class DeviceBlockIO:
+    def __init__(self, kv_caches: list[torch.Tensor]) -> None:
+        if not kv_caches:
+            raise ValueError("need at least one layer's KV cache")
+        first = kv_caches[0]
+        if first.dim() != 5 or first.shape[0] != 2:
+            raise ValueError(f"a layer's KV cache must be [2, num_blocks, block_size, heads, "
+                             f"head_dim], got {tuple(first.shape)}")
+        for kv in kv_caches:
+            if kv.shape != first.shape or kv.dtype != first.dtype or kv.device != first.device:
+                raise ValueError("all layers' KV caches must share shape, dtype and device")
+        self.kv_caches = kv_caches
+        self.num_blocks = first.shape[1]
+        self.device = first.device
+        _, _, block_size, num_kv_heads, head_dim = first.shape
+        self.layout = BlockLayout(len(kv_caches), block_size, num_kv_heads, head_dim, first.dtype)
+
+    def read(self, block_ids: list[int], out: torch.Tensor) -> None:
+        """Gather blocks `block_ids` into `out: [len(block_ids), *layout.shape]` (any device)."""
+        self._check(block_ids, out)
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        for layer, kv in enumerate(self.kv_caches):
+            # [2, n, ...] -> [n, 2, ...]: the payload keeps each block's K and V together
+            out[:, layer].copy_(kv.index_select(1, idx).transpose(0, 1))
+
+    def write(self, block_ids: list[int], src: torch.Tensor) -> None:
+        """Scatter `src: [len(block_ids), *layout.shape]` into blocks `block_ids` (distinct)."""
+        self._check(block_ids, src)
+        if len(set(block_ids)) != len(block_ids):
+            raise ValueError("block ids of one write must be distinct")
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        src = src.to(self.device, non_blocking=True)
+        for layer, kv in enumerate(self.kv_caches):
+            kv.index_copy_(1, idx, src[:, layer].transpose(0, 1))
+
+    def _check(self, block_ids: list[int], t: torch.Tensor) -> None:
+        expected = (len(block_ids), *self.layout.shape)
+        if tuple(t.shape) != expected or t.dtype != self.layout.dtype:
+            raise ValueError(f"payload batch {tuple(t.shape)} {t.dtype}, expected {expected} "
+                             f"{self.layout.dtype}")
+        if block_ids and not all(0 <= b < self.num_blocks for b in block_ids):
+            raise ValueError(f"block ids must be in [0, {self.num_blocks})")

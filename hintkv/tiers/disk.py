@@ -1,0 +1,277 @@
+"""The disk tier: one file per block (`<key hex>.kv`) in `--disk-cache-dir`, bounded by
+`--disk-cache-size`.
+
+Never serve wrong KV: every file carries a header naming its key and layout, and a crc32 of the
+payload (see `disk_format.py`); a read checks all of it, and a missing, truncated or corrupt file
+is a miss (counted, logged, the entry dropped). Files are written to a temporary name and
+renamed, so a reader never sees half a block; no fsync, because a block lost in a crash is only a
+recompute and a torn one fails its checksum. Any OSError (ENOSPC, EROFS, EACCES, ...) turns into
+a failed put or a miss, counted and logged, never raised. On start the directory is either wiped
+(our files only) or, with `reuse=True`, scanned: files whose size or header is wrong are deleted,
+the rest adopted (newest first, up to capacity), their payloads verified on each read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+
+from hintkv.tiers.base import OnEvict, Priority, TierUsage
+from hintkv.tiers.disk_format import (HEADER_SIZE, MAX_KEY_LEN, BadBlockFile, checksum,
+                                      decode_header, encode_header)
+from hintkv.tiers.index import Entry, IndexedTier
+from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.mover import Mover, resolved
+
+log = logging.getLogger(__name__)
+
+_BLOCK_FILE = re.compile(r"^((?:[0-9a-f]{2}){1,64})\.kv$")
+_TEMP_FILE = re.compile(r"^(?:[0-9a-f]{2}){1,64}\.\d+\.tmp$")
+
+
+def _quiet_unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("disk tier: cannot delete %s: %s", path, e)
+
+
+def _as_bytes(t: torch.Tensor):
+    """A flat uint8 numpy view of a contiguous CPU tensor (any dtype, bf16 included)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+class DiskTier(IndexedTier):
+    name = "disk"
+
+    def __init__(self, layout: BlockLayout, directory: str | os.PathLike, capacity_bytes: int,
+                 reuse: bool = False, mover: Mover | None = None,
+                 priority: Priority | None = None, on_evict: OnEvict | None = None) -> None:
+        self.file_nbytes = HEADER_SIZE + layout.nbytes
+        super().__init__(layout, max(0, capacity_bytes) // self.file_nbytes, mover, priority,
+                         on_evict)
+        self.upper = "host"
+        self.directory = Path(directory)
+        self._fingerprint = layout.fingerprint()
+        self._temp_ids = itertools.count()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if reuse:
+                self._adopt_existing()
+            else:
+                self._wipe()
+        except OSError as e:  # an unusable directory: every put will fail, every get miss
+            self._io_error("open the directory", e)
+
+    def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
+        for key, src in items:
+            self.layout.check_payload(src)
+            if not 0 < len(key) <= MAX_KEY_LEN:
+                raise ValueError(f"key length must be 1..{MAX_KEY_LEN}, got {len(key)}")
+        with self._lock:
+            new = {key for key, _ in items if key not in self._entries}
+            fit = self._make_room(len(new))
+            futures: list[Future[bool]] = []
+            for key, src in items:
+                entry = self._entries.get(key)
+                if entry is not None:  # already held or being written: no-op success
+                    entry.last_access = self._tick()
+                    futures.append(entry.write)
+                    continue
+                if fit == 0:
+                    self._stats.num_put_failed += 1
+                    futures.append(resolved(False))
+                    continue
+                fit -= 1
+                fut = self.mover.run(f"{self.upper}->{self.name}",
+                                     lambda k=key, s=src: self._write_file(k, s), 1,
+                                     self.layout.nbytes, after=self._after(key))
+                entry = Entry(-1, self._tick(), fut)
+                self._entries[key] = entry
+                self._track(key, fut)
+                fut.add_done_callback(lambda f, k=key, e=entry: self._written(k, e, f))
+                futures.append(fut)
+            return futures
+
+    def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
+        self.layout.check_payload(dst)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._stats.num_misses += 1
+                return resolved(False)
+            entry.last_access = self._tick()
+            if not entry.ready:
+                return self._when_written(entry, lambda: self.get(key, dst))
+            fut = self.mover.run(f"{self.name}->{self.upper}",
+                                 lambda: self._read_file(key, entry, dst), 1,
+                                 self.layout.nbytes, after=self._after(key))
+            self._track(key, fut)
+            fut.add_done_callback(self._count_get)
+            return fut
+
+    def remove(self, key: bytes) -> bool:
+        with self._lock:
+            if key not in self._entries:
+                return False
+            self._stats.num_removed += 1
+            self._drop(key, evicted=False)
+            return True
+
+    def usage(self) -> TierUsage:
+        with self._lock:
+            n = len(self._entries)
+            return TierUsage(n, self.capacity_blocks, n * self.file_nbytes)
+
+    def check_integrity(self) -> None:
+        """Waits for in-flight I/O, then checks the index against the directory's files."""
+        self.flush()
+        with self._lock:
+            self._check_entries()
+            assert all(e.ready for e in self._entries.values()), "disk: a write never finished"
+            try:
+                names = {p.name for p in self.directory.iterdir()} if self.directory.exists() \
+                    else set()
+            except OSError as e:
+                raise AssertionError(f"disk: cannot list {self.directory}: {e}") from e
+            files = {n for n in names if _BLOCK_FILE.match(n)}
+            expected = {f"{k.hex()}.kv" for k in self._entries}
+            assert files == expected, (f"disk: {len(files - expected)} orphan files, "
+                                       f"{len(expected - files)} missing files")
+            temps = [n for n in names if _TEMP_FILE.match(n)]
+            assert not temps, f"disk: leftover temporary files {temps[:3]}"
+
+    # -- file I/O (runs on the movement engine's workers) -----------------------------------
+
+    def _path(self, key: bytes) -> Path:
+        return self.directory / f"{key.hex()}.kv"
+
+    def _write_file(self, key: bytes, src: torch.Tensor) -> bool:
+        data = src.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        payload = _as_bytes(data.contiguous())
+        header = encode_header(key, self._fingerprint, self.layout.nbytes, checksum(payload))
+        temp = self.directory / f"{key.hex()}.{next(self._temp_ids)}.tmp"
+        try:
+            with open(temp, "wb") as f:
+                f.write(header)
+                f.write(payload)
+            os.replace(temp, self._path(key))
+            return True
+        except OSError as e:
+            self._io_error(f"write {key.hex()}", e)
+            _quiet_unlink(temp)
+            return False
+
+    def _read_file(self, key: bytes, entry: Entry, dst: torch.Tensor) -> bool:
+        direct = dst.device.type == "cpu" and dst.is_contiguous()
+        buf = dst if direct else torch.empty(self.layout.shape, dtype=self.layout.dtype)
+        view = _as_bytes(buf)
+        try:
+            with open(self._path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != self.file_nbytes:
+                    raise BadBlockFile(f"file is {size} bytes, expected {self.file_nbytes}")
+                _, crc = decode_header(f.read(HEADER_SIZE), self._fingerprint,
+                                       self.layout.nbytes, key)
+                if f.readinto(view) != self.layout.nbytes:
+                    raise BadBlockFile("truncated payload")
+            if checksum(view) != crc:
+                raise BadBlockFile("payload checksum mismatch")
+        except FileNotFoundError:
+            self._discard(key, entry, "file is missing")
+            return False
+        except BadBlockFile as e:
+            self._discard(key, entry, str(e))
+            return False
+        except OSError as e:
+            self._io_error(f"read {key.hex()}", e)
+            return False
+        if not direct:
+            dst.copy_(buf)
+        return True
+
+    def _unlink(self, path: Path) -> bool:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            self._io_error(f"delete {path.name}", e)
+        return True
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _written(self, key: bytes, entry: Entry, fut: Future[bool]) -> None:
+        with self._lock:
+            if fut.result():
+                entry.ready = True
+                self._stats.num_puts += 1
+            else:
+                self._stats.num_put_failed += 1
+                if self._entries.get(key) is entry:
+                    self._drop(key, evicted=False)
+
+    def _count_get(self, fut: Future[bool]) -> None:
+        with self._lock:
+            if fut.result():
+                self._stats.num_hits += 1
+            else:
+                self._stats.num_misses += 1
+
+    def _drop(self, key: bytes, evicted: bool) -> None:
+        self._entries.pop(key)
+        if evicted:
+            self._safe_on_evict(key, None)  # the bytes stay on disk until the unlink below
+        path = self._path(key)
+        self._track(key, self.mover.run(None, lambda: self._unlink(path), 0, 0,
+                                         after=self._after(key)))
+
+    def _discard(self, key: bytes, entry: Entry, reason: str) -> None:
+        log.warning("disk tier: dropping block %s: %s", key.hex(), reason)
+        with self._lock:
+            self._stats.num_corrupt += 1
+            if self._entries.get(key) is entry:
+                self._drop(key, evicted=False)
+
+    def _io_error(self, what: str, e: OSError) -> None:
+        log.warning("disk tier: cannot %s in %s: %s", what, self.directory, e)
+        with self._lock:
+            self._stats.num_io_errors += 1
+
+    def _wipe(self) -> None:
+        for p in self.directory.iterdir():
+            if _BLOCK_FILE.match(p.name) or _TEMP_FILE.match(p.name):
+                _quiet_unlink(p)
+
+    def _adopt_existing(self) -> None:
+        found: list[tuple[int, bytes]] = []
+        for p in self.directory.iterdir():
+            m = _BLOCK_FILE.match(p.name)
+            if _TEMP_FILE.match(p.name):
+                _quiet_unlink(p)
+            if m is None:
+                continue
+            key = bytes.fromhex(m.group(1))
+            try:
+                st = p.stat()
+                if st.st_size != self.file_nbytes:
+                    raise BadBlockFile(f"file is {st.st_size} bytes, expected {self.file_nbytes}")
+                with open(p, "rb") as f:
+                    decode_header(f.read(HEADER_SIZE), self._fingerprint, self.layout.nbytes, key)
+                found.append((st.st_mtime_ns, key))
+            except (OSError, BadBlockFile) as e:
+                log.warning("disk tier: not reusing %s: %s", p.name, e)
+                self._stats.num_corrupt += 1
+                _quiet_unlink(p)
+        found.sort()
+        keep = found[len(found) - self.capacity_blocks:] if self.capacity_blocks else []
+        for _, key in found[:len(found) - len(keep)]:
+            _quiet_unlink(self._path(key))
+        for _, key in keep:  # oldest first, so LRU order follows the files' age
+            self._entries[key] = Entry(-1, self._tick(), resolved(True), ready=True)

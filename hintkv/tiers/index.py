@@ -1,0 +1,174 @@
+"""Bookkeeping shared by the tiers that hold blocks in storage of their own (host, disk).
+
+`IndexedTier` keeps key -> `Entry`, a logical access clock, the pluggable victim order and the
+eviction listener, the event counters, and the per-storage ordering of I/O. Subclasses own the
+storage itself (a buffer slot, a file) and implement put / get / remove / check_integrity.
+
+Why per-storage ordering: a slot or file can be reused or unlinked while a read of its old
+content is still in flight. Every I/O on one storage unit is started `after` the previous one
+(see `Mover.run`), so a read always sees the bytes that were there when it was asked for.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from hintkv.tiers.base import OnEvict, Priority, Tier, TierStats
+from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.mover import Mover
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Entry:
+    slot: int  # host: row of the preallocated buffer; disk: -1 (the file is named by the key)
+    last_access: int  # logical clock of the last put or get
+    write: Future[bool]  # the put that stores it (handed again to duplicate puts)
+    ready: bool = False  # the write finished: only ready blocks are evicted
+
+
+class IndexedTier(Tier):
+    """Index, access clock, victim choice and counters; storage is the subclass's business."""
+
+    def __init__(self, layout: BlockLayout, capacity_blocks: int, mover: Mover | None,
+                 priority: Priority | None = None, on_evict: OnEvict | None = None) -> None:
+        if capacity_blocks < 0:
+            raise ValueError("capacity must be >= 0")
+        self.layout = layout
+        self.capacity_blocks = capacity_blocks
+        self._own_mover = mover is None
+        self.mover = mover if mover is not None else Mover(num_workers=2)
+        self.upper = "device"  # the tier blocks come from: names the transfer directions
+        self._lock = threading.RLock()  # reentrant: listeners may probe the tier
+        self._entries: dict[bytes, Entry] = {}
+        self._clock = 0
+        self._priority = priority
+        self._on_evict = on_evict
+        self._stats = TierStats()
+        self._last_op: dict[Hashable, Future] = {}  # storage unit -> its latest I/O
+
+    # -- the parts of the contract that are pure bookkeeping --------------------------------
+
+    def contains(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def last_access(self, key: bytes) -> int:
+        with self._lock:
+            e = self._entries.get(key)
+            return e.last_access if e is not None else -1
+
+    def set_priority(self, priority: Priority | None) -> None:
+        with self._lock:
+            self._priority = priority
+
+    def set_on_evict(self, on_evict: OnEvict | None) -> None:
+        with self._lock:
+            self._on_evict = on_evict
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            s = self._stats
+            return TierStats(s.num_puts, s.num_put_failed, s.num_hits, s.num_misses,
+                             s.num_corrupt, s.num_io_errors, s.num_evicted, s.num_removed)
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return list(self._entries)
+
+    def flush(self) -> None:
+        """Wait until every I/O this tier has started (puts, gets, unlinks) has finished."""
+        while True:
+            with self._lock:
+                pending = [f for f in self._last_op.values() if not f.done()]
+            if not pending:
+                return
+            for f in pending:
+                f.result()
+
+    def close(self) -> None:
+        self.flush()
+        if self._own_mover:
+            self.mover.close()
+
+    # -- helpers for subclasses (call with the lock held) -----------------------------------
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _victims(self, n: int) -> list[bytes]:
+        """Up to `n` ready keys, smallest priority first (default: least recently used)."""
+        if n <= 0:
+            return []
+        ready = [k for k, e in self._entries.items() if e.ready]
+        if self._priority is None:
+            return heapq.nsmallest(n, ready, key=lambda k: self._entries[k].last_access)
+        return heapq.nsmallest(n, ready, key=self._priority)
+
+    def _make_room(self, num_new: int) -> int:
+        """Evict so that up to `num_new` blocks fit; returns how many fit now."""
+        free = self.capacity_blocks - len(self._entries)
+        for key in self._victims(num_new - free):
+            self._evict(key)
+            free += 1
+        return max(0, min(num_new, free))
+
+    def _evict(self, key: bytes) -> None:
+        self._stats.num_evicted += 1
+        self._drop(key, evicted=True)
+
+    def _drop(self, key: bytes, evicted: bool) -> None:
+        """Forget `key` and release its storage (subclass); tell the listener if evicted."""
+        raise NotImplementedError
+
+    def _after(self, unit: Hashable) -> Future | None:
+        return self._last_op.get(unit)
+
+    def _track(self, unit: Hashable, fut: Future) -> Future:
+        """Record `fut` as the latest I/O on `unit` (until it finishes)."""
+        self._last_op[unit] = fut
+
+        def done(_: Future) -> None:
+            with self._lock:
+                if self._last_op.get(unit) is fut:
+                    del self._last_op[unit]
+
+        fut.add_done_callback(done)
+        return fut
+
+    def _check_entries(self) -> None:
+        assert len(self._entries) <= self.capacity_blocks, (
+            f"{self.name}: {len(self._entries)} blocks exceed capacity {self.capacity_blocks}")
+        assert all(e.last_access <= self._clock for e in self._entries.values()), (
+            f"{self.name}: an entry is newer than the clock")
+
+    def _when_written(self, entry: Entry, retry: Callable[[], Future[bool]]) -> Future[bool]:
+        """For a get of a block still being written: wait for the write, then `retry` the get
+        (a failed write is a miss)."""
+        out: Future[bool] = Future()
+
+        def written(w: Future[bool]) -> None:
+            if not w.result():
+                with self._lock:
+                    self._stats.num_misses += 1
+                out.set_result(False)
+                return
+            retry().add_done_callback(lambda f: out.set_result(f.result()))
+
+        entry.write.add_done_callback(written)
+        return out
+
+    def _safe_on_evict(self, key: bytes, payload) -> None:
+        if self._on_evict is None:
+            return
+        try:
+            self._on_evict(key, payload)
+        except Exception:  # a listener's bug must not corrupt the tier
+            log.exception("%s: on_evict listener failed", self.name)

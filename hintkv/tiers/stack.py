@@ -1,0 +1,168 @@
+"""The ordered hierarchy below the device pool: host, then disk (and later the shared pool).
+
+    store(items) ─▶ tiers[0] ──evict──▶ keep(key)? ──yes──▶ tiers[1] ──evict──▶ ... ──▶ dropped
+                                              └──no───▶ dropped (on_drop)
+    load(key)    ◀─ first tier top-down that has it; a lower-tier hit is read into host staging,
+                    promoted into tiers[0] when it has a free slot, then copied to `dst`
+
+`keep(key)` is the cache manager's "some live session still holds this block": blocks nobody
+holds are not worth a write to a slower tier. `on_drop(key)` hears of every evicted block that
+was not passed down (an upper tier may still hold a promoted copy: ask `lookup`). Both run
+under the evicting tier's lock: they must be quick and must not call into the tiers.
+
+Each tier evicts by its own victim order (plug SAM's through `Tier.set_priority`). A failed read
+on one tier (corrupt block, I/O error) falls through to the next tier that has the key, and
+finally to a miss: the caller recomputes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from hintkv.tiers.base import Tier, TierStats, TierUsage
+from hintkv.tiers.mover import Mover, MoverStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StackStats:
+    tiers: dict[str, TierStats]
+    transfers: MoverStats  # bytes / blocks per direction, load wait, over all movers
+    num_cascaded: int  # evicted blocks written one tier down
+    num_dropped: int  # evicted blocks that left the stack (not kept, or evicted from the bottom)
+    num_promoted: int  # lower-tier hits copied up into tiers[0]
+
+
+class TierStack:
+    def __init__(self, tiers: list[Tier], keep: Callable[[bytes], bool] | None = None,
+                 on_drop: Callable[[bytes], None] | None = None,
+                 mover: Mover | None = None) -> None:
+        if not tiers:
+            raise ValueError("a tier stack needs at least one tier")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be distinct, got {names}")
+        self.tiers = tiers
+        self.layout = tiers[0].layout  # type: ignore[attr-defined]
+        if any(t.layout != self.layout for t in tiers):  # type: ignore[attr-defined]
+            raise ValueError("all tiers must store the same block layout")
+        self._keep = keep or (lambda key: True)
+        self._on_drop = on_drop
+        self._own_mover = mover is None and not hasattr(tiers[0], "mover")
+        self.mover: Mover = mover or getattr(tiers[0], "mover", None) or Mover(num_workers=1)
+        self._lock = threading.Lock()
+        self._num_cascaded = self._num_dropped = self._num_promoted = 0
+        for i, tier in enumerate(tiers):
+            tier.upper = "device" if i == 0 else tiers[i - 1].name
+            tier.set_on_evict(lambda key, payload, i=i: self._evicted(i, key, payload))
+
+    def set_keep(self, keep: Callable[[bytes], bool]) -> None:
+        self._keep = keep
+
+    def lookup(self, keys: list[bytes]) -> list[str | None]:
+        """For each key, the name of the first tier (top-down) that holds it, else None."""
+        return [next((t.name for t in self.tiers if t.contains(k)), None) for k in keys]
+
+    def store(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
+        """Offload blocks into the top tier (see `Tier.put`: keep sources intact until done)."""
+        return self.tiers[0].put(items)
+
+    def load(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
+        """Copy the block into `dst` from whichever tier has it; False: recompute it."""
+        out: Future[bool] = Future()
+        self._load_from(0, key, dst, out)
+        return out
+
+    def wait_loads(self, futures: list[Future[bool]]) -> list[bool]:
+        """Block until the loads finish; the time blocked is counted as load wait."""
+        return self.mover.wait_loads(futures)
+
+    def remove_everywhere(self, key: bytes) -> bool:
+        removed = [t.remove(key) for t in self.tiers]
+        return any(removed)
+
+    def usage(self) -> dict[str, TierUsage]:
+        return {t.name: t.usage() for t in self.tiers}
+
+    def stats(self) -> StackStats:
+        movers = {id(m): m for m in [self.mover, *(getattr(t, "mover", None)
+                                                   for t in self.tiers)] if m is not None}
+        transfers = MoverStats()
+        for m in movers.values():
+            transfers = transfers.merged(m.stats())
+        with self._lock:
+            return StackStats({t.name: t.stats() for t in self.tiers}, transfers,
+                              self._num_cascaded, self._num_dropped, self._num_promoted)
+
+    def check_integrity(self) -> None:
+        for t in self.tiers:
+            t.check_integrity()
+
+    def close(self) -> None:
+        for t in self.tiers:
+            t.close()
+        if self._own_mover:
+            self.mover.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _evicted(self, i: int, key: bytes, payload: torch.Tensor | None) -> None:
+        """Called by tier i, under its lock, with a payload view valid only during the call.
+        Only calls downward (tier i+1), so tier locks are always taken top-down."""
+        below = self.tiers[i + 1] if i + 1 < len(self.tiers) else None
+        if below is not None and payload is not None and self._keep(key):
+            below.put([(key, payload.clone())])  # the slot is reused as soon as we return
+            with self._lock:
+                self._num_cascaded += 1
+            return
+        with self._lock:
+            self._num_dropped += 1
+        if self._on_drop is not None:
+            self._on_drop(key)
+
+    def _load_from(self, start: int, key: bytes, dst: torch.Tensor, out: Future[bool]) -> None:
+        i = next((j for j in range(start, len(self.tiers)) if self.tiers[j].contains(key)), None)
+        if i is None:
+            out.set_result(False)
+            return
+        if i == 0:
+            got = self.tiers[0].get(key, dst)
+            got.add_done_callback(self._guard(out, lambda ok: out.set_result(True) if ok
+                                              else self._load_from(1, key, dst, out)))
+            return
+        staging = self.mover.staging(self.layout.shape, self.layout.dtype)
+
+        def fetched(ok: bool) -> None:
+            if not ok:
+                self._load_from(i + 1, key, dst, out)
+                return
+            top = self.tiers[0]
+            usage = top.usage()
+            if usage.num_blocks < usage.capacity_blocks:
+                top.put([(key, staging)])  # staging is ours alone: never written again
+                with self._lock:
+                    self._num_promoted += 1
+            copied = self.mover.copy(f"{self.tiers[0].name}->device", dst, staging)
+            copied.add_done_callback(self._guard(out, out.set_result))
+
+        self.tiers[i].get(key, staging).add_done_callback(self._guard(out, fetched))
+
+    @staticmethod
+    def _guard(out: Future[bool], fn: Callable[[bool], None]) -> Callable[[Future], None]:
+        """A done-callback running `fn(result)`; any error resolves `out` to a miss instead of
+        leaving it pending forever."""
+        def callback(f: Future) -> None:
+            try:
+                fn(f.result())
+            except Exception:
+                log.exception("tier stack: load step failed")
+                if not out.done():
+                    out.set_result(False)
+        return callback
