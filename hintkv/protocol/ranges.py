@@ -16,6 +16,11 @@ render twice with the same template -- the whole old window, and the old window 
 changed items removed -- and take the longest common token prefix. Every position inside that
 prefix holds the same token after the same prefix in both renders, hence the same KV, so it
 stays valid; the first differing position is where staleness begins.
+
+`render` should render the window as it sits in the session's KV: with the chat template but
+WITHOUT a generation prompt. With one, the removed-items render ends in an assistant header,
+and when item `start` is itself an assistant turn the common prefix runs on over that header:
+those few tokens stay valid only if the agent's new window continues with an assistant turn.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from collections.abc import Callable, Sequence
 
 from hintkv.protocol.agent_hint import Edit
 
-# render(messages, tools) -> token ids of the full prompt, rendered with the model's chat template.
+# render(messages, tools) -> token ids of that window, rendered with the model's chat template
+# (no generation prompt; see above).
 Render = Callable[[list[dict], list[dict] | None], list[int]]
 
 
