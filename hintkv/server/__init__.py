@@ -1,1 +1,12 @@
-"""hintkv.server"""
+"""hintkv.server: the OpenAI-compatible HTTP front of the engine (FastAPI + uvicorn).
+
+`build_app(engine, api_keys)` makes the ASGI app around a running engine;
+`serve(engine_cfg, host, port, api_keys)` builds the engine and runs the app until stopped.
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+GET /metrics (Prometheus text).
+"""
+
+from hintkv.server.app import build_app
+from hintkv.server.launch import serve
+
+__all__ = ["build_app", "serve"]

@@ -1,0 +1,129 @@
+"""The OpenAI request bodies we accept, as pydantic models validated at the edge.
+
+Unknown fields are kept (`extra="allow"`): agent frameworks send extensions such as
+`agent_hint`, `cache_salt`, `cache_sharing`, `return_token_ids` or `chat_template_kwargs`,
+and OpenAI adds fields over time; refusing them would break clients for nothing. Types are
+strict (a string is not a number, `true` is not a token id) so that a wrong type is a 400
+rather than a silent coercion. Range checks live here too, so every handler sees valid input.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+
+NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
+TopP = Annotated[StrictFloat, Field(gt=0, le=1)]
+PositiveInt = Annotated[StrictInt, Field(ge=1)]
+TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+
+LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: StrictBool = False
+
+
+class ChatMessage(_Open):
+    """One chat message; tool calls, names and content parts pass through to the template."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[dict[str, Any]] | None = None
+
+
+class _SamplingRequest(_Open):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model: StrictStr | None = None
+    temperature: NonNegFloat | None = None
+    top_p: TopP | None = None
+    max_tokens: PositiveInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    # Extensions (vLLM-compatible names).
+    cache_salt: StrictStr | None = None
+    return_token_ids: StrictBool = False
+    ignore_eos: StrictBool = False
+    stop_token_ids: TokenIds | None = None
+    # Kept raw: the protocol layer parses and validates it (hintkv.protocol).
+    agent_hint: dict[str, Any] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    max_completion_tokens: PositiveInt | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        """`max_completion_tokens` is the newer name of `max_tokens`; it wins when both are set."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class CompletionRequest(_SamplingRequest):
+    # One prompt: text, token ids, or a one-element batch of either.
+    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ValueError("only one prompt per request is supported")
+            prompt = prompt[0]
+        if len(prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        return prompt
+
+    @property
+    def output_limit(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else LEGACY_COMPLETION_MAX_TOKENS

@@ -1,0 +1,125 @@
+"""The OpenAI response bodies we send: whole responses, stream chunks, usage, model list."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def _omitted_if_none(description: str) -> Any:
+    """An optional field that is left out of the JSON, not sent as null, when unset."""
+    return Field(None, exclude_if=lambda v: v is None, description=description)
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, num_prompt: int, num_output: int, num_cached: int) -> Usage:
+        return cls(
+            prompt_tokens=num_prompt,
+            completion_tokens=num_output,
+            total_tokens=num_prompt + num_output,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
+        )
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = _omitted_if_none("only in the first chunk")
+    content: str | None = _omitted_if_none("absent in the last chunk")
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+
+
+class CompletionResponse(BaseModel):
+    """A whole completion, or one chunk of a streamed one (OpenAI uses the same object)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "hintkv"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def sse_event(payload: BaseModel | dict[str, Any]) -> str:
+    body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {body}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

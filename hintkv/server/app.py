@@ -1,0 +1,61 @@
+"""The FastAPI application: routes, error handlers, request metrics, around one engine.
+
+`build_app` takes an engine that is already running and does not own it: whoever built the
+engine shuts it down (see `hintkv.server.launch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hintkv import __version__
+from hintkv.server import routes_chat, routes_completions, routes_info
+from hintkv.server.errors import install_error_handlers
+from hintkv.server.metrics import ServerMetrics
+from hintkv.server.state import ServerState
+
+ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+)
+
+
+class RequestCounter:
+    """ASGI middleware counting responses by endpoint and status (streams are never buffered)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # if the app raises before answering, the error middleware sends a 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+
+def build_app(engine: Any, api_keys: Iterable[str] = ()) -> FastAPI:
+    """An OpenAI-compatible app serving `engine` (an `AsyncLLM`); `api_keys` empty: no auth."""
+    app = FastAPI(title="hintkv", version=__version__, docs_url=None, redoc_url=None)
+    metrics = ServerMetrics(engine.stats)
+    app.state.hintkv = ServerState(engine=engine, api_keys=tuple(api_keys), metrics=metrics)
+    install_error_handlers(app)
+    for module in (routes_chat, routes_completions, routes_info):
+        app.include_router(module.router)
+    app.add_middleware(RequestCounter, metrics=metrics)
+    return app

@@ -1,0 +1,53 @@
+"""Bearer-token authentication and the tenant identity derived from it.
+
+With no API keys configured the server is open and every client is the anonymous tenant.
+A tenant is (who is calling, which cache namespace they asked for): sessions and their KV
+never cross tenants. The key itself is never used as an identifier, only a digest of it,
+so it cannot leak through logs, metrics or cache keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from fastapi import Request
+
+from hintkv.server.errors import APIError
+
+ANONYMOUS = "anonymous"
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def authenticate(request: Request, api_keys: tuple[str, ...]) -> str | None:
+    """The caller's key (None if it sent none); a 401 if we have keys and it is not one."""
+    token = bearer_token(request)
+    if not api_keys:
+        return token
+    if token is None or not any(hmac.compare_digest(token, key) for key in api_keys):
+        raise APIError(
+            401,
+            "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+    return token
+
+
+def key_identity(api_key: str | None) -> str:
+    if api_key is None:
+        return ANONYMOUS
+    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+def tenant_of(api_key: str | None, cache_salt: str | None) -> str:
+    """The tenant string of a request: the caller's identity, then its cache namespace if any."""
+    identity = key_identity(api_key)
+    return identity if cache_salt is None else f"{identity}/salt:{cache_salt}"

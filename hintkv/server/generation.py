@@ -1,0 +1,96 @@
+"""One request through the engine, as text: detokenize, cut at stop strings, count, abort.
+
+Both endpoints (chat and completions) consume `generate_text`, which turns the engine's
+token increments into `TextDelta`s and ends with one `Finished`. Whatever way the consumer
+stops early (a stop string, a client that disconnected and cancelled the task, an error),
+the engine's stream is closed inside a shielded scope (closing it aborts the request), so
+its KV is freed even while the surrounding task is being cancelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from hintkv.engine.types import GenerateRequest
+from hintkv.models.tokenizer import IncrementalDetokenizer
+from hintkv.server.errors import APIError, bad_request
+from hintkv.server.metrics import ServerMetrics
+from hintkv.server.stop_strings import StopStringMatcher
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class Finished:
+    finish_reason: str  # "stop" (EOS, stop token or stop string), "length", or the engine's "abort"
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+
+
+async def generate_text(
+    engine: Any,
+    req: GenerateRequest,
+    stops: list[str],
+    metrics: ServerMetrics,
+    arrival: float,
+) -> AsyncIterator[TextDelta | Finished]:
+    """Yield text increments of `req`, then one `Finished`. Consume it inside `aclosing`."""
+    detok = IncrementalDetokenizer(engine.tokenizer)
+    matcher = StopStringMatcher(stops)
+    stream = engine.generate(req)
+    num_output = 0
+    done = False
+    try:
+        async for out in stream:
+            if out.error is not None:
+                raise APIError(500, f"engine error: {out.error}", type="server_error")
+            if out.new_token_ids and num_output == 0:
+                metrics.ttft.observe(time.perf_counter() - arrival)
+            num_output += len(out.new_token_ids)
+            metrics.generation_tokens.inc(len(out.new_token_ids))
+            text = detok.step(out.new_token_ids) + (detok.flush() if out.finished else "")
+            text = matcher.feed(text)
+            if out.finished or matcher.stopped:
+                text += matcher.flush()
+                if text or out.new_token_ids:
+                    yield TextDelta(text, list(out.new_token_ids))
+                done = out.finished
+                metrics.e2e_latency.observe(time.perf_counter() - arrival)
+                reason = "stop" if matcher.stopped else out.finish_reason or "stop"
+                yield Finished(reason, out.num_prompt_tokens, out.num_cached_tokens, num_output)
+                return
+            if text or out.new_token_ids:
+                yield TextDelta(text, list(out.new_token_ids))
+        raise APIError(500, "engine stream ended without finishing", type="server_error")
+    except ValueError as exc:  # the engine refused the request when it was added
+        raise bad_request(str(exc)) from exc
+    finally:
+        if not done:  # closing the engine's stream aborts the request and frees its KV
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+
+async def collect_text(
+    events: AsyncIterator[TextDelta | Finished],
+) -> tuple[str, list[int], Finished]:
+    """Drain `generate_text` into (whole text, all output token ids, how it finished)."""
+    pieces: list[str] = []
+    token_ids: list[int] = []
+    async with aclosing(events) as stream:
+        async for ev in stream:
+            if isinstance(ev, Finished):
+                return "".join(pieces), token_ids, ev
+            pieces.append(ev.text)
+            token_ids.extend(ev.token_ids)
+    raise APIError(500, "generation ended without finishing", type="server_error")

@@ -1,0 +1,55 @@
+"""Run the server: build the engine from a config, serve it with uvicorn, shut both down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from hintkv.server.app import build_app
+
+if TYPE_CHECKING:
+    from hintkv.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+def serve(
+    engine_cfg: EngineConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_keys: Iterable[str] = (),
+    log_level: str = "info",
+) -> None:
+    """Load the model, serve the OpenAI API on host:port until interrupted."""
+    asyncio.run(_serve(engine_cfg, host, port, tuple(api_keys), log_level))
+
+
+async def _serve(
+    engine_cfg: EngineConfig, host: str, port: int, api_keys: tuple[str, ...], log_level: str
+) -> None:
+    from hintkv.engine.async_llm import AsyncLLM  # heavy: torch and the model
+
+    engine = AsyncLLM.from_config(engine_cfg)
+    logger.info(
+        "serving %s on http://%s:%d (max_model_len %d, KV pool %d tokens)",
+        engine.model_name,
+        host,
+        port,
+        engine.max_model_len,
+        engine.num_kv_tokens,
+    )
+    try:
+        config = uvicorn.Config(
+            build_app(engine, api_keys),
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=5,
+        )
+        await uvicorn.Server(config).serve()
+    finally:
+        await engine.shutdown()

@@ -1,0 +1,90 @@
+"""Prometheus metrics of one server: what the HTTP layer counts, and what the engine reports.
+
+Request, token and latency metrics are recorded by the server as requests pass through. KV
+and scheduler figures are not copied anywhere: `EngineStatsCollector` reads `engine.stats()`
+at scrape time, so `/metrics` can never disagree with the engine. Each server owns its own
+registry, so several servers (or tests) in one process do not collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class EngineStatsCollector:
+    """Turns one `EngineStats` snapshot into gauges and counters on every scrape."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        gauges = {
+            "hintkv_num_requests_running": ("Requests being prefilled or decoded.", s.num_running),
+            "hintkv_num_requests_waiting": ("Requests waiting to be scheduled.", s.num_waiting),
+            "hintkv_kv_blocks_total": ("KV blocks in the device pool.", s.kv_blocks_total),
+            "hintkv_kv_blocks_in_use": ("KV blocks held by live requests.", s.kv_blocks_in_use),
+            "hintkv_kv_blocks_cached": (
+                "KV blocks held only by the prefix cache.",
+                s.kv_blocks_cached,
+            ),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(name, doc, value=value)
+        counters = {
+            "hintkv_prefix_cache_query_tokens": (
+                "Prompt tokens looked up in the prefix cache.",
+                s.prefix_query_tokens,
+            ),
+            "hintkv_prefix_cache_hit_tokens": (
+                "Prompt tokens found in the prefix cache.",
+                s.prefix_hit_tokens,
+            ),
+            "hintkv_num_preemptions": (
+                "Requests preempted for lack of KV blocks.",
+                s.num_preemptions,
+            ),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(name, doc, value=value)
+
+
+class ServerMetrics:
+    def __init__(self, engine_stats: Callable[[], Any]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "hintkv_http_requests",
+            "HTTP requests by endpoint and status code.",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "hintkv_prompt_tokens", "Prompt tokens of admitted requests.", registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "hintkv_generation_tokens", "Tokens generated.", registry=self.registry
+        )
+        self.ttft = Histogram(
+            "hintkv_time_to_first_token_seconds",
+            "From request arrival to the first generated token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "hintkv_e2e_request_latency_seconds",
+            "From request arrival to its last token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(EngineStatsCollector(engine_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,28 @@
+"""GET /v1/models, /health and /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from hintkv.server.api_responses import ModelCard, ModelList
+from hintkv.server.metrics import CONTENT_TYPE
+from hintkv.server.state import require_api_key, server_state
+
+router = APIRouter()
+
+
+@router.get("/v1/models", dependencies=[Depends(require_api_key)])
+async def list_models(request: Request) -> Response:
+    engine = server_state(request).engine
+    body = ModelList(data=[ModelCard(id=engine.model_name, max_model_len=engine.max_model_len)])
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+@router.get("/health")
+async def health() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)
