@@ -238,7 +238,7 @@ class SessionClient(_SessionClientBase):
         try:
             client = self.client.with_options(timeout=request.timeout_s, max_retries=0)
             reply = client.chat.completions.create(**request.create_kwargs(self.model))
-        except Exception as exc:
+        except Exception as exc:  # any failure: a lifecycle action must never fail the agent
             return self._failed(request, exc, started)
         return self._succeeded(request, reply, started)
 
@@ -300,7 +300,7 @@ class AsyncSessionClient(_SessionClientBase):
                 reply = await asyncio.wait_for(
                     client.chat.completions.create(**request.create_kwargs(self.model)), request.timeout_s
                 )
-            except Exception as exc:
+            except Exception as exc:  # any failure: a lifecycle action must never fail the agent
                 return self._failed(request, exc, started)
             return self._succeeded(request, reply, started)
 

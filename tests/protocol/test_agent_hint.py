@@ -21,90 +21,92 @@ TOOL = {"type": "function", "function": {"name": "read_file", "description": "Re
 
 # Request bodies as openJiuwen agent-core's OpenAI client builds them (extra_body merged into
 # the top level; a whole-session management request has messages [] and no tools/max_tokens).
+# "$TOOL" stands for one tool definition. Each entry: (body JSON, expected resolved edits).
 EXAMPLES = {
-    "inference_team_member": (
-        '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [%s], "tool_choice": "auto",'
-        ' "stream": true, "agent_hint": {"session_id": "team:T1:team:t:member:coder", "parent_session_id": "main-0"}}'
-        % json.dumps(TOOL),
-        [],
-    ),
-    "inference_root": (
-        '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false,'
-        ' "agent_hint": {"session_id": "main-0", "parent_session_id": "main-0"}}',
-        [],
-    ),
-    "offload_session": (
-        '{"model": "m", "messages": [], "agent_hint": {"session_id": "sub-1", "parent_session_id": "main-0",'
-        ' "context_management": {"manage_request": true, "edits": [{"type": "offload", "target": "session"}]}}}',
-        [("offload", "session", None, None)],
-    ),
-    "prefetch_session": (
-        '{"model": "m", "messages": [], "stream": false, "agent_hint": {"session_id": "main-0_sub_t1",'
-        ' "parent_session_id": "main-0", "context_management": {"manage_request": true,'
-        ' "edits": [{"type": "prefetch", "target": "session"}]}}}',
-        [("prefetch", "session", None, None)],
-    ),
-    "evict_session": (
-        '{"model": "m", "messages": [], "stream": false, "temperature": 0.7, "agent_hint": {'
-        '"session_id": "main-0:compressor:dialogue", "parent_session_id": "main-0",'
-        ' "context_management": {"manage_request": true, "edits": [{"type": "evict", "target": "session"}]}}}',
-        [("evict", "session", None, None)],
-    ),
-    "evict_root_tree": (
-        '{"model": "m", "messages": [], "stream": false, "agent_hint": {"session_id": "main-0",'
-        ' "parent_session_id": "main-0", "context_management": {"manage_request": true,'
-        ' "edits": [{"type": "evict", "target": "session"}]}}}',
-        [("evict", "session", None, None)],
-    ),
-    "evict_messages_range": (
-        '{"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},'
-        ' {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "stream": false,'
-        ' "tools": [%s], "tool_choice": "auto", "agent_hint": {"session_id": "s1", "parent_session_id": "s1",'
-        ' "context_management": {"manage_request": true,'
-        ' "edits": [{"type": "evict", "target": "messages", "start": 1, "end": 4}]}}}' % json.dumps(TOOL),
-        [("evict", "messages", 1, 4)],
-    ),
-    "evict_messages_and_tools": (
-        '{"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}],'
-        ' "stream": false, "tools": [%s, %s], "tool_choice": "auto", "agent_hint": {"session_id": "s1",'
-        ' "parent_session_id": "p", "context_management": {"manage_request": true, "edits": ['
-        '{"type": "evict", "target": "messages", "start": 1, "end": 2},'
-        ' {"type": "evict", "target": "tools", "start": 1, "end": 2}]}}}' % (json.dumps(TOOL), json.dumps(TOOL)),
-        [("evict", "messages", 1, 2), ("evict", "tools", 1, 2)],
-    ),
-    "evict_tools_only": (
-        '{"model": "m", "messages": [{"role": "user", "content": "a"}], "stream": false, "tools": [%s],'
-        ' "tool_choice": "auto", "agent_hint": {"session_id": "s1", "parent_session_id": "p",'
-        ' "context_management": {"manage_request": true,'
-        ' "edits": [{"type": "evict", "target": "tools", "start": 0, "end": 1}]}}}' % json.dumps(TOOL),
-        [("evict", "tools", 0, 1)],
-    ),
-    "infer_then_offload": (
-        '{"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 16,'
-        ' "agent_hint": {"session_id": "s1", "parent_session_id": "p", "context_management":'
-        ' {"manage_request": false, "edits": [{"type": "offload", "target": "session"}]}}}',
-        [("offload", "session", None, None)],
-    ),
-    "extension_fields_alongside": (
-        '{"model": "m", "messages": [{"role": "user", "content": "a"}], "cache_salt": "tenant-7",'
-        ' "cache_sharing": true, "return_token_ids": true, "enable_thinking": false,'
-        ' "thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": false},'
-        ' "agent_hint": {"session_id": "s1", "parent_session_id": "p"}}',
-        [],
-    ),
-    "engine_extensions": (
-        '{"model": "m", "messages": [], "agent_hint": {"session_id": "s1", "parent_session_id": "p",'
-        ' "cache_control": {"type": "ephemeral", "ttl": 600}, "session_control": {"type": "pause"}}}',
-        [("offload", "session", None, None)],
-    ),
-    "server_internal_and_unknown_fields": (
-        '{"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],'
-        ' "agent_hint": {"session_id": "s1", "parent_session_id": "p", "trace": "x", "context_management":'
-        ' {"manage_request": true, "future": 1, "edits": [{"type": "offload", "target": "messages",'
-        ' "start": 0, "end": 2, "block_start": 0, "block_end": 99, "why": "compress"}]}}}',
-        [("offload", "messages", 0, 2)],
-    ),
+    "inference_team_member": ("""
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [$TOOL],
+         "tool_choice": "auto", "stream": true,
+         "agent_hint": {"session_id": "team:T1:team:t:member:coder", "parent_session_id": "main-0"}}
+        """, []),
+    "inference_root": ("""
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false,
+         "agent_hint": {"session_id": "main-0", "parent_session_id": "main-0"}}
+        """, []),
+    "offload_session": ("""
+        {"model": "m", "messages": [], "agent_hint": {
+          "session_id": "sub-1", "parent_session_id": "main-0",
+          "context_management": {"manage_request": true,
+             "edits": [{"type": "offload", "target": "session"}]}}}
+        """, [("offload", "session", None, None)]),
+    "prefetch_session": ("""
+        {"model": "m", "messages": [], "stream": false, "agent_hint": {
+          "session_id": "main-0_sub_t1", "parent_session_id": "main-0",
+          "context_management": {"manage_request": true,
+             "edits": [{"type": "prefetch", "target": "session"}]}}}
+        """, [("prefetch", "session", None, None)]),
+    "evict_session": ("""
+        {"model": "m", "messages": [], "stream": false, "temperature": 0.7, "agent_hint": {
+          "session_id": "main-0:compressor:dialogue", "parent_session_id": "main-0",
+          "context_management": {"manage_request": true,
+             "edits": [{"type": "evict", "target": "session"}]}}}
+        """, [("evict", "session", None, None)]),
+    "evict_root_tree": ("""
+        {"model": "m", "messages": [], "stream": false, "agent_hint": {
+          "session_id": "main-0", "parent_session_id": "main-0",
+          "context_management": {"manage_request": true,
+             "edits": [{"type": "evict", "target": "session"}]}}}
+        """, [("evict", "session", None, None)]),
+    "evict_messages_range": ("""
+        {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                                    {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+         "stream": false, "tools": [$TOOL], "tool_choice": "auto",
+         "agent_hint": {"session_id": "s1", "parent_session_id": "s1",
+           "context_management": {"manage_request": true,
+             "edits": [{"type": "evict", "target": "messages", "start": 1, "end": 4}]}}}
+        """, [("evict", "messages", 1, 4)]),
+    "evict_messages_and_tools": ("""
+        {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}],
+         "stream": false, "tools": [$TOOL, $TOOL], "tool_choice": "auto",
+         "agent_hint": {"session_id": "s1", "parent_session_id": "p",
+           "context_management": {"manage_request": true, "edits": [
+             {"type": "evict", "target": "messages", "start": 1, "end": 2},
+             {"type": "evict", "target": "tools", "start": 1, "end": 2}]}}}
+        """, [("evict", "messages", 1, 2), ("evict", "tools", 1, 2)]),
+    "evict_tools_only": ("""
+        {"model": "m", "messages": [{"role": "user", "content": "a"}], "stream": false,
+         "tools": [$TOOL], "tool_choice": "auto",
+         "agent_hint": {"session_id": "s1", "parent_session_id": "p",
+           "context_management": {"manage_request": true,
+             "edits": [{"type": "evict", "target": "tools", "start": 0, "end": 1}]}}}
+        """, [("evict", "tools", 0, 1)]),
+    "infer_then_offload": ("""
+        {"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 16,
+         "agent_hint": {"session_id": "s1", "parent_session_id": "p",
+           "context_management": {"manage_request": false,
+             "edits": [{"type": "offload", "target": "session"}]}}}
+        """, [("offload", "session", None, None)]),
+    "extension_fields_alongside": ("""
+        {"model": "m", "messages": [{"role": "user", "content": "a"}], "cache_salt": "tenant-7",
+         "cache_sharing": true, "return_token_ids": true, "enable_thinking": false,
+         "thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": false},
+         "agent_hint": {"session_id": "s1", "parent_session_id": "p"}}
+        """, []),
+    "engine_extensions": ("""
+        {"model": "m", "messages": [], "agent_hint": {"session_id": "s1", "parent_session_id": "p",
+          "cache_control": {"type": "ephemeral", "ttl": 600}, "session_control": {"type": "pause"}}}
+        """, [("offload", "session", None, None)]),
+    "server_internal_and_unknown_fields": ("""
+        {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+         "agent_hint": {"session_id": "s1", "parent_session_id": "p", "trace": "x",
+           "context_management": {"manage_request": true, "future": 1, "edits": [
+             {"type": "offload", "target": "messages", "start": 0, "end": 2,
+              "block_start": 0, "block_end": 99, "why": "compress"}]}}}
+        """, [("offload", "messages", 0, 2)]),
 }
+
+
+def _example_body(name: str) -> dict:
+    return json.loads(EXAMPLES[name][0].replace("$TOOL", json.dumps(TOOL)))
 
 
 def _parse(body: dict, headers: dict | None = None) -> AgentHint | None:
@@ -117,8 +119,8 @@ def _as_tuples(edits: list[Edit]) -> list[tuple]:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_example_body_parses(name):
-    text, expected_edits = EXAMPLES[name]
-    body = json.loads(text)
+    body = _example_body(name)
+    expected_edits = EXAMPLES[name][1]
     hint = _parse(body)
     assert hint.session_id == body["agent_hint"]["session_id"]
     assert hint.parent_session_id == body["agent_hint"]["parent_session_id"]
@@ -126,11 +128,11 @@ def test_every_example_body_parses(name):
 
 
 def test_manage_request_and_extensions_are_kept():
-    offload = _parse(json.loads(EXAMPLES["offload_session"][0]))
+    offload = _parse(_example_body("offload_session"))
     assert offload.manage_request and is_management_request(offload, 0)
-    infer = _parse(json.loads(EXAMPLES["infer_then_offload"][0]))
+    infer = _parse(_example_body("infer_then_offload"))
     assert not infer.manage_request and not is_management_request(infer, 1)
-    ext = _parse(json.loads(EXAMPLES["engine_extensions"][0]))
+    ext = _parse(_example_body("engine_extensions"))
     assert ext.cache_control.ttl == 600 and ext.cache_control.type == "ephemeral"
     assert is_management_request(ext, 0)  # a session_control alias with nothing to generate from
     assert not is_management_request(ext, 1)
