@@ -1,0 +1,63 @@
+"""The `hintkv` command line: flags map onto EngineConfig; bench dispatch reports bad names."""
+
+from __future__ import annotations
+
+import pytest
+
+from hintkv.cli import build_parser, engine_config_from_args, main
+from hintkv.config import EngineConfig
+
+
+def test_serve_flags_build_the_engine_config():
+    args = build_parser().parse_args(
+        [
+            "serve", "--model", "dummy:tiny", "--served-model-name", "tiny", "--dtype", "float32",
+            "--device", "cpu", "--block-size", "32", "--kv-cache-tokens", "4096",
+            "--max-model-len", "2048", "--max-num-seqs", "4", "--max-num-batched-tokens", "512",
+            "--eviction-policy", "lru", "--seed", "7", "--api-key", "k1", "--api-key", "k2",
+            "--port", "9000", "--host", "0.0.0.0", "--no-hints",
+        ]
+    )  # fmt: skip
+    cfg = engine_config_from_args(args)
+    assert cfg == EngineConfig(
+        model="dummy:tiny",
+        served_model_name="tiny",
+        dtype="float32",
+        device="cpu",
+        block_size=32,
+        kv_cache_tokens=4096,
+        max_model_len=2048,
+        max_num_seqs=4,
+        max_num_batched_tokens=512,
+        eviction_policy="lru",
+        seed=7,
+        hints=False,
+    )
+    assert args.api_key == ["k1", "k2"] and (args.host, args.port) == ("0.0.0.0", 9000)
+
+
+def test_serve_defaults():
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.model, args.api_key) == (
+        "127.0.0.1",
+        8000,
+        "SmolLM2-135M-Instruct",
+        [],
+    )
+    assert engine_config_from_args(args).block_size == 16
+
+
+def test_invalid_config_is_a_usage_error(capsys):
+    assert main(["serve", "--dtype", "fp8"]) == 2
+    assert "dtype" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["no_such_benchmark", "../etc"])
+def test_unknown_benchmark_is_a_usage_error(name, capsys):
+    assert main(["bench", name, "--quick"]) == 2
+    assert "benchmark" in capsys.readouterr().err
+
+
+def test_bench_passes_remaining_arguments():
+    args = build_parser().parse_args(["bench", "engine", "--quick", "--models", "dummy:tiny"])
+    assert (args.name, args.args) == ("engine", ["--quick", "--models", "dummy:tiny"])

@@ -1,0 +1,55 @@
+"""StopStringMatcher: the text sent equals the whole text cut at the first stop string."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hintkv.server.stop_strings import StopStringMatcher
+
+ALPHABET = "abc"
+
+
+def _send(pieces: list[str], stops: list[str]) -> tuple[str, bool, list[str]]:
+    matcher = StopStringMatcher(stops)
+    sent = [matcher.feed(p) for p in pieces]
+    if not matcher.stopped:
+        sent.append(matcher.flush())
+    return "".join(sent), matcher.stopped, sent
+
+
+def _expected(text: str, stops: list[str]) -> tuple[str, bool]:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+@given(
+    pieces=st.lists(st.text(ALPHABET, max_size=4), max_size=12),
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=3), min_size=1, max_size=3),
+)
+def test_output_is_text_cut_at_first_stop(pieces, stops):
+    text, stopped, sent = _send(pieces, stops)
+    assert (text, stopped) == _expected("".join(pieces), stops)
+    # Nothing sent before the end ever contains a stop string.
+    for i in range(len(sent)):
+        assert not any(s in "".join(sent[: i + 1]) for s in stops)
+
+
+def test_stop_across_pieces_is_never_partly_sent():
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.feed("hello ST") == "hello"
+    assert matcher.feed("O") == " "  # "STO" may still become "STOP": held
+    assert matcher.feed("P and more") == ""
+    assert matcher.stopped and matcher.feed("later") == "" and matcher.flush() == ""
+
+
+def test_held_text_is_released_at_the_end():
+    matcher = StopStringMatcher(["xyz"])
+    assert matcher.feed("abcxy") == "abc"
+    assert matcher.flush() == "xy"
+    assert not matcher.stopped
+
+
+def test_no_stops_sends_everything_at_once():
+    matcher = StopStringMatcher([])
+    assert matcher.feed("abc") == "abc" and matcher.flush() == ""
