@@ -1,0 +1,72 @@
+"""paged_attention against a dense reference, with scattered block ids and GQA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintkv.models.attention import AttentionMetadata, gather_context, paged_attention
+
+
+def _dense_reference(q, k, v, scale):
+    """Causal attention of the last len(q) positions over all of k/v ([L, H, D] layouts)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    ctx, n = k.shape[0], q.shape[0]
+    allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float())
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("steps", [[(12, 12), (5, 5)], [(7, 19), (1, 4)], [(1, 30), (1, 3), (1, 17)]])
+def test_matches_dense_reference(dtype, atol, steps):
+    """steps: per sequence (new tokens, total context); sequences own scattered, shuffled blocks."""
+    gen = torch.Generator().manual_seed(0)
+    hq, hkv, d, bs, nblocks = 6, 2, 8, 4, 40
+    kv_cache = torch.zeros(2, nblocks, bs, hkv, d, dtype=dtype)
+    perm = torch.randperm(nblocks, generator=gen)
+    tables, full_k, full_v, slots, qsl = [], [], [], [], [0]
+    qs, ks, vs = [], [], []
+    used = 0
+    for new, ctx in steps:
+        nb = -(-ctx // bs)
+        table = perm[used:used + nb]
+        used += nb
+        tables.append(table)
+        k_all = torch.randn(ctx, hkv, d, generator=gen).to(dtype)
+        v_all = torch.randn(ctx, hkv, d, generator=gen).to(dtype)
+        # the cached part is already in the cache; the new part arrives as k/v
+        for p in range(ctx - new):
+            kv_cache[0, table[p // bs], p % bs] = k_all[p]
+            kv_cache[1, table[p // bs], p % bs] = v_all[p]
+        slots.extend(int(table[p // bs]) * bs + p % bs for p in range(ctx - new, ctx))
+        qs.append(torch.randn(new, hq, d, generator=gen).to(dtype))
+        ks.append(k_all[ctx - new:])
+        vs.append(v_all[ctx - new:])
+        full_k.append(k_all)
+        full_v.append(v_all)
+        qsl.append(qsl[-1] + new)
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), query_start_loc=qsl,
+                             context_lens=[c for _, c in steps], block_tables=tables,
+                             is_decode_only=all(n == 1 for n, _ in steps))
+    meta.check()
+    out = paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), kv_cache, meta, scale=d ** -0.5)
+    assert out.shape == (qsl[-1], hq, d) and out.dtype == dtype
+    for i, (new, ctx) in enumerate(steps):
+        ref = _dense_reference(qs[i], full_k[i], full_v[i], d ** -0.5)
+        torch.testing.assert_close(out[qsl[i]:qsl[i + 1]].float(), ref, atol=atol, rtol=0)
+        k_back, v_back = gather_context(kv_cache, tables[i], ctx)  # new K/V landed in their slots
+        assert torch.equal(k_back, full_k[i]) and torch.equal(v_back, full_v[i])
+
+
+def test_check_rejects_inconsistent_metadata():
+    meta = AttentionMetadata(slot_mapping=torch.tensor([0, 1]), query_start_loc=[0, 2], context_lens=[1],
+                             block_tables=[torch.tensor([0])], is_decode_only=False)
+    with pytest.raises(ValueError):
+        meta.check()
+    meta = AttentionMetadata(slot_mapping=torch.tensor([0, 1]), query_start_loc=[0, 2], context_lens=[2],
+                             block_tables=[torch.tensor([0])], is_decode_only=True)
+    with pytest.raises(ValueError):
+        meta.check()
