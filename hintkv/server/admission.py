@@ -28,6 +28,12 @@ def check_model(requested: str | None, served: str) -> None:
         )
 
 
+def check_supported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    field = req.unsupported_field()
+    if field is not None:
+        raise bad_request(f"'{field}' is not supported by this server.", param=field)
+
+
 def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(

@@ -28,6 +28,15 @@ PositiveInt = Annotated[StrictInt, Field(ge=1)]
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+# Known OpenAI fields we do not implement, with the values that leave them off: any other
+# value is refused (400) rather than silently ignored.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
 
 
 class _Open(BaseModel):
@@ -80,6 +89,11 @@ class _SamplingRequest(_Open):
             raise ValueError("stop strings must not be empty")
         return stop
 
+    def unsupported_field(self) -> str | None:
+        """The first field of UNSUPPORTED_FIELDS set to a value that would turn it on."""
+        extra = self.model_extra or {}
+        return next((f for f, off in UNSUPPORTED_FIELDS.items() if extra.get(f) not in off), None)
+
     @property
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -104,6 +118,11 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether generated `<tool_call>` blocks are returned as tool_calls."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]

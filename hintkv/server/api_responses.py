@@ -38,9 +38,25 @@ class Usage(BaseModel):
         )
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class DeltaToolCall(ToolCall):
+    index: int
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = _omitted_if_none("only when the model called tools")
 
 
 class ChatChoice(BaseModel):
@@ -64,6 +80,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = _omitted_if_none("only in the first chunk")
     content: str | None = _omitted_if_none("absent in the last chunk")
+    tool_calls: list[DeltaToolCall] | None = _omitted_if_none("only when the model called tools")
 
 
 class ChatChunkChoice(BaseModel):

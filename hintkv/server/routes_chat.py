@@ -1,4 +1,9 @@
-"""POST /v1/chat/completions: messages (and tools) through the chat template to the engine."""
+"""POST /v1/chat/completions: messages (and tools) through the chat template to the engine.
+
+With tools, `<tool_call>` blocks in the output come back as OpenAI `tool_calls` (see
+`tool_calls`); streamed, the content before a call flows as it is made and the calls
+arrive whole, in one chunk, when the generation ends.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from hintkv.server.admission import chat_prompt_ids, check_model, generate_request
+from hintkv.server.admission import chat_prompt_ids, check_model, check_supported, generate_request
 from hintkv.server.api_requests import ChatCompletionRequest
 from hintkv.server.api_responses import (
     SSE_DONE,
@@ -19,6 +24,9 @@ from hintkv.server.api_responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     ChatDelta,
+    DeltaToolCall,
+    ToolCall,
+    ToolCallFunction,
     Usage,
     sse_event,
 )
@@ -27,6 +35,7 @@ from hintkv.server.errors import APIError, error_body
 from hintkv.server.generation import Finished, TextDelta, collect_text, generate_text
 from hintkv.server.state import require_api_key, server_state
 from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect, sse_response
+from hintkv.server.tool_calls import ParsedToolCall, ToolCallStreamer, parse_tool_calls
 
 router = APIRouter()
 
@@ -38,6 +47,7 @@ async def chat_completions(request: Request) -> Response:
     state = server_state(request)
     engine = state.engine
     check_model(body.model, engine.model_name)
+    check_supported(body)
     prompt_ids = chat_prompt_ids(engine.tokenizer, body)
     output_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     gen_req = generate_request(
@@ -59,9 +69,14 @@ async def chat_completions(request: Request) -> Response:
         text, token_ids, fin = await cancel_on_disconnect(request, collect_text(events))
     except ClientDisconnected:
         return Response(status_code=499)
+    content, calls = parse_tool_calls(text) if body.uses_tools else (text, [])
+    message = AssistantMessage(
+        content=(content or None) if calls else content,
+        tool_calls=[ToolCall(id=c.id, function=_function(c)) for c in calls] or None,
+    )
     choice = ChatChoice(
-        message=AssistantMessage(content=text),
-        finish_reason=fin.finish_reason,
+        message=message,
+        finish_reason="tool_calls" if calls else fin.finish_reason,
         token_ids=token_ids if body.return_token_ids else None,
     )
     resp = ChatCompletionResponse(
@@ -72,6 +87,10 @@ async def chat_completions(request: Request) -> Response:
         prompt_token_ids=prompt_ids if body.return_token_ids else None,
     )
     return Response(resp.model_dump_json(), media_type="application/json")
+
+
+def _function(call: ParsedToolCall) -> ToolCallFunction:
+    return ToolCallFunction(name=call.name, arguments=call.arguments)
 
 
 async def _stream(
@@ -90,16 +109,28 @@ async def _stream(
     if body.return_token_ids:
         first.prompt_token_ids = prompt_ids
     yield sse_event(first)
+    tools = ToolCallStreamer() if body.uses_tools else None
     async with aclosing(events) as stream:
         try:
             async for ev in stream:
                 if isinstance(ev, TextDelta):
-                    if not ev.text and not body.return_token_ids:
-                        continue  # held back (stop string or half a character): nothing to send
+                    text = tools.feed(ev.text) if tools is not None else ev.text
+                    if not text and not body.return_token_ids:
+                        continue  # held back (stop string, tool call, half a character)
                     ids = ev.token_ids if body.return_token_ids else None
-                    yield sse_event(chunk(ChatDelta(content=ev.text), token_ids=ids))
+                    yield sse_event(chunk(ChatDelta(content=text), token_ids=ids))
                     continue
-                yield sse_event(chunk(ChatDelta(), finish_reason=ev.finish_reason))
+                rest, calls = tools.finish() if tools is not None else ("", [])
+                if rest:
+                    yield sse_event(chunk(ChatDelta(content=rest)))
+                if calls:
+                    deltas = [
+                        DeltaToolCall(index=i, id=c.id, function=_function(c))
+                        for i, c in enumerate(calls)
+                    ]
+                    yield sse_event(chunk(ChatDelta(tool_calls=deltas)))
+                reason = "tool_calls" if calls else ev.finish_reason
+                yield sse_event(chunk(ChatDelta(), finish_reason=reason))
                 if body.include_usage:
                     usage = Usage.of(
                         ev.num_prompt_tokens, ev.num_output_tokens, ev.num_cached_tokens

@@ -9,7 +9,12 @@ from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from hintkv.server.admission import check_model, completion_prompt_ids, generate_request
+from hintkv.server.admission import (
+    check_model,
+    check_supported,
+    completion_prompt_ids,
+    generate_request,
+)
 from hintkv.server.api_requests import CompletionRequest
 from hintkv.server.api_responses import (
     SSE_DONE,
@@ -34,6 +39,7 @@ async def completions(request: Request) -> Response:
     state = server_state(request)
     engine = state.engine
     check_model(body.model, engine.model_name)
+    check_supported(body)
     prompt_ids = completion_prompt_ids(engine.tokenizer, body)
     gen_req = generate_request(
         engine,
