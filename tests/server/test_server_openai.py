@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 import pytest
-from server_testing import API_KEY, BLOCK_SIZE, LiveServer
-
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+from server_testing import API_KEY, BLOCK_SIZE, LiveServer, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +210,36 @@ def test_metrics_report_requests_tokens_and_cache(client, live_server):
         "hintkv_num_requests_waiting",
     ):
         assert name in samples
+
+
+def test_concurrent_async_clients(live_server):
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, int]:
+        if i % 2:
+            stream = await client.completions.create(
+                model=_model(live_server),
+                prompt=f"Request number {i}:",
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            chunks = [c async for c in stream]
+            return i, chunks[-1].usage.completion_tokens
+        resp = await client.chat.completions.create(
+            model=_model(live_server),
+            messages=[{"role": "user", "content": f"Request number {i}"}],
+            max_tokens=6,
+            temperature=0.8,
+            seed=i,
+            extra_body={"ignore_eos": True},
+        )
+        return i, resp.usage.completion_tokens
+
+    async def main() -> list[tuple[int, int]]:
+        client = openai.AsyncOpenAI(base_url=live_server.v1, api_key=API_KEY, max_retries=0)
+        async with client:
+            return await asyncio.gather(*(one(client, i) for i in range(6)))
+
+    assert sorted(asyncio.run(main())) == [(i, 6) for i in range(6)]
+    assert wait_until(lambda: live_server.engine.stats().kv_blocks_in_use == 0)
