@@ -9,7 +9,7 @@ from conftest import write_hf_checkpoint
 from hintkv.models.config import ModelConfig
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.loader import load_model
-from hintkv.models.presets import PRESETS, preset_config, preset_hf_config
+from hintkv.models.presets import PRESETS, init_random_, preset_config, preset_hf_config
 from hintkv.models.simple_generate import SimpleKVCache, greedy_generate, run_step
 
 
@@ -25,18 +25,32 @@ def test_llama3_preset_shape():
     assert cfg.rope_type == "llama3" and cfg.rope_theta == 500000.0 and not cfg.tie_word_embeddings
 
 
-def test_dummy_is_seeded_and_runs_in_both_dtypes():
-    a, b, c = (load_model("dummy:tiny", torch.float32, "cpu", seed=s) for s in (0, 0, 1))
-    assert torch.equal(a.model.layers[3].mlp.down_proj.weight, b.model.layers[3].mlp.down_proj.weight)
-    assert not torch.equal(a.model.layers[3].mlp.down_proj.weight, c.model.layers[3].mlp.down_proj.weight)
-    w = a.model.layers[0].self_attn.qkv_proj.weight
-    assert 0.015 < float(w.std()) < 0.025 and float(a.model.norm.weight.min()) == 1.0
-    assert a.tokenizer.encode("<|im_start|>") == [1]
-    bf = load_model("dummy:tiny", torch.bfloat16, "cpu", seed=0)
-    torch.testing.assert_close(bf.model.embed_tokens.float(), a.model.embed_tokens, atol=1e-3, rtol=1e-2)
-    for lm, dtype in ((a, torch.float32), (bf, torch.bfloat16)):
-        out = greedy_generate(lm.model, SimpleKVCache(lm.config, 8, 16, dtype=dtype), [1, 2, 3, 4], 5)
-        assert len(out) == 5 and all(0 <= t < lm.config.vocab_size for t in out)
+def _small_config() -> ModelConfig:
+    return ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_bias=True)
+
+
+def test_init_random_is_seeded():
+    models = [LlamaForCausalLM(_small_config()) for _ in range(3)]
+    for m, seed in zip(models, (0, 0, 1)):
+        init_random_(m, seed)
+    a, b, c = (m.layers[1].mlp.down_proj.weight for m in models)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    w = models[0].embed_tokens
+    assert 0.015 < float(w.std()) < 0.025
+    assert float(models[0].norm.weight.min()) == 1.0
+    assert float(models[0].layers[0].self_attn.qkv_proj.bias.abs().max()) == 0.0
+
+
+def test_dummy_tiny_runs_in_both_dtypes():
+    f32 = load_model("dummy:tiny", torch.float32, "cpu", seed=0)
+    bf16 = load_model("dummy:tiny", torch.bfloat16, "cpu", seed=0)
+    assert f32.config.num_hidden_layers == 8 and f32.tokenizer.encode("<|im_start|>") == [1]
+    # weights are drawn in float32 on the CPU, so the bf16 model is the rounded float32 one
+    torch.testing.assert_close(bf16.model.embed_tokens.float(), f32.model.embed_tokens, atol=1e-3, rtol=1e-2)
+    for lm, dtype in ((f32, torch.float32), (bf16, torch.bfloat16)):
+        out = greedy_generate(lm.model, SimpleKVCache(lm.config, 8, 16, dtype=dtype), [1, 2, 3, 4], 3)
+        assert len(out) == 3 and all(0 <= t < lm.config.vocab_size for t in out)
 
 
 def test_sharded_checkpoint_matches_single_file(tmp_path):
