@@ -94,9 +94,7 @@ class DiskTier(IndexedTier):
                                      self.layout.nbytes, after=self._after(key))
                 entry = Entry(-1, self._tick(), fut)
                 self._entries[key] = entry
-                self._track(key, fut)
-                fut.add_done_callback(lambda f, k=key, e=entry: self._written(k, e, f))
-                futures.append(fut)
+                futures.append(self._finish_put(key, key, entry, fut))
             return futures
 
     def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
@@ -112,9 +110,7 @@ class DiskTier(IndexedTier):
             fut = self.mover.run(f"{self.name}->{self.upper}",
                                  lambda: self._read_file(key, entry, dst), 1,
                                  self.layout.nbytes, after=self._after(key))
-            self._track(key, fut)
-            fut.add_done_callback(self._count_get)
-            return fut
+            return self._finish_get(key, fut)
 
     def remove(self, key: bytes) -> bool:
         with self._lock:
@@ -159,15 +155,18 @@ class DiskTier(IndexedTier):
         payload = _as_bytes(data.contiguous())
         header = encode_header(key, self._fingerprint, self.layout.nbytes, checksum(payload))
         temp = self.directory / f"{key.hex()}.{next(self._temp_ids)}.tmp"
+        created = False
         try:
             with open(temp, "wb") as f:
+                created = True
                 f.write(header)
                 f.write(payload)
             os.replace(temp, self._path(key))
             return True
         except OSError as e:
             self._io_error(f"write {key.hex()}", e)
-            _quiet_unlink(temp)
+            if created:
+                _quiet_unlink(temp)
             return False
 
     def _read_file(self, key: bytes, entry: Entry, dst: torch.Tensor) -> bool:
@@ -200,29 +199,13 @@ class DiskTier(IndexedTier):
 
     def _unlink(self, path: Path) -> bool:
         try:
-            path.unlink(missing_ok=True)
+            if path.exists():  # a failed put left no file (and a read-only fs says EROFS)
+                path.unlink(missing_ok=True)
         except OSError as e:
             self._io_error(f"delete {path.name}", e)
         return True
 
     # -- bookkeeping ------------------------------------------------------------------------
-
-    def _written(self, key: bytes, entry: Entry, fut: Future[bool]) -> None:
-        with self._lock:
-            if fut.result():
-                entry.ready = True
-                self._stats.num_puts += 1
-            else:
-                self._stats.num_put_failed += 1
-                if self._entries.get(key) is entry:
-                    self._drop(key, evicted=False)
-
-    def _count_get(self, fut: Future[bool]) -> None:
-        with self._lock:
-            if fut.result():
-                self._stats.num_hits += 1
-            else:
-                self._stats.num_misses += 1
 
     def _drop(self, key: bytes, evicted: bool) -> None:
         self._entries.pop(key)
@@ -274,4 +257,4 @@ class DiskTier(IndexedTier):
         for _, key in found[:len(found) - len(keep)]:
             _quiet_unlink(self._path(key))
         for _, key in keep:  # oldest first, so LRU order follows the files' age
-            self._entries[key] = Entry(-1, self._tick(), resolved(True), ready=True)
+            self._entries[key] = Entry(-1, self._tick(), resolved(True))

@@ -56,9 +56,7 @@ class HostTier(IndexedTier):
                                       after=self._after(slot))
                 entry = Entry(slot, self._tick(), fut)
                 self._entries[key] = entry
-                self._track(slot, fut)
-                fut.add_done_callback(lambda f, k=key, e=entry: self._written(k, e, f))
-                futures.append(fut)
+                futures.append(self._finish_put(slot, key, entry, fut))
             return futures
 
     def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
@@ -73,9 +71,7 @@ class HostTier(IndexedTier):
                 return self._when_written(entry, lambda: self.get(key, dst))
             fut = self.mover.copy(f"{self.name}->{self.upper}", dst, self._buf[entry.slot],
                                   after=self._after(entry.slot))
-            self._track(entry.slot, fut)
-            fut.add_done_callback(self._count_get)
-            return fut
+            return self._finish_get(entry.slot, fut)
 
     def remove(self, key: bytes) -> bool:
         with self._lock:
@@ -101,23 +97,6 @@ class HostTier(IndexedTier):
                 f"host: {len(used)} used + {len(self._free)} free != {self.capacity_blocks} slots")
 
     # -- internals --------------------------------------------------------------------------
-
-    def _written(self, key: bytes, entry: Entry, fut: Future[bool]) -> None:
-        with self._lock:
-            if fut.result():
-                entry.ready = True
-                self._stats.num_puts += 1
-            else:
-                self._stats.num_put_failed += 1
-                if self._entries.get(key) is entry:
-                    self._drop(key, evicted=False)
-
-    def _count_get(self, fut: Future[bool]) -> None:
-        with self._lock:
-            if fut.result():
-                self._stats.num_hits += 1
-            else:
-                self._stats.num_misses += 1
 
     def _drop(self, key: bytes, evicted: bool) -> None:
         entry = self._entries.pop(key)

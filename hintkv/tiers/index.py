@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -30,7 +31,11 @@ class Entry:
     slot: int  # host: row of the preallocated buffer; disk: -1 (the file is named by the key)
     last_access: int  # logical clock of the last put or get
     write: Future[bool]  # the put that stores it (handed again to duplicate puts)
-    ready: bool = False  # the write finished: only ready blocks are evicted
+
+    @property
+    def ready(self) -> bool:
+        """The write succeeded: the bytes can be read, and the block may be evicted."""
+        return self.write.done() and self.write.result()
 
 
 class IndexedTier(Tier):
@@ -86,11 +91,12 @@ class IndexedTier(Tier):
         """Wait until every I/O this tier has started (puts, gets, unlinks) has finished."""
         while True:
             with self._lock:
-                pending = [f for f in self._last_op.values() if not f.done()]
+                pending = list(self._last_op.values())
             if not pending:
                 return
             for f in pending:
                 f.result()
+            time.sleep(0)  # let the done-callbacks that retire these futures run
 
     def close(self) -> None:
         self.flush()
@@ -130,6 +136,50 @@ class IndexedTier(Tier):
 
     def _after(self, unit: Hashable) -> Future | None:
         return self._last_op.get(unit)
+
+    def _finish_put(self, unit: Hashable, key: bytes, entry: Entry,
+                    raw: Future[bool]) -> Future[bool]:
+        """Make `entry.write` the put's public future, the latest I/O on `unit`; it resolves
+        after the outcome is recorded, so whoever saw it resolve sees stats and index updated."""
+        def record(ok: bool) -> bool:
+            with self._lock:
+                if ok:
+                    self._stats.num_puts += 1
+                else:
+                    self._stats.num_put_failed += 1
+                    if self._entries.get(key) is entry:
+                        self._drop(key, evicted=False)
+            return ok
+        entry.write = self._finish(unit, raw, record)
+        return entry.write
+
+    def _finish_get(self, unit: Hashable, raw: Future[bool]) -> Future[bool]:
+        """The get's public future, the latest I/O on `unit`: resolves after the hit or miss
+        is counted."""
+        def record(ok: bool) -> bool:
+            with self._lock:
+                if ok:
+                    self._stats.num_hits += 1
+                else:
+                    self._stats.num_misses += 1
+            return ok
+        return self._finish(unit, raw, record)
+
+    def _finish(self, unit: Hashable, raw: Future[bool],
+                record: Callable[[bool], bool]) -> Future[bool]:
+        out: Future[bool] = Future()
+        self._track(unit, out)  # before `record` can run: it may queue newer I/O on `unit`
+
+        def done(f: Future[bool]) -> None:
+            try:
+                ok = record(f.result())
+            except Exception:
+                log.exception("%s: recording a transfer failed", self.name)
+                ok = False
+            out.set_result(ok)
+
+        raw.add_done_callback(done)
+        return out
 
     def _track(self, unit: Hashable, fut: Future) -> Future:
         """Record `fut` as the latest I/O on `unit` (until it finishes)."""

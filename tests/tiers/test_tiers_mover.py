@@ -1,0 +1,63 @@
+"""The movement engine: counting per direction, ordering with `after`, failures as False."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from hintkv.tiers.mover import Mover, MoverStats, resolved, then
+
+
+def test_copy_counts_bytes_and_blocks_per_direction():
+    m = Mover(num_workers=2)
+    src = torch.arange(64, dtype=torch.float32)
+    dst = torch.empty(64)
+    assert m.copy("device->host", dst, src, num_blocks=2).result() is True
+    assert torch.equal(dst, src)
+    m.copy("host->device", torch.empty(64), src).result()
+    s = m.stats()
+    assert s.bytes_moved == {"device->host": 256, "host->device": 256}
+    assert s.blocks_moved == {"device->host": 2, "host->device": 1}
+    m.close()
+
+
+def test_after_orders_operations_on_one_unit():
+    m = Mover(num_workers=2)
+    gate = threading.Event()
+    order: list[int] = []
+    first = m.run("a->b", lambda: gate.wait(10) and not order.append(1), 1, 1)
+    second = m.run("a->b", lambda: not order.append(2), 1, 1, after=first)
+    third = m.run("a->b", lambda: not order.append(3), 1, 1, after=second)
+    assert not third.done()
+    gate.set()
+    assert [f.result() for f in (first, second, third)] == [True, True, True]
+    assert order == [1, 2, 3]
+    m.close()
+
+
+def test_failures_resolve_false_and_are_not_counted_as_moved():
+    m = Mover(num_workers=1)
+
+    def boom() -> bool:
+        raise RuntimeError("copy failed")
+
+    assert m.run("host->disk", boom, 1, 100).result() is False
+    assert m.run("host->disk", lambda: False, 1, 100).result() is False
+    assert m.run(None, lambda: True, 0, 0).result() is True  # housekeeping: not counted
+    s = m.stats()
+    assert s.num_failed == 2 and s.bytes_moved == {}
+    m.close()
+    assert m.run("host->disk", lambda: True, 1, 100).result() is False  # closed: no crash
+
+
+def test_wait_loads_counts_waits_and_merge_adds_up():
+    m = Mover(num_workers=1)
+    assert m.wait_loads([resolved(True), resolved(False)]) == [True, False]
+    s = m.stats()
+    assert s.num_load_waits == 1 and s.load_wait_s >= 0
+    total = MoverStats({"x": 1}, {"x": 1}).merged(MoverStats({"x": 2, "y": 3}, {"y": 1}, 1))
+    assert total.bytes_moved == {"x": 3, "y": 3} and total.blocks_moved == {"x": 1, "y": 1}
+    assert total.num_failed == 1
+    assert then(resolved(True), lambda ok: not ok).result() is False
+    m.close()
