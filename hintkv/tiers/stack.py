@@ -38,6 +38,7 @@ class StackStats:
     num_cascaded: int  # evicted blocks written one tier down
     num_dropped: int  # evicted blocks that left the stack (not kept, or evicted from the bottom)
     num_promoted: int  # lower-tier hits copied up into tiers[0]
+    num_spilled: int  # stored blocks the top tier refused, written to a lower tier instead
 
 
 class TierStack:
@@ -58,7 +59,7 @@ class TierStack:
         self._own_mover = mover is None and not hasattr(tiers[0], "mover")
         self.mover: Mover = mover or getattr(tiers[0], "mover", None) or Mover(num_workers=1)
         self._lock = threading.Lock()
-        self._num_cascaded = self._num_dropped = self._num_promoted = 0
+        self._num_cascaded = self._num_dropped = self._num_promoted = self._num_spilled = 0
         for i, tier in enumerate(tiers):
             tier.upper = "device" if i == 0 else tiers[i - 1].name
             tier.set_on_evict(lambda key, payload, i=i: self._evicted(i, key, payload))
@@ -71,8 +72,25 @@ class TierStack:
         return [next((t.name for t in self.tiers if t.contains(k)), None) for k in keys]
 
     def store(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
-        """Offload blocks into the top tier (see `Tier.put`: keep sources intact until done)."""
-        return self.tiers[0].put(items)
+        """Offload blocks into the top tier (see `Tier.put`: keep sources intact until done).
+        Blocks a tier refuses at once (no evictable room: e.g. a batch larger than the tier)
+        spill to the next tier down."""
+        futures: list[Future[bool] | None] = [None] * len(items)
+        todo = list(range(len(items)))
+        for depth, tier in enumerate(self.tiers):
+            got = tier.put([items[i] for i in todo])
+            refused = []
+            for i, f in zip(todo, got):
+                futures[i] = f
+                if f.done() and not f.result():
+                    refused.append(i)
+            if depth > 0:
+                with self._lock:
+                    self._num_spilled += len(todo) - len(refused)
+            todo = refused
+            if not todo:
+                break
+        return futures  # type: ignore[return-value]
 
     def load(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
         """Copy the block into `dst` from whichever tier has it; False: recompute it."""
@@ -99,7 +117,8 @@ class TierStack:
             transfers = transfers.merged(m.stats())
         with self._lock:
             return StackStats({t.name: t.stats() for t in self.tiers}, transfers,
-                              self._num_cascaded, self._num_dropped, self._num_promoted)
+                              self._num_cascaded, self._num_dropped, self._num_promoted,
+                              self._num_spilled)
 
     def check_integrity(self) -> None:
         for t in self.tiers:

@@ -1,0 +1,138 @@
+"""TierStack: offload from the device pool then prefetch back, byte-exact, through host and disk;
+keep/drop decisions on eviction; fall-through on a corrupt block; accounting per direction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.disk import DiskTier
+from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.host import HostTier
+from hintkv.tiers.stack import TierStack
+
+
+@pytest.fixture
+def device():
+    g = torch.Generator().manual_seed(3)
+    caches = [torch.randn(2, 8, 4, 2, 8, generator=g).to(torch.bfloat16) for _ in range(2)]
+    return DeviceBlockIO(caches)
+
+
+def _stack(layout, tmp_path, host_blocks, disk_blocks, **kw):
+    host = HostTier(layout, host_blocks * layout.nbytes)
+    disk = DiskTier(layout, tmp_path, disk_blocks * (HEADER_SIZE + layout.nbytes))
+    return TierStack([host, disk], **kw)
+
+
+def test_offload_then_prefetch_round_trips_exact_bytes(device, key, tmp_path):
+    layout = device.layout
+    stack = _stack(layout, tmp_path, host_blocks=2, disk_blocks=8)
+    ids = list(range(6))
+    out = torch.empty(len(ids), *layout.shape, dtype=layout.dtype)
+    device.read(ids, out)
+    original = [kv.clone() for kv in device.kv_caches]
+    for n, b in enumerate(ids):  # one at a time: each store past two pushes a block down
+        assert stack.store([(key(b), out[n])])[0].result()
+    stack.check_integrity()
+    assert stack.lookup([key(b) for b in ids]) == ["disk"] * 4 + ["host"] * 2
+    for kv in device.kv_caches:
+        kv.zero_()  # the device blocks are reused by someone else
+    back = torch.empty_like(out)
+    loads = [stack.load(key(b), back[n]) for n, b in enumerate(ids)]
+    assert stack.wait_loads(loads) == [True] * len(ids)
+    device.write(ids, back)
+    for kv, old in zip(device.kv_caches, original):
+        assert torch.equal(kv[:, ids].view(torch.int16), old[:, ids].view(torch.int16))
+    s = stack.stats()
+    assert s.num_cascaded == 4 and s.num_dropped == 0
+    assert s.transfers.blocks_moved == {"device->host": 6, "host->disk": 4, "disk->host": 4,
+                                        "host->device": 6}
+    assert s.transfers.bytes_moved["host->disk"] == 4 * layout.nbytes
+    assert s.transfers.num_load_waits == 1
+    stack.check_integrity()
+    stack.close()
+
+
+def test_a_batch_larger_than_the_host_spills_to_disk(layout, key, payload, empty, tmp_path):
+    stack = _stack(layout, tmp_path, host_blocks=2, disk_blocks=8)
+    futures = stack.store([(key(i), payload(i)) for i in range(5)])
+    assert [f.result() for f in futures] == [True] * 5
+    assert stack.lookup([key(i) for i in range(5)]) == ["host"] * 2 + ["disk"] * 3
+    assert stack.stats().num_spilled == 3
+    dst = empty()
+    assert stack.load(key(4), dst).result() is True and torch.equal(dst, payload(4))
+    stack.check_integrity()
+    stack.close()
+
+
+def test_blocks_nobody_holds_are_dropped_not_written(layout, key, payload, tmp_path):
+    held = {key(1)}
+    dropped: list[bytes] = []
+    stack = _stack(layout, tmp_path, host_blocks=1, disk_blocks=4,
+                   keep=lambda k: k in held, on_drop=dropped.append)
+    for i in range(3):
+        stack.store([(key(i), payload(i))])[0].result()
+    stack.check_integrity()
+    assert stack.lookup([key(0), key(1), key(2)]) == [None, "disk", "host"]
+    assert dropped == [key(0)]
+    assert stack.stats().num_dropped == 1 and stack.stats().num_cascaded == 1
+    stack.close()
+
+
+def test_disk_hit_is_promoted_when_host_has_room(layout, key, payload, empty, tmp_path):
+    stack = _stack(layout, tmp_path, host_blocks=2, disk_blocks=4)
+    for i in range(3):
+        stack.store([(key(i), payload(i))])[0].result()
+    stack.tiers[0].remove(key(2))  # frees a host slot; key 0 lives on disk only
+    dst = empty()
+    assert stack.load(key(0), dst).result() is True and torch.equal(dst, payload(0))
+    stack.tiers[0].flush()
+    assert stack.lookup([key(0)]) == ["host"] and stack.stats().num_promoted == 1
+    stack.tiers[1].remove(key(0))
+    dst = empty()
+    assert stack.load(key(0), dst).result() is True and torch.equal(dst, payload(0))
+    stack.check_integrity()
+    stack.close()
+
+
+def test_corrupt_disk_block_is_a_miss_for_the_stack(layout, key, payload, empty, tmp_path):
+    stack = _stack(layout, tmp_path, host_blocks=1, disk_blocks=4)
+    stack.store([(key(0), payload(0))])[0].result()
+    stack.store([(key(1), payload(1))])[0].result()  # pushes key 0 down to disk
+    stack.tiers[1].flush()
+    path = tmp_path / f"{key(0).hex()}.kv"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert stack.load(key(0), empty()).result() is False
+    assert stack.lookup([key(0)]) == [None]  # dropped, so the next lookup does not promise it
+    assert stack.stats().tiers["disk"].num_corrupt == 1
+    assert stack.load(key(7), empty()).result() is False
+    stack.check_integrity()
+    stack.close()
+
+
+def test_remove_everywhere_and_usage(layout, key, payload, empty, tmp_path):
+    stack = _stack(layout, tmp_path, host_blocks=2, disk_blocks=4)
+    for i in range(3):
+        stack.store([(key(i), payload(i))])[0].result()
+    stack.tiers[1].put([(key(2), payload(2))])[0].result()  # key 2 on both tiers
+    usage = stack.usage()
+    assert usage["host"].num_blocks == 2 and usage["disk"].num_blocks == 2
+    assert stack.remove_everywhere(key(2)) is True
+    assert stack.remove_everywhere(key(2)) is False
+    assert stack.lookup([key(2)]) == [None]
+    stack.check_integrity()
+    stack.close()
+    assert list(tmp_path.iterdir()) == [tmp_path / f"{key(0).hex()}.kv"]
+
+
+def test_stack_rejects_mismatched_tiers(layout, tmp_path):
+    host = HostTier(layout, layout.nbytes)
+    with pytest.raises(ValueError):
+        TierStack([])
+    with pytest.raises(ValueError):
+        TierStack([host, HostTier(layout, layout.nbytes)])
+    host.close()
