@@ -42,10 +42,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--disk-cache-dir", default=None, help="disk KV tier directory")
     p.add_argument("--disk-cache-size", default=None, help="disk KV tier size (e.g. 20GiB)")
     p.add_argument(
+        "--ignore-hints",
         "--no-hints",
         dest="hints",
         action="store_false",
-        help="ignore Agent Hints (session identity and edits)",
+        help="ignore Agent Hints: still validate them (400 if malformed), but never pass "
+        "sessions or edits to the engine (the lru baseline of the benchmarks)",
     )
     p.add_argument(
         "--protect-budget",

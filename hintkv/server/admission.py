@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hintkv.engine.types import GenerateRequest, SamplingParams
+from hintkv.engine.types import GenerateRequest, SamplingParams, SessionRef
 from hintkv.server.api_requests import ChatCompletionRequest, CompletionRequest
 from hintkv.server.errors import APIError, bad_request
 
@@ -74,6 +74,7 @@ def generate_request(
     prompt_param: str,
     output_limit: int | None,
     output_param: str,
+    session: SessionRef | None = None,
 ) -> GenerateRequest:
     capacity = request_capacity(engine)
     if not prompt_ids:
@@ -109,4 +110,5 @@ def generate_request(
         prompt_token_ids=prompt_ids,
         sampling=sampling,
         cache_salt=req.cache_salt,
+        session=session,
     )

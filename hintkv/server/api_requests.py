@@ -106,7 +106,9 @@ class _SamplingRequest(_Open):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    # May be empty only in a management request (agent_hint with manage_request: true), which
+    # generates nothing; the route refuses it for every other request.
+    messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     max_completion_tokens: PositiveInt | None = None
@@ -129,8 +131,9 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
-    # One prompt: text, token ids, or a one-element batch of either.
-    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
+    # One prompt: text, token ids, or a one-element batch of either. Absent or empty only in a
+    # management request (agent_hint with manage_request: true); the route refuses it otherwise.
+    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -139,8 +142,6 @@ class CompletionRequest(_SamplingRequest):
             if len(prompt) != 1:
                 raise ValueError("only one prompt per request is supported")
             prompt = prompt[0]
-        if len(prompt) == 0:
-            raise ValueError("prompt must not be empty")
         return prompt
 
     @property

@@ -1,4 +1,8 @@
-"""The OpenAI response bodies we send: whole responses, stream chunks, usage, model list."""
+"""The OpenAI response bodies we send: whole responses, stream chunks, usage, model list.
+
+Responses to a request carrying Agent Hint edits add one field, `agent_hint_result`
+(hintkv.protocol.result), next to the standard ones; it is left out everywhere else.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from hintkv.protocol import AgentHintResult
 
 
 def _now() -> int:
@@ -75,6 +81,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+    agent_hint_result: AgentHintResult | None = _omitted_if_none("extension: hint edits applied")
 
 
 class ChatDelta(BaseModel):
@@ -99,6 +106,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+    agent_hint_result: AgentHintResult | None = _omitted_if_none("extension: hint edits applied")
 
 
 class CompletionChoice(BaseModel):
@@ -119,6 +127,30 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
+    agent_hint_result: AgentHintResult | None = _omitted_if_none("extension: hint edits applied")
+
+
+def management_chat_response(request_id: str, model: str, result: AgentHintResult) -> ChatCompletionResponse:
+    """The reply to a management request: a valid envelope that generated nothing."""
+    return ChatCompletionResponse(
+        id=request_id,
+        model=model,
+        choices=[ChatChoice(message=AssistantMessage(content=""), finish_reason="stop")],
+        usage=Usage.of(0, 0, 0),
+        agent_hint_result=result,
+    )
+
+
+def management_completion_response(
+    request_id: str, model: str, result: AgentHintResult
+) -> CompletionResponse:
+    return CompletionResponse(
+        id=request_id,
+        model=model,
+        choices=[CompletionChoice(text="", finish_reason="stop")],
+        usage=Usage.of(0, 0, 0),
+        agent_hint_result=result,
+    )
 
 
 class ModelCard(BaseModel):

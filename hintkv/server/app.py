@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hintkv import __version__
-from hintkv.server import routes_chat, routes_completions, routes_info
+from hintkv.server import routes_chat, routes_completions, routes_info, routes_sessions
 from hintkv.server.errors import install_error_handlers
 from hintkv.server.metrics import ServerMetrics
 from hintkv.server.state import ServerState
@@ -21,6 +21,14 @@ from hintkv.server.state import ServerState
 ENDPOINTS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
 )
+SESSIONS_PREFIX = "/v1/sessions/"
+
+
+def _endpoint_label(path: str) -> str:
+    """A bounded label: session ids never become label values."""
+    if path in ENDPOINTS:
+        return path
+    return "/v1/sessions/{id}" if path.startswith(SESSIONS_PREFIX) else "other"
 
 
 class RequestCounter:
@@ -45,17 +53,24 @@ class RequestCounter:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            endpoint = _endpoint_label(scope["path"])
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
-def build_app(engine: Any, api_keys: Iterable[str] = ()) -> FastAPI:
-    """An OpenAI-compatible app serving `engine` (an `AsyncLLM`); `api_keys` empty: no auth."""
+def build_app(engine: Any, api_keys: Iterable[str] = (), hints: bool | None = None) -> FastAPI:
+    """An OpenAI-compatible app serving `engine` (an `AsyncLLM`); `api_keys` empty: no auth.
+
+    `hints`: act on Agent Hints; None follows the engine's config (`EngineConfig.hints`).
+    """
+    if hints is None:
+        hints = engine.engine.cfg.hints
     app = FastAPI(title="hintkv", version=__version__, docs_url=None, redoc_url=None)
     metrics = ServerMetrics(engine.stats)
-    app.state.hintkv = ServerState(engine=engine, api_keys=tuple(api_keys), metrics=metrics)
+    app.state.hintkv = ServerState(
+        engine=engine, api_keys=tuple(api_keys), metrics=metrics, hints=hints
+    )
     install_error_handlers(app)
-    for module in (routes_chat, routes_completions, routes_info):
+    for module in (routes_chat, routes_completions, routes_sessions, routes_info):
         app.include_router(module.router)
     app.add_middleware(RequestCounter, metrics=metrics)
     return app

@@ -18,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hintkv.protocol import HintError
+
 logger = logging.getLogger(__name__)
 
 
@@ -94,6 +96,13 @@ def validation_error(errors: Sequence[Any]) -> APIError:
     return bad_request(_validation_message(first, param), param=param)
 
 
+async def _handle_hint_error(_: Request, exc: HintError) -> JSONResponse:
+    """A malformed agent_hint: 400 naming the field, raised before anything was changed."""
+    body = exc.as_error_body()
+    body["error"].setdefault("code", None)  # the same four keys as every other error
+    return JSONResponse(body, status_code=400)
+
+
 async def _handle_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
     return error_response(validation_error(exc.errors()))
 
@@ -112,6 +121,7 @@ async def _handle_unexpected(_: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _handle_api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HintError, _handle_hint_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _handle_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _handle_http)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _handle_unexpected)

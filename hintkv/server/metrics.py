@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+_MANAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -82,6 +83,18 @@ class ServerMetrics:
             "hintkv_e2e_request_latency_seconds",
             "From request arrival to its last token.",
             buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.hint_edits = Counter(
+            "hintkv_agent_hint_edits",
+            "Agent Hint edits handled, by type, target and what was done.",
+            ["type", "target", "action"],
+            registry=self.registry,
+        )
+        self.manage_latency = Histogram(
+            "hintkv_agent_hint_manage_seconds",
+            "Server time of a management request (manage_request: true), arrival to reply.",
+            buckets=_MANAGE_BUCKETS,
             registry=self.registry,
         )
         self.registry.register(EngineStatsCollector(engine_stats))

@@ -1,14 +1,20 @@
-"""POST /v1/completions: a text or token-id prompt straight to the engine."""
+"""POST /v1/completions: a text or token-id prompt straight to the engine.
+
+`agent_hint` works here as on chat completions (the benchmarks send token-id prompts with
+session identities), except that a prompt has no messages or tools: range edits are a 400,
+and a management request may leave the prompt out.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Request, Response
 
+from hintkv.protocol import AgentHintResult
 from hintkv.server.admission import (
     check_model,
     check_supported,
@@ -21,12 +27,15 @@ from hintkv.server.api_responses import (
     CompletionChoice,
     CompletionResponse,
     Usage,
+    management_completion_response,
     sse_event,
 )
 from hintkv.server.body import parse_body
-from hintkv.server.errors import APIError, error_body
+from hintkv.server.errors import APIError, bad_request, error_body
 from hintkv.server.generation import Finished, TextDelta, collect_text, generate_text
-from hintkv.server.state import require_api_key, server_state
+from hintkv.server.hint_edits import apply_hint
+from hintkv.server.hints import completion_hint
+from hintkv.server.state import request_tenant, require_api_key, server_state
 from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect, sse_response
 
 router = APIRouter()
@@ -35,26 +44,46 @@ router = APIRouter()
 @router.post("/v1/completions", dependencies=[Depends(require_api_key)])
 async def completions(request: Request) -> Response:
     arrival = time.perf_counter()
-    body, _raw = await parse_body(request, CompletionRequest)
+    body, raw = await parse_body(request, CompletionRequest)
     state = server_state(request)
     engine = state.engine
     check_model(body.model, engine.model_name)
     check_supported(body)
+    tenant = request_tenant(request, body.cache_salt)
+    hinted = completion_hint(raw, request.headers, tenant)  # HintError: 400
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+
+    async def apply() -> AgentHintResult:
+        return await apply_hint(engine, hinted, enabled=state.hints, metrics=state.metrics)
+
+    if hinted is not None and hinted.manage:
+        resp = management_completion_response(request_id, engine.model_name, await apply())
+        state.metrics.manage_latency.observe(time.perf_counter() - arrival)
+        if body.stream:
+            return sse_response(_management_stream(resp))
+        return Response(resp.model_dump_json(), media_type="application/json")
+    if body.prompt is None or len(body.prompt) == 0:
+        raise bad_request("prompt: a non-empty prompt is required", param="prompt")
     prompt_ids = completion_prompt_ids(engine.tokenizer, body)
     gen_req = generate_request(
         engine,
-        f"cmpl-{uuid.uuid4().hex}",
+        request_id,
         prompt_ids,
         body,
         prompt_param="prompt",
         output_limit=body.output_limit,
         output_param="max_tokens",
+        session=hinted.ref if hinted is not None and state.hints else None,
     )
     state.metrics.prompt_tokens.inc(len(prompt_ids))
     events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)
+
+    async def after_generation() -> AgentHintResult | None:
+        return await apply() if hinted is not None and hinted.edits else None
+
     if body.stream:
         return sse_response(
-            _stream(events, gen_req.request_id, engine.model_name, prompt_ids, body)
+            _stream(events, request_id, engine.model_name, prompt_ids, body, after_generation)
         )
     try:
         text, token_ids, fin = await cancel_on_disconnect(request, collect_text(events))
@@ -66,13 +95,19 @@ async def completions(request: Request) -> Response:
         token_ids=token_ids if body.return_token_ids else None,
     )
     resp = CompletionResponse(
-        id=gen_req.request_id,
+        id=request_id,
         model=engine.model_name,
         choices=[choice],
         usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
         prompt_token_ids=prompt_ids if body.return_token_ids else None,
+        agent_hint_result=await after_generation(),
     )
     return Response(resp.model_dump_json(), media_type="application/json")
+
+
+async def _management_stream(resp: CompletionResponse) -> AsyncIterator[str]:
+    yield sse_event(resp)
+    yield SSE_DONE
 
 
 async def _stream(
@@ -81,6 +116,7 @@ async def _stream(
     model: str,
     prompt_ids: list[int],
     body: CompletionRequest,
+    after_generation: Callable[[], Awaitable[AgentHintResult | None]],
 ) -> AsyncIterator[str]:
     def chunk(text: str, **choice: object) -> CompletionResponse:
         return CompletionResponse(
@@ -99,7 +135,9 @@ async def _stream(
                         out.prompt_token_ids, sent_prompt_ids = prompt_ids, True
                     yield sse_event(out)
                     continue
-                yield sse_event(chunk("", finish_reason=ev.finish_reason))
+                last = chunk("", finish_reason=ev.finish_reason)
+                last.agent_hint_result = await after_generation()
+                yield sse_event(last)
                 if body.include_usage:
                     usage = Usage.of(
                         ev.num_prompt_tokens, ev.num_output_tokens, ev.num_cached_tokens

@@ -1,0 +1,155 @@
+"""Applying a request's hint edits through the engine, and the `agent_hint_result` saying what was done.
+
+    resolved edits --plan_edits--> CacheEdits (ranges -> first stale token) --engine.manage--> outcomes
+                                                                              --> AgentHintResult
+
+A session edit is one `CacheEdit(action)`. Range edits of one type (a messages and a tools edit
+may come together) become ONE `CacheEdit(action, token_start)`: the first token whose KV is
+stale once the earliest changed message and tool are gone (`stale_token_start`); the outcome is
+reported on the first of those edits and the others point at it, so no block is counted twice.
+
+Nothing here can make a request fail: a window the chat template cannot render, or an engine
+error, turns the edits concerned into `skipped` with a note, and the reply is still a 200.
+Rendering a long window and taking the engine's lock both happen in worker threads, never on
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from hintkv.engine.types import CacheEdit, EditOutcome
+from hintkv.protocol import AgentHintResult, Edit, EditResult, TierCount
+from hintkv.protocol.ranges import Render, range_starts, stale_token_start
+from hintkv.server.hints import RequestHint
+from hintkv.server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+IGNORED_NOTE = "hints are ignored by this server (--ignore-hints): nothing was applied"
+_REPORTED_ACTIONS = frozenset({"evicted", "offloaded", "prefetched", "none", "skipped"})
+
+
+@dataclass(slots=True)
+class PlannedEdit:
+    """One resolved edit on its way to the engine."""
+
+    edit: Edit
+    cache_index: int | None = None  # which CacheEdit carries it; None: skipped
+    reports: bool = True  # False: another edit of its range group reports the outcome
+    token_start: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_edits(
+    edits: list[Edit], render: Render | None, messages: list[dict], tools: list[dict] | None
+) -> tuple[list[PlannedEdit], list[CacheEdit]]:
+    """Resolve edits to CacheEdits (may render the window: call it off the event loop)."""
+    planned = [PlannedEdit(e) for e in edits]
+    cache_edits: list[CacheEdit] = []
+    groups: dict[str, list[PlannedEdit]] = {}
+    for p in planned:
+        if p.edit.is_range:
+            groups.setdefault(p.edit.type, []).append(p)
+        else:
+            p.cache_index = len(cache_edits)
+            cache_edits.append(CacheEdit(p.edit.type))
+    for action, group in groups.items():
+        try:
+            if render is None:
+                raise ValueError("this endpoint has no messages or tools to render")
+            start = stale_token_start(render, messages, tools, *range_starts([p.edit for p in group]))
+        except Exception as exc:  # the hint cannot be applied; the request is still served
+            for p in group:
+                p.notes.append(f"could not find the stale tokens: {exc}")
+            continue
+        head = group[0]
+        for p in group:
+            p.cache_index, p.token_start = len(cache_edits), start
+            if p is not head:
+                p.reports = False
+                p.notes.append(
+                    f"applied together with the {head.edit.target} {action} edit "
+                    f"[{head.edit.start}, {head.edit.end}) as one stale range"
+                )
+        cache_edits.append(CacheEdit(action, token_start=start))
+    return planned, cache_edits
+
+
+async def apply_hint(
+    engine: Any,
+    rh: RequestHint,
+    *,
+    enabled: bool,
+    metrics: ServerMetrics,
+    render: Render | None = None,
+    messages: list[dict] | None = None,
+    tools: list[dict] | None = None,
+) -> AgentHintResult:
+    """Apply `rh.edits` for `rh.ref` (unless hints are disabled) and report, edit by edit."""
+    result = AgentHintResult(
+        session_id=rh.hint.session_id,
+        parent_session_id=rh.hint.parent_session_id,
+        manage_request=rh.manage,
+    )
+    if not enabled:
+        result.notes.append(IGNORED_NOTE)
+        result.edits = [_result(PlannedEdit(e, notes=[IGNORED_NOTE]), None) for e in rh.edits]
+    elif rh.edits:
+        needs_render = any(e.is_range for e in rh.edits)
+        args = (rh.edits, render, messages or [], tools)
+        planned, cache_edits = (
+            await asyncio.to_thread(plan_edits, *args) if needs_render else plan_edits(*args)
+        )
+        outcomes = await _manage(engine, rh, cache_edits)
+        result.edits = [
+            _result(p, outcomes[p.cache_index] if p.cache_index is not None else None)
+            for p in planned
+        ]
+    for r in result.edits:
+        metrics.hint_edits.labels(type=r.type, target=r.target, action=r.action).inc()
+    return result
+
+
+async def _manage(engine: Any, rh: RequestHint, cache_edits: list[CacheEdit]) -> list[EditOutcome]:
+    if not cache_edits:
+        return []
+    try:
+        outcomes = await asyncio.to_thread(engine.engine.manage, rh.ref, cache_edits)
+        if len(outcomes) != len(cache_edits):
+            raise RuntimeError(f"{len(outcomes)} outcomes for {len(cache_edits)} edits")
+        return outcomes
+    except Exception as exc:  # hints never make a request fail
+        logger.exception("applying agent_hint edits of session %s failed", rh.ref.session_id)
+        return [EditOutcome("skipped", notes=[f"engine error: {exc}"]) for _ in cache_edits]
+
+
+def _result(p: PlannedEdit, outcome: EditOutcome | None) -> EditResult:
+    e = p.edit
+    base = dict(type=e.type, target=e.target, start=e.start, end=e.end, token_start=p.token_start)
+    if outcome is None:
+        return EditResult(**base, action="skipped", notes=p.notes)
+    action = outcome.action if outcome.action in _REPORTED_ACTIONS else "none"
+    notes = list(p.notes)
+    if p.reports:
+        notes += outcome.notes
+        tiers = {t: TierCount(blocks=b, tokens=n) for t, (b, n) in outcome.tiers.items()}
+    else:
+        tiers = {}
+    return EditResult(**base, action=action, tiers=tiers, notes=notes)
+
+
+def chat_render(tokenizer: Any, template_kwargs: dict[str, Any] | None) -> Render:
+    """Render a window as it sits in a session's KV: chat template, no generation prompt."""
+    kwargs = dict(template_kwargs or {})
+
+    def render(messages: list[dict], tools: list[dict] | None) -> list[int]:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=False, **kwargs
+        )
+        return tokenizer.encode(text)
+
+    return render
