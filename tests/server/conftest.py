@@ -2,29 +2,29 @@
 a small KV pool, uvicorn on a free loopback port in a background thread (once per session).
 
 The pool (512 tokens) is smaller than max_model_len (1024) so that both limits can be hit.
+Two API keys are accepted, so tenant isolation can be tested across keys. A second app over
+the same engine (`ignoring_server`) runs with Agent Hints ignored, as `--ignore-hints` does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from server_testing import (
     API_KEY,
     BLOCK_SIZE,
     KV_CACHE_TOKENS,
     MAX_MODEL_LEN,
+    OTHER_API_KEY,
     LiveServer,
-    wait_until,
 )
 
 from hintkv.config import EngineConfig
 from hintkv.engine.async_llm import AsyncLLM
 from hintkv.server import build_app
+from hintkv.server.background import BackgroundServer
 
 
 @pytest.fixture(scope="session")
@@ -40,16 +40,15 @@ def live_server() -> Iterator[LiveServer]:
             max_num_seqs=8,
         )
     )
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(engine, [API_KEY]), log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    assert wait_until(lambda: server.started, timeout=30), "uvicorn did not start"
-    yield LiveServer(base_url=f"http://127.0.0.1:{port}", engine=engine, port=port)
-    server.should_exit = True
-    thread.join(timeout=10)
-    asyncio.run(engine.shutdown())
+    try:
+        with BackgroundServer(build_app(engine, [API_KEY, OTHER_API_KEY])) as srv:
+            yield LiveServer(base_url=srv.base_url, engine=engine, port=srv.port)
+    finally:
+        asyncio.run(engine.shutdown())
+
+
+@pytest.fixture(scope="module")
+def ignoring_server(live_server: LiveServer) -> Iterator[LiveServer]:
+    """The same engine behind an app that validates hints but never acts on them."""
+    with BackgroundServer(build_app(live_server.engine, [API_KEY], hints=False)) as srv:
+        yield LiveServer(base_url=srv.base_url, engine=live_server.engine, port=srv.port)

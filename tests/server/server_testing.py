@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hintkv.engine.async_llm import AsyncLLM
 
 API_KEY = "test-key"
+OTHER_API_KEY = "other-tenant-key"  # a second tenant of the same server
 KV_CACHE_TOKENS = 512
 MAX_MODEL_LEN = 1024
 BLOCK_SIZE = 16

@@ -1,0 +1,68 @@
+"""A server running in a background thread of this process, for tests, benchmarks and replays.
+
+    with BackgroundServer(build_app(engine, api_keys)) as srv:
+        openai.OpenAI(base_url=srv.v1, api_key=key).chat.completions.create(...)
+
+uvicorn serves the app on a free loopback port (bound before the thread starts, so there is no
+race for the port); leaving the block stops the server. The engine is not owned: whoever built
+it shuts it down.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+START_TIMEOUT_S = 30.0
+
+
+class BackgroundServer:
+    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+        self.app = app
+        self.host = host
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def start(self) -> BackgroundServer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                self.stop()
+                raise RuntimeError("the background server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
