@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--baseline-policy", default="lru")
     p.add_argument("--hints-policy", default="sam")
-    p.add_argument("--token-scale", type=float, default=SwarmShape.token_scale,
+    defaults = SwarmShape()
+    p.add_argument("--token-scale", type=float, default=defaults.token_scale,
                    help="real tokens per replayed token")
-    p.add_argument("--time-scale", type=float, default=SwarmShape.time_scale,
+    p.add_argument("--time-scale", type=float, default=defaults.time_scale,
                    help="real seconds per replayed second")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra `hintkv serve` argument for both servers (repeat; e.g. --server-arg=--device=cuda)")
@@ -74,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.kv_fraction <= 1:
         print("hintkv bench sessions: --kv-fraction must be in (0, 1]", file=sys.stderr)
         return 2
-    shape = SwarmShape(token_scale=args.token_scale, time_scale=args.time_scale)
-    swarm = generate_swarm(args.seed, shape.quick() if args.quick else shape)
+    swarm = generate_swarm(args.seed, shape_from_args(args))
     log(f"swarm: {len(swarm.tasks)} tasks, {len(swarm.agents())} agents, {swarm.num_calls} calls; tokenizing")
     ws = working_set(swarm, chat_encoder(_tokenizer(args.model)), args.block_size)
     kv_tokens = kv_cache_tokens(ws, args.kv_fraction, args.block_size)
@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         "goals": goals,
     })
     return 0
+
+
+def shape_from_args(args: argparse.Namespace) -> SwarmShape:
+    shape = SwarmShape(token_scale=args.token_scale, time_scale=args.time_scale)
+    return shape.quick() if args.quick else shape
 
 
 def kv_cache_tokens(ws: WorkingSet, fraction: float, block_size: int) -> int:

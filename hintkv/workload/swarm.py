@@ -15,8 +15,9 @@ end the leader's tree is evicted. All tasks share one system prompt and one tool
 shared prefix is hot for everyone.
 
 Shapes come from the real traces in /work/shared/traces (Claude Code sessions with sub-agents,
-mini-swe-agent runs), scaled down to fit a 2-core CPU: tokens / 64, times / 10, sub-agent calls
-/ 2, leader calls / ~6 (see `SwarmShape` field by field, and docs/benchmarks.md).
+mini-swe-agent runs), scaled down to fit a 2-core CPU: tokens / 64, seconds / 10, and calls
+merged (2 real sub-agent calls per replayed one, 6 real leader calls' context growth per
+replayed one); see `SwarmShape` field by field, and docs/benchmarks.md.
 
 The generator only decides *what* is sent and how long tools take; `hintkv.workload.replay`
 decides *when*, from the calls' tool waits and the server's answers.
@@ -34,6 +35,12 @@ from hintkv.workload.text import tool_call, tool_schema, words
 
 _Z90 = 1.2815515655446004  # the standard normal's 90th percentile
 TASK_TOOL = "task"  # the tool a leader calls to start sub-agents (Claude Code's Task tool)
+TOOLS_PREAMBLE_TOKENS = 110  # what hintkv's chat template adds around tool schemas (SmolLM2 tokens)
+
+
+def _sum_of(dist: Dist, rng: random.Random, calls: float) -> float:
+    """The sum of round(calls) draws (at least one): a merged call's growth or wait."""
+    return sum(dist.sample(rng) for _ in range(max(1, round(calls))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,21 +66,29 @@ class Dist:
 @dataclass(frozen=True, slots=True)
 class SwarmShape:
     """What a swarm looks like, in REAL units measured on the traces (Claude Code unless marked
-    SWE: mini-swe-agent), and the three factors that scale it down to a 2-core CPU: tokens are
-    divided by `token_scale`, seconds by `time_scale`, sub-agent call counts by `sub_call_scale`."""
+    SWE: mini-swe-agent), and the factors that scale it down to a 2-core CPU.
+
+    Tokens are divided by `token_scale` and seconds by `time_scale`. Calls are merged, not
+    dropped: one replayed sub-agent call stands for `sub_call_scale` real ones (its context grows
+    by, and its tool wait lasts, the sum of that many real draws), so a sub-agent keeps its real
+    lifetime and its context reaches its real (scaled) size in fewer calls. One replayed leader
+    call stands for `leader_call_scale` real ones in context growth only: the swarm shows a window
+    of a long leader session (around its sub-agent waves) whose context is as large as a real one
+    but whose wall time is not stretched."""
 
     token_scale: float = 64.0
-    time_scale: float = 10.0
+    time_scale: float = 8.0
     sub_call_scale: float = 2.0
+    leader_call_scale: float = 6.0
     num_tasks: int = 10  # tasks running at once
     min_subagents: int = 3  # per task (Claude Code: 1-12 per session that has any, p50 2)
     max_subagents: int = 5
     two_waves_prob: float = 0.5  # a task with >= 4 sub-agents starts them in two waves
     system_tokens: int = 2900  # system prompt, p50
-    num_tools: int = 6
-    tool_tokens: int = 12400  # all tool schemas together, p50
+    num_tools: int = 2  # a task tool and one other: their total size is what matters to the cache
+    tool_tokens: int = 12400  # all tool schemas together, p50 (our rendering's preamble included)
     task_tokens: Dist = Dist(500, 1500, 200, 4000)  # the user's task: first prompt minus the prefix
-    leader_phase_calls: tuple[int, int] = (2, 3)  # leader calls before/between/after waves (real: 45)
+    leader_phase_calls: tuple[int, int] = (2, 3)  # replayed leader calls before/between/after waves
     leader_growth: Dist = Dist(682, 3371, 190, 16000)  # context growth a call: p10 193, p99 16.6K
     leader_output: Dist = Dist(221, 864, 107, 1536)  # completion tokens: p10 107
     leader_tool_s: Dist = Dist(10.0, 50.0, 0.5, 60.0)  # think+tool p50 10 s (p90 160 s has humans;
@@ -89,8 +104,10 @@ class SwarmShape:
     long_wait_s: float = 20.0  # a tool wait this long suspends the agent (offload, then prefetch)
 
     def __post_init__(self) -> None:
-        if min(self.token_scale, self.time_scale, self.sub_call_scale) <= 0:
-            raise ValueError("scales must be > 0")
+        if min(self.token_scale, self.time_scale) <= 0:
+            raise ValueError("token_scale and time_scale must be > 0")
+        if min(self.sub_call_scale, self.leader_call_scale) < 1:
+            raise ValueError("call scales must be >= 1 (one replayed call stands for that many real ones)")
         if self.num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
         if not 1 <= self.min_subagents <= self.max_subagents:
@@ -101,19 +118,24 @@ class SwarmShape:
             raise ValueError("need the task tool and at least one other")
 
     def quick(self) -> SwarmShape:
-        """The `--quick` swarm: same tasks and shapes, shorter agents."""
-        return replace(self, leader_phase_calls=(1, 2), sub_call_scale=3.0)
+        """The `--quick` swarm: the same tasks and distributions with less in them: three
+        sub-agents a task (one wave), fewer leader calls, sub-agent calls merged by three."""
+        return replace(self, min_subagents=3, max_subagents=3, leader_phase_calls=(1, 2), sub_call_scale=3.0)
 
-    def tokens(self, dist: Dist, rng: random.Random, least: int = 4) -> int:
-        """A scaled token count drawn from `dist` (real tokens)."""
-        return max(least, round(dist.sample(rng) / self.token_scale))
+    def tokens(self, dist: Dist, rng: random.Random, least: int = 4, calls: float = 1.0) -> int:
+        """A scaled token count: the sum of `calls` real draws from `dist`."""
+        return max(least, round(_sum_of(dist, rng, calls) / self.token_scale))
 
-    def seconds(self, dist: Dist, rng: random.Random) -> float:
-        """A scaled duration drawn from `dist` (real seconds)."""
-        return dist.sample(rng) / self.time_scale
+    def seconds(self, dist: Dist, rng: random.Random, calls: float = 1.0) -> float:
+        """A scaled duration: the sum of `calls` real draws from `dist`."""
+        return _sum_of(dist, rng, calls) / self.time_scale
 
     def sub_call_count(self, rng: random.Random) -> int:
         return max(2, round(self.sub_calls.sample(rng) / self.sub_call_scale))
+
+    def tool_schema_tokens(self) -> int:
+        """Scaled tokens of one tool schema, the template's tools preamble taken off the total."""
+        return max(0, round((self.tool_tokens / self.token_scale - TOOLS_PREAMBLE_TOKENS) / self.num_tools))
 
     @property
     def long_wait(self) -> float:
@@ -181,9 +203,9 @@ def generate_swarm(seed: int = 0, shape: SwarmShape | None = None) -> Swarm:
     """The swarm for `seed`: equal seeds and shapes give equal swarms."""
     shape = shape or SwarmShape()
     rng = random.Random(seed)
-    system_prompt = f"You are a software engineering agent (swarm {seed}). " + words(
-        rng, round(shape.system_tokens / shape.token_scale))
-    per_tool = round(shape.tool_tokens / shape.token_scale / shape.num_tools)
+    opening = f"You are a software engineering agent (swarm {seed}). "  # about 12 tokens
+    system_prompt = opening + words(rng, max(4, round(shape.system_tokens / shape.token_scale) - 12))
+    per_tool = shape.tool_schema_tokens()
     names = [TASK_TOOL] + [f"tool_{k}_{w}" for k, w in enumerate(words(rng, shape.num_tools - 1).split())]
     tools = tuple(tool_schema(rng, name, per_tool) for name in names)
     tasks = tuple(_task(rng, shape, f"task-{i:02d}", system_prompt, tools) for i in range(shape.num_tasks))
@@ -254,7 +276,7 @@ def _task(rng: random.Random, shape: SwarmShape, task_id: str, system_prompt: st
 
 def _leader_tool_call(rng: random.Random, shape: SwarmShape, window: _Window, tools: tuple[dict, ...]) -> Call:
     output = shape.tokens(shape.leader_output, rng)
-    growth = max(shape.tokens(shape.leader_growth, rng), output + 4)
+    growth = max(shape.tokens(shape.leader_growth, rng, calls=shape.leader_call_scale), output + 4)
     wait = shape.seconds(shape.leader_tool_s, rng)
     call = Call(tuple(window.messages), output, wait, suspend=wait >= shape.long_wait)
     window.tool_exchange(rng, tools, output, growth)
@@ -268,8 +290,8 @@ def _subagent(rng: random.Random, shape: SwarmShape, session_id: str, leader_id:
     calls = []
     for _ in range(num_calls - 1):
         output = shape.tokens(shape.sub_output, rng)
-        growth = max(shape.tokens(shape.sub_growth, rng), output + 4)
-        wait = shape.seconds(shape.sub_tool_s, rng)
+        growth = max(shape.tokens(shape.sub_growth, rng, calls=shape.sub_call_scale), output + 4)
+        wait = shape.seconds(shape.sub_tool_s, rng, calls=shape.sub_call_scale)
         calls.append(Call(tuple(window.messages), output, wait, suspend=wait >= shape.long_wait))
         window.tool_exchange(rng, tools, output, growth)
     answer = words(rng, shape.tokens(shape.summary_tokens, rng))

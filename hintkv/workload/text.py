@@ -27,7 +27,7 @@ WORDS = tuple(
 )
 TOKENS_PER_WORD = 1.0  # SmolLM2 BPE over WORDS (see the module docstring)
 _WORDS_PER_LINE = 14
-_SCHEMA_TOKENS = 40
+_SCHEMA_TOKENS = 60  # measured: a one-parameter schema with 4-word descriptions
 
 
 def words(rng: random.Random, num_tokens: int) -> str:
@@ -45,7 +45,6 @@ def identifier(rng: random.Random, parts: int = 2) -> str:
 def tool_schema(rng: random.Random, name: str, num_tokens: int) -> dict:
     """An OpenAI function tool of one string parameter whose JSON is about `num_tokens` tokens."""
     param = identifier(rng, 1)
-    # the JSON skeleton (keys, types, the name and a short parameter description) is ~40 tokens
     return {
         "type": "function",
         "function": {

@@ -66,3 +66,12 @@ def test_kv_cache_tokens_is_a_fraction_in_whole_blocks(swarm):
     assert ws.max_request_tokens + 16 < 0.33 * ws.tokens  # so the fraction decides here
     assert kv % 16 == 0 and 0.33 * ws.tokens <= kv < 0.33 * ws.tokens + 16
     assert kv_cache_tokens(ws, 0.01, 16) >= ws.max_request_tokens + 16  # never below one request
+
+
+def test_bench_flags_make_the_swarm_shape():
+    from hintkv.bench.sessions import build_parser, shape_from_args
+
+    full = shape_from_args(build_parser().parse_args([]))
+    assert full == SwarmShape()
+    quick = shape_from_args(build_parser().parse_args(["--quick", "--time-scale", "5", "--token-scale", "32"]))
+    assert quick == SwarmShape(time_scale=5.0, token_scale=32.0).quick()
