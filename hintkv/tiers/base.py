@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from hintkv.tiers.layout import BlockLayout
+
 Priority = Callable[[bytes], Any]  # key -> sortable; the smallest is evicted first
 OnEvict = Callable[[bytes, "torch.Tensor | None"], None]
 
@@ -65,6 +67,7 @@ class Tier(ABC):
 
     name: str = "tier"
     upper: str = "device"  # where blocks come from; names transfer directions ("device->host")
+    layout: BlockLayout  # the payload every block of this tier has
 
     @abstractmethod
     def contains(self, key: bytes) -> bool: ...
@@ -101,4 +104,9 @@ class Tier(ABC):
         """Logical time of the key's last put or get (for priorities that tie-break by recency)."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def flush(self) -> None:
+        """Block until every I/O the tier has started (puts, gets, deletions) has finished."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish in-flight I/O and release threads. Stored blocks are not deleted."""

@@ -23,8 +23,14 @@ from pathlib import Path
 import torch
 
 from hintkv.tiers.base import OnEvict, Priority, TierUsage
-from hintkv.tiers.disk_format import (HEADER_SIZE, MAX_KEY_LEN, BadBlockFile, checksum,
-                                      decode_header, encode_header)
+from hintkv.tiers.disk_format import (
+    HEADER_SIZE,
+    MAX_KEY_LEN,
+    BadBlockFile,
+    checksum,
+    decode_header,
+    encode_header,
+)
 from hintkv.tiers.index import Entry, IndexedTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved

@@ -15,6 +15,7 @@ import heapq
 import logging
 import threading
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -110,7 +111,9 @@ class IndexedTier(Tier):
         return self._clock
 
     def _victims(self, n: int) -> list[bytes]:
-        """Up to `n` ready keys, smallest priority first (default: least recently used)."""
+        """Up to `n` ready keys, smallest priority first (default: least recently used).
+        A scan of the tier's keys: fine for thousands of blocks; a priority plugged by the
+        cache manager is a function of live session state, so no order can be kept sorted."""
         if n <= 0:
             return []
         ready = [k for k, e in self._entries.items() if e.ready]
@@ -130,9 +133,9 @@ class IndexedTier(Tier):
         self._stats.num_evicted += 1
         self._drop(key, evicted=True)
 
+    @abstractmethod
     def _drop(self, key: bytes, evicted: bool) -> None:
-        """Forget `key` and release its storage (subclass); tell the listener if evicted."""
-        raise NotImplementedError
+        """Forget `key` and release its storage; tell the listener if evicted."""
 
     def _after(self, unit: Hashable) -> Future | None:
         return self._last_op.get(unit)
@@ -210,7 +213,11 @@ class IndexedTier(Tier):
                     self._stats.num_misses += 1
                 out.set_result(False)
                 return
-            retry().add_done_callback(lambda f: out.set_result(f.result()))
+            try:
+                retry().add_done_callback(lambda f: out.set_result(f.result()))
+            except Exception:
+                log.exception("%s: get after write failed", self.name)
+                out.set_result(False)
 
         entry.write.add_done_callback(written)
         return out

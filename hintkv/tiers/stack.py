@@ -51,8 +51,8 @@ class TierStack:
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be distinct, got {names}")
         self.tiers = tiers
-        self.layout = tiers[0].layout  # type: ignore[attr-defined]
-        if any(t.layout != self.layout for t in tiers):  # type: ignore[attr-defined]
+        self.layout = tiers[0].layout
+        if any(t.layout != self.layout for t in tiers):
             raise ValueError("all tiers must store the same block layout")
         self._keep = keep or (lambda key: True)
         self._on_drop = on_drop
@@ -119,6 +119,13 @@ class TierStack:
             return StackStats({t.name: t.stats() for t in self.tiers}, transfers,
                               self._num_cascaded, self._num_dropped, self._num_promoted,
                               self._num_spilled)
+
+    def flush(self) -> None:
+        """Wait for all in-flight I/O: top-down twice, since a lower-tier read may promote a
+        block back up."""
+        for _ in range(2):
+            for t in self.tiers:
+                t.flush()
 
     def check_integrity(self) -> None:
         for t in self.tiers:

@@ -153,7 +153,7 @@ def small_tmpfs(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+                      capture_output=True, check=False).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
@@ -163,10 +163,13 @@ def test_full_disk_fails_puts_without_crashing(key, payload, small_tmpfs):
     big = BlockLayout(4, 16, 4, 32, torch.bfloat16)  # 32 KiB blocks: two fill 64 KiB
     disk = DiskTier(big, small_tmpfs, _capacity(big, 8))
     blocks = [(key(i), torch.ones(big.shape, dtype=big.dtype)) for i in range(4)]
-    results = [f.result() for f in disk.put(blocks)]
-    assert results[0] is True and False in results
+    assert disk.put(blocks[:1])[0].result() is True
+    results = [f.result() for f in disk.put(blocks[1:])]
+    assert False in results  # the file system is full: failed puts, not an exception
     assert disk.stats().num_io_errors >= 1
     assert disk.stats().num_put_failed == results.count(False)
+    dst = torch.empty(big.shape, dtype=big.dtype)
+    assert disk.get(key(0), dst).result() is True and torch.equal(dst, blocks[0][1])
     disk.check_integrity()  # failed writes left neither entries nor temporary files
     disk.close()
 
@@ -182,3 +185,16 @@ def test_read_only_directory_fails_puts_without_crashing(layout, key, payload, t
     assert ro.stats().num_io_errors == 1
     assert ro.contains(key(0))  # the old block is still readable
     ro.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_directory_fails_puts_without_crashing(layout, key, payload, tmp_path):
+    disk = DiskTier(layout, tmp_path, _capacity(layout, 4))
+    tmp_path.chmod(0o500)
+    try:
+        assert disk.put([(key(0), payload(0))])[0].result() is False
+        assert disk.stats().num_io_errors == 1 and not disk.contains(key(0))
+    finally:
+        tmp_path.chmod(0o700)
+    disk.check_integrity()
+    disk.close()

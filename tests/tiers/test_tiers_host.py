@@ -126,7 +126,7 @@ def test_remove_frees_the_slot(layout, key, payload):
     assert host.usage().num_blocks == 1
     assert host.put([(key(2), payload(2))])[0].result() is True  # no eviction needed
     assert host.stats().num_evicted == 0 and host.stats().num_removed == 1
-    for k in host.keys():
+    for k in [*host.keys()]:
         host.remove(k)
     assert host.usage().num_blocks == 0
     host.check_integrity()
