@@ -44,7 +44,9 @@ class StackStats:
 class TierStack:
     def __init__(self, tiers: list[Tier], keep: Callable[[bytes], bool] | None = None,
                  on_drop: Callable[[bytes], None] | None = None,
-                 mover: Mover | None = None) -> None:
+                 mover: Mover | None = None, owns_mover: bool = False) -> None:
+        """`mover` runs the last hop of lower-tier loads (default: the top tier's); the stack
+        closes it on `close()` if it made it or `owns_mover` says so."""
         if not tiers:
             raise ValueError("a tier stack needs at least one tier")
         names = [t.name for t in tiers]
@@ -56,8 +58,10 @@ class TierStack:
             raise ValueError("all tiers must store the same block layout")
         self._keep = keep or (lambda key: True)
         self._on_drop = on_drop
-        self._own_mover = mover is None and not hasattr(tiers[0], "mover")
-        self.mover: Mover = mover or getattr(tiers[0], "mover", None) or Mover(num_workers=1)
+        if mover is None and getattr(tiers[0], "mover", None) is None:
+            mover, owns_mover = Mover(num_workers=1), True
+        self._own_mover = owns_mover
+        self.mover: Mover = mover or tiers[0].mover  # type: ignore[attr-defined]
         self._lock = threading.Lock()
         self._num_cascaded = self._num_dropped = self._num_promoted = self._num_spilled = 0
         for i, tier in enumerate(tiers):

@@ -1,0 +1,51 @@
+"""Build the tier stack from the server's flags: `--host-cache-memory`, `--disk-cache-dir`,
+`--disk-cache-size` (sizes as "4GiB", "512MB" or plain bytes).
+
+    stack = build_tier_stack(layout, host_cache_memory="4GiB", disk_cache_dir="/var/kv",
+                             disk_cache_size="20GiB", cuda=True)
+
+One movement engine serves both tiers (one copy stream on CUDA, pinned host buffer); no flags,
+no stack (None): offload is then simply off.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hintkv.config import parse_bytes
+from hintkv.tiers.base import Tier
+from hintkv.tiers.disk import DiskTier
+from hintkv.tiers.host import HostTier
+from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.mover import Mover
+from hintkv.tiers.stack import TierStack
+
+
+def build_tier_stack(layout: BlockLayout, host_cache_memory: str | int | None = None,
+                     disk_cache_dir: str | None = None, disk_cache_size: str | int | None = None,
+                     reuse_disk: bool = False, cuda: bool = False,
+                     num_workers: int = 2) -> TierStack | None:
+    """The host and/or disk tiers the flags ask for, ordered host then disk; None for neither.
+    Raises ValueError for unusable flags (a disk directory without a size, sizes too small for
+    one block); a directory that cannot be written is not an error (see `DiskTier`)."""
+    if disk_cache_dir is None and disk_cache_size is not None:
+        raise ValueError("--disk-cache-size needs --disk-cache-dir")
+    if disk_cache_dir is not None and disk_cache_size is None:
+        raise ValueError("--disk-cache-dir needs --disk-cache-size")
+    if host_cache_memory is None and disk_cache_dir is None:
+        return None
+    use_cuda = cuda and torch.cuda.is_available()
+    mover = Mover(num_workers=num_workers, use_cuda_stream=use_cuda)
+    tiers: list[Tier] = []
+    if host_cache_memory is not None:
+        host = HostTier(layout, parse_bytes(host_cache_memory), pin=use_cuda, mover=mover)
+        tiers.append(host)
+    if disk_cache_dir is not None:
+        assert disk_cache_size is not None
+        tiers.append(DiskTier(layout, disk_cache_dir, parse_bytes(disk_cache_size),
+                              reuse=reuse_disk, mover=mover))
+    for t in tiers:
+        if t.usage().capacity_blocks == 0:
+            mover.close()
+            raise ValueError(f"the {t.name} tier's size holds no {layout.nbytes}-byte block")
+    return TierStack(tiers, mover=mover, owns_mover=True)
