@@ -15,6 +15,7 @@ import torch
 from hintkv.config import parse_bytes
 from hintkv.tiers.base import Tier
 from hintkv.tiers.disk import DiskTier
+from hintkv.tiers.disk_format import HEADER_SIZE
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover
@@ -34,18 +35,17 @@ def build_tier_stack(layout: BlockLayout, host_cache_memory: str | int | None = 
         raise ValueError("--disk-cache-dir needs --disk-cache-size")
     if host_cache_memory is None and disk_cache_dir is None:
         return None
+    host_bytes = None if host_cache_memory is None else parse_bytes(host_cache_memory)
+    disk_bytes = None if disk_cache_size is None else parse_bytes(disk_cache_size)
+    for name, size, block in (("host", host_bytes, layout.nbytes),
+                              ("disk", disk_bytes, HEADER_SIZE + layout.nbytes)):
+        if size is not None and size < block:  # checked before the disk tier wipes anything
+            raise ValueError(f"the {name} tier's size ({size} bytes) holds no {block}-byte block")
     use_cuda = cuda and torch.cuda.is_available()
     mover = Mover(num_workers=num_workers, use_cuda_stream=use_cuda)
     tiers: list[Tier] = []
-    if host_cache_memory is not None:
-        host = HostTier(layout, parse_bytes(host_cache_memory), pin=use_cuda, mover=mover)
-        tiers.append(host)
-    if disk_cache_dir is not None:
-        assert disk_cache_size is not None
-        tiers.append(DiskTier(layout, disk_cache_dir, parse_bytes(disk_cache_size),
-                              reuse=reuse_disk, mover=mover))
-    for t in tiers:
-        if t.usage().capacity_blocks == 0:
-            mover.close()
-            raise ValueError(f"the {t.name} tier's size holds no {layout.nbytes}-byte block")
+    if host_bytes is not None:
+        tiers.append(HostTier(layout, host_bytes, pin=use_cuda, mover=mover))
+    if disk_cache_dir is not None and disk_bytes is not None:
+        tiers.append(DiskTier(layout, disk_cache_dir, disk_bytes, reuse=reuse_disk, mover=mover))
     return TierStack(tiers, mover=mover, owns_mover=True)

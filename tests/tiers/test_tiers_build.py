@@ -32,5 +32,9 @@ def test_rejects_unusable_flags(layout, tmp_path):
         build_tier_stack(layout, disk_cache_dir=str(tmp_path))
     with pytest.raises(ValueError):
         build_tier_stack(layout, disk_cache_size="1GiB")
+    marker = tmp_path / f"{'ab' * 16}.kv"
+    marker.write_bytes(b"x")
     with pytest.raises(ValueError):
-        build_tier_stack(layout, host_cache_memory="100B")
+        build_tier_stack(layout, host_cache_memory="100B", disk_cache_dir=str(tmp_path),
+                         disk_cache_size="1MiB")
+    assert marker.exists()  # refused before the disk tier touched the directory
