@@ -36,6 +36,12 @@ def test_serve_flags_build_the_engine_config():
     assert args.api_key == ["k1", "k2"] and (args.host, args.port) == ("0.0.0.0", 9000)
 
 
+@pytest.mark.parametrize("flag", ["--ignore-hints", "--no-hints"])
+def test_ignore_hints_flag_and_its_alias(flag):
+    assert engine_config_from_args(build_parser().parse_args(["serve", flag])).hints is False
+    assert engine_config_from_args(build_parser().parse_args(["serve"])).hints is True
+
+
 def test_serve_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.model, args.api_key) == (

@@ -385,3 +385,14 @@ def test_hint_metrics_are_exported(live_server):
     text = httpx.get(live_server.base_url + "/metrics", timeout=30).text
     assert 'hintkv_agent_hint_edits_total{action="none",target="session",type="evict"}' in text
     assert "hintkv_agent_hint_manage_seconds_count" in text
+
+
+def test_a_hint_that_cannot_be_applied_is_reported_not_failed(live_server):
+    sid = _sid("unrenderable")
+    window = [{"role": "user", "content": "look"},
+              {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    body = _manage(live_server, sid, [messages_edit("evict", 1, 2), session_edit("offload")],
+                   messages=window)
+    skipped, offload = body["agent_hint_result"]["edits"]
+    assert skipped["action"] == "skipped" and "could not find the stale tokens" in skipped["notes"][0]
+    assert offload["action"] == "none"  # the session is unknown: a successful no-op
