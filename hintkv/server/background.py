@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -36,7 +36,7 @@ class BackgroundServer:
     def v1(self) -> str:
         return self.base_url + "/v1"
 
-    def start(self) -> BackgroundServer:
+    def start(self) -> Self:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
@@ -61,7 +61,7 @@ class BackgroundServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def __enter__(self) -> BackgroundServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -62,7 +62,7 @@ def plan_edits(
             if render is None:
                 raise ValueError("this endpoint has no messages or tools to render")
             start = stale_token_start(render, messages, tools, *range_starts([p.edit for p in group]))
-        except Exception as exc:  # the hint cannot be applied; the request is still served
+        except Exception as exc:  # noqa: BLE001  (unapplicable hint: report it, serve the request)
             for p in group:
                 p.notes.append(f"could not find the stale tokens: {exc}")
             continue
@@ -129,7 +129,8 @@ async def _manage(engine: Any, rh: RequestHint, cache_edits: list[CacheEdit]) ->
 
 def _result(p: PlannedEdit, outcome: EditOutcome | None) -> EditResult:
     e = p.edit
-    base = dict(type=e.type, target=e.target, start=e.start, end=e.end, token_start=p.token_start)
+    base = {"type": e.type, "target": e.target, "start": e.start, "end": e.end,
+            "token_start": p.token_start}
     if outcome is None:
         return EditResult(**base, action="skipped", notes=p.notes)
     action = outcome.action if outcome.action in _REPORTED_ACTIONS else "none"
