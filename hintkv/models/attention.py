@@ -33,7 +33,8 @@ class AttentionMetadata:
     context_lens: list[int]  # len B: tokens of seq i after this step (cached + new)
     block_tables: list[torch.Tensor]  # len B: long block ids of seq i, in order (cover context_lens[i])
     is_decode_only: bool  # every sequence has q_len == 1 -> batched path
-    # Tensors derived from the fields above once per step and shared by all layers (filled lazily).
+    # Tensors derived from the fields above, filled lazily by the first layer and reused by the others;
+    # so build a fresh AttentionMetadata for every step.
     derived: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property

@@ -111,9 +111,9 @@ def _normalize_without_tool_support(messages: list[dict[str, Any]],
 def render_chat(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                 add_generation_prompt: bool = True, **kwargs: Any) -> str:
     """The prompt text for `messages` (kwargs such as bos_token reach the template as variables)."""
-    if "tool" in template:  # the template renders tools and tool turns itself
-        msgs = [dict(m, content=flatten_content(m.get("content"))) if not isinstance(m.get("content"), (str, type(None)))
-                else dict(m) for m in messages]
+    if "tool" in template:  # the template renders tools and tool turns itself; only flatten content parts
+        msgs = [dict(m, content=flatten_content(m["content"])) if isinstance(m.get("content"), list) else m
+                for m in messages]
         return compile_template(template).render(messages=msgs, tools=tools,
                                                  add_generation_prompt=add_generation_prompt, **kwargs)
     msgs = _normalize_without_tool_support(messages, tools)

@@ -131,7 +131,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("HINTKV_CACHE_DIR", Path.home() / ".cache" / "hintkv"))
 
 
-def load_gguf_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
+def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
     """Just the tokenizer of a GGUF file, cached as JSON: GGUFReader spends ~9 s parsing the vocab."""
     path = Path(path)
     st = path.stat()

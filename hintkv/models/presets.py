@@ -58,9 +58,9 @@ def smollm2_gguf_path() -> Path:
 
 @lru_cache(maxsize=1)
 def smollm2_tokenizer():  # -> Tokenizer; cached on disk, since reading the GGUF vocab takes ~9 s
-    from hintkv.models.gguf_loader import load_gguf_tokenizer
+    from hintkv.models.gguf_loader import load_tokenizer
 
-    return load_gguf_tokenizer(smollm2_gguf_path())
+    return load_tokenizer(smollm2_gguf_path())
 
 
 @torch.inference_mode()

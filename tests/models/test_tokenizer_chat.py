@@ -8,7 +8,7 @@ import jinja2
 import pytest
 
 from hintkv.models.chat_template import render_chat
-from hintkv.models.gguf_loader import load_gguf_tokenizer
+from hintkv.models.gguf_loader import load_tokenizer
 from hintkv.models.presets import smollm2_gguf_path, smollm2_tokenizer
 from hintkv.models.tokenizer import IncrementalDetokenizer
 
@@ -45,9 +45,9 @@ def test_decode_skips_special_tokens_by_default(tok):
 
 
 def test_disk_cache_gives_the_same_tokenizer(tmp_path, tok):
-    fresh = load_gguf_tokenizer(smollm2_gguf_path(), cache_dir=tmp_path)
+    fresh = load_tokenizer(smollm2_gguf_path(), cache_dir=tmp_path)
     assert list(tmp_path.rglob("*.json"))
-    cached = load_gguf_tokenizer(smollm2_gguf_path(), cache_dir=tmp_path)
+    cached = load_tokenizer(smollm2_gguf_path(), cache_dir=tmp_path)
     for text in TEXTS:
         assert fresh.encode(text) == cached.encode(text) == tok.encode(text)
     assert cached.chat_template == fresh.chat_template and cached.eos_token_ids == fresh.eos_token_ids
