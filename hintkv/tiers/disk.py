@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from hintkv.tiers.base import OnEvict, Priority, TierUsage
+from hintkv.tiers.base import OnEvict, Priority
 from hintkv.tiers.disk_format import (
     HEADER_SIZE,
     MAX_KEY_LEN,
@@ -62,6 +62,7 @@ class DiskTier(IndexedTier):
         self.file_nbytes = HEADER_SIZE + layout.nbytes
         super().__init__(layout, max(0, capacity_bytes) // self.file_nbytes, mover, priority,
                          on_evict)
+        self.block_nbytes = self.file_nbytes
         self.upper = "host"
         self.directory = Path(directory)
         self._fingerprint = layout.fingerprint()
@@ -75,61 +76,10 @@ class DiskTier(IndexedTier):
         except OSError as e:  # an unusable directory: every put will fail, every get miss
             self._io_error("open the directory", e)
 
-    def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
-        for key, src in items:
-            self.layout.check_payload(src)
-            if not 0 < len(key) <= MAX_KEY_LEN:
-                raise ValueError(f"key length must be 1..{MAX_KEY_LEN}, got {len(key)}")
-        with self._lock:
-            new = {key for key, _ in items if key not in self._entries}
-            fit = self._make_room(len(new))
-            futures: list[Future[bool]] = []
-            for key, src in items:
-                entry = self._entries.get(key)
-                if entry is not None:  # already held or being written: no-op success
-                    entry.last_access = self._tick()
-                    futures.append(entry.write)
-                    continue
-                if fit == 0:
-                    self._stats.num_put_failed += 1
-                    futures.append(resolved(False))
-                    continue
-                fit -= 1
-                fut = self.mover.run(f"{self.upper}->{self.name}",
-                                     lambda k=key, s=src: self._write_file(k, s), 1,
-                                     self.layout.nbytes, after=self._after(key))
-                entry = Entry(-1, self._tick(), fut)
-                self._entries[key] = entry
-                futures.append(self._finish_put(key, key, entry, fut))
-            return futures
-
-    def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
-        self.layout.check_payload(dst)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self._stats.num_misses += 1
-                return resolved(False)
-            entry.last_access = self._tick()
-            if not entry.ready:
-                return self._when_written(entry, lambda: self.get(key, dst))
-            fut = self.mover.run(f"{self.name}->{self.upper}",
-                                 lambda: self._read_file(key, entry, dst), 1,
-                                 self.layout.nbytes, after=self._after(key))
-            return self._finish_get(key, fut)
-
-    def remove(self, key: bytes) -> bool:
-        with self._lock:
-            if key not in self._entries:
-                return False
-            self._stats.num_removed += 1
-            self._drop(key, evicted=False)
-            return True
-
-    def usage(self) -> TierUsage:
-        with self._lock:
-            n = len(self._entries)
-            return TierUsage(n, self.capacity_blocks, n * self.file_nbytes)
+    def _check_put(self, key: bytes, src: torch.Tensor) -> None:
+        super()._check_put(key, src)
+        if not 0 < len(key) <= MAX_KEY_LEN:
+            raise ValueError(f"key length must be 1..{MAX_KEY_LEN}, got {len(key)}")
 
     def check_integrity(self) -> None:
         """Waits for in-flight I/O, then checks the index against the directory's files."""
@@ -148,6 +98,19 @@ class DiskTier(IndexedTier):
                                        f"{len(expected - files)} missing files")
             temps = [n for n in names if _TEMP_FILE.match(n)]
             assert not temps, f"disk: leftover temporary files {temps[:3]}"
+
+    # -- storage hooks ----------------------------------------------------------------------
+
+    def _write(self, key: bytes, src: torch.Tensor) -> tuple[bytes, int, Future[bool]]:
+        raw = self.mover.run(f"{self.upper}->{self.name}", lambda: self._write_file(key, src),
+                             1, self.layout.nbytes, after=self._after(key))
+        return key, -1, raw
+
+    def _read(self, key: bytes, entry: Entry, dst: torch.Tensor) -> tuple[bytes, Future[bool]]:
+        raw = self.mover.run(f"{self.name}->{self.upper}",
+                             lambda: self._read_file(key, entry, dst), 1, self.layout.nbytes,
+                             after=self._after(key))
+        return key, raw
 
     # -- file I/O (runs on the movement engine's workers) -----------------------------------
 

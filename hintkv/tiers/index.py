@@ -2,7 +2,8 @@
 
 `IndexedTier` keeps key -> `Entry`, a logical access clock, the pluggable victim order and the
 eviction listener, the event counters, and the per-storage ordering of I/O. Subclasses own the
-storage itself (a buffer slot, a file) and implement put / get / remove / check_integrity.
+storage itself (a buffer slot, a file) through three hooks (`_write`, `_read`, `_drop`) and
+`check_integrity`.
 
 Why per-storage ordering: a slot or file can be reused or unlinked while a read of its old
 content is still in flight. Every I/O on one storage unit is started `after` the previous one
@@ -20,9 +21,11 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from hintkv.tiers.base import OnEvict, Priority, Tier, TierStats
+import torch
+
+from hintkv.tiers.base import OnEvict, Priority, Tier, TierStats, TierUsage
 from hintkv.tiers.layout import BlockLayout
-from hintkv.tiers.mover import Mover
+from hintkv.tiers.mover import Mover, resolved
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class IndexedTier(Tier):
             raise ValueError("capacity must be >= 0")
         self.layout = layout
         self.capacity_blocks = capacity_blocks
+        self.block_nbytes = layout.nbytes  # storage one block takes (disk adds its header)
         self._own_mover = mover is None
         self.mover = mover if mover is not None else Mover(num_workers=2)
         self.upper = "device"  # the tier blocks come from: names the transfer directions
@@ -59,7 +63,78 @@ class IndexedTier(Tier):
         self._stats = TierStats()
         self._last_op: dict[Hashable, Future] = {}  # storage unit -> its latest I/O
 
-    # -- the parts of the contract that are pure bookkeeping --------------------------------
+    # -- the contract, over the storage hooks below -----------------------------------------
+
+    def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
+        for key, src in items:
+            self._check_put(key, src)
+        with self._lock:
+            for key, _ in items:  # a re-put refreshes recency first, so it is not a victim below
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.last_access = self._tick()
+            fit = self._make_room(len({k for k, _ in items if k not in self._entries}))
+            futures: list[Future[bool]] = []
+            for key, src in items:
+                entry = self._entries.get(key)
+                if entry is not None:  # already held or being written: no-op success
+                    futures.append(entry.write)
+                elif fit == 0:
+                    self._stats.num_put_failed += 1
+                    futures.append(resolved(False))
+                else:
+                    fit -= 1
+                    unit, slot, raw = self._write(key, src)
+                    entry = Entry(slot, self._tick(), raw)
+                    self._entries[key] = entry
+                    futures.append(self._finish_put(unit, key, entry, raw))
+            return futures
+
+    def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
+        self.layout.check_payload(dst)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._stats.num_misses += 1
+                return resolved(False)
+            entry.last_access = self._tick()
+            if not entry.ready:
+                return self._when_written(entry, lambda: self.get(key, dst))
+            unit, raw = self._read(key, entry, dst)
+            return self._finish_get(unit, raw)
+
+    def remove(self, key: bytes) -> bool:
+        with self._lock:
+            if key not in self._entries:
+                return False
+            self._stats.num_removed += 1
+            self._drop(key, evicted=False)
+            return True
+
+    def usage(self) -> TierUsage:
+        with self._lock:
+            n = len(self._entries)
+            return TierUsage(n, self.capacity_blocks, n * self.block_nbytes)
+
+    # -- storage hooks (called with the lock held) ------------------------------------------
+
+    def _check_put(self, key: bytes, src: torch.Tensor) -> None:
+        """Raise ValueError for an item this tier can never store."""
+        self.layout.check_payload(src)
+
+    @abstractmethod
+    def _write(self, key: bytes, src: torch.Tensor) -> tuple[Hashable, int, Future[bool]]:
+        """Claim storage for a new block and start writing it: (storage unit, slot, future)."""
+
+    @abstractmethod
+    def _read(self, key: bytes, entry: Entry, dst: torch.Tensor) -> tuple[Hashable, Future[bool]]:
+        """Start reading a ready block into `dst`: (storage unit, future)."""
+
+    @abstractmethod
+    def _drop(self, key: bytes, evicted: bool) -> None:
+        """Forget `key` and release its storage; tell the listener if evicted."""
+
+    # -- bookkeeping -------------------------------------------------------------------------
 
     def contains(self, key: bytes) -> bool:
         with self._lock:
@@ -104,7 +179,6 @@ class IndexedTier(Tier):
         if self._own_mover:
             self.mover.close()
 
-    # -- helpers for subclasses (call with the lock held) -----------------------------------
 
     def _tick(self) -> int:
         self._clock += 1
@@ -132,10 +206,6 @@ class IndexedTier(Tier):
     def _evict(self, key: bytes) -> None:
         self._stats.num_evicted += 1
         self._drop(key, evicted=True)
-
-    @abstractmethod
-    def _drop(self, key: bytes, evicted: bool) -> None:
-        """Forget `key` and release its storage; tell the listener if evicted."""
 
     def _after(self, unit: Hashable) -> Future | None:
         return self._last_op.get(unit)

@@ -62,6 +62,17 @@ def test_full_tier_evicts_least_recently_used_and_reports_it(layout, key, payloa
     host.close()
 
 
+def test_a_re_put_in_the_same_batch_is_not_the_victim(layout, key, payload):
+    host = HostTier(layout, 2 * layout.nbytes)
+    host.put([(key(0), payload(0)), (key(1), payload(1))])
+    host.flush()  # key 0 is the least recently used...
+    assert [f.result() for f in host.put([(key(0), payload(0)), (key(2), payload(2))])] == [
+        True, True]
+    assert host.contains(key(0)) and not host.contains(key(1))  # ...but was just put again
+    host.check_integrity()
+    host.close()
+
+
 def test_plugged_priority_decides_victims(layout, key, payload):
     host = HostTier(layout, 3 * layout.nbytes)
     protected = {key(0), key(1)}
