@@ -396,3 +396,19 @@ def test_a_hint_that_cannot_be_applied_is_reported_not_failed(live_server):
     skipped, offload = body["agent_hint_result"]["edits"]
     assert skipped["action"] == "skipped" and "could not find the stale tokens" in skipped["notes"][0]
     assert offload["action"] == "none"  # the session is unknown: a successful no-op
+
+
+def test_streamed_management_request_and_a_team_member_id_in_the_path(live_server):
+    sid = f"team:{_sid('T')}:team:t:member:coder"
+    _chat(live_server, sid, "member at work", parent="main-0")
+    with httpx.stream("POST", live_server.v1 + "/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"},
+                      json={"model": live_server.engine.model_name, "messages": [], "stream": True,
+                            **manage_hint(sid, "main-0", [session_edit("offload")])}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["agent_hint_result"]["edits"][0]["action"] == "offloaded"
+    assert _session(live_server, sid).json()["state"] == "suspended"
