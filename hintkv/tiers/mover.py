@@ -55,22 +55,6 @@ def resolved(value: bool) -> Future[bool]:
     return f
 
 
-def then(fut: Future, fn: Callable[[object], object]) -> Future:
-    """A future for `fn(fut.result())`, run when `fut` is done; an exception in either is logged
-    and turns into False."""
-    out: Future = Future()
-
-    def done(f: Future) -> None:
-        try:
-            out.set_result(fn(f.result()))
-        except Exception:
-            log.exception("chained transfer step failed")
-            out.set_result(False)
-
-    fut.add_done_callback(done)
-    return out
-
-
 class Mover:
     """Thread pool (+ CUDA copy stream) that runs transfers and counts them per direction."""
 

@@ -42,6 +42,9 @@ class StackStats:
 
 
 class TierStack:
+    """Ordered tiers (top first). `keep` defaults to keeping every evicted block (a plain
+    victim cache) until the cache manager plugs its own through the constructor or `set_keep`."""
+
     def __init__(self, tiers: list[Tier], keep: Callable[[bytes], bool] | None = None,
                  on_drop: Callable[[bytes], None] | None = None,
                  mover: Mover | None = None, owns_mover: bool = False) -> None:

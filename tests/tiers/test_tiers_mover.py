@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from hintkv.tiers.mover import Mover, MoverStats, resolved, then
+from hintkv.tiers.mover import Mover, MoverStats, resolved
 
 
 def test_copy_counts_bytes_and_blocks_per_direction():
@@ -59,5 +59,4 @@ def test_wait_loads_counts_waits_and_merge_adds_up():
     total = MoverStats({"x": 1}, {"x": 1}).merged(MoverStats({"x": 2, "y": 3}, {"y": 1}, 1))
     assert total.bytes_moved == {"x": 3, "y": 3} and total.blocks_moved == {"x": 1, "y": 1}
     assert total.num_failed == 1
-    assert then(resolved(True), lambda ok: not ok).result() is False
     m.close()
