@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import VARIANTS
+from tiny_hf_checkpoints import VARIANTS
 from hintkv.models.loader import load_model
 from hintkv.models.simple_generate import SimpleKVCache
 

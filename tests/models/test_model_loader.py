@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import write_hf_checkpoint
+from tiny_hf_checkpoints import write_hf_checkpoint
 from hintkv.models.config import ModelConfig
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.loader import load_model
