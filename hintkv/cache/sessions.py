@@ -44,7 +44,7 @@ class Session:
     num_requests: int = 0
     last_arrival: float = 0.0
     last_done: float = 0.0
-    last_tool: str | None = None
+    last_tool: str | None = None  # tool of the latest request: the best guess for the next wait
     gaps: GapEstimator = field(default_factory=GapEstimator)
     protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
     prefetched_until: float = 0.0
@@ -86,11 +86,12 @@ class SessionRegistry:
                    tool: str | None = None) -> Session:
         s = self._ensure(tenant, session_id, parent_id)
         if s.num_requests and s.num_inflight == 0 and s.last_done:
+            # the gap just ended was spent running the tool whose result this request carries
             gap = now - s.last_done
             s.gaps.observe(gap)
             self.all_gaps.observe(gap)
-            if s.last_tool:
-                self.tool_gaps.setdefault(s.last_tool, GapEstimator()).observe(gap)
+            if tool:
+                self.tool_gaps.setdefault(tool, GapEstimator()).observe(gap)
         s.state = SessionState.ACTIVE
         s.num_inflight += 1
         s.num_requests += 1

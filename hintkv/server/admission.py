@@ -75,7 +75,10 @@ def generate_request(
     output_limit: int | None,
     output_param: str,
     session: SessionRef | None = None,
+    tenant: str | None = None,
 ) -> GenerateRequest:
+    """`tenant` (API key identity + cache_salt) becomes the KV namespace: tenants never share
+    blocks, so one tenant's evict can never free, and its timing never reveal, another's KV."""
     capacity = request_capacity(engine)
     if not prompt_ids:
         raise bad_request("The prompt is empty.", param=prompt_param)
@@ -109,6 +112,6 @@ def generate_request(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
         sampling=sampling,
-        cache_salt=req.cache_salt,
+        cache_salt=tenant if tenant is not None else req.cache_salt,
         session=session,
     )

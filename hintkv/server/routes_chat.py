@@ -82,6 +82,7 @@ async def chat_completions(request: Request) -> Response:
         output_limit=body.output_limit,
         output_param=output_param,
         session=hinted.ref if hinted is not None and state.hints else None,
+        tenant=tenant,
     )
     state.metrics.prompt_tokens.inc(len(prompt_ids))
     events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)

@@ -74,6 +74,7 @@ async def completions(request: Request) -> Response:
         output_limit=body.output_limit,
         output_param="max_tokens",
         session=hinted.ref if hinted is not None and state.hints else None,
+        tenant=tenant,
     )
     state.metrics.prompt_tokens.inc(len(prompt_ids))
     events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)
