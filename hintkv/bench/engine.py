@@ -80,8 +80,10 @@ class Workload:
 
     @property
     def max_model_len(self) -> int:
-        """Long enough for the longest prompt plus its output, on both servers."""
-        longest = max(*self.prefill_lengths, self.cached_prompt_tokens, self.decode_prompt_tokens + self.decode_tokens)
+        """Room for an 8192-token prompt plus output on both servers; the same in `--quick`, so
+        vLLM's compile cache (keyed by its config) is shared by quick and full runs."""
+        longest = max(8192, *self.prefill_lengths, self.cached_prompt_tokens,
+                      self.decode_prompt_tokens + self.decode_tokens)
         return longest + 256
 
     @property

@@ -22,7 +22,7 @@ from typing import Any
 from hintkv.bench.common import ServerSpec
 
 VLLM_PREFIX_BLOCK_TOKENS = 128  # vLLM CPU's prefix-cache block size
-DEFAULT_STARTUP_TIMEOUT_S = 300.0  # ~25-35 s normally; first start compiles more
+DEFAULT_STARTUP_TIMEOUT_S = 900.0  # ~30 s with a warm compile cache; a first start compiles for minutes
 
 
 def vllm_python() -> Path | None:
