@@ -48,7 +48,8 @@ class WorkingSet:
     num_sessions: int
     num_calls: int
     prompt_tokens: int  # all prompts of all calls
-    ideal_hit_rate: float  # prefix-cache hit rate with unbounded KV (see the module docstring)
+    ideal_hit_tokens: int  # prompt tokens an unbounded prefix cache would hold (see the docstring)
+    ideal_hit_rate: float  # ideal_hit_tokens / prompt_tokens
     max_request_tokens: int  # the longest prompt + completion of one call
     nominal_duration_s: float  # the whole swarm on the nominal timeline
 
@@ -141,7 +142,7 @@ def working_set(swarm: Swarm, encode: Encoder, block_size: int = 16) -> WorkingS
             best = (tokens, t, len(live), unshared)
     return WorkingSet(
         tokens=best[0], at_s=best[1], num_live=best[2], unshared_tokens=best[3], num_sessions=len(timeline.spans),
-        num_calls=len(timeline.calls), prompt_tokens=num_prompt,
+        num_calls=len(timeline.calls), prompt_tokens=num_prompt, ideal_hit_tokens=num_hit,
         ideal_hit_rate=num_hit / num_prompt if num_prompt else 0.0, max_request_tokens=max_request,
         nominal_duration_s=max(s.end_s for s in timeline.spans.values()),
     )

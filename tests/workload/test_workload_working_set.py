@@ -75,3 +75,19 @@ def test_bench_flags_make_the_swarm_shape():
     assert full == SwarmShape()
     quick = shape_from_args(build_parser().parse_args(["--quick", "--time-scale", "5", "--token-scale", "32"]))
     assert quick == SwarmShape(time_scale=5.0, token_scale=32.0).quick()
+
+
+def test_metrics_text_is_parsed_per_series_and_totalled():
+    from hintkv.bench.sessions import metric_total, parse_metrics
+
+    text = """# HELP hintkv_num_preemptions_total Requests preempted.
+# TYPE hintkv_num_preemptions_total counter
+hintkv_num_preemptions_total 3.0
+hintkv_agent_hint_edits_total{type="evict",target="session",action="evicted"} 5.0
+hintkv_agent_hint_edits_total{type="offload",target="session",action="offloaded"} 2.0
+hintkv_agent_hint_edits_created{type="evict",target="session",action="evicted"} 1.7e+09
+"""
+    m = parse_metrics(text)
+    assert metric_total(m, "hintkv_num_preemptions_total") == 3.0
+    assert metric_total(m, "hintkv_agent_hint_edits_total") == 7.0
+    assert metric_total(m, "hintkv_recomputed_tokens_total") is None
