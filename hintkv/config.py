@@ -38,6 +38,7 @@ class EngineConfig:
     host_cache_memory: str | None = None  # host tier size ("4GiB"); None: no host tier
     disk_cache_dir: str | None = None  # disk tier directory; None: no disk tier
     disk_cache_size: str | None = None  # disk tier size ("20GiB")
+    disk_cache_reuse: bool = False  # adopt valid block files already in disk_cache_dir (else wipe)
     hints: bool = True  # False: ignore Agent Hints (session identity and edits) entirely
     protect_budget: float = 0.5  # fraction of the device pool that TTL protection may cover
 

@@ -6,22 +6,36 @@ and a small `PrefixMatch` result; it never touches the block pool's internals.
 A sequence's block table, for one step:
 
     | matched (cached) | computed earlier | new this step | (unallocated) |
+
+With lower tiers (`tiers`, a `TierLink`), a prefix continues below the device: admission also
+allocates blocks for the run found in host/disk and starts loading it;
+
+    | matched (device) | loading (host/disk) | (rest: computed once the load lands) |
+
+the scheduler keeps the sequence aside until `load_ready`, then `finish_load` advances it over
+the blocks that arrived (a failed block truncates the run there: the rest is recomputed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hintkv.cache.block import Block
 from hintkv.cache.block_pool import BlockPool
 from hintkv.cache.hashing import BlockHash, hash_blocks
 from hintkv.cache.policies import EvictionPolicy
 
+if TYPE_CHECKING:
+    from hintkv.cache.tiering import TierLink
+
 
 @dataclass(slots=True)
 class PrefixMatch:
     blocks: list[Block] = field(default_factory=list)  # device blocks holding the prefix
     num_tokens: int = 0  # tokens of KV they hold
+    lower: list[BlockHash] = field(default_factory=list)  # the next blocks, held below: load them
+    lower_tiers: list[str] = field(default_factory=list)  # where each of `lower` was found
 
 
 class KVCacheManager:
@@ -29,7 +43,9 @@ class KVCacheManager:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, policy)
         self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
-        self.prefix_hit_tokens = 0  # of which found
+        self.prefix_hit_tokens = 0  # of which found (device hits + blocks loaded from below)
+        self.hit_tokens_by_tier: dict[str, int] = {"device": 0}  # first admissions only
+        self.tiers: TierLink | None = None  # lower tiers (host, disk), when configured
 
     # ---- hashing -------------------------------------------------------------------------
     def update_hashes(self, seq, upto: int) -> list[BlockHash]:
@@ -55,27 +71,72 @@ class KVCacheManager:
             if b is None:
                 break
             blocks.append(b)
-        return PrefixMatch(blocks, len(blocks) * self.block_size)
+        match = PrefixMatch(blocks, len(blocks) * self.block_size)
+        if self.tiers is not None and len(blocks) < len(hashes):
+            match.lower_tiers = self.tiers.plan(hashes[len(blocks):])
+            match.lower = hashes[len(blocks):len(blocks) + len(match.lower_tiers)]
+        return match
 
     def _blocks_needed(self, seq, num_tokens_after: int, have: int) -> int:
         return max(0, -(-num_tokens_after // self.block_size) - have)
 
     def can_admit(self, seq, match: PrefixMatch, num_new_tokens: int) -> bool:
-        need = self._blocks_needed(seq, match.num_tokens + num_new_tokens, len(match.blocks))
+        """Room for the matched prefix, its lower-tier run, and `num_new_tokens` after them."""
+        upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
+        need = self._blocks_needed(seq, upto, len(match.blocks))
         reclaimable_matched = sum(1 for b in match.blocks if b.ref_cnt == 0)
         return need <= self.pool.num_free - reclaimable_matched
 
-    def admit(self, seq, match: PrefixMatch, num_new_tokens: int) -> None:
-        need = self._blocks_needed(seq, match.num_tokens + num_new_tokens, len(match.blocks))
+    def admit(self, seq, match: PrefixMatch, num_new_tokens: int) -> bool:
+        """Take the blocks; start loading the lower-tier run if any. True: the sequence must
+        wait for `load_ready` (it computes nothing until `finish_load`)."""
+        upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
+        need = self._blocks_needed(seq, upto, len(match.blocks))
         self.pool.touch(match.blocks)
         seq.block_table = list(match.blocks) + self.pool.allocate(need)
         seq.num_computed_tokens = match.num_tokens
         seq.num_registered_blocks = len(match.blocks)
-        if not seq.admitted_once:
+        first = not seq.admitted_once
+        if first:
             seq.admitted_once = True
             seq.num_cached_tokens = match.num_tokens
             self.prefix_query_tokens += seq.num_prompt_tokens
             self.prefix_hit_tokens += match.num_tokens
+            self.hit_tokens_by_tier["device"] += match.num_tokens
+        if not match.lower:
+            return False
+        assert self.tiers is not None
+        n = len(match.blocks)
+        seq.loading_counts_as_hit = first
+        self.tiers.start_load(seq.request_id, match.lower, seq.block_table[n:n + len(match.lower)],
+                              match.lower_tiers)
+        return True
+
+    @property
+    def num_prefetching_blocks(self) -> int:
+        """Device blocks held by prefetches in flight (no sequence owns them; freed on landing)."""
+        return 0 if self.tiers is None else len(self.tiers.prefetching_blocks())
+
+    def load_ready(self, seq) -> bool:
+        return self.tiers is None or self.tiers.load_ready(seq.request_id)
+
+    def finish_load(self, seq) -> int:
+        """Land a ready load: register the blocks that arrived (in order, up to the first that
+        did not) and advance the sequence over them. Returns the tokens loaded."""
+        assert self.tiers is not None
+        num_loaded, tiers = self.tiers.finish_load(seq.request_id)
+        start = seq.num_registered_blocks
+        for i in range(start, start + num_loaded):
+            self.pool.register(seq.block_table[i], seq.block_hashes[i])  # a duplicate stays private
+        seq.num_registered_blocks = start + num_loaded
+        tokens = num_loaded * self.block_size
+        seq.num_computed_tokens += tokens
+        if seq.loading_counts_as_hit:
+            seq.num_cached_tokens += tokens
+            self.prefix_hit_tokens += tokens
+            for t in tiers:
+                self.hit_tokens_by_tier[t] = self.hit_tokens_by_tier.get(t, 0) + self.block_size
+        return tokens
 
     # ---- running -------------------------------------------------------------------------
     def can_append(self, seq, num_new_tokens: int) -> bool:
@@ -100,9 +161,13 @@ class KVCacheManager:
         seq.num_registered_blocks = n_full
 
     def free(self, seq) -> None:
+        if self.tiers is not None:
+            self.tiers.cancel_load(seq.request_id)
         self.pool.release(seq.block_table)
         seq.block_table = []
         seq.num_registered_blocks = 0
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check_integrity()

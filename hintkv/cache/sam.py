@@ -1,9 +1,11 @@
 """SAM, the session-aware manager: applies Agent Hint edits and request lifecycles to the cache.
 
 It joins the session registry (who holds what) and the KV manager (where blocks are). Evicting
-frees blocks nobody holds at once; offload and prefetch change how the policy ranks a session's
-blocks (and, once lower tiers exist, move them). Everything here runs under the engine's state
-lock, so it is consistent with the scheduler, and none of it can make inference fail.
+frees blocks nobody holds at once, on every tier; offload and prefetch change how the policy
+ranks a session's blocks and, with lower tiers (`kv.tiers`), move them: offload writes the
+session's device blocks down (their device copies go once the writes land), prefetch brings its
+host/disk blocks up into room that running sessions do not need. Everything here runs under the
+engine's state lock, so it is consistent with the scheduler, and none of it can make inference fail.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ class SessionAwareManager:
         return s.key
 
     def on_done(self, key: str, hashes: list[BlockHash]) -> None:
-        self.sessions.on_done(key, hashes, time.monotonic())
+        orphans = self.sessions.on_done(key, hashes, time.monotonic())
+        if orphans and self.kv.tiers is not None:
+            self.kv.tiers.remove_below(orphans)  # device copies stay cached (first to go)
 
     # ---- edits ---------------------------------------------------------------------------
     def apply(self, ref: SessionRef, edit: CacheEdit) -> EditOutcome:
@@ -43,14 +47,43 @@ class SessionAwareManager:
             return self._evict(key, edit.token_start)
         if edit.action == "offload":
             self.sessions.suspend(key)
-            n = self._device_blocks(s.held)
+            return self._offload(s.held)
+        self.sessions.prefetch(key, time.monotonic())
+        return self._prefetch(s.held)
+
+    def _offload(self, held: list[BlockHash]) -> EditOutcome:
+        tiers = self.kv.tiers
+        n = self._device_blocks(held)
+        if tiers is None:
             return EditOutcome("offloaded", {"device": (0, 0)}, [
                 f"no lower tier configured: {n} device blocks of this session are now first in line "
                 "for eviction (kept until room is needed)"])
-        self.sessions.prefetch(key, time.monotonic())
-        n = self._device_blocks(s.held)
-        return EditOutcome("prefetched", {"device": (0, 0)}, [
-            f"{n} of the session's {len(s.held)} blocks are in device memory and now protected"])
+        written, below = tiers.offload(held)
+        bs = self.kv.block_size
+        top = tiers.stack.tiers[0].name
+        return EditOutcome("offloaded", {"device": (-(written + below), -(written + below) * bs),
+                                         top: (written, written * bs)}, [
+            f"scheduled: {written} device blocks are being written to {top} and {below} already "
+            "sit below; their device copies are dropped once the writes land (blocks a running "
+            "request uses stay)"])
+
+    def _prefetch(self, held: list[BlockHash]) -> EditOutcome:
+        tiers = self.kv.tiers
+        if tiers is None:
+            n = self._device_blocks(held)
+            return EditOutcome("prefetched", {"device": (0, 0)}, [
+                f"{n} of the session's {len(held)} blocks are in device memory and now protected"])
+        before = tiers.where(held)
+        scheduled, on_device = tiers.prefetch(held)
+        bs = self.kv.block_size
+        below = sum(v for k, v in before.items() if k != "device")
+        notes = [f"scheduled: {scheduled} blocks are being loaded into device memory; "
+                 f"{on_device} of the session's {len(held)} blocks were there already and are "
+                 "now protected"]
+        if scheduled < below:
+            notes.append(f"{below - scheduled} blocks stay below: no device room without pushing "
+                         "out running sessions' blocks (or not a contiguous prefix)")
+        return EditOutcome("prefetched", {"device": (scheduled, scheduled * bs)}, notes)
 
     def _evict(self, key: str, token_start: int | None) -> EditOutcome:
         if token_start is None:
@@ -63,10 +96,14 @@ class SessionAwareManager:
             if b is not None and self.kv.pool.drop(b):
                 freed += 1
         bs = self.kv.block_size
-        notes = [] if freed == len(orphans) else [
-            f"{len(orphans) - freed} released blocks are still in use by running requests or gone"]
-        return EditOutcome("evicted" if orphans or token_start is None else "none",
-                           {"device": (-freed, -freed * bs)}, notes)
+        tiers = {"device": (-freed, -freed * bs)}
+        removed = self.kv.tiers.remove_below(orphans) if self.kv.tiers is not None else {}
+        for name, n in removed.items():
+            tiers[name] = (-n, -n * bs)
+        gone = freed + sum(removed.values())
+        notes = [] if gone >= len(orphans) else [
+            f"{len(orphans) - gone} released blocks are still in use by running requests or gone"]
+        return EditOutcome("evicted" if orphans or token_start is None else "none", tiers, notes)
 
     def _device_blocks(self, hashes: list[BlockHash]) -> int:
         return sum(1 for h in hashes if self.kv.pool.lookup(h) is not None)
@@ -85,7 +122,9 @@ class SessionAwareManager:
             "num_requests": s.num_requests,
             "num_inflight": s.num_inflight,
             "held_tokens": len(s.held) * bs,
-            "tokens_per_tier": {"device": self._device_blocks(s.held) * bs},
+            "tokens_per_tier": ({t: n * bs for t, n in self.kv.tiers.where(s.held).items()}
+                                if self.kv.tiers is not None
+                                else {"device": self._device_blocks(s.held) * bs}),
             "children": sorted(self.sessions.sessions[c].session_id for c in s.children),
             "predicted_gap_s": round(self.sessions.predicted_gap(s)[0], 3)
             if s.state is SessionState.WAITING else None,

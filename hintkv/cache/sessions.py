@@ -99,18 +99,20 @@ class SessionRegistry:
         s.last_tool = tool
         return s
 
-    def on_done(self, key: str, hashes: list[BlockHash], now: float) -> None:
-        """A request finished: the session now holds exactly this prompt + completion's blocks."""
+    def on_done(self, key: str, hashes: list[BlockHash], now: float) -> list[BlockHash]:
+        """A request finished: the session now holds exactly this prompt + completion's blocks.
+        Returns the hashes nobody holds any more (its previous context that was not reused)."""
         s = self.sessions.get(key)
         if s is None:
-            return
+            return []
         s.num_inflight = max(0, s.num_inflight - 1)
         s.last_done = now
         if s.state is SessionState.ENDED:
-            return  # evicted while its request ran: hold nothing
-        self._set_held(s, hashes)
+            return []  # evicted while its request ran: hold nothing
+        orphans = self._set_held(s, hashes)
         if s.num_inflight == 0 and s.state is SessionState.ACTIVE:
             s.state = SessionState.WAITING
+        return orphans
 
     def _set_held(self, s: Session, hashes: list[BlockHash]) -> list[BlockHash]:
         """Replace what `s` holds; return the hashes nobody holds any more."""

@@ -2,12 +2,18 @@
 
 Single-threaded by design: every change to sequences, blocks and sessions happens on the thread
 that calls `step()` (the async wrapper funnels requests and management calls onto it).
+
+With `host_cache_memory` / `disk_cache_dir` set, a `TierStack` (host, disk) sits below the device
+pool, linked by `cache.tiering.TierLink`: evicted blocks a live session holds are written down,
+prefixes found below are loaded instead of recomputed, and each step starts with the link's
+housekeeping (landed prefetches, finished offloads, predicted resumes). `tier_stats()` reports it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import torch
 
@@ -16,12 +22,15 @@ from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.tiering import TierLink
 from hintkv.config import EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import Sequence, SeqStatus
 from hintkv.engine.types import CacheEdit, EditOutcome, GenerateRequest, RequestOutput, SessionRef
 from hintkv.models.loader import load_model
+from hintkv.tiers.build import build_tier_stack
+from hintkv.tiers.device import DeviceBlockIO
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,10 @@ class LLMEngine:
                                   self.dtype, self.device)
         self._seqs: dict[str, Sequence] = {}
         self._dtype_name = str(self.dtype).removeprefix("torch.")
+        self.num_prompt_tokens = 0  # prompt tokens of admitted requests
+        self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (incl. recomputes)
+        self.tiers = self._build_tiers()
+        self.kv.tiers = self.tiers
         log.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d (%d tokens)",
                  self.model_name, self.device, self._dtype_name, self.num_blocks, self.num_kv_tokens)
 
@@ -84,6 +97,18 @@ class LLMEngine:
         if n < 1:
             raise ValueError("the KV cache memory does not hold a single block")
         return n
+
+    def _build_tiers(self) -> TierLink | None:
+        cfg = self.cfg
+        io = DeviceBlockIO(self.runner.kv_caches)
+        stack = build_tier_stack(io.layout, cfg.host_cache_memory, cfg.disk_cache_dir,
+                                 cfg.disk_cache_size, reuse_disk=cfg.disk_cache_reuse,
+                                 cuda=self.device.type == "cuda")
+        if stack is None:
+            return None
+        log.info("KV tiers: %s", ", ".join(f"{n} {u.capacity_blocks} blocks"
+                                            for n, u in stack.usage().items()))
+        return TierLink(self.kv.pool, self.block_size, stack, io, self.sessions, self.cfg.hints)
 
     @property
     def num_kv_tokens(self) -> int:
@@ -117,6 +142,7 @@ class LLMEngine:
                 seq.session_key = self.sam.on_arrival(req.session, req.session.tool)
             self._seqs[seq.request_id] = seq
             self.scheduler.add(seq)
+            self.num_prompt_tokens += seq.num_prompt_tokens
 
     def abort_request(self, request_id: str) -> bool:
         with self.lock:
@@ -147,14 +173,56 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def tier_stats(self) -> dict:
+        """KV tier counters for /metrics (any thread). Shape:
+
+            {"enabled": bool,
+             "hit_tokens": {"device": n, "host": n, "disk": n},  # first admissions
+             "prompt_tokens": n, "prompt_tokens_computed": n,   # computed incl. recomputes
+             "tiers": {"host"|"disk": {"num_blocks", "capacity_blocks", "bytes_used", "puts",
+                       "put_failed", "hits", "misses", "corrupt", "io_errors", "evicted",
+                       "removed"}},
+             "bytes_moved": {"device->host": n, "host->disk": n, "disk->host": n,
+                             "host->device": n, ...}, "blocks_moved": {same keys},
+             "load_wait_s": s, "num_written_down", "num_offload_dropped", "num_loaded",
+             "num_prefetched", "num_predicted_prefetches", "num_load_failed",
+             "num_load_timeouts", "num_corrupt", "num_io_errors", "num_cascaded",
+             "num_dropped", "costs": {"prefill_s_per_token", "bandwidth_<tier>_bytes_per_s"}}
+
+        Without tiers only enabled, hit_tokens and the prompt token counts are present.
+        """
+        with self.lock:
+            out = {"enabled": self.tiers is not None,
+                   "hit_tokens": dict(self.kv.hit_tokens_by_tier),
+                   "prompt_tokens": self.num_prompt_tokens,
+                   "prompt_tokens_computed": self.num_prompt_tokens_computed}
+            if self.tiers is not None:
+                out.update(self.tiers.stats())
+            return out
+
+    def close(self) -> None:
+        """Finish in-flight tier I/O and stop the mover threads (blocks on disk are kept)."""
+        if self.tiers is not None:
+            self.tiers.close()
+
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         with self.lock:
+            if self.tiers is not None:
+                self.tiers.poll()
+                if self.cfg.hints:
+                    self.tiers.predict(time.monotonic())
             sched = self.scheduler.schedule()
             outputs = [self._finish(seq, "length") for seq in sched.out_of_room]
-            if not sched.scheduled:
-                return outputs
+            pending = self.tiers.pending_futures() if self.tiers is not None and not sched.scheduled else []
+        if not sched.scheduled:
+            if pending:  # only loads to wait for: block briefly instead of spinning
+                self.tiers.wait_for_loads(pending, 0.05)
+            return outputs
+        t0 = time.perf_counter()
         tokens = self.runner.run(sched.scheduled)
+        if self.tiers is not None:
+            self.tiers.costs.observe_prefill(sched.num_batched_tokens, time.perf_counter() - t0)
         with self.lock:
             return outputs + self._postprocess(sched.scheduled, tokens)
 
@@ -162,6 +230,9 @@ class LLMEngine:
         outputs = []
         for s, tok in zip(scheduled, tokens):
             seq = s.seq
+            self.num_prompt_tokens_computed += max(
+                0, min(seq.num_prompt_tokens, seq.num_computed_tokens + s.num_new_tokens)
+                - seq.num_computed_tokens)
             seq.num_computed_tokens += s.num_new_tokens
             self.kv.commit(seq)
             if tok is None:
@@ -199,7 +270,10 @@ class LLMEngine:
     def check_integrity(self) -> None:
         self.kv.check_integrity()
         self.sessions.check_integrity()
-        live = {b.block_id for s in self.scheduler.running for b in s.block_table}
+        live = {b.block_id for s in [*self.scheduler.running, *self.scheduler.loading]
+                for b in s.block_table}
+        if self.tiers is not None:
+            live |= {b.block_id for b in self.tiers.prefetching_blocks()}
         in_use = {b.block_id for b in self.kv.pool.blocks if b.ref_cnt > 0}
         assert live == in_use, "blocks in use that no running sequence holds"
         assert all(s.status != SeqStatus.FINISHED for s in self._seqs.values())

@@ -38,6 +38,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prefix hit at first admission (reported as cached_tokens)
     num_preemptions: int = 0
     admitted_once: bool = False
+    loading_counts_as_hit: bool = False  # the pending lower-tier load is this request's first hit
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
     num_sent_tokens: int = 0  # output tokens already returned to the caller

@@ -1,0 +1,61 @@
+"""Is a block worth loading from a lower tier, or cheaper to recompute? Measured estimates.
+
+    load(block from tier)  = block bytes / bandwidth(tier)        EWMA of observed loads
+    recompute(block)       = block_size * prefill seconds/token    EWMA of the engine's prefill steps
+
+Both start from defaults (host 10 GB/s, disk 1 GB/s, 0.2 ms per prefill token: a CPU-sized,
+conservative guess that favours loading until the engine has measured itself) and follow what
+the engine observes. A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_BANDWIDTH = {"host": 10e9, "disk": 1e9}  # bytes/s
+DEFAULT_PREFILL_S_PER_TOKEN = 2e-4
+EWMA_WEIGHT = 0.2  # weight of a new observation
+MIN_PREFILL_TOKENS = 64  # steps with fewer batched tokens are decode-bound: not a prefill sample
+TIMEOUT_FACTOR = 3.0
+MIN_TIMEOUT_S = 1.0
+
+
+def _ewma(old: float, new: float) -> float:
+    return (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
+
+
+@dataclass(slots=True)
+class TransferCosts:
+    block_bytes: int  # payload of one block (all layers, K and V)
+    block_size: int  # tokens per block
+    bandwidth: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BANDWIDTH))
+    prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """A forward pass of `num_tokens` batched tokens took `seconds`."""
+        if num_tokens >= MIN_PREFILL_TOKENS and seconds > 0:
+            self.prefill_s_per_token = _ewma(self.prefill_s_per_token, seconds / num_tokens)
+
+    def observe_load(self, tier: str, num_blocks: int, seconds: float) -> None:
+        """`num_blocks` blocks (the slowest of them from `tier`) arrived in `seconds`."""
+        if num_blocks > 0 and seconds > 0:
+            bw = num_blocks * self.block_bytes / seconds
+            self.bandwidth[tier] = _ewma(self.bandwidth.get(tier, bw), bw)
+
+    def load_s(self, tier: str) -> float:
+        return self.block_bytes / self.bandwidth.get(tier, DEFAULT_BANDWIDTH["disk"])
+
+    def recompute_s(self) -> float:
+        """Seconds to recompute one block's KV."""
+        return self.block_size * self.prefill_s_per_token
+
+    def worth_loading(self, tier: str) -> bool:
+        return self.load_s(tier) <= self.recompute_s()
+
+    def load_timeout_s(self, num_blocks: int) -> float:
+        """After this long a load is given up (its blocks recomputed)."""
+        return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * num_blocks * self.recompute_s())
+
+    def snapshot(self) -> dict[str, float]:
+        return {"prefill_s_per_token": self.prefill_s_per_token,
+                **{f"bandwidth_{t}_bytes_per_s": bw for t, bw in self.bandwidth.items()}}

@@ -1,0 +1,388 @@
+"""The device pool's link to the tiers below it (host, disk): what goes down, what comes back.
+
+The KV manager and SAM reach the lower tiers only through `TierLink`:
+
+  down  `on_device_evict(victims)`: the pool is about to reuse cached blocks; those `keep` says
+        (some live session holds them; every block when hints are off) and the stack lacks are
+        gathered and stored BEFORE the device block is reused. `offload(hashes)` writes a
+        session's device blocks down now; `poll()` drops their device copies once the writes land.
+  up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
+        cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads
+        them into staging; `finish_load(key)` scatters the leading run of good blocks into the
+        device and reports it (a failed or timed-out block truncates there: the rest recomputes).
+        `prefetch(hashes)` loads a session's lower-tier blocks into device blocks that only hold
+        KV ranked below running sessions; `poll()` registers them as cached (ref 0) when they land.
+
+Each lower tier evicts in the order SAM ranks sessions (unheld first, running last). Device-side
+changes happen on the engine thread under its state lock; the stack's I/O runs on the mover's
+threads and only ever fills staging buffers this class owns, so a late or abandoned load cannot
+touch the device cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+
+import torch
+
+from hintkv.cache.block import Block
+from hintkv.cache.block_pool import BlockPool
+from hintkv.cache.hashing import BlockHash
+from hintkv.cache.sessions import SessionRegistry, SessionState
+from hintkv.cache.tier_costs import TransferCosts
+from hintkv.tiers.base import Tier
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.stack import TierStack
+
+log = logging.getLogger(__name__)
+
+RUNNING_CLASS = 3  # SessionRegistry.rank class of running / prefetched / protected sessions
+PREDICT_EVERY_S = 0.2  # how often waiting sessions are checked for a predicted resume
+PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
+
+
+@dataclass(slots=True)
+class PendingLoad:
+    """Blocks being read from the stack into `staging`, to be scattered into `blocks`."""
+
+    hashes: list[BlockHash]
+    blocks: list[Block]  # device blocks (ref_cnt held by us or by a sequence), same order
+    tiers: list[str]  # the tier each block was found in when planned
+    staging: torch.Tensor  # [n, *layout.shape], ours alone
+    futures: list[Future[bool]]
+    started: float
+    deadline: float
+    done_at: list[float] = field(default_factory=list)  # completion times (for bandwidth)
+
+    def ready(self, now: float) -> bool:
+        return now >= self.deadline or all(f.done() for f in self.futures)
+
+    def results(self) -> list[bool]:
+        """Per block: arrived intact in time (a pending future counts as failed)."""
+        return [f.done() and f.result() for f in self.futures]
+
+
+@dataclass(slots=True)
+class PendingOffload:
+    hashes: list[BlockHash]
+    futures: list[Future[bool]]
+
+
+@dataclass(slots=True)
+class TierCounters:
+    num_written_down: int = 0  # device blocks stored to the stack (eviction + offload)
+    num_offload_dropped: int = 0  # device copies dropped after an offload landed
+    num_loaded: int = 0  # blocks scattered into the device from the stack (requests)
+    num_prefetched: int = 0  # blocks loaded ahead of a request and registered as cached
+    num_load_failed: int = 0  # blocks whose load missed (corrupt, I/O error, gone): recomputed
+    num_load_timeouts: int = 0  # loads abandoned as slower than recomputing
+    num_predicted_prefetches: int = 0  # sessions prefetched on a predicted resume
+    load_wait_s: float = 0.0  # engine seconds spent idle waiting for loads
+
+
+class TierLink:
+    def __init__(self, pool: BlockPool, block_size: int, stack: TierStack, io: DeviceBlockIO,
+                 sessions: SessionRegistry, hints: bool) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.stack = stack
+        self.io = io
+        self.sessions = sessions
+        self.hints = hints
+        self.layout = stack.layout
+        self.costs = TransferCosts(self.layout.nbytes, block_size)
+        self.counters = TierCounters()
+        self._loads: dict[str, PendingLoad] = {}  # request id -> its prefix load
+        self._prefetches: list[PendingLoad] = []
+        self._offloads: list[PendingOffload] = []
+        self._predicted: dict[str, float] = {}  # session key -> last_done already prefetched for
+        self._last_predict = 0.0
+        pool.on_evict = self.on_device_evict
+        stack.set_keep(self.keep)
+        for tier in stack.tiers:
+            tier.set_priority(self._priority_for(tier))
+
+    # ---- policy --------------------------------------------------------------------------
+    def keep(self, h: BlockHash) -> bool:
+        """Worth a write to a slower tier: held by a live session (hints off: any cached block)."""
+        return self.sessions.is_held(h) if self.hints else True
+
+    def rank(self, h: BlockHash, now: float) -> tuple[int, float]:
+        """SAM's rank of a block: its most protective holder's (class, tiebreak); (0, 0) unheld."""
+        owners = self.sessions.holders.get(h)
+        if not owners:
+            return (0, 0.0)
+        try:
+            return max(self.sessions.rank(self.sessions.sessions[k], now) for k in list(owners))
+        except (RuntimeError, KeyError):  # read from a mover thread mid-update: rank it unheld
+            return (0, 0.0)
+
+    def _priority_for(self, tier: Tier) -> Callable[[bytes], tuple]:
+        def priority(key: bytes) -> tuple:
+            return (*self.rank(key, time.monotonic()), tier.last_access(key))
+        return priority
+
+    # ---- down ----------------------------------------------------------------------------
+    def on_device_evict(self, victims: list[Block]) -> None:
+        """Pool hook: `victims` are about to be reused. Store the kept ones the stack lacks."""
+        kept = [b for b in victims if b.hash is not None and self.keep(b.hash)]
+        where = self.stack.lookup([b.hash for b in kept])
+        fresh = [b for b, w in zip(kept, where) if w is None]
+        if fresh:
+            self._write_down([b.hash for b in fresh], [b.block_id for b in fresh])
+
+    def _write_down(self, hashes: list[BlockHash], block_ids: list[int]) -> list[Future[bool]]:
+        # A synchronous gather into our own staging: the device block may be reused as soon as
+        # this returns (on CUDA the gather waits for the compute stream's writes to the block).
+        staging = self._staging(len(hashes))
+        self.io.read(block_ids, staging)
+        futures = self.stack.store(list(zip(hashes, staging.unbind(0))))
+        self.counters.num_written_down += len(hashes)
+        return futures
+
+    def offload(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        """Write the device-resident blocks among `hashes` down now; their device copies are
+        dropped by `poll` once stored. Returns (blocks written, blocks already below)."""
+        on_device = [(h, b) for h in hashes if (b := self.pool.lookup(h)) is not None]
+        where = self.stack.lookup([h for h, _ in on_device])
+        fresh = [(h, b) for (h, b), w in zip(on_device, where) if w is None]
+        below = [h for (h, _), w in zip(on_device, where) if w is not None]
+        futures = self._write_down([h for h, _ in fresh], [b.block_id for _, b in fresh]) if fresh else []
+        done: list[Future[bool]] = []
+        for _ in below:
+            f: Future[bool] = Future()
+            f.set_result(True)
+            done.append(f)
+        self._offloads.append(PendingOffload([h for h, _ in fresh] + below, futures + done))
+        return len(fresh), len(below)
+
+    def remove_below(self, hashes: list[BlockHash]) -> dict[str, int]:
+        """Forget blocks nobody holds from every lower tier; blocks removed per tier."""
+        removed = {t.name: 0 for t in self.stack.tiers}
+        for h in hashes:
+            for t in self.stack.tiers:
+                removed[t.name] += int(t.remove(h))
+        return removed
+
+    # ---- up ------------------------------------------------------------------------------
+    def plan(self, hashes: list[BlockHash]) -> list[str]:
+        """Tiers of the leading run of `hashes` held below and worth loading (may be empty)."""
+        out: list[str] = []
+        for tier in self.stack.lookup(hashes):
+            if tier is None or not self.costs.worth_loading(tier):
+                break
+            out.append(tier)
+        return out
+
+    def start_load(self, key: str, hashes: list[BlockHash], blocks: list[Block],
+                   tiers: list[str]) -> None:
+        self._loads[key] = self._load(hashes, blocks, tiers)
+
+    def load_ready(self, key: str) -> bool:
+        return self._loads[key].ready(time.monotonic())
+
+    def finish_load(self, key: str) -> tuple[int, list[str]]:
+        """Scatter the leading run of good blocks of a ready load into the device; returns
+        (blocks loaded, their tiers). The caller registers them and advances its sequence."""
+        load = self._loads.pop(key)
+        n = self._land(load)
+        self.counters.num_loaded += n
+        return n, load.tiers[:n]
+
+    def cancel_load(self, key: str) -> None:
+        """The sequence left (abort, finish): forget its load; stray I/O only fills staging."""
+        self._loads.pop(key, None)
+
+    def prefetch(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        """Load the leading held-below run of `hashes` (after blocks already on the device)
+        into device blocks taken only from KV ranked below running sessions.
+        Returns (blocks scheduled, blocks already on the device)."""
+        on_device = 0
+        todo: list[BlockHash] = []
+        for h in hashes:
+            if self.pool.lookup(h) is not None:
+                on_device += 1
+                continue
+            if h in self._in_flight():
+                continue
+            todo.append(h)
+        tiers = []
+        for t in self.stack.lookup(todo):
+            if t is None:
+                break
+            tiers.append(t)
+        n = min(len(tiers), self._room_below_running())
+        if n == 0:
+            return 0, on_device
+        blocks = self.pool.allocate(n)  # victims (ranked below running) are written down first
+        self._prefetches.append(self._load(todo[:n], blocks, tiers[:n]))
+        return n, on_device
+
+    def _room_below_running(self) -> int:
+        """Free blocks a prefetch may take: empty ones, then cached ones in the policy's victim
+        order up to the first that a running (or protected) session holds."""
+        empty = self.pool.num_free - self.pool.num_cached_free
+        now = time.monotonic()
+        room = empty
+        for b in self.pool.choose_victims(self.pool.num_cached_free):
+            if b.hash is None or self.rank(b.hash, now)[0] >= RUNNING_CLASS:
+                break
+            room += 1
+        return room
+
+    def _in_flight(self) -> set[BlockHash]:
+        return {h for p in self._prefetches for h in p.hashes}
+
+    def prefetching_blocks(self) -> list[Block]:
+        """Device blocks held by pending prefetches (in use, owned by no sequence)."""
+        return [b for p in self._prefetches for b in p.blocks]
+
+    def _load(self, hashes: list[BlockHash], blocks: list[Block], tiers: list[str]) -> PendingLoad:
+        staging = self._staging(len(hashes))
+        now = time.monotonic()
+        load = PendingLoad(hashes, blocks, tiers, staging, [], now,
+                           now + self.costs.load_timeout_s(len(hashes)))
+        for i, h in enumerate(hashes):
+            f = self.stack.load(h, staging[i])
+            f.add_done_callback(lambda _f, d=load.done_at: d.append(time.monotonic()))
+            load.futures.append(f)
+        return load
+
+    def _land(self, load: PendingLoad) -> int:
+        """Scatter the leading run of good blocks into the device; count and learn from it."""
+        results = load.results()
+        n = next((i for i, ok in enumerate(results) if not ok), len(results))
+        if not all(f.done() for f in load.futures):
+            self.counters.num_load_timeouts += 1
+        self.counters.num_load_failed += len(results) - n
+        if n:
+            self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
+            slowest = "disk" if "disk" in load.tiers[:n] else load.tiers[0]
+            if len(load.done_at) >= len(load.futures):
+                self.costs.observe_load(slowest, n, max(load.done_at) - load.started)
+        return n
+
+    # ---- housekeeping, once per engine step ------------------------------------------------
+    def poll(self) -> None:
+        """Land finished prefetches (as cached blocks) and drop offloaded device copies."""
+        now = time.monotonic()
+        still = []
+        for p in self._prefetches:
+            if not p.ready(now):
+                still.append(p)
+                continue
+            n = self._land(p)
+            for i, (h, b) in enumerate(zip(p.hashes, p.blocks)):
+                if i < n and self.keep(h) and self.pool.lookup(h) is None:
+                    self.pool.register(b, h)
+                    self.counters.num_prefetched += 1
+            self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty
+        self._prefetches = still
+        keep_offloads = []
+        for o in self._offloads:
+            if not all(f.done() for f in o.futures):
+                keep_offloads.append(o)
+                continue
+            for h, f in zip(o.hashes, o.futures):
+                b = self.pool.lookup(h)
+                if f.result() and b is not None and self.rank(h, now)[0] < RUNNING_CLASS \
+                        and self.pool.drop(b):
+                    self.counters.num_offload_dropped += 1
+        self._offloads = keep_offloads
+
+    def predict(self, now: float) -> None:
+        """Prefetch waiting sessions whose predicted return is within the lead time (cheap:
+        runs every PREDICT_EVERY_S, once per session gap)."""
+        if now - self._last_predict < PREDICT_EVERY_S:
+            return
+        self._last_predict = now
+        for s in self.sessions.live():
+            if s.state is not SessionState.WAITING or not s.held or s.num_inflight:
+                continue
+            if self._predicted.get(s.key) == s.last_done:
+                continue
+            expected, stale = self.sessions.predicted_gap(s)
+            idle = now - s.last_done
+            lead = PREDICT_LEAD_S + len(s.held) * self.costs.load_s("disk")
+            if idle > stale or s.last_done + expected - now > lead:
+                continue
+            self._predicted[s.key] = s.last_done
+            if self.prefetch(s.held)[0]:
+                self.counters.num_predicted_prefetches += 1
+
+    def pending_futures(self) -> list[Future[bool]]:
+        return [f for p in [*self._loads.values(), *self._prefetches] for f in p.futures
+                if not f.done()]
+
+    def wait_for_loads(self, futures: list[Future[bool]], timeout_s: float) -> None:
+        """Idle engine: block (outside the state lock) until one of `futures` lands."""
+        if futures:
+            t0 = time.perf_counter()
+            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+            self.counters.load_wait_s += time.perf_counter() - t0
+
+    def idle(self) -> bool:
+        return not (self._loads or self._prefetches or self._offloads)
+
+    # ---- reporting -----------------------------------------------------------------------
+    def where(self, hashes: list[BlockHash]) -> dict[str, int]:
+        """Blocks of `hashes` per tier (device first; a block counts in its highest tier)."""
+        out = {"device": 0, **{t.name: 0 for t in self.stack.tiers}}
+        lower = []
+        for h in hashes:
+            if self.pool.lookup(h) is not None:
+                out["device"] += 1
+            else:
+                lower.append(h)
+        for t in self.stack.lookup(lower):
+            if t is not None:
+                out[t] += 1
+        return out
+
+    def stats(self) -> dict:
+        s = self.stack.stats()
+        c = self.counters
+        return {
+            "tiers": {name: {"num_blocks": u.num_blocks, "capacity_blocks": u.capacity_blocks,
+                             "bytes_used": u.bytes_used, **_tier_counts(s.tiers[name])}
+                      for name, u in self.stack.usage().items()},
+            "bytes_moved": dict(s.transfers.bytes_moved),
+            "blocks_moved": dict(s.transfers.blocks_moved),
+            "load_wait_s": c.load_wait_s + s.transfers.load_wait_s,
+            "num_written_down": c.num_written_down,
+            "num_offload_dropped": c.num_offload_dropped,
+            "num_loaded": c.num_loaded,
+            "num_prefetched": c.num_prefetched,
+            "num_predicted_prefetches": c.num_predicted_prefetches,
+            "num_load_failed": c.num_load_failed,
+            "num_load_timeouts": c.num_load_timeouts,
+            "num_corrupt": sum(t.num_corrupt for t in s.tiers.values()),
+            "num_io_errors": sum(t.num_io_errors for t in s.tiers.values()),
+            "num_cascaded": s.num_cascaded,
+            "num_dropped": s.num_dropped,
+            "costs": self.costs.snapshot(),
+        }
+
+    def _staging(self, n: int) -> torch.Tensor:
+        return torch.empty((n, *self.layout.shape), dtype=self.layout.dtype,
+                           pin_memory=self.stack.mover.pin_memory)
+
+    def check_integrity(self) -> None:
+        self.stack.check_integrity()
+        for p in [*self._loads.values(), *self._prefetches]:
+            assert all(b.ref_cnt > 0 and b.hash is None for b in p.blocks), \
+                "a block being loaded is free or already indexed"
+
+    def close(self) -> None:
+        self.stack.flush()
+        self.stack.close()
+
+
+def _tier_counts(t) -> dict[str, int]:
+    return {"puts": t.num_puts, "put_failed": t.num_put_failed, "hits": t.num_hits,
+            "misses": t.num_misses, "corrupt": t.num_corrupt, "io_errors": t.num_io_errors,
+            "evicted": t.num_evicted, "removed": t.num_removed}
