@@ -101,6 +101,7 @@ class TierLink:
         self._offloads: list[PendingOffload] = []
         self._predicted: dict[str, float] = {}  # session key -> last_done already prefetched for
         self._last_predict = 0.0
+        self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
         pool.on_evict = self.on_device_evict
         stack.set_keep(self.keep)
         for tier in stack.tiers:
@@ -297,7 +298,7 @@ class TierLink:
     def predict(self, now: float) -> None:
         """Prefetch waiting sessions whose predicted return is within the lead time (cheap:
         runs every PREDICT_EVERY_S, once per session gap)."""
-        if now - self._last_predict < PREDICT_EVERY_S:
+        if not self.predict_resume or now - self._last_predict < PREDICT_EVERY_S:
             return
         self._last_predict = now
         for s in self.sessions.live():
