@@ -1,0 +1,110 @@
+"""Scheduler + KV manager + TierLink over a real disk tier, without a model: a prefix found below
+is loaded while other sequences run, lands as computed KV, and a block that fails its checksum
+truncates the load there (the rest is recomputed)."""
+
+from __future__ import annotations
+
+import torch
+
+from hintkv.cache.hashing import hash_blocks, namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.tier_costs import TransferCosts
+from hintkv.cache.tiering import TierLink
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import Sequence, SeqStatus
+from hintkv.engine.types import SamplingParams
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.disk import DiskTier
+from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.stack import TierStack
+
+BS = 4
+ROOT = namespace_root("test", "float32", BS, None)
+
+
+def _setup(tmp_path):
+    sessions = SessionRegistry()
+    kv = KVCacheManager(8, BS, make_policy("sam", sessions=sessions))
+    io = DeviceBlockIO([torch.zeros(2, 8, BS, 1, 2) for _ in range(2)])
+    disk = DiskTier(io.layout, tmp_path, 16 * (HEADER_SIZE + io.layout.nbytes))
+    stack = TierStack([disk])
+    kv.tiers = TierLink(kv.pool, BS, stack, io, sessions, hints=False)
+    return kv, io, stack
+
+
+def _seq(rid: str, tokens: list[int]) -> Sequence:
+    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=2), ROOT)
+
+
+def _store(stack, io, tokens: list[int], num_blocks: int) -> list[torch.Tensor]:
+    hashes = hash_blocks(ROOT, tokens, BS)[:num_blocks]
+    payloads = [torch.full(io.layout.shape, float(i + 1)) for i in range(num_blocks)]
+    assert all(f.result() for f in stack.store(list(zip(hashes, payloads))))
+    stack.flush()
+    return payloads
+
+
+def test_lower_tier_prefix_loads_while_others_run_and_lands_as_computed(tmp_path):
+    kv, io, stack = _setup(tmp_path)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
+    a, b = _seq("a", list(range(13))), _seq("b", list(range(100, 106)))
+    payloads = _store(stack, io, a.token_ids, 3)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [b]
+    assert len(a.block_table) == 3 and a.num_computed_tokens == 0
+    kv.check_integrity()
+    for _ in range(100):  # the loads land on the mover's threads
+        stack.flush()
+        if kv.load_ready(a):
+            break
+    out = sched.schedule()
+    assert a.status is SeqStatus.RUNNING
+    assert a.num_computed_tokens == 12 and a.num_cached_tokens == 12
+    assert [s.num_new_tokens for s in out.scheduled if s.seq is a] == [1]
+    got = torch.empty((3, *io.layout.shape))
+    io.read([blk.block_id for blk in a.block_table[:3]], got)
+    assert all(torch.equal(got[i], p) for i, p in enumerate(payloads))
+    assert [kv.pool.lookup(h) for h in a.block_hashes[:3]] == a.block_table[:3]
+    assert kv.hit_tokens_by_tier == {"device": 0, "disk": 12}
+    kv.check_integrity()
+    stack.close()
+
+
+def test_a_corrupt_block_truncates_the_load_there(tmp_path):
+    kv, io, stack = _setup(tmp_path)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
+    a = _seq("a", list(range(13)))
+    _store(stack, io, a.token_ids, 3)
+    second = hash_blocks(ROOT, a.token_ids, BS)[1]
+    path = tmp_path / f"{second.hex()}.kv"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    sched.add(a)
+    sched.schedule()
+    assert a.status is SeqStatus.LOADING
+    for _ in range(100):
+        stack.flush()
+        if kv.load_ready(a):
+            break
+    out = sched.schedule()
+    assert a.num_cached_tokens == 4  # block 0 arrived; block 1 failed; block 2 is recomputed
+    assert [s.num_new_tokens for s in out.scheduled] == [9]
+    assert kv.tiers.counters.num_load_failed == 2
+    assert stack.stats().tiers["disk"].num_corrupt == 1
+    kv.check_integrity()
+    stack.close()
+
+
+def test_costs_skip_a_tier_slower_than_recomputing():
+    costs = TransferCosts(block_bytes=1 << 20, block_size=16)
+    assert costs.worth_loading("host") and costs.worth_loading("disk")
+    for _ in range(50):  # the disk turns out to deliver 10 MB/s; prefill stays fast
+        costs.observe_load("disk", 1, (1 << 20) / 10e6)
+        costs.observe_prefill(1024, 1024 * 1e-5)
+    assert costs.worth_loading("host") and not costs.worth_loading("disk")
+    assert costs.load_timeout_s(4) >= 1.0
