@@ -56,16 +56,16 @@ class SessionAwareManager:
         n = self._device_blocks(held)
         if tiers is None:
             return EditOutcome("offloaded", {"device": (0, 0)}, [
-                f"no lower tier configured: {n} device blocks of this session are now first in line "
-                "for eviction (kept until room is needed)"])
+                (f"no lower tier configured: {n} device blocks of this session are now first in line "
+                "for eviction (kept until room is needed)")])
         written, below = tiers.offload(held)
         bs = self.kv.block_size
         top = tiers.stack.tiers[0].name
         return EditOutcome("offloaded", {"device": (-(written + below), -(written + below) * bs),
                                          top: (written, written * bs)}, [
-            f"scheduled: {written} device blocks are being written to {top} and {below} already "
+            (f"scheduled: {written} device blocks are being written to {top} and {below} already "
             "sit below; their device copies are dropped once the writes land (blocks a running "
-            "request uses stay)"])
+            "request uses stay)")])
 
     def _prefetch(self, held: list[BlockHash]) -> EditOutcome:
         tiers = self.kv.tiers
@@ -77,9 +77,9 @@ class SessionAwareManager:
         scheduled, on_device = tiers.prefetch(held)
         bs = self.kv.block_size
         below = sum(v for k, v in before.items() if k != "device")
-        notes = [f"scheduled: {scheduled} blocks are being loaded into device memory; "
+        notes = [(f"scheduled: {scheduled} blocks are being loaded into device memory; "
                  f"{on_device} of the session's {len(held)} blocks were there already and are "
-                 "now protected"]
+                 "now protected")]
         if scheduled < below:
             notes.append(f"{below - scheduled} blocks stay below: no device room without pushing "
                          "out running sessions' blocks (or not a contiguous prefix)")

@@ -82,6 +82,8 @@ class TierCounters:
     num_load_timeouts: int = 0  # loads abandoned as slower than recomputing
     num_predicted_prefetches: int = 0  # sessions prefetched on a predicted resume
     load_wait_s: float = 0.0  # engine seconds spent idle waiting for loads
+    loaded_bytes: int = 0  # payload bytes of landed loads (requests and prefetches)
+    load_s: float = 0.0  # their durations, start to last block read (for bandwidth)
 
 
 class TierLink:
@@ -264,7 +266,10 @@ class TierLink:
             self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
             slowest = "disk" if "disk" in load.tiers[:n] else load.tiers[0]
             if len(load.done_at) >= len(load.futures):
-                self.costs.observe_load(slowest, n, max(load.done_at) - load.started)
+                seconds = max(load.done_at) - load.started
+                self.costs.observe_load(slowest, n, seconds)
+                self.counters.loaded_bytes += n * self.layout.nbytes
+                self.counters.load_s += seconds
         return n
 
     # ---- housekeeping, once per engine step ------------------------------------------------
@@ -354,6 +359,8 @@ class TierLink:
             "bytes_moved": dict(s.transfers.bytes_moved),
             "blocks_moved": dict(s.transfers.blocks_moved),
             "load_wait_s": c.load_wait_s + s.transfers.load_wait_s,
+            "loaded_bytes": c.loaded_bytes,
+            "load_s": c.load_s,
             "num_written_down": c.num_written_down,
             "num_offload_dropped": c.num_offload_dropped,
             "num_loaded": c.num_loaded,

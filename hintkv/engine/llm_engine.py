@@ -26,8 +26,14 @@ from hintkv.cache.tiering import TierLink
 from hintkv.config import EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import Sequence, SeqStatus
-from hintkv.engine.types import CacheEdit, EditOutcome, GenerateRequest, RequestOutput, SessionRef
+from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.types import (
+    CacheEdit,
+    EditOutcome,
+    GenerateRequest,
+    RequestOutput,
+    SessionRef,
+)
 from hintkv.models.loader import load_model
 from hintkv.tiers.build import build_tier_stack
 from hintkv.tiers.device import DeviceBlockIO
@@ -184,7 +190,7 @@ class LLMEngine:
                        "removed"}},
              "bytes_moved": {"device->host": n, "host->disk": n, "disk->host": n,
                              "host->device": n, ...}, "blocks_moved": {same keys},
-             "load_wait_s": s, "num_written_down", "num_offload_dropped", "num_loaded",
+             "load_wait_s": s, "loaded_bytes": n, "load_s": s, "num_written_down", "num_offload_dropped", "num_loaded",
              "num_prefetched", "num_predicted_prefetches", "num_load_failed",
              "num_load_timeouts", "num_corrupt", "num_io_errors", "num_cascaded",
              "num_dropped", "costs": {"prefill_s_per_token", "bandwidth_<tier>_bytes_per_s"}}

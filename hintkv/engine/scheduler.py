@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hintkv.cache.manager import KVCacheManager
-from hintkv.engine.sequence import Sequence, SeqStatus
+from hintkv.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

@@ -13,11 +13,11 @@ import random
 
 import pytest
 import torch
+from tier_engine_helpers import generate, prompt, session, settle, tiny_engine
 
 from hintkv.cache.types import CacheEdit
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.disk_format import HEADER_SIZE
-from tier_engine_helpers import generate, prompt, session, settle, tiny_engine
 
 A = prompt(1)
 FILL = [prompt(i, 7 * 16) for i in (2, 3)]  # each needs the whole 8-block pool: A goes

@@ -13,7 +13,7 @@ from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.cache.tiering import TierLink
 from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import Sequence, SeqStatus
+from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.types import SamplingParams
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.disk import DiskTier
