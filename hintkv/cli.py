@@ -41,6 +41,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-cache-memory", default=None, help="host KV tier size (e.g. 4GiB)")
     p.add_argument("--disk-cache-dir", default=None, help="disk KV tier directory")
     p.add_argument("--disk-cache-size", default=None, help="disk KV tier size (e.g. 20GiB)")
+    p.add_argument("--disk-cache-reuse", action="store_true",
+                   help="adopt valid KV block files already in --disk-cache-dir (default: wipe them)")
     p.add_argument(
         "--ignore-hints",
         "--no-hints",
@@ -107,6 +109,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         host_cache_memory=args.host_cache_memory,
         disk_cache_dir=args.disk_cache_dir,
         disk_cache_size=args.disk_cache_size,
+        disk_cache_reuse=args.disk_cache_reuse,
         hints=args.hints,
         protect_budget=args.protect_budget,
     )
