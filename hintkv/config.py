@@ -57,3 +57,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if not 0 <= self.protect_budget <= 1:
             raise ValueError("protect_budget must be in [0, 1]")
+        if (self.disk_cache_dir is None) != (self.disk_cache_size is None):
+            raise ValueError("--disk-cache-dir and --disk-cache-size go together")
+        for size in (self.host_cache_memory, self.disk_cache_size):
+            if size is not None:
+                parse_bytes(size)
