@@ -108,3 +108,33 @@ def test_costs_skip_a_tier_slower_than_recomputing():
         costs.observe_prefill(1024, 1024 * 1e-5)
     assert costs.worth_loading("host") and not costs.worth_loading("disk")
     assert costs.load_timeout_s(4) >= 1.0
+
+
+def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
+    kv, io, stack = _setup(tmp_path)
+    sessions = kv.tiers.sessions
+    kv.tiers.hints = True
+    running = hash_blocks(ROOT, list(range(24)), BS)  # 6 blocks, cached on the device
+    blocks = kv.pool.allocate(6)
+    for b, h in zip(blocks, running):
+        kv.pool.register(b, h)
+    kv.pool.release(blocks)
+    sessions.on_arrival("t", "run", "run", now=0.0)
+    sessions.on_done("t\x1frun", running, now=0.0)
+    sessions.on_arrival("t", "run", "run", now=1.0)  # running again: its blocks are class 3
+    later = list(range(500, 516))
+    _store(stack, io, later, 4)
+    parked = hash_blocks(ROOT, later, BS)
+    sessions.on_arrival("t", "p", "p", now=0.0)
+    sessions.on_done("t\x1fp", parked, now=0.0)
+    scheduled, on_device = kv.tiers.prefetch(parked)
+    assert (scheduled, on_device) == (2, 0)  # the two empty blocks, nothing of "run"
+    assert all(kv.pool.lookup(h) is not None for h in running)
+    for _ in range(100):
+        stack.flush()
+        kv.tiers.poll()
+        if kv.tiers.idle():
+            break
+    assert [kv.pool.lookup(h) is not None for h in parked] == [True, True, False, False]
+    kv.check_integrity()
+    stack.close()
