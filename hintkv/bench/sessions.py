@@ -139,7 +139,7 @@ def run_one(name: str, policy: str, hints: bool, server_args: list[str], swarm: 
             progress = _Progress(name, swarm.num_calls)
             result = asyncio.run(replay_swarm(swarm, srv.base_url, model, hints=hints, on_call=progress))
             metrics = scrape_metrics(srv.base_url)
-    except Exception as exc:  # one failed run still prints the other and unmet goals
+    except Exception as exc:  # noqa: BLE001 - one failed run (any cause) still prints the other and unmet goals
         log(f"{name}: failed: {type(exc).__name__}: {exc}")
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
         return row
@@ -176,6 +176,7 @@ def run_row(result: ReplayResult, metrics: dict[str, float], ws: WorkingSet) -> 
         "recomputed_reported_by_server": bool(reported),
         "actions_ok": f"{sum(a.ok for a in result.actions)}/{len(result.actions)}" if result.hints else None,
         "action_counts": _action_counts(result),
+        "action_mean_s": (sum(a.elapsed_s for a in result.actions) / len(result.actions)) if result.actions else None,
         "hint_edits": {k: v for k, v in metrics.items() if k.startswith("hintkv_agent_hint_edits_total{")},
         "wall_s": result.wall_s,
     }

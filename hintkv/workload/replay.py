@@ -155,16 +155,16 @@ class _Replay:
         rec = CallRecord(task.task_id, session.session_id, index, start - self.t0)
         try:
             await self._stream(session, call, start, rec)
-        except Exception as exc:  # a failed call is data, not the end of the replay
+        except Exception as exc:  # noqa: BLE001 - a failed call (any cause) is data, not the end of the replay
             rec.error = f"{type(exc).__name__}: {exc}"[:300]
         self.calls.append(rec)
         if self.on_call is not None:
             self.on_call(rec)
 
     async def _stream(self, session: Session, call: Call, start: float, rec: CallRecord) -> None:
-        kwargs = dict(messages=list(call.messages), tools=self.tools, stream=True,
-                      stream_options={"include_usage": True}, max_tokens=call.max_tokens, temperature=0.0,
-                      extra_body={"ignore_eos": True})
+        kwargs = {"messages": list(call.messages), "tools": self.tools, "stream": True,
+                  "stream_options": {"include_usage": True}, "max_tokens": call.max_tokens, "temperature": 0.0,
+                  "extra_body": {"ignore_eos": True}}
         if self.sessions is not None:
             if self.sessions.is_offloaded(session):
                 await self.action(self.sessions.prepare(session))

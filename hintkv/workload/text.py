@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import random
 
-WORDS = tuple(
-    """the a of to in and is for that with on this as be by from it at or an are not file line test
+_WORD_TEXT = """the a of to in and is for that with on this as be by from it at or an are not file line test
     value function class module error return config server cache request session agent token block
     model query result data list index path buffer memory thread worker queue batch prefix layer
     tensor shape device host disk offload prefetch evict policy score hint parse render template
@@ -23,8 +22,8 @@ WORDS = tuple(
     float bool null none true false loop step iter count size length offset start end begin stop
     next prev first last new old main base core util helper common shared local global remote
     source target store load save sync async await lock wait signal event task job plan explore
-    summary context window history round turn user system assistant""".split()
-)
+    summary context window history round turn user system assistant"""
+WORDS = tuple(_WORD_TEXT.split())
 TOKENS_PER_WORD = 1.0  # SmolLM2 BPE over WORDS (see the module docstring)
 _WORDS_PER_LINE = 14
 _SCHEMA_TOKENS = 60  # measured: a one-parameter schema with 4-word descriptions

@@ -106,7 +106,7 @@ def test_quick_shape_has_shorter_agents():
 def test_scales_apply():
     slow = generate_swarm(1, SwarmShape(time_scale=1.0))
     fast = generate_swarm(1, SwarmShape(time_scale=10.0))
-    waits = lambda s: sum(c.tool_wait_s for a in s.agents() for c in a.calls)  # noqa: E731
+    waits = lambda s: sum(c.tool_wait_s for a in s.agents() for c in a.calls)
     assert waits(slow) == pytest.approx(10 * waits(fast))
 
 
