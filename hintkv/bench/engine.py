@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,7 +52,9 @@ from hintkv.bench.common import (
 from hintkv.bench.vllm_peer import kv_bytes_per_token, vllm_python, vllm_server, write_model_dir
 
 DEFAULT_MODELS = "dummy:tiny,SmolLM2-135M-Instruct"
+QUICK_MODELS = "dummy:tiny"  # two server starts per model: one model keeps --quick near 2 minutes
 CALIBRATION_FILE = "h200-llama3-8b-shape.json"
+VLLM_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hintkv" / "vllm-dummy-models"
 # Our model names -> hintkv.models.presets shape that vLLM gets as dummy weights.
 PEER_PRESETS = {"SmolLM2-135M-Instruct": "smollm2-135m"}
 
@@ -214,9 +215,10 @@ def hintkv_spec(model: str, args: argparse.Namespace, w: Workload) -> ServerSpec
     return hintkv_server(model, name="hintkv", extra_args=extra)
 
 
-def vllm_spec(model: str, args: argparse.Namespace, w: Workload, workdir: str) -> ServerSpec:
+def vllm_spec(model: str, args: argparse.Namespace, w: Workload) -> ServerSpec:
     config = peer_hf_config(model)
-    model_dir = write_model_dir(config, Path(workdir) / model.replace(":", "_"), min_positions=w.max_model_len)
+    # a fixed directory: vLLM keys its compile cache on the model path, and compiling takes minutes
+    model_dir = write_model_dir(config, VLLM_MODEL_ROOT / model.replace(":", "_"), min_positions=w.max_model_len)
     kv_gib = w.kv_cache_tokens * kv_bytes_per_token(config, _dtype_bytes(args.dtype)) / 2**30
     return vllm_server(
         model_dir, model, dtype=args.dtype, max_model_len=w.max_model_len, kv_cache_gib=kv_gib,
@@ -332,8 +334,8 @@ def _figures_json(f: ServerFigures | None) -> dict[str, Any] | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hintkv bench engine", description=__doc__.split("\n\n")[0])
     add_common_args(p)
-    p.add_argument("--models", default=None, help=f"comma-separated (default: {DEFAULT_MODELS}; "
-                                                  "with --device cuda: dummy:llama3-8b)")
+    p.add_argument("--models", default=None, help=f"comma-separated (default: {DEFAULT_MODELS}; --quick: "
+                                                  f"{QUICK_MODELS}; --device cuda: dummy:llama3-8b)")
     p.add_argument("--no-vllm", action="store_true", help="measure hintkv only")
     p.add_argument("--device", default="cpu", help="cpu | cuda (vLLM runs only with cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (both servers get the same)")
@@ -343,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     on_gpu = args.device.startswith("cuda")
-    models = [m for m in (args.models or ("dummy:llama3-8b" if on_gpu else DEFAULT_MODELS)).split(",") if m]
+    default = "dummy:llama3-8b" if on_gpu else QUICK_MODELS if args.quick else DEFAULT_MODELS
+    models = [m for m in (args.models or default).split(",") if m]
     w = Workload.for_run(args.quick)
     if on_gpu and args.dtype == "float32":
         args.dtype = "bfloat16"  # the calibration is bf16
@@ -355,21 +358,20 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="hintkv-bench-engine-") as workdir:
-        for model in models:
-            log(f"{model}: hintkv")
-            ours = run_server(hintkv_spec(model, args, w), model, prompts, w)
-            peer = None
-            if with_vllm:
-                log(f"{model}: vLLM")
-                try:
-                    peer = run_server(vllm_spec(model, args, w, workdir), model, prompts, w)
-                except ValueError as exc:
-                    peer = ServerFigures(error=str(exc))
-            results[model] = {"hintkv": ours, "vllm": peer, "ratios": throughput_ratios(ours, peer)}
-            if on_gpu:
-                results[model]["calibration"] = calibration_ratios(ours)
-            rows += table_rows(model, ours, peer, w)
+    for model in models:
+        log(f"{model}: hintkv")
+        ours = run_server(hintkv_spec(model, args, w), model, prompts, w)
+        peer = None
+        if with_vllm:
+            log(f"{model}: vLLM")
+            try:
+                peer = run_server(vllm_spec(model, args, w), model, prompts, w)
+            except ValueError as exc:
+                peer = ServerFigures(error=str(exc))
+        results[model] = {"hintkv": ours, "vllm": peer, "ratios": throughput_ratios(ours, peer)}
+        if on_gpu:
+            results[model]["calibration"] = calibration_ratios(ours)
+        rows += table_rows(model, ours, peer, w)
     print_table(rows, ["model", "metric", "hintkv", "vllm", "hintkv/vllm"])
     for model, r in results.items():
         for side in ("hintkv", "vllm"):
