@@ -12,7 +12,9 @@ tokens, and its TTFT is timed with the context's KV in:
   disk       the same with a disk tier only (files just written: the OS page cache may serve them)
   recompute  evicted everywhere: the whole prompt is computed again
 
-plus the host->device load bandwidth the engine measured. Part 2 reruns the `hintkv bench
+plus the host->device load bandwidth the engine measured. Device, host and disk rows are the
+median of 3 resumes (fresh new tokens each), device and host (or disk) resumes interleaved so
+a drifting machine load biases neither; `vs_device` compares with the same engine's device row. Part 2 reruns the `hintkv bench
 sessions` swarm (sam policy, Agent Hints on) with a host tier and without, on the same device
 pool: hit rate counting every tier, TTFT, recomputed tokens (the engine's prompt tokens computed
 minus the unavoidable first computation is not separable from the outside, so the sessions
@@ -47,7 +49,7 @@ CALIBRATED_COPY_GBPS = 55.0  # pinned host -> H200 copy bandwidth measured in sh
 COPY_FRACTION_TARGET = 0.8
 MODES = ["device", "host", "disk", "recompute"]
 COLUMNS = ["model", "context", "new", "mode", "ttft_s", "cached_tokens", "hit_tier_tokens",
-           "vs_device", "load_gbps"]
+           "vs_device", "load_s", "load_gbps"]
 SWARM_COLUMNS = ["run", "hit_rate", "server_hit_rate", "ttft_mean_s", "ttft_p90_s",
                  "recomputed_tokens", "preemptions", "errors", "wall_s"]
 
@@ -130,6 +132,7 @@ def _tokens(vocab: int, n: int, seed: int) -> list[int]:
 def resume_rows(model: str, ctx: int, args) -> list[dict[str, Any]]:
     """The four placements of one (model, context) pair; two engines (host tier, disk tier)."""
     new = args.new_tokens
+    reps = 3  # cheap modes: median of 3 (recompute: one run, it is the slow one)
     kv_dir = tempfile.mkdtemp(prefix="hintkv-bench-tiers-")
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -140,33 +143,51 @@ def resume_rows(model: str, ctx: int, args) -> list[dict[str, Any]]:
         history = _tokens(vocab, ctx, args.seed)
         _ttft(eng, history, "s")  # the session's first request computes the context
         _ttft(eng, history + _tokens(vocab, new, 9), "s")  # warm-up: this shape's first run is slow
-        _row(eng, "warm-up", 0.0, 0)
-        out["device"] = _row(eng, "device", *_ttft(eng, history + _tokens(vocab, new, 1), "s"))
-        eng.manage(SessionRef("bench", "s", "s"), [CacheEdit("offload")])
-        _settle(eng)
-        out["host"] = _row(eng, "host", *_ttft(eng, history + _tokens(vocab, new, 2), "s"))
+        out["device"], out["host"] = _paired_rows(eng, "host", history, new, reps)
         eng.manage(SessionRef("bench", "s", "s"), [CacheEdit("evict")])
         _settle(eng)
+        _row(eng, "mark", 0.0, 0)
         out["recompute"] = _row(eng, "recompute", *_ttft(eng, history + _tokens(vocab, new, 3), "s"))
         eng.close()
         log(f"{model} {ctx}: disk-tier engine")
         eng = _engine(model, ctx, new, args, disk_cache_dir=kv_dir,
                       disk_cache_size=_host_size(ctx))
         _ttft(eng, history, "s")
-        eng.manage(SessionRef("bench", "s", "s"), [CacheEdit("offload")])
-        _settle(eng)
-        out["disk"] = _row(eng, "disk", *_ttft(eng, history + _tokens(vocab, new, 2), "s"))
+        _ttft(eng, history + _tokens(vocab, new, 9), "s")
+        out["device-disk"], out["disk"] = _paired_rows(eng, "disk", history, new, reps)
         eng.close()
     finally:
         shutil.rmtree(kv_dir, ignore_errors=True)
-    base = out["device"]["ttft_s"]
     rows = []
     for mode in MODES:
         r = {"model": model, "context": ctx, "new": new, "mode": mode, **out[mode]}
+        base = out["device-disk" if mode == "disk" else "device"]["ttft_s"]  # same engine's
         r["vs_device"] = ratio(r["ttft_s"], base)
         rows.append(r)
         log(f"{model} {ctx} {mode}: TTFT {r['ttft_s']:.3f}s")
     return rows
+
+
+def _paired_rows(eng: LLMEngine, mode: str, history: list[int], new: int,
+                 reps: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`reps` pairs of resumes, each with fresh new tokens: one with the context on the device,
+    then one after offloading it to `mode`. Interleaved, so that a machine whose load drifts
+    during the run biases neither; returns the median row of each."""
+    vocab = eng.model_config.vocab_size
+    dev, low = [], []
+    for i in range(reps):
+        _row(eng, "mark", 0.0, 0)
+        dev.append(_row(eng, "device", *_ttft(eng, history + _tokens(vocab, new, 100 + i), "s")))
+        eng.manage(SessionRef("bench", "s", "s"), [CacheEdit("offload")])
+        _settle(eng)
+        _row(eng, "mark", 0.0, 0)
+        low.append(_row(eng, mode, *_ttft(eng, history + _tokens(vocab, new, 200 + i), "s")))
+    return _median(dev), _median(low)
+
+
+def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ordered = sorted(rows, key=lambda r: r["ttft_s"])
+    return {**ordered[len(ordered) // 2], "ttft_all_s": [r["ttft_s"] for r in rows]}
 
 
 def _host_size(ctx: int) -> str:
@@ -186,6 +207,7 @@ def _row(engine: LLMEngine, mode: str, ttft: float, cached: int) -> dict[str, An
     seconds = stats["load_s"] - prev["load_s"]
     return {"ttft_s": ttft, "cached_tokens": cached,
             "hit_tier_tokens": ",".join(f"{t}={n}" for t, n in hits.items() if n) or "-",
+            "load_s": seconds if loaded else None,
             "load_gbps": loaded / seconds / 1e9 if loaded and seconds > 0 else None,
             "load_failed": stats["num_load_failed"], "corrupt": stats["num_corrupt"]}
 
