@@ -13,7 +13,9 @@ The KV manager and SAM reach the lower tiers only through `TierLink`:
         `prefetch(hashes)` loads a session's lower-tier blocks into device blocks that only hold
         KV ranked below running sessions; `poll()` registers them as cached (ref 0) when they land.
 
-Each lower tier evicts in the order SAM ranks sessions (unheld first, running last). Device-side
+Each lower tier evicts in the order of the engine's eviction policy (a fresh instance of the
+same registry entry: `sam` ranks unheld blocks first and running sessions' last, `lru` recency),
+applied to the tier's own access clock. Device-side
 changes happen on the engine thread under its state lock; the stack's I/O runs on the mover's
 threads and only ever fills staging buffers this class owns, so a late or abandoned load cannot
 touch the device cache.
@@ -32,6 +34,7 @@ import torch
 from hintkv.cache.block import Block
 from hintkv.cache.block_pool import BlockPool
 from hintkv.cache.hashing import BlockHash
+from hintkv.cache.policies import EvictionPolicy, make_policy
 from hintkv.cache.sessions import SessionRegistry, SessionState
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.tiers.base import Tier
@@ -43,6 +46,14 @@ log = logging.getLogger(__name__)
 RUNNING_CLASS = 3  # SessionRegistry.rank class of running / prefetched / protected sessions
 PREDICT_EVERY_S = 0.2  # how often waiting sessions are checked for a predicted resume
 PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
+
+
+@dataclass(slots=True)
+class _TierBlock:
+    """What a policy's `key` reads of a block, for a block that lives in a lower tier."""
+
+    hash: BlockHash
+    last_access: int  # the tier's logical access clock
 
 
 @dataclass(slots=True)
@@ -88,7 +99,7 @@ class TierCounters:
 
 class TierLink:
     def __init__(self, pool: BlockPool, block_size: int, stack: TierStack, io: DeviceBlockIO,
-                 sessions: SessionRegistry, hints: bool) -> None:
+                 sessions: SessionRegistry, hints: bool, policy: str = "sam") -> None:
         self.pool = pool
         self.block_size = block_size
         self.stack = stack
@@ -106,8 +117,8 @@ class TierLink:
         self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
         pool.on_evict = self.on_device_evict
         stack.set_keep(self.keep)
-        for tier in stack.tiers:
-            tier.set_priority(self._priority_for(tier))
+        for tier in stack.tiers:  # one policy instance per tier: its memo is not shared
+            tier.set_priority(self._priority_for(tier, make_policy(policy, sessions=sessions)))
 
     # ---- policy --------------------------------------------------------------------------
     def keep(self, h: BlockHash) -> bool:
@@ -124,9 +135,14 @@ class TierLink:
         except (RuntimeError, KeyError):  # read from a mover thread mid-update: rank it unheld
             return (0, 0.0)
 
-    def _priority_for(self, tier: Tier) -> Callable[[bytes], tuple]:
+    @staticmethod
+    def _priority_for(tier: Tier, policy: EvictionPolicy) -> Callable[[bytes], tuple]:
         def priority(key: bytes) -> tuple:
-            return (*self.rank(key, time.monotonic()), tier.last_access(key))
+            policy.prepare()  # a fresh clock and memo: the tier calls this once per candidate
+            try:
+                return policy.key(_TierBlock(key, tier.last_access(key)))
+            except (RuntimeError, KeyError):  # sessions changed mid-read (a mover thread)
+                return (0, 0.0, tier.last_access(key))
         return priority
 
     # ---- down ----------------------------------------------------------------------------

@@ -114,7 +114,8 @@ class LLMEngine:
             return None
         log.info("KV tiers: %s", ", ".join(f"{n} {u.capacity_blocks} blocks"
                                             for n, u in stack.usage().items()))
-        return TierLink(self.kv.pool, self.block_size, stack, io, self.sessions, self.cfg.hints)
+        return TierLink(self.kv.pool, self.block_size, stack, io, self.sessions, self.cfg.hints,
+                        self.cfg.eviction_policy)
 
     @property
     def num_kv_tokens(self) -> int:

@@ -138,3 +138,22 @@ def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
     assert [kv.pool.lookup(h) is not None for h in parked] == [True, True, False, False]
     kv.check_integrity()
     stack.close()
+
+
+def test_lower_tiers_evict_in_the_session_aware_order(tmp_path):
+    """A full host tier evicts the block nobody holds before an older one a session holds
+    (plain LRU would take the older one)."""
+    from hintkv.tiers.host import HostTier
+
+    sessions = SessionRegistry()
+    kv = KVCacheManager(8, BS, make_policy("sam", sessions=sessions))
+    io = DeviceBlockIO([torch.zeros(2, 8, BS, 1, 2) for _ in range(2)])
+    stack = TierStack([HostTier(io.layout, 2 * io.layout.nbytes)])
+    kv.tiers = TierLink(kv.pool, BS, stack, io, sessions, hints=True, policy="sam")
+    held, unheld, new = hash_blocks(ROOT, list(range(12)), BS)
+    sessions.on_arrival("t", "a", "a", now=0.0)
+    sessions.on_done("t\x1fa", [held], now=0.0)
+    for h in (held, unheld, new):
+        assert stack.store([(h, torch.ones(io.layout.shape))])[0].result()
+    assert stack.lookup([held, unheld, new]) == ["host", None, "host"]
+    stack.close()
