@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -228,7 +229,7 @@ class ServerProcess:
         self.log_path = os.path.join(tempfile.gettempdir(), f"hintkv-bench-{spec.name}-{self.port}.log")
         self.startup_s: float | None = None
 
-    def start(self) -> ServerProcess:
+    def start(self) -> Self:
         argv = [a.replace("{port}", str(self.port)) for a in self.spec.argv]
         env = {**os.environ, **self.spec.env}
         log(f"starting {self.spec.name}: {' '.join(argv)}  (log: {self.log_path})")
@@ -283,8 +284,9 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 continue
 
-    def __enter__(self) -> ServerProcess:
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -324,7 +326,7 @@ class CompletionTiming:
     @property
     def inter_token_s(self) -> list[float]:
         t = self.chunk_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in itertools.pairwise(t)]
 
     @property
     def decode_tok_per_s(self) -> float | None:

@@ -49,7 +49,12 @@ from hintkv.bench.common import (
     stream_batch,
     stream_completion,
 )
-from hintkv.bench.vllm_peer import kv_bytes_per_token, vllm_python, vllm_server, write_model_dir
+from hintkv.bench.vllm_peer import (
+    kv_bytes_per_token,
+    vllm_python,
+    vllm_server,
+    write_model_dir,
+)
 
 DEFAULT_MODELS = "dummy:tiny,SmolLM2-135M-Instruct"
 QUICK_MODELS = "dummy:tiny"  # two server starts per model: one model keeps --quick near 2 minutes
@@ -186,7 +191,7 @@ def run_server(spec: ServerSpec, served_model: str, prompts: PromptFactory, w: W
             figures = asyncio.run(measure_server(srv.base_url, served_model, prompts, w))
             figures.startup_s = srv.startup_s
             return figures
-    except Exception as exc:  # a benchmark reports a broken server and goes on
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports a broken server and goes on
         log(f"{spec.name} failed: {exc}")
         return ServerFigures(error=f"{type(exc).__name__}: {str(exc)[:2000]}")
 
