@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import ALL_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -341,10 +341,11 @@ class TierLink:
                 if not f.done()]
 
     def wait_for_loads(self, futures: list[Future[bool]], timeout_s: float) -> None:
-        """Idle engine: block (outside the state lock) until one of `futures` lands."""
+        """Idle engine: block (outside the state lock) until `futures` land or `timeout_s` passes
+        (waking per future would make the engine thread fight the movers for the GIL)."""
         if futures:
             t0 = time.perf_counter()
-            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+            wait(futures, timeout=timeout_s, return_when=ALL_COMPLETED)
             self.counters.load_wait_s += time.perf_counter() - t0
 
     def idle(self) -> bool:
