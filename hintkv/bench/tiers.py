@@ -24,7 +24,7 @@ Goals (issue 4) are GPU goals (`--device cuda --models dummy:llama3-8b`): a host
 8K tokens within 1.3x of the calibration's prefill-on-cached-prefix TTFT (the device row of the
 same run stands for it), and host->device copy bandwidth >= 80% of the 55 GB/s measured there.
 On a CPU they are reported as not measured (`met: null`, with the reason), with the CPU's own
-ratio next to them. `--quick`: 2K context only, a 4-task swarm; about 3 minutes on 2 cores.
+ratio next to them. `--quick`: dummy:tiny at 2K only and a 4-task swarm (a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ SWARM_COLUMNS = ["run", "hit_rate", "server_hit_rate", "ttft_mean_s", "ttft_p90_
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hintkv bench tiers", description=__doc__.split("\n\n")[0])
     add_common_args(p)
-    p.add_argument("--models", default="dummy:tiny,SmolLM2-135M-Instruct")
+    p.add_argument("--models", default=None,
+                   help="comma-separated (default dummy:tiny,SmolLM2-135M-Instruct; --quick: dummy:tiny)")
     p.add_argument("--contexts", default="2048,8192", help="context sizes in tokens")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--device", default="auto")
@@ -70,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     contexts = [2048] if args.quick else [int(c) for c in args.contexts.split(",")]
+    models = args.models or ("dummy:tiny" if args.quick else "dummy:tiny,SmolLM2-135M-Instruct")
     rows: list[dict[str, Any]] = []
-    for model in args.models.split(","):
+    for model in models.split(","):
         for ctx in contexts:
             rows += resume_rows(model, ctx, args)
     print_table(rows, COLUMNS)
