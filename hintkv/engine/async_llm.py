@@ -141,3 +141,4 @@ class AsyncLLM:
         self._stopping = True
         self._wake.set()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
+        self.engine.close()

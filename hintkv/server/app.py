@@ -65,7 +65,7 @@ def build_app(engine: Any, api_keys: Iterable[str] = (), hints: bool | None = No
     if hints is None:
         hints = engine.engine.cfg.hints
     app = FastAPI(title="hintkv", version=__version__, docs_url=None, redoc_url=None)
-    metrics = ServerMetrics(engine.stats)
+    metrics = ServerMetrics(engine.stats, engine.engine.tier_stats)
     app.state.hintkv = ServerState(
         engine=engine, api_keys=tuple(api_keys), metrics=metrics, hints=hints
     )

@@ -58,8 +58,50 @@ class EngineStatsCollector:
             yield CounterMetricFamily(name, doc, value=value)
 
 
+class TierStatsCollector:
+    """KV tier figures (`LLMEngine.tier_stats()`), read at scrape time like the engine stats."""
+
+    def __init__(self, tier_stats: Callable[[], dict]) -> None:
+        self._stats = tier_stats
+
+    def collect(self) -> Iterator[Metric]:
+        t = self._stats()
+        hits = CounterMetricFamily("hintkv_prefix_cache_hit_tokens_by_tier",
+                                   "Prompt tokens whose KV came from each tier (first admissions).",
+                                   labels=["tier"])
+        for tier, n in t.get("hit_tokens", {}).items():
+            hits.add_metric([tier], n)
+        yield hits
+        yield CounterMetricFamily("hintkv_prompt_tokens_computed",
+                                  "Prompt tokens whose KV the model computed (recomputes included).",
+                                  value=t.get("prompt_tokens_computed", 0))
+        if not t.get("enabled"):
+            return
+        blocks = GaugeMetricFamily("hintkv_tier_blocks", "KV blocks held per lower tier.", labels=["tier"])
+        cap = GaugeMetricFamily("hintkv_tier_capacity_blocks", "KV block capacity per lower tier.",
+                                labels=["tier"])
+        events = CounterMetricFamily("hintkv_tier_events", "Tier events (puts, hits, misses, "
+                                     "corrupt, io_errors, evicted, ...).", labels=["tier", "event"])
+        for tier, u in t.get("tiers", {}).items():
+            blocks.add_metric([tier], u["num_blocks"])
+            cap.add_metric([tier], u["capacity_blocks"])
+            for event, n in u.items():
+                if event not in ("num_blocks", "capacity_blocks", "bytes_used"):
+                    events.add_metric([tier, event], n)
+        yield from (blocks, cap, events)
+        moved = CounterMetricFamily("hintkv_tier_bytes_moved", "KV bytes moved per direction.",
+                                    labels=["direction"])
+        for direction, n in t.get("bytes_moved", {}).items():
+            moved.add_metric([direction], n)
+        yield moved
+        yield CounterMetricFamily("hintkv_tier_load_wait_seconds",
+                                  "Time spent waiting on KV loads from lower tiers.",
+                                  value=t.get("load_wait_s", 0.0))
+
+
 class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], Any]) -> None:
+    def __init__(self, engine_stats: Callable[[], Any],
+                 tier_stats: Callable[[], dict] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "hintkv_http_requests",
@@ -98,6 +140,8 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(EngineStatsCollector(engine_stats))
+        if tier_stats is not None:
+            self.registry.register(TierStatsCollector(tier_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
