@@ -108,6 +108,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
                         else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.rotary = RotaryEmbedding(cfg, dtype, device)
+        self._packed_lm_head: torch.Tensor | None = None  # oneDNN copy of lm_head (CPU, float32)
+        self._packed_key: tuple[int, int] | None = None  # (data_ptr, version) it was packed from
 
     @property
     def device(self) -> torch.device:
@@ -125,8 +127,19 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> float32 logits [N, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        """[N, hidden] -> float32 logits [N, vocab].
+
+        On a CPU in float32 the LM head (the largest GEMM of a decode step, few rows) goes through
+        oneDNN with a weight packed once: about 2x faster than `F.linear` at 1-64 rows here.
+        """
+        w = self.lm_head
+        if hidden.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            key = (w.data_ptr(), w._version)
+            if self._packed_key != key:
+                self._packed_lm_head, self._packed_key = w.detach().to_mkldnn(), key
+            x = hidden.reshape(-1, hidden.shape[-1]).float().contiguous()
+            return torch._C._nn.mkldnn_linear(x.to_mkldnn(), self._packed_lm_head).to_dense()
+        return F.linear(hidden, w).float()
 
     @torch.inference_mode()
     def load_state_dict_hf(self, sd: dict[str, torch.Tensor]) -> None:
