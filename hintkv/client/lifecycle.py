@@ -137,6 +137,19 @@ class _SessionClientBase:
             tools=list(old_tools) if old_tools else None,
         )
 
+    def _context_plan(self, session: Session, old_messages: list[dict], old_tools: list[dict] | None,
+                      first_changed_message: int | None,
+                      first_changed_tool: int | None) -> ManagementRequest | ActionResult:
+        """The request to send for a context change, or the result when there is nothing to send."""
+        started = time.perf_counter()
+        try:
+            request = self._context_request(session, old_messages, old_tools, first_changed_message, first_changed_tool)
+        except ValueError as exc:
+            return _unsent(session, exc, started)
+        if request is None:
+            return ActionResult(ok=True, action="evict", target="", session_id=session.session_id, sent=False)
+        return request
+
     def _remember(self, session: Session) -> None:
         self._trees.setdefault(session.parent, set()).add(session.session_id)
 
@@ -223,15 +236,9 @@ class SessionClient(_SessionClientBase):
         first_changed_tool: int | None = None,
     ) -> ActionResult:
         """Evict the KV of the old window from the first changed message/tool to its end."""
-        session = as_session(session)
-        started = time.perf_counter()
-        try:
-            request = self._context_request(session, old_messages, old_tools, first_changed_message, first_changed_tool)
-        except ValueError as exc:
-            return _unsent(session, exc, started)
-        if request is None:
-            return ActionResult(ok=True, action="evict", target="", session_id=session.session_id, sent=False)
-        return self._send(request)
+        planned = self._context_plan(as_session(session), old_messages, old_tools,
+                                     first_changed_message, first_changed_tool)
+        return planned if isinstance(planned, ActionResult) else self._send(planned)
 
     def _send(self, request: ManagementRequest) -> ActionResult:
         started = time.perf_counter()
@@ -278,15 +285,9 @@ class AsyncSessionClient(_SessionClientBase):
         first_changed_message: int | None = None,
         first_changed_tool: int | None = None,
     ) -> ActionResult:
-        session = as_session(session)
-        started = time.perf_counter()
-        try:
-            request = self._context_request(session, old_messages, old_tools, first_changed_message, first_changed_tool)
-        except ValueError as exc:
-            return _unsent(session, exc, started)
-        if request is None:
-            return ActionResult(ok=True, action="evict", target="", session_id=session.session_id, sent=False)
-        return await self._send(request)
+        planned = self._context_plan(as_session(session), old_messages, old_tools,
+                                     first_changed_message, first_changed_tool)
+        return planned if isinstance(planned, ActionResult) else await self._send(planned)
 
     async def _send(self, request: ManagementRequest, lock_ids: list[str] | None = None) -> ActionResult:
         # Locks are always taken in sorted id order, so two multi-lock callers cannot deadlock.
