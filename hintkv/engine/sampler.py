@@ -20,5 +20,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token
             sorted_p = sorted_p * keep
             probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+            continue  # NaN/inf logits: keep the argmax rather than fail the whole batch
         out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
     return out

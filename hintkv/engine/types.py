@@ -6,12 +6,17 @@ and reads a stream of `RequestOutput`s; it never touches the scheduler or the ca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef  # noqa: F401  (re-exported)
 
 FinishReason = Literal["stop", "length", "abort"]
+
+# Below this a temperature samples as greedy: logits / t would overflow float32 into NaN.
+MIN_TEMPERATURE = 1e-5
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
 @dataclass(slots=True)
@@ -24,16 +29,18 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError("temperature must be finite and >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass(slots=True)

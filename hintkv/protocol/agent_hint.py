@@ -38,6 +38,8 @@ SessionControlType = Literal["start", "pause", "resume", "stop", "compact"]
 
 DEFAULT_TTL_S = 300.0
 MAX_TTL_S = 3600.0
+MAX_ID_CHARS = 256  # session ids: long enough for any UUID-based scheme, short enough to log
+MAX_EDITS = 64  # edits per request: a request's lock hold stays in milliseconds
 
 SESSION_HEADER = "x-session-id"
 PARENT_SESSION_HEADER = "x-parent-session-id"
@@ -98,7 +100,7 @@ class ContextManagement(_HintModel):
     """Edits to apply; `manage_request` true means apply them and do not generate."""
 
     manage_request: bool
-    edits: list[Edit] = Field(default_factory=list)
+    edits: list[Edit] = Field(default_factory=list, max_length=MAX_EDITS)
 
 
 class CacheControl(_HintModel):
@@ -121,8 +123,8 @@ class SessionControl(_HintModel):
 class AgentHint(_HintModel):
     """Who a request belongs to (`session_id` under `parent_session_id`) and what to do with its KV."""
 
-    session_id: str
-    parent_session_id: str  # a root session sends its own id
+    session_id: str = Field(max_length=MAX_ID_CHARS)
+    parent_session_id: str = Field(max_length=MAX_ID_CHARS)  # a root session sends its own id
     context_management: ContextManagement | None = None
     cache_control: CacheControl | None = None
     session_control: SessionControl | None = None

@@ -22,8 +22,12 @@ from pydantic import (
     field_validator,
 )
 
-NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
+from hintkv.engine.types import SEED_RANGE
+
+# OpenAI's range; non-finite numbers never get here (the body parser refuses them).
+Temperature = Annotated[StrictFloat, Field(ge=0, le=2)]
 TopP = Annotated[StrictFloat, Field(gt=0, le=1)]
+Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 
@@ -58,11 +62,11 @@ class _SamplingRequest(_Open):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: StrictStr | None = None
-    temperature: NonNegFloat | None = None
+    temperature: Temperature | None = None
     top_p: TopP | None = None
     max_tokens: PositiveInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

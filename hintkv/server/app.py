@@ -6,7 +6,10 @@ engine shuts it down (see `hintkv.server.launch`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -14,8 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hintkv import __version__
 from hintkv.server import routes_chat, routes_completions, routes_info, routes_sessions
-from hintkv.server.errors import install_error_handlers
+from hintkv.server.errors import CatchAll, install_error_handlers
+from hintkv.server.load import LoadGate
 from hintkv.server.metrics import ServerMetrics
+from hintkv.server.options import ServerOptions
 from hintkv.server.state import ServerState
 
 ENDPOINTS = frozenset(
@@ -57,20 +62,63 @@ class RequestCounter:
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
-def build_app(engine: Any, api_keys: Iterable[str] = (), hints: bool | None = None) -> FastAPI:
-    """An OpenAI-compatible app serving `engine` (an `AsyncLLM`); `api_keys` empty: no auth.
+def _integrity_checks(engine: Any, interval: float):
+    """The app's lifespan: while it serves, check the cache's integrity every `interval` s."""
 
-    `hints`: act on Agent Hints; None follows the engine's config (`EngineConfig.hints`).
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                await engine.verify_integrity()
+
+        task = asyncio.create_task(loop()) if interval > 0 else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    return lifespan
+
+
+def build_app(
+    engine: Any,
+    api_keys: Iterable[str] = (),
+    hints: bool | None = None,
+    options: ServerOptions | None = None,
+) -> FastAPI:
+    """An OpenAI-compatible app serving `engine` (an `AsyncLLM`); no keys: no auth.
+
+    `api_keys` add to `options.api_keys`. `hints`: act on Agent Hints; None follows the
+    engine's config (`EngineConfig.hints`).
     """
     if hints is None:
         hints = engine.engine.cfg.hints
-    app = FastAPI(title="hintkv", version=__version__, docs_url=None, redoc_url=None)
-    metrics = ServerMetrics(engine.stats, engine.engine.tier_stats)
+    options = options or ServerOptions()
+    if api_keys:
+        options = replace(options, api_keys=options.api_keys + tuple(api_keys))
+    app = FastAPI(
+        title="hintkv",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_integrity_checks(engine, options.integrity_check_interval),
+    )
+    metrics = ServerMetrics(
+        engine.stats, engine.engine.tier_stats, lambda: engine.num_integrity_violations
+    )
+    gate = LoadGate(
+        engine.engine.cfg.max_num_seqs + options.max_queued_requests,
+        options.tenant_rate_limit,
+        options.tenant_max_concurrency,
+    )
     app.state.hintkv = ServerState(
-        engine=engine, api_keys=tuple(api_keys), metrics=metrics, hints=hints
+        engine=engine, options=options, metrics=metrics, gate=gate, hints=hints
     )
     install_error_handlers(app)
     for module in (routes_chat, routes_completions, routes_sessions, routes_info):
         app.include_router(module.router)
-    app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(CatchAll, on_error=metrics.internal_errors.inc)
+    app.add_middleware(RequestCounter, metrics=metrics)  # outermost: counts CatchAll's 500s too
     return app

@@ -48,6 +48,14 @@ def key_identity(api_key: str | None) -> str:
 
 
 def tenant_of(api_key: str | None, cache_salt: str | None) -> str:
-    """The tenant string of a request: the caller's identity, then its cache namespace if any."""
+    """The tenant string of a request: the caller's identity, then its cache namespace if any.
+
+    The salt enters as a digest, so a tenant is always `[a-z0-9-]+` or that plus
+    `/salt-<hex>`: no client string (a salt holding a separator) can reach into another
+    tenant's name, and the session registry's keys stay unambiguous.
+    """
     identity = key_identity(api_key)
-    return identity if cache_salt is None else f"{identity}/salt:{cache_salt}"
+    if cache_salt is None:
+        return identity
+    digest = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{identity}/salt-{digest}"

@@ -4,19 +4,29 @@ Every 4xx/5xx the server sends has the shape OpenAI clients expect:
 `{"error": {"message": ..., "type": ..., "param": <field or null>, "code": <str or null>}}`.
 FastAPI's own 422 validation shape is replaced by a 400 in this shape, so a client sees the
 same error object whether the JSON was malformed, a field had the wrong type, or a value was
-out of range.
+out of range. Error bodies are written with ASCII escapes, so no client string can make the
+reply itself fail to encode.
+
+`CatchAll` is the last resort: an exception no handler maps is a bug. It is logged with its
+stack trace, counted in `hintkv_internal_errors_total` (the tests assert it stays at zero), and
+answered with a 500 error object on a connection that stays usable. A client that left while
+its body was being read gets a 499 (nobody reads it), never a 500.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hintkv.protocol import HintError
 
@@ -34,8 +44,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
+        self.retry_after = retry_after  # seconds, sent as Retry-After (429 / 503)
         self.status_code = status_code
         self.message = message
         self.param = param
@@ -53,10 +65,26 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+class SafeJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: a lone surrogate in a message cannot break the reply."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(
-        error_body(err.message, err.type, err.param, err.code), status_code=err.status_code
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return SafeJSONResponse(
+        error_body(err.message, err.type, err.param, err.code),
+        status_code=err.status_code,
+        headers=headers,
     )
+
+
+def overloaded(message: str, retry_after: int, status_code: int = 503) -> APIError:
+    """A request refused for load (429: this tenant's limit, 503: the server's), to retry later."""
+    kind = "rate_limit_error" if status_code == 429 else "server_overloaded"
+    return APIError(status_code, message, type=kind, code=kind, retry_after=retry_after)
 
 
 _TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
@@ -100,7 +128,7 @@ async def _handle_hint_error(_: Request, exc: HintError) -> JSONResponse:
     """A malformed agent_hint: 400 naming the field, raised before anything was changed."""
     body = exc.as_error_body()
     body["error"].setdefault("code", None)  # the same four keys as every other error
-    return JSONResponse(body, status_code=400)
+    return SafeJSONResponse(body, status_code=400)
 
 
 async def _handle_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -109,14 +137,46 @@ async def _handle_validation(_: Request, exc: RequestValidationError) -> JSONRes
 
 async def _handle_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(
+    return SafeJSONResponse(
         error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers
     )
 
 
-async def _handle_unexpected(_: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled server error", exc_info=exc)
-    return JSONResponse(error_body("Internal server error", "server_error"), status_code=500)
+async def _handle_disconnect(_: Request, exc: ClientDisconnect) -> Response:
+    return Response(status_code=499)  # nobody is left to read it
+
+
+class CatchAll:
+    """ASGI middleware: an unmapped exception becomes a counted, logged 500; never re-raised
+    (Starlette's own last-resort handler re-raises, and the server then drops the connection)."""
+
+    def __init__(self, app: ASGIApp, on_error: Callable[[], None]) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception:
+            self.on_error()
+            logger.exception("unhandled server error on %s %s", scope.get("method"), scope["path"])
+            if started:  # a stream already under way: end it; the client sees a cut stream
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            resp = SafeJSONResponse(error_body("Internal server error", "server_error"),
+                                    status_code=500)
+            await resp(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -124,4 +184,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HintError, _handle_hint_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _handle_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _handle_http)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _handle_unexpected)
+    app.add_exception_handler(ClientDisconnect, _handle_disconnect)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +89,11 @@ async def apply_hint(
     render: Render | None = None,
     messages: list[dict] | None = None,
     tools: list[dict] | None = None,
+    executor: Executor | None = None,
 ) -> AgentHintResult:
-    """Apply `rh.edits` for `rh.ref` (unless hints are disabled) and report, edit by edit."""
+    """Apply `rh.edits` for `rh.ref` (unless hints are disabled) and report, edit by edit.
+
+    `executor`: where to render and take the engine's lock (None: asyncio's default threads)."""
     result = AgentHintResult(
         session_id=rh.hint.session_id,
         parent_session_id=rh.hint.parent_session_id,
@@ -101,10 +105,13 @@ async def apply_hint(
     elif rh.edits:
         needs_render = any(e.is_range for e in rh.edits)
         args = (rh.edits, render, messages or [], tools)
+        loop = asyncio.get_running_loop()
         planned, cache_edits = (
-            await asyncio.to_thread(plan_edits, *args) if needs_render else plan_edits(*args)
+            await loop.run_in_executor(executor, plan_edits, *args)
+            if needs_render
+            else plan_edits(*args)
         )
-        outcomes = await _manage(engine, rh, cache_edits)
+        outcomes = await _manage(engine, rh, cache_edits, executor)
         result.edits = [
             _result(p, outcomes[p.cache_index] if p.cache_index is not None else None)
             for p in planned
@@ -114,11 +121,16 @@ async def apply_hint(
     return result
 
 
-async def _manage(engine: Any, rh: RequestHint, cache_edits: list[CacheEdit]) -> list[EditOutcome]:
+async def _manage(
+    engine: Any, rh: RequestHint, cache_edits: list[CacheEdit], executor: Executor | None
+) -> list[EditOutcome]:
     if not cache_edits:
         return []
     try:
-        outcomes = await asyncio.to_thread(engine.engine.manage, rh.ref, cache_edits)
+        loop = asyncio.get_running_loop()
+        outcomes = await loop.run_in_executor(
+            executor, engine.engine.manage, rh.ref, cache_edits
+        )
         if len(outcomes) != len(cache_edits):
             raise RuntimeError(f"{len(outcomes)} outcomes for {len(cache_edits)} edits")
         return outcomes

@@ -100,7 +100,8 @@ def _called_function(earlier: Sequence[Mapping[str, Any]], call_id: Any) -> str 
     if not isinstance(call_id, str):
         return None
     for msg in reversed(earlier):
-        for call in msg.get("tool_calls") or ():
+        calls = msg.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
             if isinstance(call, Mapping) and call.get("id") == call_id:
                 fn = call.get("function")
                 name = fn.get("name") if isinstance(fn, Mapping) else None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from hintkv.server.app import build_app
+from hintkv.server.options import ServerOptions
 
 if TYPE_CHECKING:
     from hintkv.config import EngineConfig
@@ -23,13 +24,19 @@ def serve(
     port: int = 8000,
     api_keys: Iterable[str] = (),
     log_level: str = "info",
+    options: ServerOptions | None = None,
 ) -> None:
     """Load the model, serve the OpenAI API on host:port until interrupted."""
-    asyncio.run(_serve(engine_cfg, host, port, tuple(api_keys), log_level))
+    asyncio.run(_serve(engine_cfg, host, port, tuple(api_keys), log_level, options))
 
 
 async def _serve(
-    engine_cfg: EngineConfig, host: str, port: int, api_keys: tuple[str, ...], log_level: str
+    engine_cfg: EngineConfig,
+    host: str,
+    port: int,
+    api_keys: tuple[str, ...],
+    log_level: str,
+    options: ServerOptions | None,
 ) -> None:
     from hintkv.engine.async_llm import AsyncLLM  # heavy: torch and the model
 
@@ -44,7 +51,7 @@ async def _serve(
     )
     try:
         config = uvicorn.Config(
-            build_app(engine, api_keys),
+            build_app(engine, api_keys, options=options),
             host=host,
             port=port,
             log_level=log_level,

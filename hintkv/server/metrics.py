@@ -99,9 +99,23 @@ class TierStatsCollector:
                                   value=t.get("load_wait_s", 0.0))
 
 
+class IntegrityCollector:
+    """Failed integrity checks while serving (periodic, or after every step with
+    --debug-integrity), as counted by the engine."""
+
+    def __init__(self, violations: Callable[[], int]) -> None:
+        self._violations = violations
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("hintkv_integrity_violations",
+                                  "Failed cache integrity checks while serving.",
+                                  value=self._violations())
+
+
 class ServerMetrics:
     def __init__(self, engine_stats: Callable[[], Any],
-                 tier_stats: Callable[[], dict] | None = None) -> None:
+                 tier_stats: Callable[[], dict] | None = None,
+                 integrity_violations: Callable[[], int] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "hintkv_http_requests",
@@ -139,9 +153,22 @@ class ServerMetrics:
             buckets=_MANAGE_BUCKETS,
             registry=self.registry,
         )
+        self.internal_errors = Counter(
+            "hintkv_internal_errors",
+            "Exceptions no handler mapped to a 4xx/503 (bugs; the tests assert zero).",
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "hintkv_requests_refused",
+            "Generation requests refused for load, by status (429 tenant limit, 503 server full).",
+            ["status"],
+            registry=self.registry,
+        )
         self.registry.register(EngineStatsCollector(engine_stats))
         if tier_stats is not None:
             self.registry.register(TierStatsCollector(tier_stats))
+        if integrity_violations is not None:
+            self.registry.register(IntegrityCollector(integrity_violations))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

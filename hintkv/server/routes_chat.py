@@ -13,15 +13,14 @@ finish chunk of a stream).
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
 from hintkv.protocol import AgentHintResult
-from hintkv.server.admission import chat_prompt_ids, check_model, check_supported, generate_request
+from hintkv.server.admission import chat_prompt_ids
 from hintkv.server.api_requests import ChatCompletionRequest
 from hintkv.server.api_responses import (
     SSE_DONE,
@@ -38,101 +37,91 @@ from hintkv.server.api_responses import (
     management_chat_response,
     sse_event,
 )
-from hintkv.server.body import parse_body
 from hintkv.server.errors import APIError, bad_request, error_body
-from hintkv.server.generation import Finished, TextDelta, collect_text, generate_text
-from hintkv.server.hint_edits import apply_hint, chat_render
+from hintkv.server.generation import Finished, TextDelta
+from hintkv.server.hint_edits import chat_render
 from hintkv.server.hints import RequestHint, chat_hint
-from hintkv.server.state import ServerState, request_tenant, require_api_key, server_state
-from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect, sse_response
+from hintkv.server.serving import ApplyHint, Events, serve
+from hintkv.server.state import require_api_key
+from hintkv.server.streaming import sse_response
 from hintkv.server.tool_calls import ParsedToolCall, ToolCallStreamer, parse_tool_calls
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", dependencies=[Depends(require_api_key)])
-async def chat_completions(request: Request) -> Response:
-    arrival = time.perf_counter()
-    body, raw = await parse_body(request, ChatCompletionRequest)
-    state = server_state(request)
-    engine = state.engine
-    check_model(body.model, engine.model_name)
-    check_supported(body)
-    messages = body.template_messages()
-    tenant = request_tenant(request, body.cache_salt)
-    hinted = chat_hint(raw, request.headers, messages, body.tools, tenant)  # HintError: 400
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    if hinted is not None and hinted.manage:
-        result = await _apply(state, hinted, body, messages)
-        resp = management_chat_response(request_id, engine.model_name, result)
-        state.metrics.manage_latency.observe(time.perf_counter() - arrival)
-        if body.stream:
+class ChatCall:
+    """One chat request on the shared serving path (`serving.serve`)."""
+
+    def __init__(self, body: ChatCompletionRequest, raw: dict[str, Any],
+                 headers: Mapping[str, str], tenant: str) -> None:
+        self.body = body
+        self.messages = body.template_messages()
+        self.hinted: RequestHint | None = chat_hint(raw, headers, self.messages, body.tools, tenant)
+
+    def check_prompt(self) -> None:
+        if not self.body.messages:
+            raise bad_request("messages: List should have at least 1 item, not 0", param="messages")
+
+    def prompt_ids(self, tokenizer: Any) -> list[int]:
+        return chat_prompt_ids(tokenizer, self.body)
+
+    def apply_args(self, tokenizer: Any) -> dict[str, Any]:
+        render = chat_render(tokenizer, self.body.chat_template_kwargs)
+        return {"render": render, "messages": self.messages, "tools": self.body.tools}
+
+    def management_response(self, request_id: str, model: str, result: AgentHintResult) -> Response:
+        resp = management_chat_response(request_id, model, result)
+        if self.body.stream:
             return sse_response(_management_stream(resp))
         return Response(resp.model_dump_json(), media_type="application/json")
-    if not body.messages:
-        raise bad_request("messages: List should have at least 1 item, not 0", param="messages")
-    prompt_ids = chat_prompt_ids(engine.tokenizer, body)
-    output_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
-    gen_req = generate_request(
-        engine,
-        request_id,
-        prompt_ids,
-        body,
-        prompt_param="messages",
-        output_limit=body.output_limit,
-        output_param=output_param,
-        session=hinted.ref if hinted is not None and state.hints else None,
-        tenant=tenant,
-    )
-    state.metrics.prompt_tokens.inc(len(prompt_ids))
-    events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)
 
-    async def after_generation() -> AgentHintResult | None:
-        if hinted is None or not hinted.edits:
-            return None
-        return await _apply(state, hinted, body, messages)
+    def stream(self, events: Events, request_id: str, model: str, prompt_ids: list[int],
+               after: ApplyHint) -> AsyncIterator[str]:
+        return _stream(events, request_id, model, prompt_ids, self.body, after)
 
-    if body.stream:
-        return sse_response(
-            _stream(events, request_id, engine.model_name, prompt_ids, body, after_generation)
+    async def response(self, text: str, token_ids: list[int], fin: Finished, request_id: str,
+                       model: str, prompt_ids: list[int], after: ApplyHint) -> Response:
+        body = self.body
+        content, calls = parse_tool_calls(text) if body.uses_tools else (text, [])
+        message = AssistantMessage(
+            content=(content or None) if calls else content,
+            tool_calls=[ToolCall(id=c.id, function=_function(c)) for c in calls] or None,
         )
-    try:
-        text, token_ids, fin = await cancel_on_disconnect(request, collect_text(events))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    content, calls = parse_tool_calls(text) if body.uses_tools else (text, [])
-    message = AssistantMessage(
-        content=(content or None) if calls else content,
-        tool_calls=[ToolCall(id=c.id, function=_function(c)) for c in calls] or None,
-    )
-    choice = ChatChoice(
-        message=message,
-        finish_reason="tool_calls" if calls else fin.finish_reason,
-        token_ids=token_ids if body.return_token_ids else None,
-    )
-    resp = ChatCompletionResponse(
-        id=request_id,
-        model=engine.model_name,
-        choices=[choice],
-        usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
-        prompt_token_ids=prompt_ids if body.return_token_ids else None,
-        agent_hint_result=await after_generation(),
-    )
-    return Response(resp.model_dump_json(), media_type="application/json")
+        choice = ChatChoice(
+            message=message,
+            finish_reason="tool_calls" if calls else fin.finish_reason,
+            token_ids=token_ids if body.return_token_ids else None,
+        )
+        resp = ChatCompletionResponse(
+            id=request_id,
+            model=model,
+            choices=[choice],
+            usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
+            prompt_token_ids=prompt_ids if body.return_token_ids else None,
+            agent_hint_result=await after(),
+        )
+        return Response(resp.model_dump_json(), media_type="application/json")
 
 
-async def _apply(
-    state: ServerState, hinted: RequestHint, body: ChatCompletionRequest, messages: list[dict]
-) -> AgentHintResult:
-    return await apply_hint(
-        state.engine,
-        hinted,
-        enabled=state.hints,
-        metrics=state.metrics,
-        render=chat_render(state.engine.tokenizer, body.chat_template_kwargs),
-        messages=messages,
-        tools=body.tools,
-    )
+class ChatEndpoint:
+    request_model = ChatCompletionRequest
+    id_prefix = "chatcmpl"
+    prompt_param = "messages"
+
+    def call(self, body: ChatCompletionRequest, raw: dict[str, Any],
+             headers: Mapping[str, str], tenant: str) -> ChatCall:
+        return ChatCall(body, raw, headers, tenant)
+
+    def output_param(self, body: ChatCompletionRequest) -> str:
+        return "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+
+
+ENDPOINT = ChatEndpoint()
+
+
+@router.post("/v1/chat/completions", dependencies=[Depends(require_api_key)])
+async def chat_completions(request: Request) -> Response:
+    return await serve(request, ENDPOINT)
 
 
 async def _management_stream(resp: ChatCompletionResponse) -> AsyncIterator[str]:

@@ -7,20 +7,14 @@ and a management request may leave the prompt out.
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
 from hintkv.protocol import AgentHintResult
-from hintkv.server.admission import (
-    check_model,
-    check_supported,
-    completion_prompt_ids,
-    generate_request,
-)
+from hintkv.server.admission import completion_prompt_ids
 from hintkv.server.api_requests import CompletionRequest
 from hintkv.server.api_responses import (
     SSE_DONE,
@@ -30,80 +24,82 @@ from hintkv.server.api_responses import (
     management_completion_response,
     sse_event,
 )
-from hintkv.server.body import parse_body
 from hintkv.server.errors import APIError, bad_request, error_body
-from hintkv.server.generation import Finished, TextDelta, collect_text, generate_text
-from hintkv.server.hint_edits import apply_hint
-from hintkv.server.hints import completion_hint
-from hintkv.server.state import request_tenant, require_api_key, server_state
-from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect, sse_response
+from hintkv.server.generation import Finished, TextDelta
+from hintkv.server.hints import RequestHint, completion_hint
+from hintkv.server.serving import ApplyHint, Events, serve
+from hintkv.server.state import require_api_key
+from hintkv.server.streaming import sse_response
 
 router = APIRouter()
 
 
-@router.post("/v1/completions", dependencies=[Depends(require_api_key)])
-async def completions(request: Request) -> Response:
-    arrival = time.perf_counter()
-    body, raw = await parse_body(request, CompletionRequest)
-    state = server_state(request)
-    engine = state.engine
-    check_model(body.model, engine.model_name)
-    check_supported(body)
-    tenant = request_tenant(request, body.cache_salt)
-    hinted = completion_hint(raw, request.headers, tenant)  # HintError: 400
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+class CompletionCall:
+    """One /v1/completions request on the shared serving path (`serving.serve`)."""
 
-    async def apply() -> AgentHintResult:
-        return await apply_hint(engine, hinted, enabled=state.hints, metrics=state.metrics)
+    def __init__(self, body: CompletionRequest, raw: dict[str, Any],
+                 headers: Mapping[str, str], tenant: str) -> None:
+        self.body = body
+        self.hinted: RequestHint | None = completion_hint(raw, headers, tenant)  # HintError: 400
 
-    if hinted is not None and hinted.manage:
-        resp = management_completion_response(request_id, engine.model_name, await apply())
-        state.metrics.manage_latency.observe(time.perf_counter() - arrival)
-        if body.stream:
+    def check_prompt(self) -> None:
+        if self.body.prompt is None or len(self.body.prompt) == 0:
+            raise bad_request("prompt: a non-empty prompt is required", param="prompt")
+
+    def prompt_ids(self, tokenizer: Any) -> list[int]:
+        return completion_prompt_ids(tokenizer, self.body)
+
+    def apply_args(self, tokenizer: Any) -> dict[str, Any]:
+        return {}
+
+    def management_response(self, request_id: str, model: str, result: AgentHintResult) -> Response:
+        resp = management_completion_response(request_id, model, result)
+        if self.body.stream:
             return sse_response(_management_stream(resp))
         return Response(resp.model_dump_json(), media_type="application/json")
-    if body.prompt is None or len(body.prompt) == 0:
-        raise bad_request("prompt: a non-empty prompt is required", param="prompt")
-    prompt_ids = completion_prompt_ids(engine.tokenizer, body)
-    gen_req = generate_request(
-        engine,
-        request_id,
-        prompt_ids,
-        body,
-        prompt_param="prompt",
-        output_limit=body.output_limit,
-        output_param="max_tokens",
-        session=hinted.ref if hinted is not None and state.hints else None,
-        tenant=tenant,
-    )
-    state.metrics.prompt_tokens.inc(len(prompt_ids))
-    events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)
 
-    async def after_generation() -> AgentHintResult | None:
-        return await apply() if hinted is not None and hinted.edits else None
+    def stream(self, events: Events, request_id: str, model: str, prompt_ids: list[int],
+               after: ApplyHint) -> AsyncIterator[str]:
+        return _stream(events, request_id, model, prompt_ids, self.body, after)
 
-    if body.stream:
-        return sse_response(
-            _stream(events, request_id, engine.model_name, prompt_ids, body, after_generation)
+    async def response(self, text: str, token_ids: list[int], fin: Finished, request_id: str,
+                       model: str, prompt_ids: list[int], after: ApplyHint) -> Response:
+        body = self.body
+        choice = CompletionChoice(
+            text=text,
+            finish_reason=fin.finish_reason,
+            token_ids=token_ids if body.return_token_ids else None,
         )
-    try:
-        text, token_ids, fin = await cancel_on_disconnect(request, collect_text(events))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    choice = CompletionChoice(
-        text=text,
-        finish_reason=fin.finish_reason,
-        token_ids=token_ids if body.return_token_ids else None,
-    )
-    resp = CompletionResponse(
-        id=request_id,
-        model=engine.model_name,
-        choices=[choice],
-        usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
-        prompt_token_ids=prompt_ids if body.return_token_ids else None,
-        agent_hint_result=await after_generation(),
-    )
-    return Response(resp.model_dump_json(), media_type="application/json")
+        resp = CompletionResponse(
+            id=request_id,
+            model=model,
+            choices=[choice],
+            usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
+            prompt_token_ids=prompt_ids if body.return_token_ids else None,
+            agent_hint_result=await after(),
+        )
+        return Response(resp.model_dump_json(), media_type="application/json")
+
+
+class CompletionEndpoint:
+    request_model = CompletionRequest
+    id_prefix = "cmpl"
+    prompt_param = "prompt"
+
+    def call(self, body: CompletionRequest, raw: dict[str, Any],
+             headers: Mapping[str, str], tenant: str) -> CompletionCall:
+        return CompletionCall(body, raw, headers, tenant)
+
+    def output_param(self, body: CompletionRequest) -> str:
+        return "max_tokens"
+
+
+ENDPOINT = CompletionEndpoint()
+
+
+@router.post("/v1/completions", dependencies=[Depends(require_api_key)])
+async def completions(request: Request) -> Response:
+    return await serve(request, ENDPOINT)
 
 
 async def _management_stream(resp: CompletionResponse) -> AsyncIterator[str]:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from hintkv.server.api_responses import ModelCard, ModelList
 from hintkv.server.metrics import CONTENT_TYPE
-from hintkv.server.state import require_api_key, server_state
+from hintkv.server.state import require_api_key, require_metrics_access, server_state
 
 router = APIRouter()
 
@@ -23,6 +23,6 @@ async def health() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(require_metrics_access)])
 async def metrics(request: Request) -> Response:
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -19,7 +19,7 @@ MAX_TOKENS = 400
 
 
 def _generated_tokens(live_server: LiveServer) -> float:
-    text = httpx.get(live_server.base_url + "/metrics").text
+    text = httpx.get(live_server.base_url + "/metrics", headers=live_server.headers).text
     return float(re.search(r"^hintkv_generation_tokens_total (\S+)$", text, re.M).group(1))
 
 

@@ -382,7 +382,7 @@ def test_ignore_hints_validates_but_never_acts(ignoring_server):
 
 def test_hint_metrics_are_exported(live_server):
     _manage(live_server, _sid("metrics"), [session_edit("evict")])
-    text = httpx.get(live_server.base_url + "/metrics", timeout=30).text
+    text = httpx.get(live_server.base_url + "/metrics", headers=live_server.headers, timeout=30).text
     assert 'hintkv_agent_hint_edits_total{action="none",target="session",type="evict"}' in text
     assert "hintkv_agent_hint_manage_seconds_count" in text
 

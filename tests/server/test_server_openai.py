@@ -187,7 +187,7 @@ def test_stop_string_cuts_text(client, live_server, stream):
 
 def test_metrics_report_requests_tokens_and_cache(client, live_server):
     client.completions.create(model=_model(live_server), prompt="x y z", max_tokens=1)
-    body = httpx.get(live_server.base_url + "/metrics").text
+    body = httpx.get(live_server.base_url + "/metrics", headers=live_server.headers).text
     samples = {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in body.splitlines()

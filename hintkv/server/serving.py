@@ -1,0 +1,165 @@
+"""The one serving path of /v1/chat/completions and /v1/completions; each route supplies an
+`Endpoint` (its body model and what differs: hint parsing, prompt, response shapes).
+
+    body (limits, model) -> model name, unsupported fields -> tenant -> agent_hint (400 if bad)
+      manage_request: apply the edits, reply (never queued behind inference)
+      otherwise:      load gate (429/503 + Retry-After) -> tokenise in a worker thread
+                      -> GenerateRequest (4xx if it cannot be served) -> engine
+                      -> stream, or collect (cancelled if the client leaves) -> response
+                      -> edits applied after the generation, result on the final response
+
+Everything that can refuse a request does so before the engine is touched; the load ticket is
+released however the response ends (finished, cancelled, client gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from fastapi import Request, Response
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from hintkv.protocol import AgentHintResult
+from hintkv.server.admission import check_model, check_supported, generate_request
+from hintkv.server.api_requests import _SamplingRequest
+from hintkv.server.body import parse_body
+from hintkv.server.errors import APIError
+from hintkv.server.generation import Finished, TextDelta, collect_text, generate_text
+from hintkv.server.hint_edits import apply_hint
+from hintkv.server.hints import RequestHint
+from hintkv.server.load import Ticket
+from hintkv.server.state import ServerState, request_tenant, server_state
+from hintkv.server.streaming import (
+    ClientDisconnected,
+    cancel_on_disconnect,
+    sse_response,
+)
+
+Events = AsyncIterator[TextDelta | Finished]
+ApplyHint = Callable[[], Awaitable[AgentHintResult | None]]
+
+
+class Call(Protocol):
+    """One request as an endpoint sees it, after its body and hint were validated."""
+
+    hinted: RequestHint | None
+
+    def check_prompt(self) -> None:
+        """Raise a 400 if a generating request has no prompt."""
+
+    def prompt_ids(self, tokenizer: Any) -> list[int]:
+        """Tokenise (runs in a worker thread: it may take long on a large prompt)."""
+
+    def apply_args(self, tokenizer: Any) -> dict[str, Any]:
+        """Keyword arguments of `apply_hint` (render, messages, tools) for this endpoint."""
+
+    def management_response(self, request_id: str, model: str, result: AgentHintResult) -> Response:
+        ...
+
+    def stream(self, events: Events, request_id: str, model: str, prompt_ids: list[int],
+               after: ApplyHint) -> AsyncIterator[str]:
+        ...
+
+    async def response(self, text: str, token_ids: list[int], fin: Finished, request_id: str,
+                       model: str, prompt_ids: list[int], after: ApplyHint) -> Response:
+        ...
+
+
+class Endpoint(Protocol):
+    request_model: type[_SamplingRequest]
+    id_prefix: str
+    prompt_param: str
+
+    def call(self, body: Any, raw: dict[str, Any], headers: Mapping[str, str],
+             tenant: str) -> Call:
+        """Parse the hint (HintError: 400) and keep what the rest of the request needs."""
+
+    def output_param(self, body: Any) -> str:
+        ...
+
+
+class TicketedStream(StreamingResponse):
+    """A stream that gives its load ticket back however it ends, even if it never started."""
+
+    def __init__(self, inner: StreamingResponse, ticket: Ticket) -> None:
+        super().__init__(inner.body_iterator, status_code=inner.status_code,
+                         media_type=inner.media_type)
+        self.raw_headers = inner.raw_headers
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
+
+
+def _admit(state: ServerState, tenant: str) -> Ticket:
+    try:
+        return state.gate.admit(tenant)
+    except APIError as err:
+        state.metrics.refused.labels(status=str(err.status_code)).inc()
+        raise
+
+
+async def serve(request: Request, endpoint: Endpoint) -> Response:
+    arrival = time.perf_counter()
+    body, raw = await parse_body(request, endpoint.request_model)
+    state = server_state(request)
+    engine = state.engine
+    check_model(body.model, engine.model_name)
+    check_supported(body)
+    tenant = request_tenant(request, body.cache_salt)
+    call = endpoint.call(body, raw, request.headers, tenant)
+    hinted = call.hinted
+    request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
+
+    async def apply() -> AgentHintResult:
+        assert hinted is not None
+        return await apply_hint(engine, hinted, enabled=state.hints, metrics=state.metrics,
+                                executor=state.manage_pool, **call.apply_args(engine.tokenizer))
+
+    if hinted is not None and hinted.manage:
+        result = await apply()
+        state.metrics.manage_latency.observe(time.perf_counter() - arrival)
+        return call.management_response(request_id, engine.model_name, result)
+    call.check_prompt()
+    ticket = _admit(state, tenant)
+    try:
+        loop = asyncio.get_running_loop()
+        prompt_ids = await loop.run_in_executor(state.cpu_pool, call.prompt_ids, engine.tokenizer)
+        gen_req = generate_request(
+            engine,
+            request_id,
+            prompt_ids,
+            body,
+            prompt_param=endpoint.prompt_param,
+            output_limit=body.output_limit,
+            output_param=endpoint.output_param(body),
+            session=hinted.ref if hinted is not None and state.hints else None,
+            tenant=tenant,
+        )
+        state.metrics.prompt_tokens.inc(len(prompt_ids))
+        events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)
+
+        async def after() -> AgentHintResult | None:
+            return await apply() if hinted is not None and hinted.edits else None
+
+        if body.stream:
+            stream = call.stream(events, request_id, engine.model_name, prompt_ids, after)
+            streamed, ticket = TicketedStream(sse_response(stream), ticket), None
+            return streamed
+        try:
+            text, token_ids, fin = await cancel_on_disconnect(request, collect_text(events))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return await call.response(text, token_ids, fin, request_id, engine.model_name,
+                                   prompt_ids, after)
+    finally:
+        if ticket is not None:
+            ticket.release()
