@@ -10,63 +10,66 @@ so `hintkv --help` and `hintkv bench ...` start fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from hintkv.config import EngineConfig
 
 
+def _flag_type(annotation: str) -> type:
+    """The argparse type of a config field from its annotation ('int | None' -> int)."""
+    base = annotation.replace(" | None", "").strip()
+    return {"int": int, "float": float, "str": str}[base]
+
+
+def add_config_flags(p: argparse.ArgumentParser, cls: type, skip: Iterable[str] = ()) -> None:
+    """One flag per field of the dataclass `cls`: its default, its help (`metadata['help']`).
+
+    A bool field defaulting to False is a switch that turns it on; one defaulting to True is a
+    switch (its `flags` metadata names it) that turns it off; a tuple field is a repeatable flag.
+    """
+    group = p.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        help_text = f.metadata.get("help")
+        flags = f.metadata.get("flags", ("--" + f.name.replace("_", "-"),))
+        if f.type == "bool":
+            action = "store_false" if f.default else "store_true"
+            group.add_argument(*flags, dest=f.name, action=action, help=help_text)
+        elif f.type.startswith("tuple"):
+            group.add_argument(*f.metadata.get("flags", flags), dest=f.name, action="append",
+                               default=[], help=help_text)
+        else:
+            shown = "" if f.default is None else f" (default: {f.default})"
+            group.add_argument(*flags, dest=f.name, type=_flag_type(f.type), default=f.default,
+                               help=(help_text or "") + shown)
+
+
+def config_from_args(cls: type, args: argparse.Namespace):
+    """The dataclass `cls` from parsed flags (validated by its own __post_init__)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if hasattr(args, f.name):
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if f.type.startswith("tuple") else value
+    return cls(**values)
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from hintkv.server.options import ServerOptions  # light: no engine, no torch
+
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--model",
-        default="SmolLM2-135M-Instruct",
-        help="SmolLM2-135M-Instruct (default), a .gguf file, a Hugging Face checkpoint "
-        "directory, or dummy:<preset> (tiny, smollm2-135m, llama3-8b)",
-    )
-    p.add_argument("--served-model-name", default=None, help="model id clients must send")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--kv-cache-tokens", type=int, default=None, help="device KV pool, in tokens")
-    p.add_argument("--kv-cache-memory", default=None, help="device KV pool, in bytes (e.g. 2GiB)")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--eviction-policy", default="sam", help="device pool eviction policy")
-    p.add_argument("--host-cache-memory", default=None, help="host KV tier size (e.g. 4GiB)")
-    p.add_argument("--disk-cache-dir", default=None, help="disk KV tier directory")
-    p.add_argument("--disk-cache-size", default=None, help="disk KV tier size (e.g. 20GiB)")
-    p.add_argument("--disk-cache-reuse", action="store_true",
-                   help="adopt valid KV block files already in --disk-cache-dir (default: wipe them)")
-    p.add_argument(
-        "--ignore-hints",
-        "--no-hints",
-        dest="hints",
-        action="store_false",
-        help="ignore Agent Hints: still validate them (400 if malformed), but never pass "
-        "sessions or edits to the engine (the lru baseline of the benchmarks)",
-    )
-    p.add_argument(
-        "--protect-budget",
-        type=float,
-        default=0.5,
-        help="fraction of the device pool that TTL protection may cover",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="accept this Bearer key (repeat for several); none given: no authentication",
-    )
-    p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    add_config_flags(p, EngineConfig)
+    add_config_flags(p, ServerOptions)
     p.set_defaults(run=_run_serve)
 
 
@@ -93,40 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The `EngineConfig` a `serve` command line asks for (validated by EngineConfig itself)."""
-    return EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        block_size=args.block_size,
-        kv_cache_tokens=args.kv_cache_tokens,
-        kv_cache_memory=args.kv_cache_memory,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        eviction_policy=args.eviction_policy,
-        seed=args.seed,
-        served_model_name=args.served_model_name,
-        host_cache_memory=args.host_cache_memory,
-        disk_cache_dir=args.disk_cache_dir,
-        disk_cache_size=args.disk_cache_size,
-        disk_cache_reuse=args.disk_cache_reuse,
-        hints=args.hints,
-        protect_budget=args.protect_budget,
-    )
+    return config_from_args(EngineConfig, args)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from hintkv.server import serve
+    from hintkv.server.options import ServerOptions
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         cfg = engine_config_from_args(args)
+        options = config_from_args(ServerOptions, args)
     except ValueError as exc:
         print(f"hintkv serve: {exc}", file=sys.stderr)
         return 2
-    serve(cfg, args.host, args.port, args.api_key, args.log_level)
+    serve(cfg, args.host, args.port, options=options, log_level=args.log_level)
     return 0
 
 

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
           "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def check_disk_config(disk_cache_dir: str | None, disk_cache_size: str | int | None) -> None:
+    """The one check of the disk tier's flags: a directory and a size, both or neither."""
+    if disk_cache_dir is None and disk_cache_size is not None:
+        raise ValueError("--disk-cache-size needs --disk-cache-dir")
+    if disk_cache_dir is not None and disk_cache_size is None:
+        raise ValueError("--disk-cache-dir needs --disk-cache-size")
+    if disk_cache_size is not None:
+        parse_bytes(disk_cache_size)
 
 
 def parse_bytes(text: str | int) -> int:
@@ -21,26 +31,50 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _opt(default, help: str, **cli):
+    """A config field with its one default and its one help text (the CLI flag is made from it).
+
+    `cli` overrides the generated flag: `flags` (names), `action`, `dest`-less aliases."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None  # None: the real default model (SmolLM2-135M-Instruct GGUF)
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda
-    block_size: int = 16
-    kv_cache_tokens: int | None = None  # device KV capacity in tokens...
-    kv_cache_memory: str | None = None  # ...or in bytes ("2GiB"); default 1GiB on CPU
-    max_model_len: int | None = None  # default: min(model's max positions, 32768)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
-    eviction_policy: str = "sam"
-    seed: int = 0
-    served_model_name: str | None = None
-    host_cache_memory: str | None = None  # host tier size ("4GiB"); None: no host tier
-    disk_cache_dir: str | None = None  # disk tier directory; None: no disk tier
-    disk_cache_size: str | None = None  # disk tier size ("20GiB")
-    disk_cache_reuse: bool = False  # adopt valid block files already in disk_cache_dir (else wipe)
-    hints: bool = True  # False: ignore Agent Hints (session identity and edits) entirely
-    protect_budget: float = 0.5  # fraction of the device pool that TTL protection may cover
+    model: str = _opt(
+        DEFAULT_MODEL,
+        "a model name, a .gguf file, a Hugging Face checkpoint directory, or "
+        "dummy:<preset> (tiny, smollm2-135m, llama3-8b)",
+    )
+    dtype: str = _opt("auto", "auto | float32 | bfloat16 | float16")
+    device: str = _opt("auto", "auto | cpu | cuda | cuda:N")
+    block_size: int = _opt(16, "tokens per KV block")
+    kv_cache_tokens: int | None = _opt(None, "device KV pool, in tokens")
+    kv_cache_memory: str | None = _opt(
+        None, "device KV pool, in bytes (e.g. 2GiB; default 1GiB on CPU)"
+    )
+    max_model_len: int | None = _opt(None, "default: min(model's max positions, 32768)")
+    max_num_seqs: int = _opt(64, "sequences running at once")
+    max_num_batched_tokens: int = _opt(2048, "per-step token budget (chunked prefill)")
+    eviction_policy: str = _opt("sam", "device pool eviction policy (sam | lru)")
+    seed: int = _opt(0, "random seed of the engine (and of dummy weights)")
+    served_model_name: str | None = _opt(None, "model id clients must send")
+    host_cache_memory: str | None = _opt(None, "host KV tier size (e.g. 4GiB); none: no host tier")
+    disk_cache_dir: str | None = _opt(None, "disk KV tier directory; none: no disk tier")
+    disk_cache_size: str | None = _opt(None, "disk KV tier size (e.g. 20GiB)")
+    disk_cache_reuse: bool = _opt(
+        False,
+        "adopt the KV block files this deployment wrote in --disk-cache-dir (default: wipe them)",
+    )
+    hints: bool = _opt(
+        True,
+        "ignore Agent Hints: still validate them (400 if malformed), but never pass sessions or "
+        "edits to the engine (the lru baseline of the benchmarks)",
+        flags=("--ignore-hints", "--no-hints"),
+    )
+    protect_budget: float = _opt(0.5, "fraction of the device pool that TTL protection may cover")
+    debug_integrity: bool = _opt(
+        False, "check the cache's integrity after every engine step (slow; for debugging)"
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -57,8 +91,6 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if not 0 <= self.protect_budget <= 1:
             raise ValueError("protect_budget must be in [0, 1]")
-        if (self.disk_cache_dir is None) != (self.disk_cache_size is None):
-            raise ValueError("--disk-cache-dir and --disk-cache-size go together")
-        for size in (self.host_cache_memory, self.disk_cache_size):
-            if size is not None:
-                parse_bytes(size)
+        check_disk_config(self.disk_cache_dir, self.disk_cache_size)
+        if self.host_cache_memory is not None:
+            parse_bytes(self.host_cache_memory)

@@ -46,6 +46,7 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
+        self.num_integrity_violations = 0  # failed check_integrity() calls while serving
         self._thread = threading.Thread(target=self._loop, name="hintkv-engine", daemon=True)
         self._thread.start()
 
@@ -72,6 +73,18 @@ class AsyncLLM:
                 outputs = self._fail_all("internal engine error")
             for out in outputs:
                 self._deliver(out)
+            if self.engine.cfg.debug_integrity:
+                self._check_integrity()
+
+    def _check_integrity(self) -> bool:
+        """Run the engine's integrity checks on the engine thread; count and log a violation."""
+        try:
+            self.engine.check_integrity()
+            return True
+        except AssertionError:
+            self.num_integrity_violations += 1
+            log.exception("cache integrity violated")
+            return False
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         outs = []
@@ -136,6 +149,10 @@ class AsyncLLM:
 
     async def check_integrity(self) -> None:
         await self.run(lambda e: e.check_integrity())
+
+    async def verify_integrity(self) -> bool:
+        """Like `check_integrity`, but a violation is counted and logged, not raised."""
+        return await self.run(lambda e: self._check_integrity())
 
     async def shutdown(self) -> None:
         self._stopping = True

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from hintkv.config import DEFAULT_MODEL  # noqa: F401  (re-exported: one name for it)
 from hintkv.models.config import ModelConfig
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_BOS, _SMOLLM2_EOS = 1, 2  # <|im_start|>, <|im_end|>
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hintkv.config import parse_bytes
+from hintkv.config import check_disk_config, parse_bytes
 from hintkv.tiers.base import Tier
 from hintkv.tiers.disk import DiskTier
 from hintkv.tiers.disk_format import HEADER_SIZE
@@ -29,10 +29,7 @@ def build_tier_stack(layout: BlockLayout, host_cache_memory: str | int | None = 
     """The host and/or disk tiers the flags ask for, ordered host then disk; None for neither.
     Raises ValueError for unusable flags (a disk directory without a size, sizes too small for
     one block); a directory that cannot be written is not an error (see `DiskTier`)."""
-    if disk_cache_dir is None and disk_cache_size is not None:
-        raise ValueError("--disk-cache-size needs --disk-cache-dir")
-    if disk_cache_dir is not None and disk_cache_size is None:
-        raise ValueError("--disk-cache-dir needs --disk-cache-size")
+    check_disk_config(disk_cache_dir, disk_cache_size)
     if host_cache_memory is None and disk_cache_dir is None:
         return None
     host_bytes = None if host_cache_memory is None else parse_bytes(host_cache_memory)

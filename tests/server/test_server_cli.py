@@ -33,7 +33,7 @@ def test_serve_flags_build_the_engine_config():
         seed=7,
         hints=False,
     )
-    assert args.api_key == ["k1", "k2"] and (args.host, args.port) == ("0.0.0.0", 9000)
+    assert args.api_keys == ["k1", "k2"] and (args.host, args.port) == ("0.0.0.0", 9000)
 
 
 @pytest.mark.parametrize("flag", ["--ignore-hints", "--no-hints"])
@@ -44,7 +44,7 @@ def test_ignore_hints_flag_and_its_alias(flag):
 
 def test_serve_defaults():
     args = build_parser().parse_args(["serve"])
-    assert (args.host, args.port, args.model, args.api_key) == (
+    assert (args.host, args.port, args.model, args.api_keys) == (
         "127.0.0.1",
         8000,
         "SmolLM2-135M-Instruct",
@@ -67,3 +67,34 @@ def test_unknown_benchmark_is_a_usage_error(name, capsys):
 def test_bench_passes_remaining_arguments():
     args = build_parser().parse_args(["bench", "engine", "--quick", "--models", "dummy:tiny"])
     assert (args.name, args.args) == ("engine", ["--quick", "--models", "dummy:tiny"])
+
+
+def test_every_config_field_is_a_flag_with_help():
+    """Flags are generated from EngineConfig / ServerOptions: one default, one help text."""
+    import dataclasses
+
+    from hintkv.server.options import ServerOptions
+
+    parser = build_parser()
+    serve = next(a for a in parser._subparsers._group_actions[0].choices.values()
+                 if a.prog.endswith("serve"))
+    by_dest = {a.dest: a for a in serve._actions}
+    for cls in (EngineConfig, ServerOptions):
+        for f in dataclasses.fields(cls):
+            assert f.name in by_dest, f.name
+            assert f.metadata.get("help"), f.name
+    defaults = build_parser().parse_args(["serve"])
+    assert engine_config_from_args(defaults) == EngineConfig()
+
+
+def test_server_options_from_flags():
+    from hintkv.cli import config_from_args
+    from hintkv.server.options import ServerOptions
+
+    args = build_parser().parse_args(
+        ["serve", "--public-metrics", "--max-body-bytes", "1000", "--tenant-rate-limit", "2.5",
+         "--max-queued-requests", "3", "--api-key", "k"])
+    opts = config_from_args(ServerOptions, args)
+    assert opts == ServerOptions(api_keys=("k",), public_metrics=True, max_body_bytes=1000,
+                                 tenant_rate_limit=2.5, max_queued_requests=3)
+    assert main(["serve", "--max-body-bytes", "0"]) == 2
