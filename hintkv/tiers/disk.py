@@ -1,22 +1,25 @@
 """The disk tier: one file per block (`<key hex>.kv`) in `--disk-cache-dir`, bounded by
 `--disk-cache-size`.
 
-Never serve wrong KV: every file carries a header naming its key and layout, and a crc32 of the
-payload (see `disk_format.py`); a read checks all of it, and a missing, truncated or corrupt file
-is a miss (counted, logged, the entry dropped). Files are written to a temporary name and
-renamed, so a reader never sees half a block; no fsync, because a block lost in a crash is only a
-recompute and a torn one fails its checksum. Any OSError (ENOSPC, EROFS, EACCES, ...) turns into
+Never serve wrong KV: every file carries a header naming its key and layout, and a MAC of the
+payload keyed by this deployment's secret (see `disk_format.py`); a read checks all of it, and a
+missing, truncated, corrupt or forged file is a miss (counted, logged, the entry dropped). Files
+are written to a random temporary name created exclusively (`O_EXCL|O_NOFOLLOW`: a planted file
+or symlink is never written through) and renamed, so a reader never sees half a block; files are
+opened for reading with `O_NOFOLLOW` too. No fsync, because a block lost in a crash is only a
+recompute and a torn one fails its MAC. Any OSError (ENOSPC, EROFS, EACCES, ...) turns into
 a failed put or a miss, counted and logged, never raised. On start the directory is either wiped
 (our files only) or, with `reuse=True`, scanned: files whose size or header is wrong are deleted,
-the rest adopted (newest first, up to capacity), their payloads verified on each read.
+the rest adopted (newest first, up to capacity) only if their MAC verifies under the secret kept
+in the directory: blocks this deployment wrote. Without reuse, a new secret is made.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import re
+import secrets
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -26,8 +29,10 @@ from hintkv.tiers.base import OnEvict, Priority
 from hintkv.tiers.disk_format import (
     HEADER_SIZE,
     MAX_KEY_LEN,
+    SECRET_FILE,
+    SECRET_LEN,
     BadBlockFile,
-    checksum,
+    block_mac,
     decode_header,
     encode_header,
 )
@@ -38,7 +43,31 @@ from hintkv.tiers.mover import Mover, resolved
 log = logging.getLogger(__name__)
 
 _BLOCK_FILE = re.compile(r"^((?:[0-9a-f]{2}){1,64})\.kv$")
-_TEMP_FILE = re.compile(r"^(?:[0-9a-f]{2}){1,64}\.\d+\.tmp$")
+_TEMP_FILE = re.compile(r"^(?:[0-9a-f]{2}){1,64}\.[0-9a-f]{16}\.tmp$")
+_SECRET_TEMP = re.compile(r"^\.hintkv-secret\.[0-9a-f]{16}\.tmp$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_BINARY = getattr(os, "O_BINARY", 0)
+
+
+def create_exclusive(path: Path, data_parts: list, mode: int = 0o600) -> None:
+    """Write a new file that must not exist yet, never following a symlink planted at `path`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in data_parts:
+                f.write(part)
+    except BaseException:
+        _quiet_unlink(path)
+        raise
+
+
+def open_nofollow(path: Path):
+    """Open a file for reading; a symlink in its place is an error (ELOOP), never followed."""
+    return os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW | _BINARY), "rb")
+
+
+def _temp_name(prefix: str) -> str:
+    return f"{prefix}.{secrets.token_hex(8)}.tmp"
 
 
 def _quiet_unlink(path: Path) -> None:
@@ -66,13 +95,16 @@ class DiskTier(IndexedTier):
         self.upper = "host"
         self.directory = Path(directory)
         self._fingerprint = layout.fingerprint()
-        self._temp_ids = itertools.count()
+        self._secret = secrets.token_bytes(SECRET_LEN)  # replaced by the directory's, below
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            if reuse:
+            kept = self._read_secret() if reuse else None
+            if kept is not None:
+                self._secret = kept
                 self._adopt_existing()
             else:
                 self._wipe()
+                self._write_secret()
         except OSError as e:  # an unusable directory: every put will fail, every get miss
             self._io_error("open the directory", e)
 
@@ -117,25 +149,23 @@ class DiskTier(IndexedTier):
     def _path(self, key: bytes) -> Path:
         return self.directory / f"{key.hex()}.kv"
 
+    def _mac(self, key: bytes, payload) -> bytes:
+        return block_mac(self._secret, key, self._fingerprint, payload)
+
     def _write_file(self, key: bytes, src: torch.Tensor) -> bool:
         data = src.detach()
         if data.device.type != "cpu":
             data = data.cpu()
         payload = _as_bytes(data.contiguous())
-        header = encode_header(key, self._fingerprint, self.layout.nbytes, checksum(payload))
-        temp = self.directory / f"{key.hex()}.{next(self._temp_ids)}.tmp"
-        created = False
+        header = encode_header(key, self._fingerprint, self.layout.nbytes, self._mac(key, payload))
+        temp = self.directory / _temp_name(key.hex())
         try:
-            with open(temp, "wb") as f:
-                created = True
-                f.write(header)
-                f.write(payload)
+            create_exclusive(temp, [header, payload])
             os.replace(temp, self._path(key))
             return True
         except OSError as e:
             self._io_error(f"write {key.hex()}", e)
-            if created:
-                _quiet_unlink(temp)
+            _quiet_unlink(temp)  # ours if it exists: the name is random and was created O_EXCL
             return False
 
     def _read_file(self, key: bytes, entry: Entry, dst: torch.Tensor) -> bool:
@@ -143,16 +173,16 @@ class DiskTier(IndexedTier):
         buf = dst if direct else torch.empty(self.layout.shape, dtype=self.layout.dtype)
         view = _as_bytes(buf)
         try:
-            with open(self._path(key), "rb") as f:
+            with open_nofollow(self._path(key)) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != self.file_nbytes:
                     raise BadBlockFile(f"file is {size} bytes, expected {self.file_nbytes}")
-                _, crc = decode_header(f.read(HEADER_SIZE), self._fingerprint,
+                _, mac = decode_header(f.read(HEADER_SIZE), self._fingerprint,
                                        self.layout.nbytes, key)
                 if f.readinto(view) != self.layout.nbytes:
                     raise BadBlockFile("truncated payload")
-            if checksum(view) != crc:
-                raise BadBlockFile("payload checksum mismatch")
+            if self._mac(key, view) != mac:
+                raise BadBlockFile("payload MAC mismatch (corrupt, or not written by us)")
         except FileNotFoundError:
             self._discard(key, entry, "file is missing")
             return False
@@ -198,24 +228,53 @@ class DiskTier(IndexedTier):
 
     def _wipe(self) -> None:
         for p in self.directory.iterdir():
-            if _BLOCK_FILE.match(p.name) or _TEMP_FILE.match(p.name):
+            if _BLOCK_FILE.match(p.name) or _TEMP_FILE.match(p.name) or _SECRET_TEMP.match(p.name):
                 _quiet_unlink(p)
+
+    def _read_secret(self) -> bytes | None:
+        """The secret this deployment's files were written under; None if absent or unusable."""
+        try:
+            with open_nofollow(self.directory / SECRET_FILE) as f:
+                st = os.fstat(f.fileno())
+                data = f.read(SECRET_LEN + 1)
+        except OSError as e:
+            log.warning("disk tier: no usable secret in %s (%s): not reusing its files",
+                        self.directory, e)
+            return None
+        if len(data) != SECRET_LEN or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            log.warning("disk tier: the secret in %s is not ours alone: not reusing its files",
+                        self.directory)
+            return None
+        return data
+
+    def _write_secret(self) -> None:
+        temp = self.directory / _temp_name(SECRET_FILE)
+        try:
+            create_exclusive(temp, [self._secret])
+            os.replace(temp, self.directory / SECRET_FILE)
+        except OSError:
+            _quiet_unlink(temp)
+            raise
 
     def _adopt_existing(self) -> None:
         found: list[tuple[int, bytes]] = []
         for p in self.directory.iterdir():
             m = _BLOCK_FILE.match(p.name)
-            if _TEMP_FILE.match(p.name):
+            if _TEMP_FILE.match(p.name) or _SECRET_TEMP.match(p.name):
                 _quiet_unlink(p)
             if m is None:
                 continue
             key = bytes.fromhex(m.group(1))
             try:
-                st = p.stat()
+                st = p.lstat()
                 if st.st_size != self.file_nbytes:
                     raise BadBlockFile(f"file is {st.st_size} bytes, expected {self.file_nbytes}")
-                with open(p, "rb") as f:
-                    decode_header(f.read(HEADER_SIZE), self._fingerprint, self.layout.nbytes, key)
+                with open_nofollow(p) as f:
+                    _, mac = decode_header(f.read(HEADER_SIZE), self._fingerprint,
+                                           self.layout.nbytes, key)
+                    payload = f.read(self.layout.nbytes)
+                if self._mac(key, payload) != mac:
+                    raise BadBlockFile("MAC mismatch (corrupt, or not written by this deployment)")
                 found.append((st.st_mtime_ns, key))
             except (OSError, BadBlockFile) as e:
                 log.warning("disk tier: not reusing %s: %s", p.name, e)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hintkv.tiers.disk import DiskTier
-from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.disk_format import HEADER_SIZE, SECRET_FILE
 from hintkv.tiers.layout import BlockLayout
 
 
@@ -47,7 +47,7 @@ def test_eviction_deletes_files_and_capacity_holds(layout, key, payload, tmp_pat
         disk.put([(key(i), payload(i))])[0].result()
     disk.check_integrity()
     assert evicted == [key(0), key(1), key(2)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".kv") == sorted(
         f"{key(i).hex()}.kv" for i in (3, 4))
     disk.close()
 
@@ -109,7 +109,7 @@ def test_restart_without_reuse_wipes_only_our_files(layout, key, payload, tmp_pa
     (tmp_path / "keep.me").write_text("user file")
     fresh = DiskTier(layout, tmp_path, _capacity(layout, 4), reuse=False)
     assert fresh.keys() == []
-    assert [p.name for p in tmp_path.iterdir()] == ["keep.me"]
+    assert [p.name for p in tmp_path.iterdir() if p.name != SECRET_FILE] == ["keep.me"]
     fresh.close()
 
 
@@ -132,7 +132,7 @@ def test_remove_leaves_no_files(layout, key, payload, tmp_path):
     for i in range(5):
         assert disk.remove(key(i)) is True
     disk.flush()
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in tmp_path.iterdir() if p.name != SECRET_FILE] == []
     disk.check_integrity()
     disk.close()
 

@@ -8,7 +8,7 @@ import torch
 
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.disk import DiskTier
-from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.disk_format import HEADER_SIZE, SECRET_FILE
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.stack import TierStack
 
@@ -126,7 +126,7 @@ def test_remove_everywhere_and_usage(layout, key, payload, empty, tmp_path):
     assert stack.lookup([key(2)]) == [None]
     stack.check_integrity()
     stack.close()
-    assert list(tmp_path.iterdir()) == [tmp_path / f"{key(0).hex()}.kv"]
+    assert [p for p in tmp_path.iterdir() if p.name != SECRET_FILE] == [tmp_path / f"{key(0).hex()}.kv"]
 
 
 def test_stack_rejects_mismatched_tiers(layout, tmp_path):
