@@ -101,7 +101,7 @@ def _engine(model: str, ctx: int, new: int, args, **tiers) -> LLMEngine:
     cfg = EngineConfig(model=model_arg, device=args.device, dtype=args.dtype,
                        kv_cache_tokens=pool, max_num_batched_tokens=max(2048, new), **tiers)
     engine = LLMEngine(cfg)
-    engine.tiers.predict_resume = False  # the resume must find its KV where the row says
+    engine.sam.predict_resume = False  # the resume must find its KV where the row says
     return engine
 
 

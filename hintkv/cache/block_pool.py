@@ -4,35 +4,42 @@ Every block is in exactly one of three states:
 
     | empty (free, no hash) | in use (ref_cnt > 0) | cached (ref_cnt == 0, hash set) |
 
+Cached blocks sit in one bucket per eviction class (`policies.base`): a dict used as an ordered
+free queue (insertion order = the order blocks entered the class; O(1) removal from the middle
+when a cached block is hit again, which a heap cannot do). Victims are popped from the lowest
+non-empty class, front first: O(victims), never a scan or a per-block key. A block changes
+bucket when the ranking reports its class changed (a session's state or predicted return moved).
+
 `check_integrity()` states the invariant as code: empty + in use + cached == total, the prefix
-index holds exactly the hashed blocks, and no block is in two states. Cached blocks are reclaimed
-in the order an eviction policy gives (smallest key first); choosing victims changes nothing until
-they are taken.
+index holds exactly the hashed blocks, every cached block sits in the bucket of its current
+class, and no block is in two states. Choosing victims changes nothing until they are taken.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable
 
 from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies import EvictionPolicy
+from hintkv.cache.ranking import ClassRanking
 
 EvictHook = Callable[[list[Block]], None]
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
+    def __init__(self, num_blocks: int, policy: EvictionPolicy,
+                 ranking: ClassRanking | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("the KV pool needs at least one block")
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.policy = policy
+        self.ranking = ranking if ranking is not None else ClassRanking(policy)
+        self.ranking.listeners.append(self._reclassify)
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: pop() gives 0 first
-        # dict rather than a heap: O(1) removal from the middle when a cached block is hit again;
-        # insertion order is the order blocks became reclaimable (= LRU order).
-        self._cached_free: dict[int, Block] = {}
+        self._buckets: list[dict[int, Block]] = [{} for _ in range(policy.num_classes)]
+        self._num_cached_free = 0
         self._index: dict[BlockHash, Block] = {}
         self.on_evict: EvictHook | None = None  # called with victims before their KV is reused
         self.num_evicted = 0
@@ -45,28 +52,33 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks an allocation can take now (empty + cached-unreferenced)."""
-        return len(self._empty) + len(self._cached_free)
+        return len(self._empty) + self._num_cached_free
 
     @property
     def num_cached_free(self) -> int:
-        return len(self._cached_free)
+        return self._num_cached_free
 
     @property
     def num_in_use(self) -> int:
         return self.num_blocks - self.num_free
 
+    def num_cached_below(self, cls: int) -> int:
+        """Cached unreferenced blocks of classes below `cls` (what a prefetch may take)."""
+        return sum(len(b) for b in self._buckets[:cls])
+
     def lookup(self, h: BlockHash) -> Block | None:
         return self._index.get(h)
 
     def cached_free_blocks(self) -> list[Block]:
-        return list(self._cached_free.values())
+        """Every cached unreferenced block, in victim order."""
+        return [b for bucket in self._buckets for b in bucket.values()]
 
     # ---- ask-then-act --------------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 
     def allocate(self, n: int) -> list[Block]:
-        """Take `n` blocks: empty ones first, then cached ones in policy order."""
+        """Take `n` blocks: empty ones first, then cached ones in victim order."""
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} blocks, {self.num_free} free")
         out = [self.blocks[self._empty.pop()] for _ in range(min(n, len(self._empty)))]
@@ -75,9 +87,10 @@ class BlockPool:
             if self.on_evict is not None:
                 self.on_evict(victims)
             for b in victims:
-                del self._cached_free[b.block_id]
+                del self._buckets[b.cls][b.block_id]
                 del self._index[b.hash]
                 b.hash = None
+            self._num_cached_free -= len(victims)
             self.num_evicted += len(victims)
             out.extend(victims)
         now = time.monotonic()
@@ -87,19 +100,25 @@ class BlockPool:
         return out
 
     def choose_victims(self, n: int) -> list[Block]:
-        """The `n` cached blocks the policy would reclaim first. Pure: changes nothing."""
-        if self.policy.lru_order:
-            it = iter(self._cached_free.values())
-            return [next(it) for _ in range(n)]
-        self.policy.prepare()
-        return heapq.nsmallest(n, self._cached_free.values(), key=self.policy.key)
+        """The `n` cached blocks reclaimed first: lowest class first, front of its bucket first.
+        Pure: changes nothing. O(n + classes)."""
+        out: list[Block] = []
+        for bucket in self._buckets:
+            if len(out) >= n:
+                break
+            for b in bucket.values():
+                out.append(b)
+                if len(out) >= n:
+                    break
+        return out
 
     def touch(self, blocks: list[Block]) -> None:
         """Blocks matched by a new sequence: referenced again (leaving the cached-free set)."""
         now = time.monotonic()
         for b in blocks:
             if b.ref_cnt == 0:
-                self._cached_free.pop(b.block_id)
+                del self._buckets[b.cls][b.block_id]
+                self._num_cached_free -= 1
             b.ref_cnt += 1
             b.last_access = now
 
@@ -114,7 +133,9 @@ class BlockPool:
                 if b.hash is None:
                     self._empty.append(b.block_id)
                 else:
-                    self._cached_free[b.block_id] = b
+                    b.cls = self.ranking.block_class(b.hash)
+                    self._buckets[b.cls][b.block_id] = b
+                    self._num_cached_free += 1
 
     def register(self, block: Block, h: BlockHash) -> bool:
         """Index a full in-use block under its hash; False if another block already has it."""
@@ -129,16 +150,35 @@ class BlockPool:
         """Free a cached, unreferenced block at once (its KV is forgotten). False if in use."""
         if block.ref_cnt > 0 or block.hash is None:
             return False
-        del self._cached_free[block.block_id]
+        del self._buckets[block.cls][block.block_id]
+        self._num_cached_free -= 1
         del self._index[block.hash]
         block.hash = None
         self._empty.append(block.block_id)
         return True
 
+    def _reclassify(self, h: BlockHash, cls: int) -> None:
+        """Ranking listener: the block holding `h` (if cached here) moves to the back of `cls`."""
+        b = self._index.get(h)
+        if b is None or b.ref_cnt > 0 or b.cls == cls:
+            return
+        del self._buckets[b.cls][b.block_id]
+        b.cls = cls
+        self._buckets[cls][b.block_id] = b
+
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:
         empty = set(self._empty)
-        cached = set(self._cached_free)
+        cached: set[int] = set()
+        for c, bucket in enumerate(self._buckets):
+            for bid, b in bucket.items():
+                assert b.block_id == bid and b.cls == c, f"block {bid} is in the wrong bucket"
+                assert b.cls == self.ranking.block_class(b.hash), \
+                    f"cached block {bid} sits in class {c}, its class is now " \
+                    f"{self.ranking.block_class(b.hash)}"
+                assert bid not in cached, f"block {bid} is in two buckets"
+                cached.add(bid)
+        assert len(cached) == self._num_cached_free, "cached-free count out of sync"
         in_use = {b.block_id for b in self.blocks if b.ref_cnt > 0}
         assert len(empty) == len(self._empty), "a block is twice in the empty list"
         assert not (empty & cached) and not (empty & in_use) and not (cached & in_use), \

@@ -7,7 +7,7 @@ A sequence's block table, for one step:
 
     | matched (cached) | computed earlier | new this step | (unallocated) |
 
-With lower tiers (`tiers`, a `TierLink`), a prefix continues below the device: admission also
+With lower tiers (`tiers`, a `TierConnector`), a prefix continues below the device: admission also
 allocates blocks for the run found in host/disk and starts loading it;
 
     | matched (device) | loading (host/disk) | (rest: computed once the load lands) |
@@ -27,7 +27,7 @@ from hintkv.cache.hashing import BlockHash, hash_blocks
 from hintkv.cache.policies import EvictionPolicy
 
 if TYPE_CHECKING:
-    from hintkv.cache.tiering import TierLink
+    from hintkv.cache.tier_connector import TierConnector
 
 
 @dataclass(slots=True)
@@ -42,10 +42,11 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, policy: EvictionPolicy) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, policy)
+        self.ranking = self.pool.ranking  # session classes -> block classes (cache.ranking)
         self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hit_tokens = 0  # of which found (device hits + blocks loaded from below)
         self.hit_tokens_by_tier: dict[str, int] = {"device": 0}  # first admissions only
-        self.tiers: TierLink | None = None  # lower tiers (host, disk), when configured
+        self.tiers: TierConnector | None = None  # lower tiers (host, disk), when configured
 
     # ---- hashing -------------------------------------------------------------------------
     def update_hashes(self, seq, upto: int) -> list[BlockHash]:
@@ -159,6 +160,12 @@ class KVCacheManager:
             if b.hash is None:
                 self.pool.register(b, hashes[i])  # a duplicate stays private to this sequence
         seq.num_registered_blocks = n_full
+
+    def flush_write_downs(self) -> int:
+        """Write down the blocks evicted since the last flush (a no-op without tiers). The engine
+        calls it after scheduling and before the forward pass reuses those blocks; allocation
+        itself never copies."""
+        return 0 if self.tiers is None else self.tiers.flush_write_downs()
 
     def free(self, seq) -> None:
         if self.tiers is not None:

@@ -1,6 +1,9 @@
 """SAM, the session-aware manager: applies Agent Hint edits and request lifecycles to the cache.
 
-It joins the session registry (who holds what) and the KV manager (where blocks are). Evicting
+It joins the session registry (who holds what) and the KV manager (where blocks are). Once per
+engine step `on_step(now)` re-ranks sessions whose predicted return came closer (`ranking.tick`)
+and, with lower tiers, prefetches waiting sessions predicted back soon (SAM owns that decision;
+the tier connector only moves the blocks). Evicting
 frees blocks nobody holds at once, on every tier; offload and prefetch change how the policy
 ranks a session's blocks and, with lower tiers (`kv.tiers`), move them: offload writes the
 session's device blocks down (their device copies go once the writes land), prefetch brings its
@@ -15,14 +18,53 @@ from typing import Any
 
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.sessions import SessionRegistry, SessionState, session_key
+from hintkv.cache.sessions import Session, SessionRegistry, SessionState, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef
+
+PREDICT_EVERY_S = 0.2  # how often waiting sessions are checked for a predicted resume
+PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
 
 
 class SessionAwareManager:
     def __init__(self, kv: KVCacheManager, sessions: SessionRegistry) -> None:
         self.kv = kv
         self.sessions = sessions
+        self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
+        self.num_predicted_prefetches = 0
+        self._predicted: dict[str, float] = {}  # session key -> last_done already prefetched for
+        self._last_predict = float("-inf")
+
+    # ---- once per engine step --------------------------------------------------------------
+    def on_step(self, now: float | None = None) -> None:
+        """Re-rank sessions whose class moved with the clock; prefetch predicted resumes."""
+        now = time.monotonic() if now is None else now
+        self.kv.ranking.tick(now, self.sessions.sessions)
+        if self.kv.tiers is not None and self.predict_resume:
+            self.predict(now)
+
+    def predict(self, now: float) -> None:
+        """Prefetch waiting sessions whose predicted return is within the lead time (cheap:
+        runs every PREDICT_EVERY_S, once per session gap)."""
+        tiers = self.kv.tiers
+        if tiers is None or now - self._last_predict < PREDICT_EVERY_S:
+            return
+        self._last_predict = now
+        for s in self.sessions.live():
+            if not self._due(s, now, tiers.costs.load_s("disk")):
+                continue
+            self._predicted[s.key] = s.last_done
+            if tiers.prefetch(s.held)[0]:
+                self.num_predicted_prefetches += 1
+                tiers.counters.num_predicted_prefetches += 1
+
+    def _due(self, s: Session, now: float, load_s_per_block: float) -> bool:
+        if s.state is not SessionState.WAITING or not s.held or s.num_inflight:
+            return False
+        if self._predicted.get(s.key) == s.last_done:
+            return False
+        expected, stale = self.sessions.predicted_gap(s)
+        lead = PREDICT_LEAD_S + len(s.held) * load_s_per_block
+        return now - s.last_done <= stale and s.last_done + expected - now <= lead
 
     # ---- request lifecycle ---------------------------------------------------------------
     def on_arrival(self, ref: SessionRef, tool: str | None = None) -> str:

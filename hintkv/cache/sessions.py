@@ -17,9 +17,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hintkv.cache.gaps import GapEstimator
 from hintkv.cache.hashing import BlockHash
+
+if TYPE_CHECKING:
+    from hintkv.cache.ranking import ClassRanking
 
 PREFETCH_GRACE_S = 30.0  # a prefetched session counts as about to run for this long
 
@@ -61,6 +65,11 @@ class SessionRegistry:
         self.tool_gaps: dict[str, GapEstimator] = {}
         self.all_gaps = GapEstimator()
         self.protect_budget_blocks = protect_budget_blocks
+        self.ranking: ClassRanking | None = None  # told of every state and ownership change
+
+    def _changed(self, s: Session, now: float | None = None) -> None:
+        if self.ranking is not None:
+            self.ranking.session_changed(s, now)
 
     # ---- lookup --------------------------------------------------------------------------
     def get(self, tenant: str, session_id: str) -> Session | None:
@@ -97,6 +106,7 @@ class SessionRegistry:
         s.num_requests += 1
         s.last_arrival = now
         s.last_tool = tool
+        self._changed(s, now)
         return s
 
     def on_done(self, key: str, hashes: list[BlockHash], now: float) -> list[BlockHash]:
@@ -112,23 +122,30 @@ class SessionRegistry:
         orphans = self._set_held(s, hashes)
         if s.num_inflight == 0 and s.state is SessionState.ACTIVE:
             s.state = SessionState.WAITING
+            self._changed(s, now)
         return orphans
 
     def _set_held(self, s: Session, hashes: list[BlockHash]) -> list[BlockHash]:
         """Replace what `s` holds; return the hashes nobody holds any more."""
         new = set(hashes)
+        old = set(s.held)
         orphans = []
+        removed = []
         for h in s.held:
             if h not in new:
+                removed.append(h)
                 owners = self.holders.get(h)
                 if owners is not None:
                     owners.discard(s.key)
                     if not owners:
                         del self.holders[h]
                         orphans.append(h)
-        for h in hashes:
+        added = [h for h in hashes if h not in old]
+        for h in added:
             self.holders.setdefault(h, set()).add(s.key)
         s.held = list(hashes)
+        if self.ranking is not None:
+            self.ranking.held_changed(s, reversed(removed), reversed(added))
         return orphans
 
     # ---- hint actions --------------------------------------------------------------------
@@ -152,6 +169,7 @@ class SessionRegistry:
             orphans += self._set_held(t, [])
             t.state = SessionState.ENDED
             t.protect_until = t.prefetched_until = 0.0
+            self._changed(t)
         return orphans
 
     def truncate(self, key: str, keep_blocks: int) -> list[BlockHash]:
@@ -166,6 +184,7 @@ class SessionRegistry:
         if s is not None and s.state is not SessionState.ENDED:
             s.state = SessionState.SUSPENDED
             s.prefetched_until = 0.0
+            self._changed(s)
         return s
 
     def prefetch(self, key: str, now: float) -> Session | None:
@@ -174,6 +193,7 @@ class SessionRegistry:
             s.prefetched_until = now + PREFETCH_GRACE_S
             if s.state is SessionState.SUSPENDED:
                 s.state = SessionState.WAITING
+            self._changed(s, now)
         return s
 
     def set_ttl(self, key: str, ttl_s: float, now: float) -> bool:
@@ -186,9 +206,10 @@ class SessionRegistry:
         if others + len(s.held) > self.protect_budget_blocks:
             return False
         s.protect_until = now + ttl_s
+        self._changed(s, now)
         return True
 
-    # ---- ranking for the policy ----------------------------------------------------------
+    # ---- prediction (read by the `sam` policy and SAM's resume prefetch) --------------------
     def predicted_gap(self, s: Session) -> tuple[float, float]:
         """(expected gap, gap after which the session is presumed gone) for a waiting session."""
         est = s.gaps if s.gaps.n >= 2 else self.tool_gaps.get(s.last_tool or "", None)
@@ -197,19 +218,6 @@ class SessionRegistry:
         if not est.known:
             return 5.0, 60.0
         return est.expected(), est.stale_after()
-
-    def rank(self, s: Session, now: float) -> tuple[int, float]:
-        """Smaller = reclaimed sooner. (class, tiebreak): 3 running/protected, 2 waiting
-        (predicted furthest first), 1 suspended or presumed gone, 0 nobody (handled by caller)."""
-        if s.state is SessionState.ACTIVE or s.prefetched_until > now or s.protect_until > now:
-            return (3, 0.0)
-        if s.state is SessionState.WAITING:
-            expected, stale = self.predicted_gap(s)
-            idle = now - s.last_done
-            if idle > stale:
-                return (1, 0.0)
-            return (2, -(s.last_done + expected))
-        return (1, 0.0)
 
     # ---- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:
@@ -222,6 +230,8 @@ class SessionRegistry:
             for c in s.children:
                 assert self.sessions[c].parent == s.key, "child/parent links disagree"
         assert expect == self.holders, "holders map out of sync with sessions' held lists"
+        if self.ranking is not None:
+            self.ranking.check_integrity(self.sessions)
 
     def live(self) -> Iterable[Session]:
         return (s for s in self.sessions.values() if s.state is not SessionState.ENDED)

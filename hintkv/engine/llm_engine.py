@@ -4,7 +4,7 @@ Single-threaded by design: every change to sequences, blocks and sessions happen
 that calls `step()` (the async wrapper funnels requests and management calls onto it).
 
 With `host_cache_memory` / `disk_cache_dir` set, a `TierStack` (host, disk) sits below the device
-pool, linked by `cache.tiering.TierLink`: evicted blocks a live session holds are written down,
+pool, linked by `cache.tier_connector.TierConnector`: evicted blocks a live session holds are written down,
 prefixes found below are loaded instead of recomputed, and each step starts with the link's
 housekeeping (landed prefetches, finished offloads, predicted resumes). `tier_stats()` reports it.
 """
@@ -22,7 +22,7 @@ from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.tiering import TierLink
+from hintkv.cache.tier_connector import TierConnector
 from hintkv.config import EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.scheduler import Scheduler
@@ -73,6 +73,7 @@ class LLMEngine:
         policy = make_policy(cfg.eviction_policy, sessions=self.sessions)
         self.kv = KVCacheManager(self.num_blocks, cfg.block_size, policy)
         self.sam = SessionAwareManager(self.kv, self.sessions)
+        self.sam.predict_resume = cfg.hints
         # Held while scheduling and bookkeeping, not during the forward pass, so that management
         # requests apply within milliseconds even while a long prefill runs.
         self.lock = threading.Lock()
@@ -104,7 +105,7 @@ class LLMEngine:
             raise ValueError("the KV cache memory does not hold a single block")
         return n
 
-    def _build_tiers(self) -> TierLink | None:
+    def _build_tiers(self) -> TierConnector | None:
         cfg = self.cfg
         io = DeviceBlockIO(self.runner.kv_caches)
         stack = build_tier_stack(io.layout, cfg.host_cache_memory, cfg.disk_cache_dir,
@@ -114,8 +115,8 @@ class LLMEngine:
             return None
         log.info("KV tiers: %s", ", ".join(f"{n} {u.capacity_blocks} blocks"
                                             for n, u in stack.usage().items()))
-        return TierLink(self.kv.pool, self.block_size, stack, io, self.sessions, self.cfg.hints,
-                        self.cfg.eviction_policy)
+        return TierConnector(self.kv.pool, self.block_size, stack, io, self.kv.ranking,
+                             self.cfg.hints)
 
     @property
     def num_kv_tokens(self) -> int:
@@ -215,10 +216,9 @@ class LLMEngine:
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         with self.lock:
+            self.sam.on_step(time.monotonic())  # re-rank by the clock; predicted resumes
             if self.tiers is not None:
-                self.tiers.poll()
-                if self.cfg.hints:
-                    self.tiers.predict(time.monotonic())
+                self.tiers.poll()  # publish class changes to the tiers; land prefetches
             sched = self.scheduler.schedule()
             outputs = [self._finish(seq, "length") for seq in sched.out_of_room]
             pending = self.tiers.pending_futures() if self.tiers is not None and not sched.scheduled else []
@@ -226,6 +226,7 @@ class LLMEngine:
             if pending:  # only loads to wait for: block briefly instead of spinning
                 self.tiers.wait_for_loads(pending, 0.05)
             return outputs
+        self.kv.flush_write_downs()  # victims reused by this pass are written down first
         t0 = time.perf_counter()
         tokens = self.runner.run(sched.scheduled)
         if self.tiers is not None:

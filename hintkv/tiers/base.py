@@ -14,8 +14,9 @@ Semantics shared by all tiers:
     once the payload is stored, False if it could not be (full of blocks that cannot be evicted,
     I/O error). The caller must not modify a source tensor until its future resolves.
     Putting a key the tier already holds (or is writing) is a no-op success.
-  - When full, a tier evicts the ready block with the smallest `priority(key)` first (default:
-    least recently used). Blocks still being written are never evicted. Each evicted block is
+  - When full, a tier evicts ready blocks of the lowest eviction class first (the class the
+    engine last published on the tier's `RankBoard`; 0 without one), least recently used first
+    inside a class, without scanning the tier. Blocks still being written are never evicted. Each evicted block is
     reported to `on_evict(key, payload)`; `payload` is a tensor view valid only during the call
     (copy it to keep it), or None when the tier cannot provide the bytes.
   - `get(key, dst)` is asynchronous: True once `dst` holds the block's exact bytes; False on a
@@ -31,13 +32,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.ranks import RankBoard
 
-Priority = Callable[[bytes], Any]  # key -> sortable; the smallest is evicted first
 OnEvict = Callable[[bytes, "torch.Tensor | None"], None]
 
 
@@ -92,8 +92,9 @@ class Tier(ABC):
         """Raise AssertionError, with a message, if an invariant of the contract is broken."""
 
     @abstractmethod
-    def set_priority(self, priority: Priority | None) -> None:
-        """Plug the victim order (None: back to LRU). Called by the cache manager."""
+    def set_ranks(self, ranks: RankBoard | None) -> None:
+        """Follow the eviction classes published on `ranks` (None: plain LRU). Called by the
+        cache layer's tier connector; the tier subscribes to the board's changes."""
 
     @abstractmethod
     def set_on_evict(self, on_evict: OnEvict | None) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from hintkv.tiers.base import OnEvict, Priority
+from hintkv.tiers.base import OnEvict
 from hintkv.tiers.disk_format import (
     HEADER_SIZE,
     MAX_KEY_LEN,
@@ -39,6 +39,7 @@ from hintkv.tiers.disk_format import (
 from hintkv.tiers.index import Entry, IndexedTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
+from hintkv.tiers.ranks import RankBoard
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,9 @@ class DiskTier(IndexedTier):
 
     def __init__(self, layout: BlockLayout, directory: str | os.PathLike, capacity_bytes: int,
                  reuse: bool = False, mover: Mover | None = None,
-                 priority: Priority | None = None, on_evict: OnEvict | None = None) -> None:
+                 ranks: RankBoard | None = None, on_evict: OnEvict | None = None) -> None:
         self.file_nbytes = HEADER_SIZE + layout.nbytes
-        super().__init__(layout, max(0, capacity_bytes) // self.file_nbytes, mover, priority,
+        super().__init__(layout, max(0, capacity_bytes) // self.file_nbytes, mover, ranks,
                          on_evict)
         self.block_nbytes = self.file_nbytes
         self.upper = "host"
@@ -207,7 +208,7 @@ class DiskTier(IndexedTier):
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _drop(self, key: bytes, evicted: bool) -> None:
-        self._entries.pop(key)
+        self._pop_entry(key)
         if evicted:
             self._safe_on_evict(key, None)  # the bytes stay on disk until the unlink below
         path = self._path(key)
@@ -285,4 +286,4 @@ class DiskTier(IndexedTier):
         for _, key in found[:len(found) - len(keep)]:
             _quiet_unlink(self._path(key))
         for _, key in keep:  # oldest first, so LRU order follows the files' age
-            self._entries[key] = Entry(-1, self._tick(), resolved(True))
+            self._add_entry(key, Entry(-1, self._tick(), resolved(True)))

@@ -11,19 +11,20 @@ from concurrent.futures import Future
 
 import torch
 
-from hintkv.tiers.base import OnEvict, Priority
+from hintkv.tiers.base import OnEvict
 from hintkv.tiers.index import Entry, IndexedTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover
+from hintkv.tiers.ranks import RankBoard
 
 
 class HostTier(IndexedTier):
     name = "host"
 
     def __init__(self, layout: BlockLayout, capacity_bytes: int, pin: bool = False,
-                 mover: Mover | None = None, priority: Priority | None = None,
+                 mover: Mover | None = None, ranks: RankBoard | None = None,
                  on_evict: OnEvict | None = None) -> None:
-        super().__init__(layout, max(0, capacity_bytes) // layout.nbytes, mover, priority,
+        super().__init__(layout, max(0, capacity_bytes) // layout.nbytes, mover, ranks,
                          on_evict)
         pin = pin and torch.cuda.is_available()  # pinning needs a CUDA driver; moot without one
         self._buf = torch.empty((self.capacity_blocks, *layout.shape), dtype=layout.dtype,
@@ -54,7 +55,7 @@ class HostTier(IndexedTier):
         return entry.slot, raw
 
     def _drop(self, key: bytes, evicted: bool) -> None:
-        entry = self._entries.pop(key)
+        entry = self._pop_entry(key)
         if evicted:  # the view is valid during the call: the slot is reused only after it
             self._safe_on_evict(key, self._buf[entry.slot])
         self._free.append(entry.slot)

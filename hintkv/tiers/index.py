@@ -1,7 +1,9 @@
 """Bookkeeping shared by the tiers that hold blocks in storage of their own (host, disk).
 
-`IndexedTier` keeps key -> `Entry`, a logical access clock, the pluggable victim order and the
-eviction listener, the event counters, and the per-storage ordering of I/O. Subclasses own the
+`IndexedTier` keeps key -> `Entry`, a logical access clock, the victim order (one bucket per
+eviction class from the engine's `RankBoard`, least recently used first inside a bucket, so a
+put on a full tier pops victims instead of scanning), the eviction listener, the event counters,
+and the per-storage ordering of I/O. Subclasses own the
 storage itself (a buffer slot, a file) through three hooks (`_write`, `_read`, `_drop`) and
 `check_integrity`.
 
@@ -12,7 +14,6 @@ content is still in flight. Every I/O on one storage unit is started `after` the
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from hintkv.tiers.base import OnEvict, Priority, Tier, TierStats, TierUsage
+from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
+from hintkv.tiers.ranks import Delta, RankBoard
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class Entry:
     slot: int  # host: row of the preallocated buffer; disk: -1 (the file is named by the key)
     last_access: int  # logical clock of the last put or get
     write: Future[bool]  # the put that stores it (handed again to duplicate puts)
+    cls: int = 0  # eviction class: the bucket it sits in
 
     @property
     def ready(self) -> bool:
@@ -46,7 +49,7 @@ class IndexedTier(Tier):
     """Index, access clock, victim choice and counters; storage is the subclass's business."""
 
     def __init__(self, layout: BlockLayout, capacity_blocks: int, mover: Mover | None,
-                 priority: Priority | None = None, on_evict: OnEvict | None = None) -> None:
+                 ranks: RankBoard | None = None, on_evict: OnEvict | None = None) -> None:
         if capacity_blocks < 0:
             raise ValueError("capacity must be >= 0")
         self.layout = layout
@@ -58,10 +61,13 @@ class IndexedTier(Tier):
         self._lock = threading.RLock()  # reentrant: listeners may probe the tier
         self._entries: dict[bytes, Entry] = {}
         self._clock = 0
-        self._priority = priority
+        self._ranks: RankBoard | None = None
+        self._buckets: dict[int, dict[bytes, None]] = {0: {}}  # class -> keys, LRU first
         self._on_evict = on_evict
         self._stats = TierStats()
         self._last_op: dict[Hashable, Future] = {}  # storage unit -> its latest I/O
+        if ranks is not None:
+            self.set_ranks(ranks)
 
     # -- the contract, over the storage hooks below -----------------------------------------
 
@@ -72,7 +78,7 @@ class IndexedTier(Tier):
             for key, _ in items:  # a re-put refreshes recency first, so it is not a victim below
                 entry = self._entries.get(key)
                 if entry is not None:
-                    entry.last_access = self._tick()
+                    self._touch(key, entry)
             fit = self._make_room(len({k for k, _ in items if k not in self._entries}))
             futures: list[Future[bool]] = []
             for key, src in items:
@@ -86,7 +92,7 @@ class IndexedTier(Tier):
                     fit -= 1
                     unit, slot, raw = self._write(key, src)
                     entry = Entry(slot, self._tick(), raw)
-                    self._entries[key] = entry
+                    self._add_entry(key, entry)
                     futures.append(self._finish_put(unit, key, entry, raw))
             return futures
 
@@ -97,7 +103,7 @@ class IndexedTier(Tier):
             if entry is None:
                 self._stats.num_misses += 1
                 return resolved(False)
-            entry.last_access = self._tick()
+            self._touch(key, entry)
             if not entry.ready:
                 return self._when_written(entry, lambda: self.get(key, dst))
             unit, raw = self._read(key, entry, dst)
@@ -145,9 +151,23 @@ class IndexedTier(Tier):
             e = self._entries.get(key)
             return e.last_access if e is not None else -1
 
-    def set_priority(self, priority: Priority | None) -> None:
+    def set_ranks(self, ranks: RankBoard | None) -> None:
         with self._lock:
-            self._priority = priority
+            self._ranks = ranks
+            for key in list(self._entries):
+                self._move(key, self._entries[key], ranks.rank(key) if ranks else 0)
+        if ranks is not None:
+            ranks.subscribe(self._reclassify)
+
+    def _reclassify(self, delta: Delta) -> None:
+        """Board listener: move the entries whose class changed (O(changes), not O(tier))."""
+        with self._lock:
+            if self._ranks is None:
+                return
+            for key, cls in delta.items():
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._move(key, entry, 0 if cls is None else cls)
 
     def set_on_evict(self, on_evict: OnEvict | None) -> None:
         with self._lock:
@@ -184,16 +204,44 @@ class IndexedTier(Tier):
         self._clock += 1
         return self._clock
 
+    # -- buckets: every entry sits in the bucket of its class, in access order ----------------
+
+    def _add_entry(self, key: bytes, entry: Entry) -> None:
+        entry.cls = self._ranks.rank(key) if self._ranks is not None else 0
+        self._entries[key] = entry
+        self._buckets.setdefault(entry.cls, {})[key] = None
+
+    def _pop_entry(self, key: bytes) -> Entry:
+        entry = self._entries.pop(key)
+        del self._buckets[entry.cls][key]
+        return entry
+
+    def _touch(self, key: bytes, entry: Entry) -> None:
+        """An access: newest in its class."""
+        entry.last_access = self._tick()
+        bucket = self._buckets[entry.cls]
+        del bucket[key]
+        bucket[key] = None
+
+    def _move(self, key: bytes, entry: Entry, cls: int) -> None:
+        if entry.cls != cls:
+            del self._buckets[entry.cls][key]
+            entry.cls = cls
+            self._buckets.setdefault(cls, {})[key] = None
+
     def _victims(self, n: int) -> list[bytes]:
-        """Up to `n` ready keys, smallest priority first (default: least recently used).
-        A scan of the tier's keys: fine for thousands of blocks; a priority plugged by the
-        cache manager is a function of live session state, so no order can be kept sorted."""
+        """Up to `n` ready keys: lowest class first, least recently used first inside it.
+        O(n + classes + blocks still being written), never a scan of the tier."""
+        out: list[bytes] = []
         if n <= 0:
-            return []
-        ready = [k for k, e in self._entries.items() if e.ready]
-        if self._priority is None:
-            return heapq.nsmallest(n, ready, key=lambda k: self._entries[k].last_access)
-        return heapq.nsmallest(n, ready, key=self._priority)
+            return out
+        for cls in sorted(self._buckets):
+            for key in self._buckets[cls]:
+                if self._entries[key].ready:
+                    out.append(key)
+                    if len(out) >= n:
+                        return out
+        return out
 
     def _make_room(self, num_new: int) -> int:
         """Evict so that up to `num_new` blocks fit; returns how many fit now."""
@@ -269,6 +317,12 @@ class IndexedTier(Tier):
     def _check_entries(self) -> None:
         assert len(self._entries) <= self.capacity_blocks, (
             f"{self.name}: {len(self._entries)} blocks exceed capacity {self.capacity_blocks}")
+        bucketed = {k: c for c, b in self._buckets.items() for k in b}
+        assert bucketed == {k: e.cls for k, e in self._entries.items()}, (
+            f"{self.name}: class buckets out of sync with the index")
+        if self._ranks is not None:
+            assert all(e.cls == self._ranks.rank(k) for k, e in self._entries.items()), (
+                f"{self.name}: an entry sits in a class the board no longer gives it")
         assert all(e.last_access <= self._clock for e in self._entries.values()), (
             f"{self.name}: an entry is newer than the clock")
 

@@ -10,7 +10,7 @@ holds are not worth a write to a slower tier. `on_drop(key)` hears of every evic
 was not passed down (an upper tier may still hold a promoted copy: ask `lookup`). Both run
 under the evicting tier's lock: they must be quick and must not call into the tiers.
 
-Each tier evicts by its own victim order (plug SAM's through `Tier.set_priority`). A failed read
+Each tier evicts by the classes on the engine's `RankBoard` (`Tier.set_ranks`). A failed read
 on one tier (corrupt block, I/O error) falls through to the next tier that has the key, and
 finally to a miss: the caller recomputes.
 """

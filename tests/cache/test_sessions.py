@@ -2,11 +2,13 @@
 
 import time
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hintkv.cache.hashing import namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
+from hintkv.cache.policies.sam import RUNNING
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, SessionState
 from hintkv.cache.types import CacheEdit, SessionRef
@@ -77,7 +79,7 @@ def test_state_machine_and_tree():
     assert h.sam.apply(ref("lead_sub_1", "lead"), CacheEdit("offload")).action == "offloaded"
     assert sub.state is SessionState.SUSPENDED
     h.sam.apply(ref("lead_sub_1", "lead"), CacheEdit("prefetch"))
-    assert sub.state is SessionState.WAITING and reg.rank(sub, time.monotonic())[0] == 3
+    assert sub.state is SessionState.WAITING and h.kv.ranking.session_class(sub.key) == RUNNING
     h.sam.apply(ref("lead"), CacheEdit("evict"))  # a root's evict ends the whole tree
     assert lead.state is SessionState.ENDED and sub.state is SessionState.ENDED
     assert not reg.holders

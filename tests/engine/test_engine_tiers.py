@@ -64,7 +64,7 @@ def test_greedy_output_and_kv_identical_wherever_the_prefix_came_from(where, tmp
     engine = tiny_engine(kv_tokens=(32 if where == "device" else 8) * 16,
                          **_tier_config(where, tmp_path))
     if engine.tiers is not None:
-        engine.tiers.predict_resume = False  # the load must happen at admission, not ahead
+        engine.sam.predict_resume = False  # the load must happen at admission, not ahead
     generate(engine, A, "a")
     if where != "device":
         push_out(engine)
@@ -85,7 +85,7 @@ def test_greedy_output_and_kv_identical_wherever_the_prefix_came_from(where, tmp
 @pytest.mark.parametrize("where", ["host", "disk"])
 def test_offload_then_prefetch_round_trips_exact_bytes(where, tmp_path):
     engine = tiny_engine(**_tier_config(where, tmp_path))
-    engine.tiers.predict_resume = False
+    engine.sam.predict_resume = False
     generate(engine, A, "a")
     held = engine.sessions.get("t", "a").held
     io = engine.tiers.io
@@ -113,7 +113,7 @@ def test_offload_then_prefetch_round_trips_exact_bytes(where, tmp_path):
 def test_corrupted_disk_block_is_detected_and_recomputed(tmp_path, reference):
     tokens_ref, full_kv, _ = reference
     engine = tiny_engine(disk_cache_dir=str(tmp_path / "kv"), disk_cache_size="4MiB")
-    engine.tiers.predict_resume = False
+    engine.sam.predict_resume = False
     generate(engine, A, "a")
     push_out(engine)
     engine.tiers.stack.flush()
@@ -145,7 +145,7 @@ def test_unusable_disk_degrades_to_recompute(trouble, tmp_path, reference):
         one_block = HEADER_SIZE + 8 * 2 * 16 * 2 * 64 * 4
         cfg = {"disk_cache_dir": str(tmp_path / "kv"), "disk_cache_size": one_block}
     engine = tiny_engine(**cfg)
-    engine.tiers.predict_resume = False
+    engine.sam.predict_resume = False
     generate(engine, A, "a")
     push_out(engine)
     out, cached = generate(engine, A, "a")

@@ -1,4 +1,4 @@
-"""Scheduler + KV manager + TierLink over a real disk tier, without a model: a prefix found below
+"""Scheduler + KV manager + TierConnector over a real disk tier, without a model: a prefix found below
 is loaded while other sequences run, lands as computed KV, and a block that fails its checksum
 truncates the load there (the rest is recomputed)."""
 
@@ -10,8 +10,8 @@ from hintkv.cache.hashing import hash_blocks, namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.tier_connector import TierConnector
 from hintkv.cache.tier_costs import TransferCosts
-from hintkv.cache.tiering import TierLink
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.types import SamplingParams
@@ -30,7 +30,7 @@ def _setup(tmp_path):
     io = DeviceBlockIO([torch.zeros(2, 8, BS, 1, 2) for _ in range(2)])
     disk = DiskTier(io.layout, tmp_path, 16 * (HEADER_SIZE + io.layout.nbytes))
     stack = TierStack([disk])
-    kv.tiers = TierLink(kv.pool, BS, stack, io, sessions, hints=False)
+    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=False)
     return kv, io, stack
 
 
@@ -112,7 +112,7 @@ def test_costs_skip_a_tier_slower_than_recomputing():
 
 def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
     kv, io, stack = _setup(tmp_path)
-    sessions = kv.tiers.sessions
+    sessions = kv.ranking.policy.sessions
     kv.tiers.hints = True
     running = hash_blocks(ROOT, list(range(24)), BS)  # 6 blocks, cached on the device
     blocks = kv.pool.allocate(6)
@@ -121,7 +121,7 @@ def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
     kv.pool.release(blocks)
     sessions.on_arrival("t", "run", "run", now=0.0)
     sessions.on_done("t\x1frun", running, now=0.0)
-    sessions.on_arrival("t", "run", "run", now=1.0)  # running again: its blocks are class 3
+    sessions.on_arrival("t", "run", "run", now=1.0)  # running again: its blocks are protected
     later = list(range(500, 516))
     _store(stack, io, later, 4)
     parked = hash_blocks(ROOT, later, BS)
@@ -149,10 +149,11 @@ def test_lower_tiers_evict_in_the_session_aware_order(tmp_path):
     kv = KVCacheManager(8, BS, make_policy("sam", sessions=sessions))
     io = DeviceBlockIO([torch.zeros(2, 8, BS, 1, 2) for _ in range(2)])
     stack = TierStack([HostTier(io.layout, 2 * io.layout.nbytes)])
-    kv.tiers = TierLink(kv.pool, BS, stack, io, sessions, hints=True, policy="sam")
+    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=True)
     held, unheld, new = hash_blocks(ROOT, list(range(12)), BS)
     sessions.on_arrival("t", "a", "a", now=0.0)
     sessions.on_done("t\x1fa", [held], now=0.0)
+    kv.tiers.publish()  # the engine does this once per step: the tiers see the new classes
     for h in (held, unheld, new):
         assert stack.store([(h, torch.ones(io.layout.shape))])[0].result()
     assert stack.lookup([held, unheld, new]) == ["host", None, "host"]

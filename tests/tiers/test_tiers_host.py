@@ -9,6 +9,7 @@ import torch
 
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.mover import Mover
+from hintkv.tiers.ranks import RankBoard
 
 
 def _results(futures):
@@ -73,16 +74,19 @@ def test_a_re_put_in_the_same_batch_is_not_the_victim(layout, key, payload):
     host.close()
 
 
-def test_plugged_priority_decides_victims(layout, key, payload):
-    host = HostTier(layout, 3 * layout.nbytes)
-    protected = {key(0), key(1)}
-    host.set_priority(lambda k: (k in protected, host.last_access(k)))
+def test_published_classes_decide_victims(layout, key, payload):
+    board = RankBoard()
+    host = HostTier(layout, 3 * layout.nbytes, ranks=board)
+    board.publish({key(0): 2, key(1): 1})  # known before they are stored: entries start there
     for i in range(6):
         host.put([(key(i), payload(i))])[0].result()
     assert host.contains(key(0)) and host.contains(key(1)) and host.contains(key(5))
-    host.set_priority(None)  # back to LRU: the protected blocks are now the oldest
+    board.publish({key(5): 3})  # moved up after being stored: class 1 is now the lowest
     host.put([(key(6), payload(6))])[0].result()
-    assert not host.contains(key(0))
+    assert not host.contains(key(1)) and host.contains(key(0)) and host.contains(key(5))
+    board.publish({key(0): None})  # nobody holds it now: class 0, newest there (LRU inside)
+    host.put([(key(7), payload(7))])[0].result()
+    assert not host.contains(key(6)) and host.contains(key(0)) and host.contains(key(5))
     host.check_integrity()
     host.close()
 

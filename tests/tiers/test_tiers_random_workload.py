@@ -15,6 +15,7 @@ from hintkv.tiers.disk import DiskTier
 from hintkv.tiers.disk_format import HEADER_SIZE, SECRET_FILE
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.ranks import RankBoard
 from hintkv.tiers.stack import TierStack
 
 LAYOUT = BlockLayout(1, 2, 1, 4, torch.float16)
@@ -39,14 +40,16 @@ _ops = st.one_of(
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(host_blocks=st.integers(0, 3), disk_blocks=st.integers(0, 5),
-       reversed_priority=st.booleans(), ops=st.lists(_ops, max_size=25))
+       classes=st.dictionaries(st.integers(0, NUM_KEYS - 1), st.integers(0, 3)),
+       ops=st.lists(_ops, max_size=25))
 def test_capacity_and_integrity_hold_under_random_workload(host_blocks, disk_blocks,
-                                                          reversed_priority, ops):
+                                                          classes, ops):
     with tempfile.TemporaryDirectory() as d:
         host = HostTier(LAYOUT, host_blocks * LAYOUT.nbytes)
         disk = DiskTier(LAYOUT, d, disk_blocks * (HEADER_SIZE + LAYOUT.nbytes))
-        if reversed_priority:  # most recently used first: any order must keep the invariants
-            disk.set_priority(lambda k: -disk.last_access(k))
+        board = RankBoard()  # random classes, republished as ops run: invariants must hold
+        disk.set_ranks(board)
+        board.publish({make_key(i): c for i, c in classes.items()})
         kept: set[int] = set(range(NUM_KEYS))
         stack = TierStack([host, disk], keep=lambda k: k in {make_key(i) for i in kept})
         for op, arg in ops:
@@ -64,6 +67,8 @@ def test_capacity_and_integrity_hold_under_random_workload(host_blocks, disk_blo
                 disk.remove(make_key(arg))
             else:
                 kept = set(arg)
+                board.publish({make_key(i): (i % 3 if i in kept else None)
+                               for i in range(NUM_KEYS)})
             host.flush()
             stack.check_integrity()
             for u in stack.usage().values():

@@ -1,24 +1,53 @@
-"""The eviction-policy contract and its registry."""
+"""The eviction-policy contract and its registry.
+
+A policy ranks SESSIONS, not blocks: `session_class(session, now)` puts a session into one of
+`num_classes` small-int classes; reclaiming takes the lowest class first. A block's class is the
+highest class among the live sessions that hold it (`UNHELD` when nobody does). Inside a class,
+blocks are reclaimed in the order they entered it: least recently released first, and a
+session's tail blocks before its head (they enter tail first).
+
+Classes change only on events (a request arrives or ends, a hint, a TTL) or when
+`recheck_after(session, now)` says the session's class may change on its own (a predicted return
+coming closer); `cache.ranking.ClassRanking` turns both into moves of blocks between buckets, so
+victim selection never computes a per-block key.
+
+Protection only orders victims; a policy never refuses an allocation. To add a policy, subclass
+`EvictionPolicy`, register it by name, and pass tests/cache/test_policy_contract.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_REGISTRY: dict[str, Callable[..., "EvictionPolicy"]] = {}
+if TYPE_CHECKING:
+    from hintkv.cache.sessions import Session, SessionRegistry
+
+_REGISTRY: dict[str, Callable[..., EvictionPolicy]] = {}
+
+UNHELD = 0  # the class of blocks no live session holds: always reclaimed first
 
 
 class EvictionPolicy:
-    """Orders reclaimable blocks: `key(block)` smallest first. Must not mutate anything."""
+    """Session -> class. Must be a pure function of the session and the clock."""
 
     name = "base"
-    lru_order = False  # True: key is last-release order, so the pool may skip computing keys
+    num_classes = 1  # classes are 0 .. num_classes - 1; 0 is reclaimed first
+    # Blocks of this class and above belong to sessions running now (or protected): a prefetch
+    # never takes their room, and an offload keeps their device copies. num_classes: none are.
+    protected_class = 1
+    uses_sessions = False  # False: every block is class 0 (pure LRU), session changes are ignored
 
-    def prepare(self) -> None:
-        """Called once before a round of `key` calls (a policy may snapshot the clock here)."""
+    def __init__(self, sessions: SessionRegistry | None = None, **_: Any) -> None:
+        self.sessions = sessions
 
-    def key(self, block: Any) -> tuple:
-        raise NotImplementedError
+    def session_class(self, s: Session, now: float) -> int:
+        """The class of blocks `s` holds (a live session; ended sessions hold nothing)."""
+        return UNHELD
+
+    def recheck_after(self, s: Session, now: float) -> float | None:
+        """Seconds after which `session_class(s, ...)` may differ without any event; None: never."""
+        return None
 
 
 def register_policy(name: str):

@@ -1,8 +1,9 @@
-"""`lru`: the baseline every engine ships: least recently used first, blind to sessions."""
+"""`lru`: the baseline every engine ships: least recently used first, blind to sessions.
+
+One class: every cached block sits in one bucket in the order it became reclaimable.
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 from hintkv.cache.policies.base import EvictionPolicy, register_policy
 
@@ -10,10 +11,6 @@ from hintkv.cache.policies.base import EvictionPolicy, register_policy
 @register_policy("lru")
 class LRUPolicy(EvictionPolicy):
     name = "lru"
-    lru_order = True
-
-    def __init__(self, **_: Any) -> None:
-        pass
-
-    def key(self, block: Any) -> tuple:
-        return (block.last_access,)
+    num_classes = 1
+    protected_class = 1  # nothing is protected
+    uses_sessions = False

@@ -1,31 +1,34 @@
-"""The device pool's link to the tiers below it (host, disk): what goes down, what comes back.
+"""The scheduler-side tier connector: the device pool's only link to the tiers below (host, disk).
 
-The KV manager and SAM reach the lower tiers only through `TierLink`:
+What it decides and starts, all on the engine thread under its state lock:
 
-  down  `on_device_evict(victims)`: the pool is about to reuse cached blocks; those `keep` says
-        (some live session holds them; every block when hints are off) and the stack lacks are
-        gathered and stored BEFORE the device block is reused. `offload(hashes)` writes a
-        session's device blocks down now; `poll()` drops their device copies once the writes land.
+  down  `on_device_evict(victims)` (the pool's hook): victims some live session holds (every
+        block when hints are off) are QUEUED; `flush_write_downs()` gathers the ones the stack
+        lacks and stores them. The engine calls it after scheduling and before the forward pass
+        (which may overwrite the reused blocks), so `allocate` under the state lock never copies;
+        any device write of ours (landing a load) flushes first. `offload(hashes)` writes a
+        session's device blocks down now; `poll()` drops their device copies once they landed.
   up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
         cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads
         them into staging; `finish_load(key)` scatters the leading run of good blocks into the
         device and reports it (a failed or timed-out block truncates there: the rest recomputes).
-        `prefetch(hashes)` loads a session's lower-tier blocks into device blocks that only hold
-        KV ranked below running sessions; `poll()` registers them as cached (ref 0) when they land.
+        `prefetch(hashes)` loads blocks into device room that only holds KV ranked below running
+        sessions; `poll()` registers them as cached (ref 0) when they land.
+  ranks `poll()` also publishes the step's block-class changes (`cache.ranking`) on the tiers'
+        `RankBoard`: each tier evicts by those classes (one class under `lru`: plain LRU), and
+        tier / mover threads read only the board, never the session registry.
 
-Each lower tier evicts in the order of the engine's eviction policy (a fresh instance of the
-same registry entry: `sam` ranks unheld blocks first and running sessions' last, `lru` recency),
-applied to the tier's own access clock. Device-side
-changes happen on the engine thread under its state lock; the stack's I/O runs on the mover's
-threads and only ever fills staging buffers this class owns, so a late or abandoned load cannot
-touch the device cache.
+When to prefetch a waiting session is SAM's decision (`cache.sam`); `/metrics` text is the
+server's (`server.metrics`); this module reports numbers (`stats`). The stack's I/O runs on the
+mover's threads and only ever fills staging buffers this class owns, so a late or abandoned load
+cannot touch the device cache.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
@@ -34,27 +37,13 @@ import torch
 from hintkv.cache.block import Block
 from hintkv.cache.block_pool import BlockPool
 from hintkv.cache.hashing import BlockHash
-from hintkv.cache.policies import EvictionPolicy, make_policy
-from hintkv.cache.sessions import SessionRegistry, SessionState
+from hintkv.cache.ranking import ClassRanking
 from hintkv.cache.tier_costs import TransferCosts
-from hintkv.tiers.base import Tier
 from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.ranks import RankBoard
 from hintkv.tiers.stack import TierStack
 
 log = logging.getLogger(__name__)
-
-RUNNING_CLASS = 3  # SessionRegistry.rank class of running / prefetched / protected sessions
-PREDICT_EVERY_S = 0.2  # how often waiting sessions are checked for a predicted resume
-PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
-
-
-@dataclass(slots=True)
-class _TierBlock:
-    """What a policy's `key` reads of a block, for a block that lives in a lower tier."""
-
-    hash: BlockHash
-    last_access: int  # the tier's logical access clock
-
 
 @dataclass(slots=True)
 class PendingLoad:
@@ -91,68 +80,79 @@ class TierCounters:
     num_prefetched: int = 0  # blocks loaded ahead of a request and registered as cached
     num_load_failed: int = 0  # blocks whose load missed (corrupt, I/O error, gone): recomputed
     num_load_timeouts: int = 0  # loads abandoned as slower than recomputing
-    num_predicted_prefetches: int = 0  # sessions prefetched on a predicted resume
+    num_predicted_prefetches: int = 0  # sessions prefetched on a predicted resume (by SAM)
+    num_write_downs_queued: int = 0  # evicted blocks queued for a write-down
     load_wait_s: float = 0.0  # engine seconds spent idle waiting for loads
     loaded_bytes: int = 0  # payload bytes of landed loads (requests and prefetches)
     load_s: float = 0.0  # their durations, start to last block read (for bandwidth)
 
 
-class TierLink:
+class TierConnector:
     def __init__(self, pool: BlockPool, block_size: int, stack: TierStack, io: DeviceBlockIO,
-                 sessions: SessionRegistry, hints: bool, policy: str = "sam") -> None:
+                 ranking: ClassRanking, hints: bool) -> None:
         self.pool = pool
         self.block_size = block_size
         self.stack = stack
         self.io = io
-        self.sessions = sessions
+        self.ranking = ranking
         self.hints = hints
+        self.protected_class = ranking.policy.protected_class
         self.layout = stack.layout
         self.costs = TransferCosts(self.layout.nbytes, block_size)
         self.counters = TierCounters()
         self._loads: dict[str, PendingLoad] = {}  # request id -> its prefix load
         self._prefetches: list[PendingLoad] = []
         self._offloads: list[PendingOffload] = []
-        self._predicted: dict[str, float] = {}  # session key -> last_done already prefetched for
-        self._last_predict = 0.0
-        self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
+        # evicted (hash, block id) not yet gathered: flushed before the device reuses the blocks
+        self._write_queue: list[tuple[BlockHash, int]] = []
+        self._queue_lock = threading.Lock()  # the queue is flushed outside the state lock
+        self.board = RankBoard(ranking.snapshot())  # what tier threads read, once per step
         pool.on_evict = self.on_device_evict
-        stack.set_keep(self.keep)
-        for tier in stack.tiers:  # one policy instance per tier: its memo is not shared
-            tier.set_priority(self._priority_for(tier, make_policy(policy, sessions=sessions)))
+        stack.set_keep(self._keep_below)
+        for tier in stack.tiers:
+            tier.set_ranks(self.board)
 
-    # ---- policy --------------------------------------------------------------------------
+    # ---- ranks ---------------------------------------------------------------------------
     def keep(self, h: BlockHash) -> bool:
-        """Worth a write to a slower tier: held by a live session (hints off: any cached block)."""
-        return self.sessions.is_held(h) if self.hints else True
+        """Worth a write to a slower tier: held by a live session (hints off: any cached block).
+        Engine thread only (reads the live ranking)."""
+        return self.ranking.is_held(h) if self.hints else True
 
-    def rank(self, h: BlockHash, now: float) -> tuple[int, float]:
-        """SAM's rank of a block: its most protective holder's (class, tiebreak); (0, 0) unheld."""
-        owners = self.sessions.holders.get(h)
-        if not owners:
-            return (0, 0.0)
-        try:
-            return max(self.sessions.rank(self.sessions.sessions[k], now) for k in list(owners))
-        except (RuntimeError, KeyError):  # read from a mover thread mid-update: rank it unheld
-            return (0, 0.0)
+    def _keep_below(self, h: BlockHash) -> bool:
+        """The stack's cascade test, run on tier threads: reads the published board only."""
+        return self.board.held(h) if self.hints else True
 
-    @staticmethod
-    def _priority_for(tier: Tier, policy: EvictionPolicy) -> Callable[[bytes], tuple]:
-        def priority(key: bytes) -> tuple:
-            policy.prepare()  # a fresh clock and memo: the tier calls this once per candidate
-            try:
-                return policy.key(_TierBlock(key, tier.last_access(key)))
-            except (RuntimeError, KeyError):  # sessions changed mid-read (a mover thread)
-                return (0, 0.0, tier.last_access(key))
-        return priority
+    def publish(self) -> None:
+        """Hand the tiers this step's block-class changes (a frozen delta)."""
+        self.board.publish(self.ranking.take_delta())
 
     # ---- down ----------------------------------------------------------------------------
     def on_device_evict(self, victims: list[Block]) -> None:
-        """Pool hook: `victims` are about to be reused. Store the kept ones the stack lacks."""
-        kept = [b for b in victims if b.hash is not None and self.keep(b.hash)]
-        where = self.stack.lookup([b.hash for b in kept])
-        fresh = [b for b, w in zip(kept, where) if w is None]
+        """Pool hook: `victims` are about to be reused. Queue the kept ones; no copy here."""
+        kept = [(b.hash, b.block_id) for b in victims if b.hash is not None and self.keep(b.hash)]
+        if kept:
+            with self._queue_lock:
+                self._write_queue.extend(kept)
+            self.counters.num_write_downs_queued += len(kept)
+
+    def flush_write_downs(self) -> int:
+        """Gather the queued victims the stack lacks and store them. Must run before anything
+        writes the reused device blocks (the engine: after `schedule`, before the forward pass;
+        it needs no state lock). Returns the blocks written."""
+        with self._queue_lock:
+            queued, self._write_queue = self._write_queue, []
+        if not queued:
+            return 0
+        where = self.stack.lookup([h for h, _ in queued])
+        fresh = [(h, bid) for (h, bid), w in zip(queued, where) if w is None]
         if fresh:
-            self._write_down([b.hash for b in fresh], [b.block_id for b in fresh])
+            self._write_down([h for h, _ in fresh], [bid for _, bid in fresh])
+        return len(fresh)
+
+    @property
+    def num_write_downs_queued(self) -> int:
+        with self._queue_lock:
+            return len(self._write_queue)
 
     def _write_down(self, hashes: list[BlockHash], block_ids: list[int]) -> list[Future[bool]]:
         # A synchronous gather into our own staging: the device block may be reused as soon as
@@ -234,24 +234,18 @@ class TierLink:
             if t is None:
                 break
             tiers.append(t)
-        n = min(len(tiers), self._room_below_running())
+        n = min(len(tiers), self.room_below_protected())
         if n == 0:
             return 0, on_device
         blocks = self.pool.allocate(n)  # victims (ranked below running) are written down first
         self._prefetches.append(self._load(todo[:n], blocks, tiers[:n]))
         return n, on_device
 
-    def _room_below_running(self) -> int:
-        """Free blocks a prefetch may take: empty ones, then cached ones in the policy's victim
-        order up to the first that a running (or protected) session holds."""
+    def room_below_protected(self) -> int:
+        """Free blocks a prefetch may take: empty ones, and cached ones of classes below the
+        policy's protected class (O(classes); under `lru` nothing is protected)."""
         empty = self.pool.num_free - self.pool.num_cached_free
-        now = time.monotonic()
-        room = empty
-        for b in self.pool.choose_victims(self.pool.num_cached_free):
-            if b.hash is None or self.rank(b.hash, now)[0] >= RUNNING_CLASS:
-                break
-            room += 1
-        return room
+        return empty + self.pool.num_cached_below(self.protected_class)
 
     def _in_flight(self) -> set[BlockHash]:
         return {h for p in self._prefetches for h in p.hashes}
@@ -279,6 +273,7 @@ class TierLink:
             self.counters.num_load_timeouts += 1
         self.counters.num_load_failed += len(results) - n
         if n:
+            self.flush_write_downs()  # queued victims are gathered before any device write
             self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
             slowest = "disk" if "disk" in load.tiers[:n] else load.tiers[0]
             if len(load.done_at) >= len(load.futures):
@@ -290,7 +285,9 @@ class TierLink:
 
     # ---- housekeeping, once per engine step ------------------------------------------------
     def poll(self) -> None:
-        """Land finished prefetches (as cached blocks) and drop offloaded device copies."""
+        """Once per engine step: publish class changes to the tiers, land finished prefetches
+        (as cached blocks), drop offloaded device copies."""
+        self.publish()
         now = time.monotonic()
         still = []
         for p in self._prefetches:
@@ -311,30 +308,11 @@ class TierLink:
                 continue
             for h, f in zip(o.hashes, o.futures):
                 b = self.pool.lookup(h)
-                if f.result() and b is not None and self.rank(h, now)[0] < RUNNING_CLASS \
+                if f.result() and b is not None \
+                        and self.ranking.block_class(h) < self.protected_class \
                         and self.pool.drop(b):
                     self.counters.num_offload_dropped += 1
         self._offloads = keep_offloads
-
-    def predict(self, now: float) -> None:
-        """Prefetch waiting sessions whose predicted return is within the lead time (cheap:
-        runs every PREDICT_EVERY_S, once per session gap)."""
-        if not self.predict_resume or now - self._last_predict < PREDICT_EVERY_S:
-            return
-        self._last_predict = now
-        for s in self.sessions.live():
-            if s.state is not SessionState.WAITING or not s.held or s.num_inflight:
-                continue
-            if self._predicted.get(s.key) == s.last_done:
-                continue
-            expected, stale = self.sessions.predicted_gap(s)
-            idle = now - s.last_done
-            lead = PREDICT_LEAD_S + len(s.held) * self.costs.load_s("disk")
-            if idle > stale or s.last_done + expected - now > lead:
-                continue
-            self._predicted[s.key] = s.last_done
-            if self.prefetch(s.held)[0]:
-                self.counters.num_predicted_prefetches += 1
 
     def pending_futures(self) -> list[Future[bool]]:
         return [f for p in [*self._loads.values(), *self._prefetches] for f in p.futures
@@ -349,7 +327,7 @@ class TierLink:
             self.counters.load_wait_s += time.perf_counter() - t0
 
     def idle(self) -> bool:
-        return not (self._loads or self._prefetches or self._offloads)
+        return not (self._loads or self._prefetches or self._offloads or self._write_queue)
 
     # ---- reporting -----------------------------------------------------------------------
     def where(self, hashes: list[BlockHash]) -> dict[str, int]:
@@ -403,6 +381,7 @@ class TierLink:
                 "a block being loaded is free or already indexed"
 
     def close(self) -> None:
+        self.flush_write_downs()
         self.stack.flush()
         self.stack.close()
 
