@@ -14,6 +14,7 @@ engine's state lock, so it is consistent with the scheduler, and none of it can 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hintkv.cache.hashing import BlockHash
@@ -26,9 +27,11 @@ PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the p
 
 
 class SessionAwareManager:
-    def __init__(self, kv: KVCacheManager, sessions: SessionRegistry) -> None:
+    def __init__(self, kv: KVCacheManager, sessions: SessionRegistry,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.kv = kv
         self.sessions = sessions
+        self.clock = clock  # injectable: a simulator drives SAM under a virtual clock
         self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
         self.num_predicted_prefetches = 0
         self._predicted: dict[str, float] = {}  # session key -> last_done already prefetched for
@@ -37,7 +40,7 @@ class SessionAwareManager:
     # ---- once per engine step --------------------------------------------------------------
     def on_step(self, now: float | None = None) -> None:
         """Re-rank sessions whose class moved with the clock; prefetch predicted resumes."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         self.kv.ranking.tick(now, self.sessions.sessions)
         if self.kv.tiers is not None and self.predict_resume:
             self.predict(now)
@@ -68,14 +71,14 @@ class SessionAwareManager:
 
     # ---- request lifecycle ---------------------------------------------------------------
     def on_arrival(self, ref: SessionRef, tool: str | None = None) -> str:
-        now = time.monotonic()
+        now = self.clock()
         s = self.sessions.on_arrival(ref.tenant, ref.session_id, ref.parent_session_id, now, tool)
         if ref.ttl_s:
             self.sessions.set_ttl(s.key, ref.ttl_s, now)
         return s.key
 
     def on_done(self, key: str, hashes: list[BlockHash]) -> None:
-        orphans = self.sessions.on_done(key, hashes, time.monotonic())
+        orphans = self.sessions.on_done(key, hashes, self.clock())
         if orphans and self.kv.tiers is not None:
             self.kv.tiers.remove_below(orphans)  # device copies stay cached (first to go)
 
@@ -90,7 +93,7 @@ class SessionAwareManager:
         if edit.action == "offload":
             self.sessions.suspend(key)
             return self._offload(s.held)
-        self.sessions.prefetch(key, time.monotonic())
+        self.sessions.prefetch(key, self.clock())
         return self._prefetch(s.held)
 
     def _offload(self, held: list[BlockHash]) -> EditOutcome:

@@ -1,8 +1,9 @@
-"""AsyncLLM: the engine on its own thread, driven from asyncio (the server's side of the contract).
+"""AsyncLLM: the engine on its own thread, driven from asyncio; implements `EngineClient`.
 
-Requests, aborts and management calls are queued to the engine thread and applied between steps,
-so the engine's state is only ever touched by one thread. Outputs come back through one asyncio
-queue per request.
+Requests and aborts are queued to the engine thread and applied between steps, so the engine's
+state is only ever touched by one thread (management calls take the engine's state lock from a
+worker thread instead, so they apply within milliseconds even during a long forward). Outputs
+come back through one asyncio queue per request.
 """
 
 from __future__ import annotations
@@ -13,35 +14,37 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
-from hintkv.engine.types import GenerateRequest, RequestOutput
+from hintkv.engine.types import (
+    CacheEdit,
+    EditOutcome,
+    EngineStats,
+    GenerateRequest,
+    RequestOutput,
+    SessionDescription,
+    SessionRef,
+)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_preemptions: int
-    kv_blocks_total: int
-    kv_blocks_in_use: int
-    kv_blocks_cached: int
-    prefix_query_tokens: int
-    prefix_hit_tokens: int
-
-
 class AsyncLLM:
+    """An `EngineClient` (see `engine/client.py`) around one `LLMEngine`."""
+
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.model_name = engine.model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.num_kv_tokens = engine.num_kv_tokens
+        self.hints = engine.cfg.hints
+        self.max_num_seqs = engine.cfg.max_num_seqs
+        # Management calls take the state lock in their own threads: a flood of them never
+        # queues behind other work on asyncio's default threads, nor blocks the event loop.
+        self._manage_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hintkv-manage")
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -88,7 +91,7 @@ class AsyncLLM:
 
     def _fail_all(self, message: str) -> list[RequestOutput]:
         outs = []
-        for rid in list(self.engine._seqs):
+        for rid in self.engine.request_ids():
             self.engine.abort_request(rid)
             outs.append(RequestOutput(rid, finished=True, finish_reason="abort", error=message))
         return outs
@@ -140,12 +143,19 @@ class AsyncLLM:
     async def abort(self, request_id: str) -> None:
         await self.run(lambda e: e.abort_request(request_id))
 
+    async def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
+        # a worker thread, not the engine thread: the state lock is free during forward passes
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._manage_pool, self.engine.manage, ref, edits)
+
+    async def describe_session(self, tenant: str, session_id: str) -> SessionDescription | None:
+        return await asyncio.to_thread(self.engine.describe_session, tenant, session_id)
+
     def stats(self) -> EngineStats:
-        e = self.engine
-        pool = e.kv.pool
-        return EngineStats(len(e.scheduler.running), len(e.scheduler.waiting), e.scheduler.num_preemptions,
-                           pool.num_blocks, pool.num_in_use, pool.num_cached_free,
-                           e.kv.prefix_query_tokens, e.kv.prefix_hit_tokens)
+        return self.engine.stats()
+
+    def tier_stats(self) -> dict[str, Any]:
+        return self.engine.tier_stats()
 
     async def check_integrity(self) -> None:
         await self.run(lambda e: e.check_integrity())
@@ -158,4 +168,5 @@ class AsyncLLM:
         self._stopping = True
         self._wake.set()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
+        self._manage_pool.shutdown(wait=False)
         self.engine.close()

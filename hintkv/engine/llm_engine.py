@@ -1,11 +1,18 @@
-"""The synchronous engine: one `step()` reads top to bottom: schedule -> run -> postprocess.
+"""The synchronous engine: one `step()` reads top to bottom: schedule -> run -> update.
 
-Single-threaded by design: every change to sequences, blocks and sessions happens on the thread
-that calls `step()` (the async wrapper funnels requests and management calls onto it).
+    sched = scheduler.schedule()                      # under the state lock
+    runner_out = runner.run(sched.scheduled)          # the forward pass, lock released
+    outputs = scheduler.update_from_output(sched, runner_out)   # under the state lock
+
+The engine builds the parts (model + runner, the scheduler with its cache stack, the tiers) and
+holds the state lock; all bookkeeping lives in the scheduler. Single-threaded by design: every
+change to sequences, blocks and sessions happens on the thread that calls `step()` (the async
+wrapper funnels requests onto it); `manage()` may come from any thread and takes the lock.
 
 With `host_cache_memory` / `disk_cache_dir` set, a `TierStack` (host, disk) sits below the device
-pool, linked by `cache.tier_connector.TierConnector`: evicted blocks a live session holds are written down,
-prefixes found below are loaded instead of recomputed, and each step starts with the link's
+pool, linked by `cache.tier_connector.TierConnector`: evicted blocks a live session holds are
+queued for write-down (flushed between scheduling and the forward pass, outside the lock),
+prefixes found below are loaded instead of recomputed, and each schedule starts with the link's
 housekeeping (landed prefetches, finished offloads, predicted resumes). `tier_stats()` reports it.
 """
 
@@ -18,18 +25,16 @@ import time
 import torch
 
 from hintkv.cache.hashing import namespace_root
-from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.policies import make_policy
-from hintkv.cache.sam import SessionAwareManager
-from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.config import EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
+from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.sequence import Sequence
 from hintkv.engine.types import (
     CacheEdit,
     EditOutcome,
+    EngineStats,
     GenerateRequest,
     RequestOutput,
     SessionRef,
@@ -68,26 +73,39 @@ class LLMEngine:
         self.block_size = cfg.block_size
         self.num_blocks = self._num_blocks()
         self.max_model_len = cfg.max_model_len or min(loaded.config.max_position_embeddings, 32768)
-        self.eos_token_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
-        self.sessions = SessionRegistry(protect_budget_blocks=int(cfg.protect_budget * self.num_blocks))
-        policy = make_policy(cfg.eviction_policy, sessions=self.sessions)
-        self.kv = KVCacheManager(self.num_blocks, cfg.block_size, policy)
-        self.sam = SessionAwareManager(self.kv, self.sessions)
-        self.sam.predict_resume = cfg.hints
+        eos = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
+        self.scheduler = Scheduler.from_config(cfg, self.num_blocks, eos_token_ids=eos,
+                                               max_model_len=self.max_model_len)
         # Held while scheduling and bookkeeping, not during the forward pass, so that management
         # requests apply within milliseconds even while a long prefill runs.
         self.lock = threading.Lock()
-        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.runner = ModelRunner(loaded.model, loaded.config, self.num_blocks, cfg.block_size,
                                   self.dtype, self.device)
-        self._seqs: dict[str, Sequence] = {}
         self._dtype_name = str(self.dtype).removeprefix("torch.")
-        self.num_prompt_tokens = 0  # prompt tokens of admitted requests
-        self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (incl. recomputes)
-        self.tiers = self._build_tiers()
-        self.kv.tiers = self.tiers
+        self.kv.tiers = self._build_tiers()
         log.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d (%d tokens)",
                  self.model_name, self.device, self._dtype_name, self.num_blocks, self.num_kv_tokens)
+
+    # The scheduler owns these; they are named here for callers that inspect a whole engine.
+    @property
+    def kv(self):
+        return self.scheduler.kv
+
+    @property
+    def sam(self):
+        return self.scheduler.sam
+
+    @property
+    def sessions(self):
+        return self.scheduler.sessions
+
+    @property
+    def tiers(self) -> TierConnector | None:
+        return self.scheduler.kv.tiers
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.scheduler.eos_token_ids
 
     def _num_blocks(self) -> int:
         if self.cfg.kv_cache_tokens is not None:
@@ -135,51 +153,47 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in req.prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
 
-    def add_request(self, req: GenerateRequest) -> None:
-        self.validate(req)
-        if req.request_id in self._seqs:
-            raise ValueError(f"request id {req.request_id!r} is already running")
+    def make_sequence(self, req: GenerateRequest) -> Sequence:
+        """The engine's one way from a request to a `Sequence` (its KV namespace, its generator)."""
         gen = None
         if req.sampling.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(req.sampling.seed)
         root = namespace_root(self.model_name, self._dtype_name, self.block_size, req.cache_salt)
-        seq = Sequence(req.request_id, list(req.prompt_token_ids), len(req.prompt_token_ids),
-                       req.sampling, root, session=req.session, generator=gen)
+        return Sequence(req.request_id, list(req.prompt_token_ids), len(req.prompt_token_ids),
+                        req.sampling, root, session=req.session, generator=gen)
+
+    def add_request(self, req: GenerateRequest) -> None:
+        self.validate(req)
+        seq = self.make_sequence(req)
         with self.lock:
-            if req.session is not None and self.cfg.hints:
-                seq.session_key = self.sam.on_arrival(req.session, req.session.tool)
-            self._seqs[seq.request_id] = seq
-            self.scheduler.add(seq)
-            self.num_prompt_tokens += seq.num_prompt_tokens
+            self.scheduler.add_request(seq)
 
     def abort_request(self, request_id: str) -> bool:
         with self.lock:
-            seq = self._seqs.pop(request_id, None)
-            if seq is None:
-                return False
-            self._release(seq)
-            return True
+            return self.scheduler.abort_request(request_id)
 
-    def _release(self, seq: Sequence) -> None:
-        """A sequence leaves the engine: its session now holds its blocks; its refs are dropped."""
-        if seq.session_key is not None:
-            self.sam.on_done(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // self.block_size])
-        self.scheduler.remove(seq)
+    def request_ids(self) -> list[str]:
+        """Requests not finished yet (engine thread)."""
+        return list(self.scheduler.requests)
 
     def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
         """Apply Agent Hint edits for a session (any thread; takes the state lock briefly)."""
-        if not self.cfg.hints:
-            return [EditOutcome("none", notes=["hints are ignored by this server (--ignore-hints)"])
-                    for _ in edits]
         with self.lock:
-            return [self.sam.apply(ref, e) for e in edits]
+            return self.scheduler.manage(ref, edits)
 
     def describe_session(self, tenant: str, session_id: str) -> dict | None:
         with self.lock:
-            return self.sam.describe(tenant, session_id)
+            return self.scheduler.describe_session(tenant, session_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def stats(self) -> EngineStats:
+        """Scheduler and pool figures for /metrics (any thread: plain counters, read unlocked)."""
+        s, kv = self.scheduler, self.scheduler.kv
+        return EngineStats(len(s.running), len(s.waiting), s.num_preemptions, kv.pool.num_blocks,
+                           kv.pool.num_in_use, kv.pool.num_cached_free, kv.prefix_query_tokens,
+                           kv.prefix_hit_tokens)
 
     def tier_stats(self) -> dict:
         """KV tier counters for /metrics (any thread). Shape:
@@ -202,8 +216,8 @@ class LLMEngine:
         with self.lock:
             out = {"enabled": self.tiers is not None,
                    "hit_tokens": dict(self.kv.hit_tokens_by_tier),
-                   "prompt_tokens": self.num_prompt_tokens,
-                   "prompt_tokens_computed": self.num_prompt_tokens_computed}
+                   "prompt_tokens": self.scheduler.num_prompt_tokens,
+                   "prompt_tokens_computed": self.scheduler.num_prompt_tokens_computed}
             if self.tiers is not None:
                 out.update(self.tiers.stats())
             return out
@@ -216,72 +230,20 @@ class LLMEngine:
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         with self.lock:
-            self.sam.on_step(time.monotonic())  # re-rank by the clock; predicted resumes
-            if self.tiers is not None:
-                self.tiers.poll()  # publish class changes to the tiers; land prefetches
             sched = self.scheduler.schedule()
-            outputs = [self._finish(seq, "length") for seq in sched.out_of_room]
-            pending = self.tiers.pending_futures() if self.tiers is not None and not sched.scheduled else []
-        if not sched.scheduled:
-            if pending:  # only loads to wait for: block briefly instead of spinning
-                self.tiers.wait_for_loads(pending, 0.05)
-            return outputs
-        self.kv.flush_write_downs()  # victims reused by this pass are written down first
-        t0 = time.perf_counter()
-        tokens = self.runner.run(sched.scheduled)
-        if self.tiers is not None:
-            self.tiers.costs.observe_prefill(sched.num_batched_tokens, time.perf_counter() - t0)
+            pending = [] if sched.scheduled else self.scheduler.pending_loads()
+        if sched.scheduled:
+            self.kv.flush_write_downs()  # victims reused by this pass are written down first
+            t0 = time.perf_counter()
+            runner_out = self.runner.run(sched.scheduled)
+            runner_out.forward_s = time.perf_counter() - t0
+        else:
+            runner_out = ModelRunnerOutput()
+            # only loads to wait for: block briefly instead of spinning
+            self.scheduler.wait_for_loads(pending, 0.05)
         with self.lock:
-            return outputs + self._postprocess(sched.scheduled, tokens)
-
-    def _postprocess(self, scheduled, tokens) -> list[RequestOutput]:
-        outputs = []
-        for s, tok in zip(scheduled, tokens):
-            seq = s.seq
-            self.num_prompt_tokens_computed += max(
-                0, min(seq.num_prompt_tokens, seq.num_computed_tokens + s.num_new_tokens)
-                - seq.num_computed_tokens)
-            seq.num_computed_tokens += s.num_new_tokens
-            self.kv.commit(seq)
-            if tok is None:
-                continue
-            seq.token_ids.append(tok)
-            reason = self._stop_reason(seq, tok)
-            if reason is not None:
-                outputs.append(self._finish(seq, reason))
-            else:
-                outputs.append(self._output(seq))
-        return outputs
-
-    def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
-        p = seq.sampling
-        if not p.ignore_eos and tok in self.eos_token_ids:
-            return "stop"
-        if tok in p.stop_token_ids:
-            return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _output(self, seq: Sequence, finished: bool = False) -> RequestOutput:
-        new = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens:]
-        seq.num_sent_tokens += len(new)
-        return RequestOutput(seq.request_id, new, finished, seq.finish_reason, seq.num_prompt_tokens,
-                             seq.num_cached_tokens, seq.num_output_tokens)
-
-    def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
-        seq.finish_reason = reason
-        self._release(seq)
-        self._seqs.pop(seq.request_id, None)
-        return self._output(seq, finished=True)
+            return self.scheduler.update_from_output(sched, runner_out)
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity()
-        self.sessions.check_integrity()
-        live = {b.block_id for s in [*self.scheduler.running, *self.scheduler.loading]
-                for b in s.block_table}
-        if self.tiers is not None:
-            live |= {b.block_id for b in self.tiers.prefetching_blocks()}
-        in_use = {b.block_id for b in self.kv.pool.blocks if b.ref_cnt > 0}
-        assert live == in_use, "blocks in use that no running sequence holds"
-        assert all(s.status != SeqStatus.FINISHED for s in self._seqs.values())
+        with self.lock:
+            self.scheduler.check_integrity()

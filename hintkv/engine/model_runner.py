@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq
 from hintkv.engine.sampler import sample
-from hintkv.engine.scheduler import ScheduledSeq
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.config import ModelConfig
 
@@ -31,8 +31,9 @@ class ModelRunner:
                           for _ in range(cfg.num_hidden_layers)]
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq]) -> list[int | None]:
-        """Compute KV for every scheduled token; return a sampled token per sequence (or None)."""
+    def run(self, batch: list[ScheduledSeq]) -> ModelRunnerOutput:
+        """Compute KV for every scheduled token; sample a token for each sequence whose KV this
+        completes (the others, prefill chunks, get none)."""
         bs = self.block_size
         ids, pos, slots, tables = [], [], [], []
         qsl, ctx = [0], []
@@ -68,4 +69,4 @@ class ModelRunner:
             for i, s in enumerate(batch):
                 if s.samples:
                     tokens[i] = next(sampled)
-        return tokens
+        return ModelRunnerOutput.from_tokens(tokens)

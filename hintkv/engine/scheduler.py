@@ -1,8 +1,18 @@
-"""Continuous batching with chunked prefill under a per-step token budget.
+"""The scheduler: owns the requests, the KV manager and the session bookkeeping; no tensors.
 
-Each step: running sequences first (decodes and unfinished prefill chunks, FCFS), preempting the
-newest running sequence when blocks run out (its KV is freed and recomputed later); then waiting
-sequences in arrival order while budget, sequence slots and blocks allow (FCFS: no skipping).
+One engine step is `schedule()` -> the model runner -> `update_from_output()`:
+
+- `schedule()` does the step's housekeeping (landed tier loads, predicted resumes), then batches:
+  running sequences first (decodes and unfinished prefill chunks, FCFS), preempting the newest
+  running sequence when blocks run out (its KV is freed and recomputed later); then waiting
+  sequences in arrival order while budget, sequence slots and blocks allow (FCFS: no skipping).
+- `update_from_output()` takes what the runner sampled: advances each sequence over the KV it
+  computed, commits newly full blocks to the prefix index, appends the tokens, checks stop
+  conditions, and finishes sequences (their session now holds their blocks).
+
+Nothing here reads a tensor or the wall clock directly: time comes from `clock` (default
+`time.monotonic`), so a simulator can drive the real scheduler with made-up runner output
+under a virtual clock.
 
 A sequence whose prefix continues in a lower tier (host, disk) is admitted with blocks for it
 and set aside as LOADING while the blocks arrive; it takes no token budget, and the sequences
@@ -12,61 +22,104 @@ timed out) to running, advanced over the blocks that arrived.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 
 from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef
+from hintkv.config import EngineConfig
+from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.types import FinishReason, RequestOutput
 
+__all__ = ["ModelRunnerOutput", "ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this step completes the sequence's KV, so its next token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    out_of_room: list[Sequence] = field(default_factory=list)  # alone and still no room: finish
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+Clock = Callable[[], float]
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, *,
+                 sam: SessionAwareManager | None = None, hints: bool = True,
+                 eos_token_ids: Iterable[int] = (),
+                 max_model_len: int | None = None, clock: Clock = time.monotonic) -> None:
         self.kv = kv
+        self.sam = sam
+        # Session identity and edits are acted on (False: --ignore-hints; SAM then only ranks).
+        self.hints = hints and sam is not None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.requests: dict[str, Sequence] = {}  # every sequence not finished yet, by request id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.loading: list[Sequence] = []  # admitted, waiting for prefix KV from a lower tier
         self.num_preemptions = 0
+        self.num_prompt_tokens = 0  # prompt tokens of added requests
+        self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (incl. recomputes)
 
-    def add(self, seq: Sequence) -> None:
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, num_blocks: int, *, eos_token_ids: Iterable[int] = (),
+                    max_model_len: int | None = None, clock: Clock = time.monotonic) -> Scheduler:
+        """The whole cache stack of `cfg` (sessions, policy, KV manager, SAM) under a scheduler;
+        no model, no tiers (attach those with `kv.tiers`)."""
+        sessions = SessionRegistry(protect_budget_blocks=int(cfg.protect_budget * num_blocks))
+        policy = make_policy(cfg.eviction_policy, sessions=sessions, clock=clock)
+        kv = KVCacheManager(num_blocks, cfg.block_size, policy)
+        kv.ranking.clock = clock
+        sam = SessionAwareManager(kv, sessions, clock=clock)
+        sam.predict_resume = cfg.hints
+        return cls(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, sam=sam, hints=cfg.hints,
+                   eos_token_ids=eos_token_ids, max_model_len=max_model_len, clock=clock)
+
+    @property
+    def sessions(self) -> SessionRegistry | None:
+        return None if self.sam is None else self.sam.sessions
+
+    # ---- requests in and out ---------------------------------------------------------------
+    def add_request(self, seq: Sequence) -> None:
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already running")
+        if seq.session is not None and self.hints:
+            seq.session_key = self.sam.on_arrival(seq.session, seq.session.tool)
+        seq.arrival = self.clock()
+        self.requests[seq.request_id] = seq
         self.waiting.append(seq)
+        self.num_prompt_tokens += seq.num_prompt_tokens
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a request wherever it is (its session keeps what it computed). False: unknown."""
+        seq = self.requests.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        return True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.loading)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a sequence out (finished or aborted) and give its blocks back."""
-        if seq in self.running:
+    def _finish(self, seq: Sequence, reason: FinishReason) -> RequestOutput:
+        """A sequence leaves: its session now holds its computed blocks; its block refs go."""
+        seq.finish_reason = reason
+        if seq.session_key is not None and self.sam is not None:
+            bs = self.kv.block_size
+            self.sam.on_done(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // bs])
+        if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
-        elif seq in self.loading:
+        elif seq.status is SeqStatus.LOADING:
             self.loading.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv.free(seq)
         seq.status = SeqStatus.FINISHED
+        self.requests.pop(seq.request_id, None)
+        return _output(seq, finished=True)
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
@@ -80,8 +133,13 @@ class Scheduler:
         """Blocks will come free without finishing anyone: loads or prefetches in flight."""
         return bool(self.loading) or self.kv.num_prefetching_blocks > 0
 
+    # ---- schedule --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.sam is not None:
+            self.sam.on_step(self.clock())  # re-rank by the clock; predicted resumes
+        if self.kv.tiers is not None:
+            self.kv.tiers.poll()  # publish class changes to the tiers; land prefetches
         budget = self.max_num_batched_tokens
         for seq in [s for s in self.loading if self.kv.load_ready(s)]:
             self.kv.finish_load(seq)
@@ -97,6 +155,7 @@ class Scheduler:
                 if victim is seq:
                     if not self.running and not out.scheduled and not self._others_hold_blocks():
                         out.out_of_room.append(seq)  # needs more than the whole pool
+                        seq.status = SeqStatus.WAITING  # in no queue: update_from_output finishes it
                     else:
                         self._preempt(seq)
                         out.preempted.append(seq)
@@ -135,3 +194,96 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    # ---- update ----------------------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput,
+                           runner: ModelRunnerOutput) -> list[RequestOutput]:
+        """Apply one step's results; returns what each touched request produced.
+
+        For each scheduled sequence: KV is computed for its real new tokens and for the drafts
+        the runner accepted; the sampled tokens are appended until a stop condition holds.
+        """
+        if len(runner.sampled_token_ids) != len(sched.scheduled):
+            raise ValueError(f"runner output has {len(runner.sampled_token_ids)} entries for "
+                             f"{len(sched.scheduled)} scheduled sequences")
+        outputs = [self._finish(seq, "length") for seq in sched.out_of_room
+                   if seq.status is not SeqStatus.FINISHED]  # (unless aborted meanwhile)
+        tiers = self.kv.tiers
+        if tiers is not None and runner.forward_s is not None and sched.scheduled:
+            tiers.costs.observe_prefill(sched.num_batched_tokens, runner.forward_s)
+        for s, tokens in zip(sched.scheduled, runner.sampled_token_ids):
+            seq = s.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # aborted while the forward ran
+            c = seq.num_computed_tokens
+            real = s.num_new_tokens - s.num_spec_tokens
+            self.num_prompt_tokens_computed += max(0, min(seq.num_prompt_tokens, c + real) - c)
+            seq.num_computed_tokens = c + real
+            reason = None
+            kept = 0
+            for tok in tokens:
+                seq.token_ids.append(tok)
+                kept += 1
+                reason = self._stop_reason(seq, tok)
+                if reason is not None:
+                    break
+            seq.num_computed_tokens += min(kept, max(0, len(tokens) - 1))  # accepted drafts have KV
+            self.kv.commit(seq)
+            if reason is not None:
+                outputs.append(self._finish(seq, reason))
+            elif tokens:
+                outputs.append(_output(seq))
+        return outputs
+
+    def _stop_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
+        p = seq.sampling
+        if not p.ignore_eos and tok in self.eos_token_ids:
+            return "stop"
+        if tok in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens:
+            return "length"
+        if self.max_model_len is not None and seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    # ---- tiers: waiting for loads while idle -----------------------------------------------
+    def pending_loads(self) -> list[Future[bool]]:
+        """Tier reads still in flight (loads and prefetches); empty without tiers."""
+        return [] if self.kv.tiers is None else self.kv.tiers.pending_futures()
+
+    def wait_for_loads(self, pending: list[Future[bool]], timeout_s: float) -> None:
+        """Block until `pending` land or `timeout_s` passes (call it without the state lock)."""
+        if pending and self.kv.tiers is not None:
+            self.kv.tiers.wait_for_loads(pending, timeout_s)
+
+    # ---- sessions --------------------------------------------------------------------------
+    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
+        if not self.hints:
+            return [EditOutcome("none", notes=["hints are ignored by this server (--ignore-hints)"])
+                    for _ in edits]
+        return [self.sam.apply(ref, e) for e in edits]
+
+    def describe_session(self, tenant: str, session_id: str) -> dict | None:
+        return None if self.sam is None else self.sam.describe(tenant, session_id)
+
+    # ---- invariants ------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        if self.sam is not None:
+            self.sam.sessions.check_integrity()
+        live = {b.block_id for s in [*self.running, *self.loading] for b in s.block_table}
+        if self.kv.tiers is not None:
+            live |= {b.block_id for b in self.kv.tiers.prefetching_blocks()}
+        in_use = {b.block_id for b in self.kv.pool.blocks if b.ref_cnt > 0}
+        assert live == in_use, "blocks in use that no running sequence holds"
+        queued = {*map(id, self.waiting), *map(id, self.running), *map(id, self.loading)}
+        assert queued == set(map(id, self.requests.values())), "a request in no queue, or twice"
+        assert all(s.status is not SeqStatus.FINISHED for s in self.requests.values())
+
+
+def _output(seq: Sequence, finished: bool = False) -> RequestOutput:
+    new = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens:]
+    seq.num_sent_tokens += len(new)
+    return RequestOutput(seq.request_id, new, finished, seq.finish_reason, seq.num_prompt_tokens,
+                         seq.num_cached_tokens, seq.num_output_tokens)

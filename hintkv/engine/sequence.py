@@ -1,16 +1,21 @@
-"""A request's state inside the engine: its tokens, how far its KV is computed, its blocks."""
+"""A request's state inside the engine: its tokens, how far its KV is computed, its blocks.
+
+Plain data: the scheduler and the cache read and write it; no tensors (the sampling generator
+is carried for the model runner).
+"""
 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
 from hintkv.engine.types import FinishReason, SamplingParams, SessionRef
+
+if TYPE_CHECKING:  # the scheduler side never needs torch; only the runner reads the generator
+    import torch
 
 
 class SeqStatus(enum.Enum):
@@ -29,7 +34,7 @@ class Sequence:
     root_hash: BlockHash  # namespace of this request's KV (model, dtype, layout, cache_salt)
     session: SessionRef | None = None
     session_key: str | None = None  # registry key when hints are on
-    arrival: float = field(default_factory=time.monotonic)
+    arrival: float = 0.0  # the scheduler's clock when the request arrived
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the block table
     block_table: list[Block] = field(default_factory=list)

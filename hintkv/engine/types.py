@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef  # noqa: F401  (re-exported)
 
 FinishReason = Literal["stop", "length", "abort"]
+SessionDescription = dict[str, Any]  # SAM's view of one session (see `SessionAwareManager.describe`)
 
 # Below this a temperature samples as greedy: logits / t would overflow float32 into NaN.
 MIN_TEMPERATURE = 1e-5
@@ -65,3 +66,17 @@ class RequestOutput:
     num_output_tokens: int = 0
     error: str | None = None  # set when the engine could not serve the request at all
 
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Scheduler and device-pool figures at one moment (for /metrics)."""
+
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    kv_blocks_total: int
+    kv_blocks_in_use: int
+    kv_blocks_cached: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int

@@ -10,12 +10,12 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hintkv import __version__
+from hintkv.engine.client import EngineClient
 from hintkv.server import routes_chat, routes_completions, routes_info, routes_sessions
 from hintkv.server.errors import CatchAll, install_error_handlers
 from hintkv.server.load import LoadGate
@@ -62,7 +62,7 @@ class RequestCounter:
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
-def _integrity_checks(engine: Any, interval: float):
+def _integrity_checks(engine: EngineClient, interval: float):
     """The app's lifespan: while it serves, check the cache's integrity every `interval` s."""
 
     @asynccontextmanager
@@ -83,7 +83,7 @@ def _integrity_checks(engine: Any, interval: float):
 
 
 def build_app(
-    engine: Any,
+    engine: EngineClient,
     api_keys: Iterable[str] = (),
     hints: bool | None = None,
     options: ServerOptions | None = None,
@@ -91,10 +91,10 @@ def build_app(
     """An OpenAI-compatible app serving `engine` (an `AsyncLLM`); no keys: no auth.
 
     `api_keys` add to `options.api_keys`. `hints`: act on Agent Hints; None follows the
-    engine's config (`EngineConfig.hints`).
+    engine (`EngineConfig.hints`).
     """
     if hints is None:
-        hints = engine.engine.cfg.hints
+        hints = engine.hints
     options = options or ServerOptions()
     if api_keys:
         options = replace(options, api_keys=options.api_keys + tuple(api_keys))
@@ -106,10 +106,10 @@ def build_app(
         lifespan=_integrity_checks(engine, options.integrity_check_interval),
     )
     metrics = ServerMetrics(
-        engine.stats, engine.engine.tier_stats, lambda: engine.num_integrity_violations
+        engine.stats, engine.tier_stats, lambda: engine.num_integrity_violations
     )
     gate = LoadGate(
-        engine.engine.cfg.max_num_seqs + options.max_queued_requests,
+        engine.max_num_seqs + options.max_queued_requests,
         options.tenant_rate_limit,
         options.tenant_max_concurrency,
     )

@@ -22,6 +22,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from hintkv.engine.client import EngineClient
 from hintkv.engine.types import CacheEdit, EditOutcome
 from hintkv.protocol import AgentHintResult, Edit, EditResult, TierCount
 from hintkv.protocol.ranges import Render, range_starts, stale_token_start
@@ -81,7 +82,7 @@ def plan_edits(
 
 
 async def apply_hint(
-    engine: Any,
+    engine: EngineClient,
     rh: RequestHint,
     *,
     enabled: bool,
@@ -93,7 +94,8 @@ async def apply_hint(
 ) -> AgentHintResult:
     """Apply `rh.edits` for `rh.ref` (unless hints are disabled) and report, edit by edit.
 
-    `executor`: where to render and take the engine's lock (None: asyncio's default threads)."""
+    `executor`: where to render the window (None: asyncio's default threads); the engine takes
+    its lock in its own management threads."""
     result = AgentHintResult(
         session_id=rh.hint.session_id,
         parent_session_id=rh.hint.parent_session_id,
@@ -111,7 +113,7 @@ async def apply_hint(
             if needs_render
             else plan_edits(*args)
         )
-        outcomes = await _manage(engine, rh, cache_edits, executor)
+        outcomes = await _manage(engine, rh, cache_edits)
         result.edits = [
             _result(p, outcomes[p.cache_index] if p.cache_index is not None else None)
             for p in planned
@@ -122,15 +124,12 @@ async def apply_hint(
 
 
 async def _manage(
-    engine: Any, rh: RequestHint, cache_edits: list[CacheEdit], executor: Executor | None
+    engine: EngineClient, rh: RequestHint, cache_edits: list[CacheEdit]
 ) -> list[EditOutcome]:
     if not cache_edits:
         return []
     try:
-        loop = asyncio.get_running_loop()
-        outcomes = await loop.run_in_executor(
-            executor, engine.engine.manage, rh.ref, cache_edits
-        )
+        outcomes = await engine.manage(rh.ref, cache_edits)
         if len(outcomes) != len(cache_edits):
             raise RuntimeError(f"{len(outcomes)} outcomes for {len(cache_edits)} edits")
         return outcomes

@@ -9,7 +9,6 @@ that never existed: nothing about it is revealed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -24,7 +23,7 @@ router = APIRouter()
 async def get_session(request: Request, session_id: str, cache_salt: str | None = None) -> Response:
     engine = server_state(request).engine
     tenant = request_tenant(request, cache_salt)
-    info = await asyncio.to_thread(engine.engine.describe_session, tenant, session_id)
+    info = await engine.describe_session(tenant, session_id)
     if info is None:
         raise APIError(
             404,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import Request
 
+from hintkv.engine.client import EngineClient
 from hintkv.server.auth import authenticate, tenant_of
 from hintkv.server.limits import RequestLimits
 from hintkv.server.load import LoadGate
@@ -19,7 +19,7 @@ from hintkv.server.options import ServerOptions
 
 @dataclass(slots=True)
 class ServerState:
-    engine: Any  # hintkv.engine.async_llm.AsyncLLM (typed loosely: the server never builds one)
+    engine: EngineClient  # the server never builds one, and never reaches behind it
     options: ServerOptions
     metrics: ServerMetrics
     gate: LoadGate

@@ -12,8 +12,9 @@ from hintkv.cache.policies.sam import RUNNING
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, SessionState
 from hintkv.cache.types import CacheEdit, SessionRef
+from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import Sequence
+from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.types import SamplingParams
 
 BS = 4
@@ -21,43 +22,30 @@ ROOT = namespace_root("test", "float32", BS, None)
 
 
 class Harness:
-    """The engine's bookkeeping path (scheduler + KV manager + SAM) driven without a model."""
+    """The engine's bookkeeping path (scheduler + KV manager + SAM) driven without a model: each
+    step's runner output is made up (one token per sampling sequence), the scheduler does the rest."""
 
     def __init__(self, num_blocks: int, policy: str = "sam") -> None:
         self.sessions = SessionRegistry(protect_budget_blocks=num_blocks // 2)
         self.kv = KVCacheManager(num_blocks, BS, make_policy(policy, sessions=self.sessions))
         self.sam = SessionAwareManager(self.kv, self.sessions)
-        self.sched = Scheduler(self.kv, max_num_seqs=8, max_num_batched_tokens=64)
+        self.sched = Scheduler(self.kv, max_num_seqs=8, max_num_batched_tokens=64, sam=self.sam)
         self.n = 0
 
     def run(self, ref: SessionRef | None, prompt: list[int], max_tokens: int = 2) -> Sequence:
         self.n += 1
-        seq = Sequence(f"r{self.n}", list(prompt), len(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), ROOT)
-        if ref is not None:
-            seq.session_key = self.sam.on_arrival(ref)
-        self.sched.add(seq)
-        while seq in self.sched.waiting or seq in self.sched.running:
+        seq = Sequence(f"r{self.n}", list(prompt), len(prompt), SamplingParams(temperature=0, max_tokens=max_tokens),
+                       ROOT, session=ref)
+        self.sched.add_request(seq)
+        while seq.status is not SeqStatus.FINISHED:
             out = self.sched.schedule()
-            for s in out.out_of_room:
-                self.finish(s)
-            for s in out.scheduled:
-                samples = s.samples
-                s.seq.num_computed_tokens += s.num_new_tokens
-                self.kv.commit(s.seq)
-                if samples:
-                    s.seq.token_ids.append(1000 + self.n)
-                    if s.seq.num_output_tokens >= s.seq.sampling.max_tokens:
-                        self.finish(s.seq)
+            tokens = [1000 + self.n if s.samples else None for s in out.scheduled]
+            self.sched.update_from_output(out, ModelRunnerOutput.from_tokens(tokens))
+            self.sched.check_integrity()
         return seq
 
-    def finish(self, seq: Sequence) -> None:
-        if seq.session_key:
-            self.sam.on_done(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // BS])
-        self.sched.remove(seq)
-
     def check(self) -> None:
-        self.kv.check_integrity()
-        self.sessions.check_integrity()
+        self.sched.check_integrity()
 
 
 def ref(sid: str, parent: str | None = None, tenant: str = "t") -> SessionRef:

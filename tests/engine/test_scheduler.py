@@ -1,17 +1,20 @@
 """Scheduler + KV manager under a random workload: admit, grow, finish, cancel, preempt.
 
-The model is not needed to test the bookkeeping: a step is driven by advancing each scheduled
-sequence's computed tokens and appending a token when it samples, exactly as the engine does.
+The model is not needed to test the bookkeeping: each step's runner output is made up (token 7
+for every sequence that samples) and handed to `update_from_output`, as the engine hands the
+real runner's.
 """
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hintkv.cache.hashing import namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
+from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import SamplingParams
+from hintkv.engine.types import RequestOutput, SamplingParams
 
 ROOT = namespace_root("test", "float32", 4, None)
 
@@ -20,39 +23,31 @@ def make_seq(rid: str, prompt: list[int], max_tokens: int = 4) -> Sequence:
     return Sequence(rid, list(prompt), len(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), ROOT)
 
 
-def drive(sched: Scheduler, kv: KVCacheManager, done: list[Sequence]) -> None:
+def drive(sched: Scheduler, kv: KVCacheManager, done: list[Sequence]) -> list[RequestOutput]:
     out = sched.schedule()
-    for seq in out.out_of_room:
-        sched.remove(seq)
-        done.append(seq)
-    for s in out.scheduled:
-        seq = s.seq
-        samples = s.samples
-        seq.num_computed_tokens += s.num_new_tokens
-        kv.commit(seq)
-        if samples:
-            seq.token_ids.append(7)
-            if seq.num_output_tokens >= seq.sampling.max_tokens:
-                sched.remove(seq)
-                done.append(seq)
+    seqs = {s.seq.request_id: s.seq for s in out.scheduled} | {s.request_id: s for s in out.out_of_room}
+    outputs = sched.update_from_output(
+        out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+    done.extend(seqs[o.request_id] for o in outputs if o.finished)
     running_blocks = sum(len(s.block_table) for s in sched.running)
     assert kv.pool.num_in_use <= running_blocks
-    kv.check_integrity()
+    sched.check_integrity()
+    return outputs
 
 
 def test_prefix_hit_caps_at_prompt_minus_one_and_counts():
     kv = KVCacheManager(16, 4, make_policy("lru"))
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
     done: list = []
-    sched.add(make_seq("a", list(range(12)), 1))
+    sched.add_request(make_seq("a", list(range(12)), 1))
     while sched.has_work():
         drive(sched, kv, done)
     b = make_seq("b", list(range(12)), 1)  # identical, block-aligned prompt
-    sched.add(b)
+    sched.add_request(b)
     drive(sched, kv, done)
     assert b.num_cached_tokens == 8, "the last block must be recomputed for logits"
     c = make_seq("c", list(range(13)), 1)
-    sched.add(c)
+    sched.add_request(c)
     drive(sched, kv, done)
     assert c.num_cached_tokens == 12
     assert kv.prefix_hit_tokens == 20 and kv.prefix_query_tokens == 12 + 12 + 13
@@ -61,8 +56,8 @@ def test_prefix_hit_caps_at_prompt_minus_one_and_counts():
 def test_chunked_prefill_respects_budget():
     kv = KVCacheManager(64, 4, make_policy("lru"))
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=10)
-    sched.add(make_seq("a", list(range(25))))
-    sched.add(make_seq("b", list(range(100, 103))))
+    sched.add_request(make_seq("a", list(range(25))))
+    sched.add_request(make_seq("b", list(range(100, 103))))
     out = sched.schedule()
     assert out.num_batched_tokens == 10 and [s.num_new_tokens for s in out.scheduled] == [10]
 
@@ -72,7 +67,7 @@ def test_preemption_instead_of_failure():
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
     seqs = [make_seq(f"s{i}", [i * 10 + j for j in range(7)], max_tokens=6) for i in range(3)]
     for s in seqs:
-        sched.add(s)
+        sched.add_request(s)
     done: list = []
     for _ in range(200):
         if not sched.has_work():
@@ -87,7 +82,7 @@ def test_prompt_bigger_than_pool_finishes_instead_of_looping():
     kv = KVCacheManager(2, 4, make_policy("lru"))
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
     s = make_seq("big", list(range(7)), max_tokens=8)  # fits at first, outgrows the pool
-    sched.add(s)
+    sched.add_request(s)
     done: list = []
     for _ in range(50):
         if not sched.has_work():
@@ -108,11 +103,10 @@ def test_random_workload_keeps_integrity_and_returns_every_block(ops):
         if op == "add":
             prefix = [1, 2, 3, 4, 5, 6, 7, 8][: a + 2]  # shared prefixes exercise the cache
             live.append(make_seq(f"r{i}", prefix + [100 + i] * (b % 12), max_tokens=a + 1))
-            sched.add(live[-1])
+            sched.add_request(live[-1])
         elif op == "cancel" and live:
             victim = live.pop(a % len(live))
-            if victim not in done:
-                sched.remove(victim)
+            assert sched.abort_request(victim.request_id) == (victim not in done)
         elif sched.has_work():
             drive(sched, kv, done)
         kv.check_integrity()

@@ -51,8 +51,8 @@ def test_lower_tier_prefix_loads_while_others_run_and_lands_as_computed(tmp_path
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
     a, b = _seq("a", list(range(13))), _seq("b", list(range(100, 106)))
     payloads = _store(stack, io, a.token_ids, 3)
-    sched.add(a)
-    sched.add(b)
+    sched.add_request(a)
+    sched.add_request(b)
     out = sched.schedule()
     assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [b]
     assert len(a.block_table) == 3 and a.num_computed_tokens == 0
@@ -84,7 +84,7 @@ def test_a_corrupt_block_truncates_the_load_there(tmp_path):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    sched.add(a)
+    sched.add_request(a)
     sched.schedule()
     assert a.status is SeqStatus.LOADING
     for _ in range(100):
