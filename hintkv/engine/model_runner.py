@@ -6,12 +6,22 @@ This is the only engine file that touches tensors. KV per layer is one tensor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq
 from hintkv.engine.sampler import sample
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.config import ModelConfig
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [num_batched_tokens]
+    positions: torch.Tensor  # [num_batched_tokens]
+    meta: AttentionMetadata
+    sample_rows: list[int]  # the row of each sampling sequence's last new token, in batch order
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -30,14 +40,12 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device)
                           for _ in range(cfg.num_hidden_layers)]
 
-    @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq]) -> ModelRunnerOutput:
-        """Compute KV for every scheduled token; sample a token for each sequence whose KV this
-        completes (the others, prefill chunks, get none)."""
+    def prepare_inputs(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """The engine's one way from scheduled sequences to model inputs: each sequence's new
+        tokens after its computed ones, their positions and KV slots, its block table."""
         bs = self.block_size
         ids, pos, slots, tables = [], [], [], []
-        qsl, ctx = [0], []
-        sample_rows, params, gens = [], [], []
+        qsl, ctx, sample_rows = [0], [], []
         for s in batch:
             seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             ids.extend(seq.token_ids[c:c + n])
@@ -50,8 +58,6 @@ class ModelRunner:
             ctx.append(c + n)
             if s.samples:
                 sample_rows.append(qsl[-1] - 1)
-                params.append(seq.sampling)
-                gens.append(seq.generator)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slots).to(dev),
@@ -60,12 +66,26 @@ class ModelRunner:
             block_tables=tables,
             is_decode_only=all(s.num_new_tokens == 1 for s in batch),
         )
-        hidden = self.model(torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(pos).to(dev),
-                            meta, self.kv_caches)
+        return StepInputs(torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(pos).to(dev),
+                          meta, sample_rows)
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Write the step's K/V into the paged cache; hidden states of every new token."""
+        return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSeq]) -> ModelRunnerOutput:
+        """Compute KV for every scheduled token; sample a token for each sequence whose KV this
+        completes (the others, prefill chunks, get none)."""
+        inputs = self.prepare_inputs(batch)
+        hidden = self.forward(inputs)
         tokens: list[int | None] = [None] * len(batch)
-        if sample_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-            sampled = iter(sample(logits, params, gens))
+        if inputs.sample_rows:
+            sampling = [s.seq for s in batch if s.samples]
+            rows = torch.tensor(inputs.sample_rows, device=self.device)
+            logits = self.model.compute_logits(hidden[rows])
+            sampled = iter(sample(logits, [q.sampling for q in sampling], [q.generator for q in sampling]))
             for i, s in enumerate(batch):
                 if s.samples:
                     tokens[i] = next(sampled)

@@ -11,6 +11,4 @@
     presets.py         dummy:<preset> shapes (tiny, smollm2-135m, llama3-8b), preset_hf_config
     tokenizer.py       Tokenizer (encode/decode/apply_chat_template), IncrementalDetokenizer
     chat_template.py   sandboxed Jinja rendering; Hermes-style tools for tool-unaware templates
-    simple_generate.py a minimal paged cache + greedy loop (tests, smoke checks; not the serving path)
-    bench_speed.py     python -m hintkv.models.bench_speed: prefill / decode tokens/s per dtype
 """

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_steps import ModelSteps, greedy
 
 from hintkv.models.loader import load_model
-from hintkv.models.simple_generate import SimpleKVCache, greedy_generate, run_step
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +27,14 @@ def test_config_from_gguf_metadata(smollm2):
 
 def test_answers_capital_of_france(smollm2):
     """Greedy; fails if llama.cpp's Q/K row permutation were not undone (the model talks nonsense)."""
-    out = greedy_generate(smollm2.model, SimpleKVCache(smollm2.config, 16, 16), _prompt(smollm2, "What is the capital of France?"),
-                          12, smollm2.tokenizer.eos_token_ids)
+    out = greedy(None, _prompt(smollm2, "What is the capital of France?"), 12)
     assert "Paris" in smollm2.tokenizer.decode(out)
 
 
 def test_chunked_prefill_and_batching_agree_with_one_shot(smollm2):
     ids = smollm2.tokenizer.encode("The three primary colors are red, yellow and blue; mixing them gives")
-    one_shot = run_step(smollm2.model, SimpleKVCache(smollm2.config, 16, 16), [("s", ids)])
-    cache = SimpleKVCache(smollm2.config, 32, 16)
+    one_shot = ModelSteps(smollm2, 16, 16).last_logits([("s", ids)])
+    cache = ModelSteps(smollm2, 32, 16)
     for i in range(0, len(ids), 6):  # chunks on top of a cached prefix, batched with another sequence
-        chunked = run_step(smollm2.model, cache, [("s", ids[i:i + 6]), ("other", [5, 6, 7])])
+        chunked = cache.last_logits([("s", ids[i:i + 6]), ("other", [5, 6, 7])])
     torch.testing.assert_close(chunked[0], one_shot[0], atol=1e-3, rtol=0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
+from model_steps import ModelSteps
 from tiny_hf_checkpoints import VARIANTS
+
 from hintkv.models.loader import load_model
-from hintkv.models.simple_generate import SimpleKVCache
 
 ATOL = 1e-4
 
@@ -15,15 +15,6 @@ ATOL = 1e-4
 def _reference_logits(hf_model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf_model(torch.tensor([ids])).logits[0].float()
-
-
-def _step_logits(lm, cache: SimpleKVCache, batch: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
-    """Logits of every new row, split per sequence."""
-    input_ids, positions, meta = cache.build_step(batch)
-    meta.check()
-    logits = lm.model.compute_logits(lm.model(input_ids, positions, meta, cache.kv_caches))
-    q = meta.query_start_loc
-    return [logits[q[i]:q[i + 1]] for i in range(len(batch))]
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -40,7 +31,7 @@ def loaded(hf_checkpoints):
 def test_cold_prefill_matches(loaded, variant, length):
     lm, hf = loaded[variant]
     ids = _prompt(length, length)
-    (ours,) = _step_logits(lm, SimpleKVCache(lm.config, 32, block_size=4), [("s", ids)])
+    (ours,) = ModelSteps(lm, 32, block_size=4).logits([("s", ids)])
     torch.testing.assert_close(ours, _reference_logits(hf, ids), atol=ATOL, rtol=0)
 
 
@@ -50,10 +41,10 @@ def test_chunked_prefill_matches(loaded, variant, chunks):
     """Each chunk attends to the cached prefix through the block table (block size 4 crosses blocks)."""
     lm, hf = loaded[variant]
     ids = _prompt(sum(chunks), 7)
-    cache = SimpleKVCache(lm.config, 32, block_size=4)
+    cache = ModelSteps(lm, 32, block_size=4)
     rows, start = [], 0
     for c in chunks:
-        rows.extend(_step_logits(lm, cache, [("s", ids[start:start + c])]))
+        rows.extend(cache.logits([("s", ids[start:start + c])]))
         start += c
     torch.testing.assert_close(torch.cat(rows), _reference_logits(hf, ids), atol=ATOL, rtol=0)
 
@@ -62,10 +53,10 @@ def test_chunked_prefill_matches(loaded, variant, chunks):
 def test_decode_steps_match_full_sequence(loaded, variant):
     lm, hf = loaded[variant]
     ids = _prompt(20, 3)
-    cache = SimpleKVCache(lm.config, 32, block_size=4)
-    rows = _step_logits(lm, cache, [("s", ids[:12])])
+    cache = ModelSteps(lm, 32, block_size=4)
+    rows = cache.logits([("s", ids[:12])])
     for tok in ids[12:]:
-        rows.extend(_step_logits(lm, cache, [("s", [tok])]))
+        rows.extend(cache.logits([("s", [tok])]))
     torch.testing.assert_close(torch.cat(rows), _reference_logits(hf, ids), atol=ATOL, rtol=0)
 
 
@@ -73,21 +64,20 @@ def test_mixed_and_decode_batches_match(loaded):
     """A batch mixing a cold prefill with a cached-prefix chunk, then padded decode batches of unequal lengths."""
     lm, hf = loaded["qwen2"]
     seqs = {"a": _prompt(23, 1), "b": _prompt(9, 2), "c": _prompt(14, 3)}
-    cache = SimpleKVCache(lm.config, 64, block_size=4)
+    cache = ModelSteps(lm, 64, block_size=4)
     got: dict[str, list[torch.Tensor]] = {k: [] for k in seqs}
-    for k, r in zip("ab", _step_logits(lm, cache, [("a", seqs["a"][:10]), ("b", seqs["b"][:4])])):
+    for k, r in zip("ab", cache.logits([("a", seqs["a"][:10]), ("b", seqs["b"][:4])])):
         got[k].append(r)
     batch = [("a", seqs["a"][10:20]), ("c", seqs["c"][:11]), ("b", seqs["b"][4:6])]
-    for (k, _), r in zip(batch, _step_logits(lm, cache, batch)):
+    for (k, _), r in zip(batch, cache.logits(batch)):
         got[k].append(r)
     pos = {"a": 20, "b": 6, "c": 11}
     while any(pos[k] < len(seqs[k]) for k in seqs):
         batch = [(k, [seqs[k][pos[k]]]) for k in seqs if pos[k] < len(seqs[k])]
-        _, _, meta = SimpleKVCache(lm.config, 64, 4).build_step(batch)
-        assert meta.is_decode_only
-        for (k, _), r in zip(batch, _step_logits(lm, cache, batch)):
+        for (k, _), r in zip(batch, cache.logits(batch)):
             got[k].append(r)
             pos[k] += 1
+        assert cache.last_meta.is_decode_only
     for k, ids in seqs.items():
         torch.testing.assert_close(torch.cat(got[k]), _reference_logits(hf, ids), atol=ATOL, rtol=0)
 
@@ -97,10 +87,10 @@ def test_bfloat16_stays_close_to_float32(hf_checkpoints):
     lm = load_model(str(d), torch.bfloat16, "cpu")
     assert lm.model.embed_tokens.dtype == torch.bfloat16
     ids = _prompt(30, 9)
-    cache = SimpleKVCache(lm.config, 32, block_size=4, dtype=torch.bfloat16)
-    rows = _step_logits(lm, cache, [("s", ids[:25])])
+    cache = ModelSteps(lm, 32, block_size=4, dtype=torch.bfloat16)
+    rows = cache.logits([("s", ids[:25])])
     for tok in ids[25:]:
-        rows.extend(_step_logits(lm, cache, [("s", [tok])]))
+        rows.extend(cache.logits([("s", [tok])]))
     ours, ref = torch.cat(rows), _reference_logits(hf, ids)
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max() < 0.05 * ref.abs().max()

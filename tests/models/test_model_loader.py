@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
+from model_steps import ModelSteps, greedy
 from tiny_hf_checkpoints import write_hf_checkpoint
+
 from hintkv.models.config import ModelConfig
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.loader import load_model
 from hintkv.models.presets import PRESETS, init_random_, preset_config, preset_hf_config
-from hintkv.models.simple_generate import SimpleKVCache, greedy_generate, run_step
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -48,9 +48,9 @@ def test_dummy_tiny_runs_in_both_dtypes():
     assert f32.config.num_hidden_layers == 8 and f32.tokenizer.encode("<|im_start|>") == [1]
     # weights are drawn in float32 on the CPU, so the bf16 model is the rounded float32 one
     torch.testing.assert_close(bf16.model.embed_tokens.float(), f32.model.embed_tokens, atol=1e-3, rtol=1e-2)
-    for lm, dtype in ((f32, torch.float32), (bf16, torch.bfloat16)):
-        out = greedy_generate(lm.model, SimpleKVCache(lm.config, 8, 16, dtype=dtype), [1, 2, 3, 4], 3)
-        assert len(out) == 3 and all(0 <= t < lm.config.vocab_size for t in out)
+    for dtype in ("float32", "bfloat16"):
+        out = greedy("dummy:tiny", [1, 2, 3, 4], 3, dtype=dtype)
+        assert len(out) == 3 and all(0 <= t < f32.config.vocab_size for t in out)
 
 
 def test_sharded_checkpoint_matches_single_file(tmp_path):
@@ -60,7 +60,7 @@ def test_sharded_checkpoint_matches_single_file(tmp_path):
     one, many = load_model(str(tmp_path / "one")), load_model(str(tmp_path / "many"))
     assert one.config.attention_bias and one.tokenizer.eos_token_ids == [2]
     assert one.tokenizer.apply_chat_template([{"role": "user", "content": "w5"}]).endswith("<|im_start|>assistant\n")
-    logits = [run_step(lm.model, SimpleKVCache(lm.config, 8, 4), [("s", [3, 4, 5, 6, 7])]) for lm in (one, many)]
+    logits = [ModelSteps(lm, 8, 4).last_logits([("s", [3, 4, 5, 6, 7])]) for lm in (one, many)]
     assert torch.equal(logits[0], logits[1])
 
 
