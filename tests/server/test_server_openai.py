@@ -203,7 +203,7 @@ def test_metrics_report_requests_tokens_and_cache(client, live_server):
         samples["hintkv_prefix_cache_query_tokens_total"]
         >= samples["hintkv_prefix_cache_hit_tokens_total"]
     )
-    tiers = live_server.engine.engine.tier_stats()
+    tiers = live_server.engine.tier_stats()
     assert samples["hintkv_prompt_tokens_computed_total"] == tiers["prompt_tokens_computed"] > 0
     assert samples['hintkv_prefix_cache_hit_tokens_by_tier_total{tier="device"}'] == tiers["hit_tokens"]["device"]
     for name in (
