@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.sessions import Session, SessionRegistry, SessionState, session_key
-from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef
+from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 
 PREDICT_EVERY_S = 0.2  # how often waiting sessions are checked for a predicted resume
 PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
@@ -87,7 +86,7 @@ class SessionAwareManager:
         key = session_key(ref.tenant, ref.session_id)
         s = self.sessions.sessions.get(key)
         if s is None:
-            return EditOutcome("none", notes=["unknown session: nothing to do"])
+            return EditOutcome("none", reason="unknown_session")
         if edit.action == "evict":
             return self._evict(key, edit.token_start)
         if edit.action == "offload":
@@ -100,35 +99,27 @@ class SessionAwareManager:
         tiers = self.kv.tiers
         n = self._device_blocks(held)
         if tiers is None:
-            return EditOutcome("offloaded", {"device": (0, 0)}, [
-                (f"no lower tier configured: {n} device blocks of this session are now first in line "
-                "for eviction (kept until room is needed)")])
+            return EditOutcome("offloaded", {"device": (0, 0)}, num_held=len(held), num_on_device=n)
         written, below = tiers.offload(held)
         bs = self.kv.block_size
         top = tiers.stack.tiers[0].name
         return EditOutcome("offloaded", {"device": (-(written + below), -(written + below) * bs),
-                                         top: (written, written * bs)}, [
-            (f"scheduled: {written} device blocks are being written to {top} and {below} already "
-            "sit below; their device copies are dropped once the writes land (blocks a running "
-            "request uses stay)")])
+                                         top: (written, written * bs)},
+                           lower_tier=top, num_held=len(held), num_on_device=n, num_below=below,
+                           num_scheduled=written)
 
     def _prefetch(self, held: list[BlockHash]) -> EditOutcome:
         tiers = self.kv.tiers
         if tiers is None:
             n = self._device_blocks(held)
-            return EditOutcome("prefetched", {"device": (0, 0)}, [
-                f"{n} of the session's {len(held)} blocks are in device memory and now protected"])
+            return EditOutcome("prefetched", {"device": (0, 0)}, num_held=len(held), num_on_device=n)
         before = tiers.where(held)
         scheduled, on_device = tiers.prefetch(held)
         bs = self.kv.block_size
         below = sum(v for k, v in before.items() if k != "device")
-        notes = [(f"scheduled: {scheduled} blocks are being loaded into device memory; "
-                 f"{on_device} of the session's {len(held)} blocks were there already and are "
-                 "now protected")]
-        if scheduled < below:
-            notes.append(f"{below - scheduled} blocks stay below: no device room without pushing "
-                         "out running sessions' blocks (or not a contiguous prefix)")
-        return EditOutcome("prefetched", {"device": (scheduled, scheduled * bs)}, notes)
+        return EditOutcome("prefetched", {"device": (scheduled, scheduled * bs)},
+                           lower_tier=tiers.stack.tiers[0].name, num_held=len(held),
+                           num_on_device=on_device, num_below=below, num_scheduled=scheduled)
 
     def _evict(self, key: str, token_start: int | None) -> EditOutcome:
         if token_start is None:
@@ -146,31 +137,30 @@ class SessionAwareManager:
         for name, n in removed.items():
             tiers[name] = (-n, -n * bs)
         gone = freed + sum(removed.values())
-        notes = [] if gone >= len(orphans) else [
-            f"{len(orphans) - gone} released blocks are still in use by running requests or gone"]
-        return EditOutcome("evicted" if orphans or token_start is None else "none", tiers, notes)
+        return EditOutcome("evicted" if orphans or token_start is None else "none", tiers,
+                           num_not_freed=max(0, len(orphans) - gone))
 
     def _device_blocks(self, hashes: list[BlockHash]) -> int:
         return sum(1 for h in hashes if self.kv.pool.lookup(h) is not None)
 
     # ---- introspection -------------------------------------------------------------------
-    def describe(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+    def describe(self, tenant: str, session_id: str) -> SessionDescription | None:
         s = self.sessions.get(tenant, session_id)
         if s is None:
             return None
         bs = self.kv.block_size
         parent = self.sessions.sessions[s.parent].session_id if s.parent else s.session_id
-        return {
-            "session_id": s.session_id,
-            "parent_session_id": parent,
-            "state": s.state.value,
-            "num_requests": s.num_requests,
-            "num_inflight": s.num_inflight,
-            "held_tokens": len(s.held) * bs,
-            "tokens_per_tier": ({t: n * bs for t, n in self.kv.tiers.where(s.held).items()}
-                                if self.kv.tiers is not None
-                                else {"device": self._device_blocks(s.held) * bs}),
-            "children": sorted(self.sessions.sessions[c].session_id for c in s.children),
-            "predicted_gap_s": round(self.sessions.predicted_gap(s)[0], 3)
+        return SessionDescription(
+            session_id=s.session_id,
+            parent_session_id=parent,
+            state=s.state.value,
+            num_requests=s.num_requests,
+            num_inflight=s.num_inflight,
+            held_tokens=len(s.held) * bs,
+            tokens_per_tier=({t: n * bs for t, n in self.kv.tiers.where(s.held).items()}
+                             if self.kv.tiers is not None
+                             else {"device": self._device_blocks(s.held) * bs}),
+            children=sorted(self.sessions.sessions[c].session_id for c in s.children),
+            predicted_gap_s=round(self.sessions.predicted_gap(s)[0], 3)
             if s.state is SessionState.WAITING else None,
-        }
+        )

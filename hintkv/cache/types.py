@@ -1,4 +1,6 @@
-"""Types the cache layer shares with the engine above it: session identity and resolved edits."""
+"""Types the cache layer shares with the engine above it: session identity, resolved edits, and
+what the cache reports back (edit outcomes, session descriptions) as numbers, never prose: the
+server words them for clients (`server/edit_notes.py`)."""
 
 from __future__ import annotations
 
@@ -32,10 +34,36 @@ class CacheEdit:
     token_start: int | None = None
 
 
+EditReason = Literal["unknown_session", "hints_ignored", "engine_error"]
+
+
 @dataclass(slots=True)
 class EditOutcome:
-    """What one edit did: blocks and tokens moved per tier (negative: left that tier)."""
+    """What one edit did: blocks and tokens moved per tier (negative: left that tier), and the
+    counts behind it. Counts are of the session's blocks, as they stood when the edit applied."""
 
-    action: str  # evicted | offloaded | prefetched | none
+    action: str  # evicted | offloaded | prefetched | none | skipped
     tiers: dict[str, tuple[int, int]] = field(default_factory=dict)  # tier -> (blocks, tokens)
-    notes: list[str] = field(default_factory=list)
+    reason: EditReason | None = None  # why nothing was done (action none / skipped)
+    lower_tier: str | None = None  # the tier right below the device; None: no lower tier
+    num_held: int = 0  # blocks the session holds
+    num_on_device: int = 0  # of them, cached on the device
+    num_below: int = 0  # of them, only in lower tiers
+    num_scheduled: int = 0  # moves started: offload writes, prefetch loads
+    num_not_freed: int = 0  # evict: released blocks still used by running requests (or gone)
+    detail: str | None = None  # reason engine_error: the error
+
+
+@dataclass(slots=True)
+class SessionDescription:
+    """One session's cache state (GET /v1/sessions/{id})."""
+
+    session_id: str
+    parent_session_id: str  # itself for a root
+    state: str  # active | waiting | suspended | ended
+    num_requests: int
+    num_inflight: int
+    held_tokens: int  # tokens of KV the session holds (shared blocks count for each holder)
+    tokens_per_tier: dict[str, int]  # of them, where they are (device first)
+    children: list[str]  # sub-agent session ids
+    predicted_gap_s: float | None  # waiting: when it is expected back (seconds after its last request)

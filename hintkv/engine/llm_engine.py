@@ -37,6 +37,7 @@ from hintkv.engine.types import (
     EngineStats,
     GenerateRequest,
     RequestOutput,
+    SessionDescription,
     SessionRef,
 )
 from hintkv.models.loader import load_model
@@ -181,7 +182,7 @@ class LLMEngine:
         with self.lock:
             return self.scheduler.manage(ref, edits)
 
-    def describe_session(self, tenant: str, session_id: str) -> dict | None:
+    def describe_session(self, tenant: str, session_id: str) -> SessionDescription | None:
         with self.lock:
             return self.scheduler.describe_session(tenant, session_id)
 

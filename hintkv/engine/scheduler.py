@@ -31,7 +31,7 @@ from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef
+from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 from hintkv.config import EngineConfig
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
@@ -260,11 +260,10 @@ class Scheduler:
     # ---- sessions --------------------------------------------------------------------------
     def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
         if not self.hints:
-            return [EditOutcome("none", notes=["hints are ignored by this server (--ignore-hints)"])
-                    for _ in edits]
+            return [EditOutcome("none", reason="hints_ignored") for _ in edits]
         return [self.sam.apply(ref, e) for e in edits]
 
-    def describe_session(self, tenant: str, session_id: str) -> dict | None:
+    def describe_session(self, tenant: str, session_id: str) -> SessionDescription | None:
         return None if self.sam is None else self.sam.describe(tenant, session_id)
 
     # ---- invariants ------------------------------------------------------------------------

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from hintkv.cache.types import CacheEdit, EditOutcome, SessionRef  # noqa: F401  (re-exported)
+from hintkv.cache.types import (  # noqa: F401  (re-exported)
+    CacheEdit,
+    EditOutcome,
+    SessionDescription,
+    SessionRef,
+)
 
 FinishReason = Literal["stop", "length", "abort"]
-SessionDescription = dict[str, Any]  # SAM's view of one session (see `SessionAwareManager.describe`)
 
 # Below this a temperature samples as greedy: logits / t would overflow float32 into NaN.
 MIN_TEMPERATURE = 1e-5

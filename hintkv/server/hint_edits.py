@@ -26,6 +26,7 @@ from hintkv.engine.client import EngineClient
 from hintkv.engine.types import CacheEdit, EditOutcome
 from hintkv.protocol import AgentHintResult, Edit, EditResult, TierCount
 from hintkv.protocol.ranges import Render, range_starts, stale_token_start
+from hintkv.server.edit_notes import edit_notes
 from hintkv.server.hints import RequestHint
 from hintkv.server.metrics import ServerMetrics
 
@@ -135,7 +136,7 @@ async def _manage(
         return outcomes
     except Exception as exc:  # hints never make a request fail
         logger.exception("applying agent_hint edits of session %s failed", rh.ref.session_id)
-        return [EditOutcome("skipped", notes=[f"engine error: {exc}"]) for _ in cache_edits]
+        return [EditOutcome("skipped", reason="engine_error", detail=str(exc)) for _ in cache_edits]
 
 
 def _result(p: PlannedEdit, outcome: EditOutcome | None) -> EditResult:
@@ -147,7 +148,7 @@ def _result(p: PlannedEdit, outcome: EditOutcome | None) -> EditResult:
     action = outcome.action if outcome.action in _REPORTED_ACTIONS else "none"
     notes = list(p.notes)
     if p.reports:
-        notes += outcome.notes
+        notes += edit_notes(outcome)
         tiers = {t: TierCount(blocks=b, tokens=n) for t, (b, n) in outcome.tiers.items()}
     else:
         tiers = {}

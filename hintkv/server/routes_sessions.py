@@ -10,6 +10,7 @@ that never existed: nothing about it is revealed.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from fastapi import APIRouter, Depends, Request, Response
 
@@ -32,4 +33,4 @@ async def get_session(request: Request, session_id: str, cache_salt: str | None 
             code="session_not_found",
             type="not_found_error",
         )
-    return Response(json.dumps(info), media_type="application/json")
+    return Response(json.dumps(asdict(info)), media_type="application/json")
