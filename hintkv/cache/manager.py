@@ -25,6 +25,7 @@ from hintkv.cache.block import Block
 from hintkv.cache.block_pool import BlockPool
 from hintkv.cache.hashing import BlockHash, hash_blocks
 from hintkv.cache.policies import EvictionPolicy
+from hintkv.cache.types import KVSequence
 
 if TYPE_CHECKING:
     from hintkv.cache.tier_connector import TierConnector
@@ -49,7 +50,7 @@ class KVCacheManager:
         self.tiers: TierConnector | None = None  # lower tiers (host, disk), when configured
 
     # ---- hashing -------------------------------------------------------------------------
-    def update_hashes(self, seq, upto: int) -> list[BlockHash]:
+    def update_hashes(self, seq: KVSequence, upto: int) -> list[BlockHash]:
         """Extend `seq.block_hashes` over the full blocks of its first `upto` tokens."""
         n_full = upto // self.block_size
         have = len(seq.block_hashes)
@@ -60,7 +61,7 @@ class KVCacheManager:
         return seq.block_hashes
 
     # ---- admission -----------------------------------------------------------------------
-    def match_prefix(self, seq) -> PrefixMatch:
+    def match_prefix(self, seq: KVSequence) -> PrefixMatch:
         """Longest run of cached device blocks at the start of the prompt. Pure.
 
         At most num_tokens - 1 tokens can hit: the last prompt token must run to give logits.
@@ -78,17 +79,17 @@ class KVCacheManager:
             match.lower = hashes[len(blocks):len(blocks) + len(match.lower_tiers)]
         return match
 
-    def _blocks_needed(self, seq, num_tokens_after: int, have: int) -> int:
+    def _blocks_needed(self, seq: KVSequence, num_tokens_after: int, have: int) -> int:
         return max(0, -(-num_tokens_after // self.block_size) - have)
 
-    def can_admit(self, seq, match: PrefixMatch, num_new_tokens: int) -> bool:
+    def can_admit(self, seq: KVSequence, match: PrefixMatch, num_new_tokens: int) -> bool:
         """Room for the matched prefix, its lower-tier run, and `num_new_tokens` after them."""
         upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
         need = self._blocks_needed(seq, upto, len(match.blocks))
         reclaimable_matched = sum(1 for b in match.blocks if b.ref_cnt == 0)
         return need <= self.pool.num_free - reclaimable_matched
 
-    def admit(self, seq, match: PrefixMatch, num_new_tokens: int) -> bool:
+    def admit(self, seq: KVSequence, match: PrefixMatch, num_new_tokens: int) -> bool:
         """Take the blocks; start loading the lower-tier run if any. True: the sequence must
         wait for `load_ready` (it computes nothing until `finish_load`)."""
         upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
@@ -118,10 +119,10 @@ class KVCacheManager:
         """Device blocks held by prefetches in flight (no sequence owns them; freed on landing)."""
         return 0 if self.tiers is None else len(self.tiers.prefetching_blocks())
 
-    def load_ready(self, seq) -> bool:
+    def load_ready(self, seq: KVSequence) -> bool:
         return self.tiers is None or self.tiers.load_ready(seq.request_id)
 
-    def finish_load(self, seq) -> int:
+    def finish_load(self, seq: KVSequence) -> int:
         """Land a ready load: register the blocks that arrived (in order, up to the first that
         did not) and advance the sequence over them. Returns the tokens loaded."""
         assert self.tiers is not None
@@ -140,16 +141,16 @@ class KVCacheManager:
         return tokens
 
     # ---- running -------------------------------------------------------------------------
-    def can_append(self, seq, num_new_tokens: int) -> bool:
+    def can_append(self, seq: KVSequence, num_new_tokens: int) -> bool:
         need = self._blocks_needed(seq, seq.num_computed_tokens + num_new_tokens, len(seq.block_table))
         return need <= self.pool.num_free
 
-    def append(self, seq, num_new_tokens: int) -> None:
+    def append(self, seq: KVSequence, num_new_tokens: int) -> None:
         need = self._blocks_needed(seq, seq.num_computed_tokens + num_new_tokens, len(seq.block_table))
         if need:
             seq.block_table.extend(self.pool.allocate(need))
 
-    def commit(self, seq) -> None:
+    def commit(self, seq: KVSequence) -> None:
         """After a step computed KV: index the sequence's newly full blocks by content hash."""
         n_full = seq.num_computed_tokens // self.block_size
         if n_full <= seq.num_registered_blocks:
@@ -167,7 +168,7 @@ class KVCacheManager:
         itself never copies."""
         return 0 if self.tiers is None else self.tiers.flush_write_downs()
 
-    def free(self, seq) -> None:
+    def free(self, seq: KVSequence) -> None:
         if self.tiers is not None:
             self.tiers.cancel_load(seq.request_id)
         self.pool.release(seq.block_table)

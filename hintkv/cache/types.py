@@ -5,7 +5,11 @@ server words them for clients (`server/edit_notes.py`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from hintkv.cache.block import Block
+    from hintkv.cache.hashing import BlockHash
 
 
 @dataclass(slots=True)
@@ -67,3 +71,26 @@ class SessionDescription:
     tokens_per_tier: dict[str, int]  # of them, where they are (device first)
     children: list[str]  # sub-agent session ids
     predicted_gap_s: float | None  # waiting: when it is expected back (seconds after its last request)
+
+
+class KVSequence(Protocol):
+    """The slice of a request the KV manager reads and writes (`engine.sequence.Sequence` is one).
+
+    Block-table invariant: `block_table[:num_registered_blocks]` are in the prefix index under
+    `block_hashes[:num_registered_blocks]`, and `num_computed_tokens <= num_tokens`.
+    """
+
+    request_id: str
+    token_ids: list[int]  # prompt + generated so far
+    num_prompt_tokens: int
+    root_hash: BlockHash  # namespace of the request's KV
+    num_computed_tokens: int  # tokens whose KV is in the block table
+    block_table: list[Block]
+    block_hashes: list[BlockHash]  # of full blocks, in order
+    num_registered_blocks: int  # leading blocks of block_table in the prefix index
+    num_cached_tokens: int  # prefix hit at first admission
+    admitted_once: bool
+    loading_counts_as_hit: bool  # the pending lower-tier load is this request's first hit
+
+    @property
+    def num_tokens(self) -> int: ...

@@ -174,3 +174,12 @@ def test_ignore_hints_keeps_sessions_out():
     assert a.session_key is None and sched.describe_session("t", "s") is None
     (outcome,) = sched.manage(SessionRef("t", "s", "s"), [CacheEdit("evict")])
     assert outcome.action == "none"
+
+
+def test_a_sequence_is_what_the_cache_reads():
+    from hintkv.cache.types import KVSequence
+
+    s = seq("a", [5, 6, 7])
+    fields = set(KVSequence.__annotations__) | {"num_tokens"}
+    assert len(fields) == 12
+    assert all(hasattr(s, f) for f in fields), fields - {f for f in fields if hasattr(s, f)}
