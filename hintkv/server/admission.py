@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hintkv.engine.client import EngineClient
 from hintkv.engine.types import GenerateRequest, SamplingParams, SessionRef
 from hintkv.server.api_requests import ChatCompletionRequest, CompletionRequest
 from hintkv.server.errors import APIError, bad_request
@@ -60,13 +61,13 @@ def completion_prompt_ids(tokenizer: Any, req: CompletionRequest) -> list[int]:
     return list(req.prompt)
 
 
-def request_capacity(engine: Any) -> int:
+def request_capacity(engine: EngineClient) -> int:
     """The most tokens (prompt + output) one request may hold."""
     return min(engine.max_model_len, engine.num_kv_tokens)
 
 
 def generate_request(
-    engine: Any,
+    engine: EngineClient,
     request_id: str,
     prompt_ids: list[int],
     req: ChatCompletionRequest | CompletionRequest,

@@ -13,10 +13,10 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 
+from hintkv.engine.client import EngineClient
 from hintkv.engine.types import GenerateRequest
 from hintkv.models.tokenizer import IncrementalDetokenizer
 from hintkv.server.errors import APIError, bad_request
@@ -39,7 +39,7 @@ class Finished:
 
 
 async def generate_text(
-    engine: Any,
+    engine: EngineClient,
     req: GenerateRequest,
     stops: list[str],
     metrics: ServerMetrics,
