@@ -12,7 +12,12 @@ One engine step is `schedule()` -> the model runner -> `update_from_output()`:
 
 Nothing here reads a tensor or the wall clock directly: time comes from `clock` (default
 `time.monotonic`), so a simulator can drive the real scheduler with made-up runner output
-under a virtual clock.
+under a virtual clock. A driver's step, as `LLMEngine.step` does it:
+
+    out = scheduler.schedule()
+    scheduler.kv.flush_write_downs()    # with tiers: copy down the victims this pass reuses
+    runner_out = <run out.scheduled>    # ModelRunnerOutput: token ids per scheduled sequence
+    outputs = scheduler.update_from_output(out, runner_out)
 
 A sequence whose prefix continues in a lower tier (host, disk) is admitted with blocks for it
 and set aside as LOADING while the blocks arrive; it takes no token budget, and the sequences
