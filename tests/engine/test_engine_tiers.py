@@ -34,6 +34,12 @@ def last_block_kv(engine, sid: str = "a") -> torch.Tensor:
     return out
 
 
+def drop_last_block(engine, sid: str = "a") -> None:
+    """Forget A's last prompt block (a range evict from token 48): it is computed again."""
+    (out,) = engine.manage(session(sid), [CacheEdit("evict", token_start=48)])
+    assert out.tiers["device"][0] == -1  # 67 tokens have KV: 4 full blocks, the last one goes
+
+
 def push_out(engine) -> None:
     for i, p in enumerate(FILL):
         generate(engine, p, f"fill{i}")
@@ -41,10 +47,13 @@ def push_out(engine) -> None:
 
 @pytest.fixture(scope="module")
 def reference():
-    """A computed in full, then A again with its prefix from the device pool."""
+    """A computed in full, then A again with its prefix from the device pool (its last block
+    dropped first, so that block is really recomputed as a chunk over the reused prefix: an
+    identical block left in the pool would be found instead of the recomputed copy)."""
     engine = tiny_engine(kv_tokens=32 * 16)
     full, _ = generate(engine, A, "a")
     full_kv = last_block_kv(engine)
+    drop_last_block(engine)
     again, cached = generate(engine, A, "a")
     assert cached == 48 and again == full
     return full, full_kv, last_block_kv(engine)
@@ -66,6 +75,7 @@ def test_greedy_output_and_kv_identical_wherever_the_prefix_came_from(where, tmp
     if engine.tiers is not None:
         engine.sam.predict_resume = False  # the load must happen at admission, not ahead
     generate(engine, A, "a")
+    drop_last_block(engine)
     if where != "device":
         push_out(engine)
     out, cached = generate(engine, A, "a")
