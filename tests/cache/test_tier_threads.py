@@ -1,0 +1,138 @@
+"""Tier and mover threads never read the session registry; write-downs never copy in `allocate`.
+
+A registry that records the thread of every attribute access drives real host + disk tiers
+(small, so blocks cascade and promote on the mover's threads) through the tier connector.
+Everything tier threads need (is this block held? which class?) comes from the published board.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from hintkv.cache.hashing import hash_blocks, namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.tier_connector import TierConnector
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.disk import DiskTier
+from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.host import HostTier
+from hintkv.tiers.mover import Mover
+from hintkv.tiers.stack import TierStack
+
+BS = 4
+NUM_BLOCKS = 8
+ROOT = namespace_root("test", "float32", BS, None)
+
+
+class RecordingRegistry(SessionRegistry):
+    """A real registry that notes which threads read or write it."""
+
+    def __getattribute__(self, name):
+        threads = object.__getattribute__(self, "__dict__").get("threads")
+        if threads is not None:
+            threads.add(threading.current_thread().name)
+        return object.__getattribute__(self, name)
+
+
+def _connector(tmp_path, policy: str):
+    sessions = RecordingRegistry()
+    sessions.threads = set()
+    kv = KVCacheManager(NUM_BLOCKS, BS, make_policy(policy, sessions=sessions))
+    io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2) for _ in range(2)])
+    mover = Mover(num_workers=2)
+    host = HostTier(io.layout, 3 * io.layout.nbytes, mover=mover)
+    disk = DiskTier(io.layout, tmp_path, 40 * (HEADER_SIZE + io.layout.nbytes), mover=mover)
+    stack = TierStack([host, disk], mover=mover, owns_mover=True)
+    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=True)
+    return sessions, kv, io, stack
+
+
+def _cache_session(sessions, kv, name: str, start: int, n: int = 4) -> list[bytes]:
+    """A session that ran `n` blocks and now waits holding them (cached on the device)."""
+    hashes = hash_blocks(ROOT, list(range(start, start + n * BS)), BS)
+    blocks = kv.pool.allocate(n)
+    for b, h in zip(blocks, hashes):
+        kv.pool.register(b, h)
+    s = sessions.on_arrival("t", name, name, 0.0)
+    sessions.on_done(s.key, hashes, 0.0)
+    kv.pool.release(blocks)
+    return hashes
+
+
+def test_the_recording_registry_sees_other_threads():
+    sessions = RecordingRegistry()
+    sessions.threads = set()
+    t = threading.Thread(target=lambda: sessions.is_held(b"x"), name="probe")
+    t.start()
+    t.join()
+    assert "probe" in sessions.threads  # the check below can fail
+
+
+def test_tier_threads_never_touch_the_session_registry(tmp_path):
+    for policy in ("sam", "lru"):
+        sessions, kv, io, stack = _connector(tmp_path / policy, policy)
+        host = stack.tiers[0]
+        contexts: list[list[bytes]] = []
+        for round_ in range(3):
+            for i in range(6):  # each session moves on to a new context: the older is written down
+                kv.tiers.poll()  # the engine's per-step publication
+                hashes = _cache_session(sessions, kv, f"s{i}", 10_000 * round_ + 1000 * i)
+                kv.tiers.flush_write_downs()
+                contexts.append(hashes)
+                stack.flush()
+                # a load from below: reads, promotions, evictions, cascades on the movers
+                old = contexts[len(contexts) // 2]
+                for key in host.keys()[:1]:
+                    host.remove(key)  # room for a promotion
+                staging = torch.empty((len(old), *io.layout.shape))
+                for f in [stack.load(h, staging[j]) for j, h in enumerate(old)]:
+                    f.result()
+                stack.flush()
+        # a put from another thread into the full host tier: its evictions ask keep / rank there
+        kv.tiers.poll()
+        last = contexts[-1]
+        staging = torch.zeros((len(last), *io.layout.shape))
+        for key in host.keys():
+            host.remove(key)
+        stack.flush()
+        fill = hash_blocks(ROOT, list(range(90_000, 90_000 + 3 * BS)), BS)
+        assert all(f.result() for f in stack.store([(h, staging[0]) for h in fill]))
+        t = threading.Thread(name="hintkv-mover-probe", target=lambda: [
+            f.result() for f in stack.store(list(zip(last, staging.unbind(0))))])
+        t.start()
+        t.join()
+        assert host.stats().num_evicted > 0
+        assert kv.pool.num_evicted > 0
+        assert stack.stats().num_cascaded > 0 and stack.stats().num_promoted > 0
+        assert sessions.threads == {threading.current_thread().name}, sessions.threads
+        kv.check_integrity()
+        sessions.check_integrity()
+        stack.close()
+
+
+def test_allocate_only_queues_write_downs_and_flush_stores_exact_bytes(tmp_path):
+    sessions, kv, io, stack = _connector(tmp_path, "sam")
+    hashes = _cache_session(sessions, kv, "a", 0)
+    expect = {}
+    for h in hashes:
+        out = torch.empty((1, *io.layout.shape))
+        io.read([kv.pool.lookup(h).block_id], out)
+        expect[h] = out[0].clone()
+    blocks = kv.pool.allocate(NUM_BLOCKS)  # evicts a's 4 blocks
+    assert kv.tiers.counters.num_written_down == 0 and kv.tiers.num_write_downs_queued == 4
+    assert stack.lookup(hashes) == [None] * 4  # nothing copied yet
+    assert kv.flush_write_downs() == 4
+    for b in blocks:  # now the forward pass may overwrite the reused blocks
+        for layer in io.kv_caches:
+            layer[:, b.block_id].fill_(-1.0)
+    stack.flush()
+    for h in hashes:
+        dst = torch.empty(io.layout.shape)
+        assert stack.load(h, dst).result() and torch.equal(dst, expect[h])
+    kv.pool.release(blocks)
+    kv.check_integrity()
+    stack.close()
