@@ -38,6 +38,7 @@ class ClassRanking:
         self.num_classes = policy.num_classes
         self._session_cls: dict[str, int] = {}  # live session key -> its class
         self._counts: dict[BlockHash, list[int]] = {}  # held hash -> holders per class
+        self._top: dict[BlockHash, int] = {}  # held hash -> its class (highest non-zero count)
         self._delta: dict[BlockHash, int | None] = {}
         self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
         self._version: dict[str, int] = {}
@@ -49,23 +50,17 @@ class ClassRanking:
 
     # ---- queries ---------------------------------------------------------------------------
     def block_class(self, h: BlockHash | None) -> int:
-        counts = self._counts.get(h) if h is not None else None
-        if counts is None:
-            return UNHELD
-        for c in range(self.num_classes - 1, -1, -1):
-            if counts[c]:
-                return c
-        return UNHELD  # unreachable: a hash with all-zero counts is removed
+        return UNHELD if h is None else self._top.get(h, UNHELD)
 
     def is_held(self, h: BlockHash) -> bool:
-        return h in self._counts
+        return h in self._top
 
     def session_class(self, key: str) -> int | None:
         return self._session_cls.get(key)
 
     def snapshot(self) -> dict[BlockHash, int]:
         """Every held hash and its class (for a tier board joining late)."""
-        return {h: self.block_class(h) for h in self._counts}
+        return dict(self._top)
 
     def take_delta(self) -> Mapping[BlockHash, int | None]:
         """Class changes since the last call, frozen: hash -> class, None = no longer held."""
@@ -123,23 +118,35 @@ class ClassRanking:
             heapq.heappush(self._rechecks, (now + max(after, 0.0) + 1e-3, version, s.key))
 
     def _shift(self, h: BlockHash, old: int | None, new: int | None) -> None:
-        """One holder of `h` moves from class `old` to `new` (None: not a holder)."""
-        before = self.block_class(h) if h in self._counts else None
+        """One holder of `h` moves from class `old` to `new` (None: not a holder). O(1) unless
+        the top class empties (then a scan of at most num_classes counts)."""
         counts = self._counts.get(h)
-        if old is not None and counts is not None:
+        before = self._top.get(h)
+        if counts is None:
+            if new is None:
+                return
+            counts = self._counts[h] = [0] * self.num_classes
+        if old is not None:
             counts[old] -= 1
         if new is not None:
-            if counts is None:
-                counts = self._counts[h] = [0] * self.num_classes
             counts[new] += 1
-        if counts is not None and not any(counts):
-            del self._counts[h]
-        after = self.block_class(h) if h in self._counts else None
-        if after != before:
-            self._delta[h] = after
-            self.num_moves += 1
-            for listener in self.listeners:
-                listener(h, UNHELD if after is None else after)
+        after = before
+        if new is not None and (before is None or new > before):
+            after = new
+        elif old is not None and old == before and not counts[old]:
+            after = next((c for c in range(old - 1, -1, -1) if counts[c]), None)
+            if after is None and new is None:
+                del self._counts[h]
+        if after == before:
+            return
+        if after is None:
+            del self._top[h]
+        else:
+            self._top[h] = after
+        self._delta[h] = after
+        self.num_moves += 1
+        for listener in self.listeners:
+            listener(h, UNHELD if after is None else after)
 
     def check_integrity(self, sessions: Mapping[str, Session]) -> None:
         expect: dict[BlockHash, list[int]] = {}
@@ -150,3 +157,5 @@ class ClassRanking:
             for h in s.held:
                 expect.setdefault(h, [0] * self.num_classes)[c] += 1
         assert expect == self._counts, "class counts out of sync with the sessions' held lists"
+        assert self._top == {h: max(c for c, n in enumerate(counts) if n)
+                             for h, counts in expect.items()}, "a block's class is stale"

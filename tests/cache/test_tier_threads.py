@@ -96,13 +96,15 @@ def test_tier_threads_never_touch_the_session_registry(tmp_path):
         kv.tiers.poll()
         last = contexts[-1]
         staging = torch.zeros((len(last), *io.layout.shape))
-        for key in host.keys():
+        keys = host.keys()
+        for key in keys:
             host.remove(key)
         stack.flush()
         fill = hash_blocks(ROOT, list(range(90_000, 90_000 + 3 * BS)), BS)
         assert all(f.result() for f in stack.store([(h, staging[0]) for h in fill]))
-        t = threading.Thread(name="hintkv-mover-probe", target=lambda: [
-            f.result() for f in stack.store(list(zip(last, staging.unbind(0))))])
+        items = list(zip(last, staging.unbind(0)))
+        t = threading.Thread(name="hintkv-mover-probe", target=lambda st=stack, it=items: [
+            f.result() for f in st.store(it)])
         t.start()
         t.join()
         assert host.stats().num_evicted > 0

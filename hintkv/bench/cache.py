@@ -1,0 +1,343 @@
+"""`hintkv bench cache`: the cache core alone at real sizes (no model), `sam` against `lru`.
+
+    python -m hintkv bench cache [--quick]
+
+One "world" per (policy, device pool, live sessions): a real `KVCacheManager` + `SessionRegistry`
++ SAM + `TierConnector` over a real host tier of 10x the device pool (a tiny block payload, 64
+bytes: what is measured is bookkeeping, not copies). Every live session holds a 2K-token context
+(a 1K-token system prompt shared by all + 1K of its own); the contexts are placed on the device
+and written down to host as the pool fills, so the device is full of cached blocks and every
+admission evicts. Then, per operation, the latency of single calls (median, p99):
+
+    match          match_prefix of a session's context (hashes precomputed, as the engine does)
+    admit          can_admit + admit of a 4-block prompt (evicts 4 cached blocks: full pool)
+    append         can_append + append of one decode token
+    commit         commit after one computed token
+    free           free of a finished 2K-token sequence
+    arrive / done  a session's request arrives / ends (its 128 blocks change class)
+    victims        choose_victims(16)
+    tier_put       TierStack.store of one block (the caller's cost; the copy runs on the mover)
+    tier_lookup    TierStack.lookup of a 128-block context
+
+and the bookkeeping of one scheduler step with 256 running sequences: per step every running
+sequence appends and commits one token, one finishes (free + session done), one session resumes
+(arrival, prefix match across device and host, admission, its load landing later), SAM's per-step
+re-ranking and the connector's poll. The write-down flush (outside the state lock, before the
+forward pass) is timed separately.
+
+Goals (issue 7): step bookkeeping at 1M device + 10M host tokens, 1000 sessions, 256 running
+< 1 ms median and < 5 ms p99; each operation's median flat within 2x from 10K to 1M tokens;
+`sam` within 1.5x of `lru` per operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from collections.abc import Callable
+
+import torch
+
+from hintkv.bench.common import (
+    add_common_args,
+    emit_json,
+    goal,
+    log,
+    median,
+    percentile,
+    print_table,
+)
+from hintkv.cache.hashing import hash_blocks, namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.tier_connector import TierConnector
+from hintkv.cache.types import SessionRef
+from hintkv.engine.sequence import Sequence
+from hintkv.engine.types import SamplingParams
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.host import HostTier
+from hintkv.tiers.stack import TierStack
+
+BS = 16
+SYSTEM_BLOCKS = 64  # shared by every session
+OWN_BLOCKS = 64  # each session's own context
+RUNNING = 256
+HOST_FACTOR = 10
+ROOT = namespace_root("bench-cache", "float16", BS, None)
+OPS = ["match", "admit", "append", "commit", "free", "arrive", "done", "victims", "tier_put",
+       "tier_lookup"]
+SAMPLING = SamplingParams(temperature=0, max_tokens=1 << 30)
+
+
+class World:
+    """The cache core of one engine, filled to a steady state (device full of cached blocks)."""
+
+    def __init__(self, policy: str, device_tokens: int, num_sessions: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.num_blocks = device_tokens // BS
+        self.sessions = SessionRegistry(protect_budget_blocks=self.num_blocks // 10)
+        self.kv = KVCacheManager(self.num_blocks, BS, make_policy(policy, sessions=self.sessions))
+        self.sam = SessionAwareManager(self.kv, self.sessions)
+        kv_cache = torch.zeros(2, self.num_blocks, BS, 1, 1, dtype=torch.float16)
+        self.io = DeviceBlockIO([kv_cache])
+        host = HostTier(self.io.layout, HOST_FACTOR * self.num_blocks * self.io.layout.nbytes)
+        self.stack = TierStack([host])
+        self.kv.tiers = TierConnector(self.kv.pool, BS, self.stack, self.io, self.kv.ranking,
+                                      hints=True)
+        self.payload = torch.zeros(self.io.layout.shape, dtype=self.io.layout.dtype)
+        self._n = 0
+        system = self._tokens(SYSTEM_BLOCKS * BS)
+        self.contexts: list[list[int]] = []  # per session: system prompt + its own context
+        self.hashes: list[list[bytes]] = []
+        # only the latest contexts can still be resident (device + host); older ones were
+        # evicted long ago and are only held in the registry (placing them would only churn)
+        resident_from = num_sessions - (HOST_FACTOR + 1) * self.num_blocks // OWN_BLOCKS - 1
+        for i in range(num_sessions):
+            tokens = system + self._tokens(OWN_BLOCKS * BS)
+            self.contexts.append(tokens)
+            self.hashes.append(hash_blocks(ROOT, tokens, BS))
+            key = self.sam.on_arrival(self._ref(i))
+            if i >= resident_from:
+                self._place(self.hashes[i])
+            self.sam.on_done(key, self.hashes[i])
+            if i % 16 == 15:
+                self._settle()
+        self._settle()
+        self.stack.flush()
+
+    def _ref(self, i: int) -> SessionRef:
+        return SessionRef("bench", f"s{i}", f"s{i}")
+
+    def _tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(1, 49_000) for _ in range(n)]
+
+    def _place(self, hashes: list[bytes]) -> None:
+        """The context's KV lands on the device as cached blocks (older ones get evicted)."""
+        todo = [h for h in hashes if self.kv.pool.lookup(h) is None]
+        todo = todo[:self.num_blocks]
+        blocks = self.kv.pool.allocate(len(todo))
+        for b, h in zip(blocks, todo):
+            self.kv.pool.register(b, h)
+        self.kv.pool.release(blocks)
+
+    def _settle(self) -> None:
+        self.kv.tiers.poll()
+        self.kv.flush_write_downs()
+
+    def seq(self, tokens: list[int], hashes: list[bytes] | None = None) -> Sequence:
+        self._n += 1
+        s = Sequence(f"r{self._n}", list(tokens), len(tokens), SAMPLING, ROOT)
+        if hashes is not None:
+            s.block_hashes = list(hashes)
+        return s
+
+    def fresh_seq(self, num_blocks: int) -> Sequence:
+        tokens = self._tokens(num_blocks * BS)
+        return self.seq(tokens, hash_blocks(ROOT, tokens, BS))
+
+    @property
+    def host_fill(self) -> float:
+        u = self.stack.usage()["host"]
+        return u.num_blocks / max(1, u.capacity_blocks)
+
+
+def _time(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t0) / 1e3  # microseconds
+
+
+def measure_ops(w: World, samples: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {op: [] for op in OPS}
+    kv, pool, n_sessions = w.kv, w.kv.pool, len(w.contexts)
+    for _ in range(samples):
+        w.stack.flush()  # no backlog of copies competing for the GIL while one call is timed
+        i = w.rng.randrange(n_sessions)
+        # match: a resumed session's context + one new token
+        s = w.seq(w.contexts[i] + [7], w.hashes[i])
+        out["match"].append(_time(lambda s=s: kv.match_prefix(s)))
+        # admit a 4-block prompt into the full pool, then compute, finish and free it
+        s = w.fresh_seq(4)
+        m = kv.match_prefix(s)
+
+        def admit(s=s, m=m) -> None:
+            if kv.can_admit(s, m, s.num_tokens):
+                kv.admit(s, m, s.num_tokens)
+        out["admit"].append(_time(admit))
+        w.kv.flush_write_downs()
+        s.num_computed_tokens = s.num_tokens - 1
+        kv.commit(s)
+        for _ in range(3):  # decode tokens
+            s.token_ids.append(5)
+
+            def append(s=s) -> None:
+                if kv.can_append(s, 1):
+                    kv.append(s, 1)
+            out["append"].append(_time(append))
+            s.num_computed_tokens += 1
+            out["commit"].append(_time(lambda s=s: kv.commit(s)))
+        kv.free(s)
+        # free a finished 2K-token sequence (its session's context, admitted from the device)
+        s = w.seq(w.contexts[i] + [9], w.hashes[i])
+        m = kv.match_prefix(s)
+        if not m.lower and kv.can_admit(s, m, s.num_tokens - m.num_tokens):
+            kv.admit(s, m, s.num_tokens - m.num_tokens)
+            s.num_computed_tokens = s.num_tokens
+            kv.commit(s)
+            w.kv.flush_write_downs()
+            out["free"].append(_time(lambda s=s: kv.free(s)))
+        # a session's state changes (its held blocks change class)
+        keys: list[str] = []
+        ref = w._ref(i)
+        out["arrive"].append(_time(lambda r=ref, ks=keys: ks.append(w.sam.on_arrival(r))))
+        out["done"].append(_time(lambda k=keys[0], hs=w.hashes[i]: w.sam.on_done(k, hs)))
+        out["victims"].append(_time(lambda: pool.choose_victims(16)))
+        h = w.rng.randbytes(16)
+        out["tier_put"].append(_time(lambda h=h: w.stack.store([(h, w.payload)])))
+        out["tier_lookup"].append(_time(lambda hs=w.hashes[i]: w.stack.lookup(hs)))
+        w.kv.tiers.poll()
+    w.stack.flush()
+    return out
+
+
+def measure_steps(w: World, steps: int) -> tuple[list[float], list[float], int]:
+    """Per-step bookkeeping (ms) and write-down flush (ms) with RUNNING sequences decoding."""
+    kv, n_sessions = w.kv, len(w.contexts)
+    per_seq = 8 + 2  # a running sequence's blocks: 8-block prompt + room to decode
+    running_target = min(RUNNING, max(1, (w.num_blocks // 2) // per_seq))
+    running: list[Sequence] = []
+    for _ in range(running_target):
+        s = w.fresh_seq(8)
+        m = kv.match_prefix(s)
+        kv.admit(s, m, s.num_tokens)
+        s.num_computed_tokens = s.num_tokens
+        kv.commit(s)
+        w.kv.flush_write_downs()
+        running.append(s)
+    loading: list[Sequence] = []
+    step_ms, flush_ms = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        now = time.monotonic()
+        w.sam.on_step(now)
+        w.kv.tiers.poll()
+        for s in [s for s in loading if kv.load_ready(s)]:  # a resumed session's load landed
+            kv.finish_load(s)
+            loading.remove(s)
+            kv.free(s)
+            w.sam.on_done(s.session_key, s.block_hashes[:s.num_computed_tokens // BS])
+        for s in running:
+            s.token_ids.append(3)
+            if kv.can_append(s, 1):
+                kv.append(s, 1)
+        # one finishes: its session now holds its blocks
+        done = running.pop(0)
+        kv.free(done)
+        # one session resumes: prefix from the device and the host tier
+        i = w.rng.randrange(n_sessions)
+        key = w.sam.on_arrival(w._ref(i))
+        s = w.seq(w.contexts[i] + [11], w.hashes[i])
+        s.session_key = key
+        m = kv.match_prefix(s)
+        rest = s.num_tokens - m.num_tokens - len(m.lower) * BS  # computed after the prefix
+        if kv.can_admit(s, m, rest):
+            if kv.admit(s, m, rest):
+                loading.append(s)
+            else:
+                s.num_computed_tokens = s.num_tokens
+                kv.commit(s)
+                kv.free(s)
+                w.sam.on_done(key, s.block_hashes[:s.num_computed_tokens // BS])
+        else:
+            w.sam.on_done(key, w.hashes[i])
+        # post-forward update of the running batch
+        for s in running:
+            s.num_computed_tokens += 1
+            kv.commit(s)
+        t1 = time.perf_counter_ns()
+        kv.flush_write_downs()
+        t2 = time.perf_counter_ns()
+        step_ms.append((t1 - t0) / 1e6)
+        flush_ms.append((t2 - t1) / 1e6)
+        fresh = w.fresh_seq(8)  # keep the batch at its size (not timed: a new request's prefill)
+        m = kv.match_prefix(fresh)
+        if kv.can_admit(fresh, m, fresh.num_tokens):
+            kv.admit(fresh, m, fresh.num_tokens)
+            fresh.num_computed_tokens = fresh.num_tokens
+            kv.commit(fresh)
+            kv.flush_write_downs()
+            running.append(fresh)
+    for s in running + loading:
+        kv.free(s)
+    kv.check_integrity()
+    w.sessions.check_integrity()
+    return step_ms, flush_ms, running_target
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hintkv bench cache", description=__doc__.split("\n")[0])
+    add_common_args(p)
+    args = p.parse_args(argv)
+    sizes = [10_000, 1_000_000] if args.quick else [10_000, 100_000, 1_000_000]
+    session_counts = [1000] if args.quick else [10, 100, 1000]
+    samples, steps = (150, 100) if args.quick else (400, 300)
+    rows, results = [], {}
+    for tokens in sizes:
+        for n_sessions in session_counts:
+            for policy in ("lru", "sam"):
+                t0 = time.perf_counter()
+                w = World(policy, tokens, n_sessions, args.seed)
+                setup_s = time.perf_counter() - t0
+                gc.collect()
+                gc.disable()  # a collection pause is not the cache's cost
+                try:
+                    ops = measure_ops(w, samples)
+                    step_ms, flush_ms, n_running = measure_steps(w, steps)
+                finally:
+                    gc.enable()
+                row = {"policy": policy, "device_tokens": tokens,
+                       "host_tokens": HOST_FACTOR * tokens, "sessions": n_sessions,
+                       "running": n_running, "host_fill": round(w.host_fill, 3),
+                       "step_ms_p50": median(step_ms), "step_ms_p99": percentile(step_ms, 99),
+                       "flush_ms_p50": median(flush_ms), "setup_s": setup_s}
+                for op, xs in ops.items():
+                    row[f"{op}_us"] = median(xs) if xs else None
+                    row[f"{op}_us_p99"] = percentile(xs, 99) if xs else None
+                rows.append(row)
+                results[(policy, tokens, n_sessions)] = row
+                log(f"{policy} {tokens} tokens {n_sessions} sessions: step "
+                    f"{row['step_ms_p50']:.3f} ms p50, setup {setup_s:.1f}s")
+                w.kv.tiers.close()
+    print_table(rows, ["policy", "device_tokens", "sessions", "running", "host_fill",
+                       "step_ms_p50", "step_ms_p99", "flush_ms_p50"]
+                + [f"{op}_us" for op in OPS])
+    big, small, most = max(sizes), min(sizes), max(session_counts)
+    key_row = results[("sam", big, most)]
+    flat = {f"{pol}:{op}": results[(pol, big, most)][f"{op}_us"] / results[(pol, small, most)][f"{op}_us"]
+            for pol in ("lru", "sam") for op in OPS
+            if results[(pol, big, most)][f"{op}_us"] and results[(pol, small, most)][f"{op}_us"]}
+    vs_lru = {f"{tokens}/{n}:{op}": results[("sam", tokens, n)][f"{op}_us"]
+              / results[("lru", tokens, n)][f"{op}_us"]
+              for tokens in sizes for n in session_counts for op in OPS
+              if results[("sam", tokens, n)][f"{op}_us"] and results[("lru", tokens, n)][f"{op}_us"]}
+    worst_flat = max(flat, key=flat.get)
+    worst_vs = max(vs_lru, key=vs_lru.get)
+    goals = {
+        "step_bookkeeping_median_ms": goal(1.0, key_row["step_ms_p50"], key_row["step_ms_p50"] < 1.0),
+        "step_bookkeeping_p99_ms": goal(5.0, key_row["step_ms_p99"], key_row["step_ms_p99"] < 5.0),
+        "op_flat_10k_to_1m_max_ratio": goal(2.0, flat[worst_flat], flat[worst_flat] <= 2.0),
+        "sam_vs_lru_max_ratio": goal(1.5, vs_lru[worst_vs], vs_lru[worst_vs] <= 1.5),
+    }
+    emit_json({"bench": "cache", "quick": args.quick, "block_size": BS,
+               "context_tokens": (SYSTEM_BLOCKS + OWN_BLOCKS) * BS, "worst_flat": worst_flat,
+               "worst_sam_vs_lru": worst_vs, "flat_ratios": flat, "sam_vs_lru": vs_lru,
+               "rows": rows, "goals": goals})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
