@@ -13,15 +13,15 @@ engine's state lock, so it is consistent with the scheduler, and none of it can 
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.sessions import Session, SessionRegistry, SessionState, session_key
+from hintkv.cache.sessions import SessionRegistry, SessionState, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 
-PREDICT_EVERY_S = 0.2  # how often waiting sessions are checked for a predicted resume
 PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
 
 
@@ -31,10 +31,12 @@ class SessionAwareManager:
         self.kv = kv
         self.sessions = sessions
         self.clock = clock  # injectable: a simulator drives SAM under a virtual clock
+        kv.ranking.clock = clock  # re-ranking on events that carry no time uses the same clock
         self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
         self.num_predicted_prefetches = 0
-        self._predicted: dict[str, float] = {}  # session key -> last_done already prefetched for
-        self._last_predict = float("-inf")
+        # (when to prefetch, session key, the last_done it was predicted from): one entry per
+        # request end, popped when due, so a step costs O(due sessions), not O(live sessions)
+        self._resumes: list[tuple[float, str, float]] = []
 
     # ---- once per engine step --------------------------------------------------------------
     def on_step(self, now: float | None = None) -> None:
@@ -45,28 +47,28 @@ class SessionAwareManager:
             self.predict(now)
 
     def predict(self, now: float) -> None:
-        """Prefetch waiting sessions whose predicted return is within the lead time (cheap:
-        runs every PREDICT_EVERY_S, once per session gap)."""
+        """Prefetch the waiting sessions whose predicted return is within the lead time."""
         tiers = self.kv.tiers
-        if tiers is None or now - self._last_predict < PREDICT_EVERY_S:
-            return
-        self._last_predict = now
-        for s in self.sessions.live():
-            if not self._due(s, now, tiers.costs.load_s("disk")):
-                continue
-            self._predicted[s.key] = s.last_done
+        while tiers is not None and self._resumes and self._resumes[0][0] <= now:
+            _, key, last_done = heapq.heappop(self._resumes)
+            s = self.sessions.sessions.get(key)
+            if s is None or s.last_done != last_done or s.state is not SessionState.WAITING \
+                    or not s.held or s.num_inflight:
+                continue  # it came back, ended or was suspended since
+            if now - s.last_done > self.sessions.predicted_gap(s)[1]:
+                continue  # presumed gone
             if tiers.prefetch(s.held)[0]:
                 self.num_predicted_prefetches += 1
                 tiers.counters.num_predicted_prefetches += 1
 
-    def _due(self, s: Session, now: float, load_s_per_block: float) -> bool:
-        if s.state is not SessionState.WAITING or not s.held or s.num_inflight:
-            return False
-        if self._predicted.get(s.key) == s.last_done:
-            return False
-        expected, stale = self.sessions.predicted_gap(s)
-        lead = PREDICT_LEAD_S + len(s.held) * load_s_per_block
-        return now - s.last_done <= stale and s.last_done + expected - now <= lead
+    def _schedule_resume(self, key: str) -> None:
+        s = self.sessions.sessions.get(key)
+        tiers = self.kv.tiers
+        if tiers is None or s is None or s.state is not SessionState.WAITING or not s.held:
+            return
+        expected, _ = self.sessions.predicted_gap(s)
+        lead = PREDICT_LEAD_S + len(s.held) * tiers.costs.load_s("disk")
+        heapq.heappush(self._resumes, (s.last_done + expected - lead, key, s.last_done))
 
     # ---- request lifecycle ---------------------------------------------------------------
     def on_arrival(self, ref: SessionRef, tool: str | None = None) -> str:
@@ -80,6 +82,8 @@ class SessionAwareManager:
         orphans = self.sessions.on_done(key, hashes, self.clock())
         if orphans and self.kv.tiers is not None:
             self.kv.tiers.remove_below(orphans)  # device copies stay cached (first to go)
+        if self.predict_resume:
+            self._schedule_resume(key)
 
     # ---- edits ---------------------------------------------------------------------------
     def apply(self, ref: SessionRef, edit: CacheEdit) -> EditOutcome:

@@ -222,19 +222,19 @@ class TierConnector:
         Returns (blocks scheduled, blocks already on the device)."""
         on_device = 0
         todo: list[BlockHash] = []
+        in_flight = self._in_flight()
         for h in hashes:
             if self.pool.lookup(h) is not None:
                 on_device += 1
-                continue
-            if h in self._in_flight():
-                continue
-            todo.append(h)
+            elif h not in in_flight:
+                todo.append(h)
+        room = self.room_below_protected()
         tiers = []
-        for t in self.stack.lookup(todo):
+        for t in self.stack.lookup(todo[:room]):
             if t is None:
                 break
             tiers.append(t)
-        n = min(len(tiers), self.room_below_protected())
+        n = len(tiers)
         if n == 0:
             return 0, on_device
         blocks = self.pool.allocate(n)  # victims (ranked below running) are written down first
