@@ -1,7 +1,9 @@
-"""The `hintkv` command (also `python -m hintkv`): sub-commands `serve` and `bench`.
+"""The `hintkv` command (also `python -m hintkv`): `serve`, `bench`, `pool`, `router`.
 
     hintkv serve --model dummy:tiny --kv-cache-tokens 8192 --port 8000
     hintkv bench engine --quick
+    hintkv pool start                     # a local Mooncake master for --pool mooncake
+    hintkv router --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002
 
 Heavy modules (torch, the engine, uvicorn) are imported only by the sub-command that needs them,
 so `hintkv --help` and `hintkv bench ...` start fast.
@@ -84,6 +86,74 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_bench)
 
 
+def _add_pool(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pool", help="the shared KV pool: `hintkv pool start` runs a Mooncake master")
+    p.add_argument("action", choices=["start"])
+    p.add_argument("--rpc-port", type=int, default=50051)
+    p.add_argument("--http-port", type=int, default=8080, help="HTTP metadata server port")
+    p.add_argument("--metrics-port", type=int, default=9003)
+    p.add_argument("--lease-ttl-ms", type=int, default=5000,
+                   help="how long a read or keep-alive protects a key from removal")
+    p.set_defaults(run=_run_pool)
+
+
+def _run_pool(args: argparse.Namespace) -> int:
+    import time
+
+    from hintkv.pool.master import MooncakeMaster
+
+    m = MooncakeMaster(args.rpc_port, args.http_port, args.metrics_port, args.lease_ttl_ms)
+    try:
+        m.start()
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        print(f"hintkv pool: {exc}", file=sys.stderr)
+        return 1
+    print(f"mooncake master up: serve with --pool mooncake --pool-master {m.rpc_address} "
+          f"--pool-metadata {m.metadata_url} (metrics on port {m.metrics_port}); Ctrl-C stops it",
+          flush=True)
+    try:
+        while m.alive():
+            time.sleep(0.5)
+        print("hintkv pool: the master exited", file=sys.stderr)
+        return 1
+    finally:
+        m.stop()
+
+
+def _add_router(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("router", help="an OpenAI-compatible front over several hintkv instances")
+    p.add_argument("--backend", action="append", required=True, metavar="URL",
+                   help="a hintkv instance (repeat: --backend http://127.0.0.1:8001 ...)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-inflight", type=int, default=8,
+                   help="a parent's instance has room for a sub-agent below this many requests")
+    p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
+    p.add_argument("--connect-timeout", type=float, default=2.0,
+                   help="seconds to reach an instance before failing over")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(run=_run_router)
+
+
+def _run_router(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from hintkv.router import build_router_app
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = build_router_app(args.backend, max_inflight=args.max_inflight,
+                               health_interval_s=args.health_interval,
+                               connect_timeout_s=args.connect_timeout)
+    except ValueError as exc:
+        print(f"hintkv router: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hintkv", description="LLM inference server for agent swarms."
@@ -91,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(sub)
     _add_bench(sub)
+    _add_pool(sub)
+    _add_router(sub)
     return parser
 
 

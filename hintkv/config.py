@@ -21,6 +21,23 @@ def check_disk_config(disk_cache_dir: str | None, disk_cache_size: str | int | N
         parse_bytes(disk_cache_size)
 
 
+def check_pool_config(pool: str | None, size: str | int | None, policy: str,
+                      master: str | None, timeout_s: float) -> None:
+    """The one check of the pool's flags."""
+    if pool not in (None, "embedded", "mooncake"):
+        raise ValueError(f"--pool must be embedded or mooncake, not {pool!r}")
+    if pool is not None and size is None:
+        raise ValueError("--pool needs --pool-size")
+    if size is not None:
+        parse_bytes(size)
+    if policy not in ("spm", "lru"):
+        raise ValueError(f"--pool-policy must be spm or lru, not {policy!r}")
+    if pool == "mooncake" and master is None:
+        raise ValueError("--pool mooncake needs --pool-master (see `hintkv pool start`)")
+    if not timeout_s > 0:
+        raise ValueError("--pool-timeout must be > 0")
+
+
 def parse_bytes(text: str | int) -> int:
     """'2GiB', '512MB', '1.5g' or a plain integer -> bytes."""
     if isinstance(text, int):
@@ -75,6 +92,18 @@ class EngineConfig:
     debug_integrity: bool = _opt(
         False, "check the cache's integrity after every engine step (slow; for debugging)"
     )
+    pool: str | None = _opt(None, "shared KV pool below the local tiers: embedded | mooncake "
+                            "(needs --pool-size)")
+    pool_size: str | None = _opt(None, "this instance's share of the pool (e.g. 8GiB)")
+    pool_policy: str = _opt("spm", "spm: session-aware pool | lru: a plain store (the baseline)")
+    pool_dir: str | None = _opt(None, "embedded pool: a directory shared by the instances on "
+                                "this machine (none: in this process only)")
+    pool_master: str | None = _opt(None, "mooncake pool: the master's RPC address, HOST:PORT "
+                                   "(see `hintkv pool start`)")
+    pool_metadata: str | None = _opt(None, "mooncake pool: metadata server URL, "
+                                     "http://HOST:PORT/metadata")
+    pool_timeout_s: float = _opt(1.0, "seconds before a pool call counts as failed (circuit "
+                                 "breaker)", flags=("--pool-timeout",))
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -94,3 +123,5 @@ class EngineConfig:
         check_disk_config(self.disk_cache_dir, self.disk_cache_size)
         if self.host_cache_memory is not None:
             parse_bytes(self.host_cache_memory)
+        check_pool_config(self.pool, self.pool_size, self.pool_policy, self.pool_master,
+                          self.pool_timeout_s)

@@ -80,8 +80,10 @@ class SessionAwareManager:
 
     def on_done(self, key: str, hashes: list[BlockHash]) -> None:
         orphans = self.sessions.on_done(key, hashes, self.clock())
-        if orphans and self.kv.tiers is not None:
-            self.kv.tiers.remove_below(orphans)  # device copies stay cached (first to go)
+        if self.kv.tiers is not None:
+            if orphans:
+                self.kv.tiers.remove_below(orphans)  # device copies stay cached (first to go)
+            self.kv.tiers.publish_to_pool(hashes)  # write-through to the shared pool, if any
         if self.predict_resume:
             self._schedule_resume(key)
 

@@ -38,8 +38,10 @@ from hintkv.cache.block import Block
 from hintkv.cache.block_pool import BlockPool
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.ranking import ClassRanking
+from hintkv.cache.spm import SessionPoolManager
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.pool import PoolTier
 from hintkv.tiers.ranks import RankBoard
 from hintkv.tiers.stack import TierStack
 
@@ -111,6 +113,11 @@ class TierConnector:
         stack.set_keep(self._keep_below)
         for tier in stack.tiers:
             tier.set_ranks(self.board)
+        self.pool_tier = pool_tier = next((t for t in stack.tiers if isinstance(t, PoolTier)),
+                                          None)
+        self.spm = (SessionPoolManager(pool_tier, pool, io, lambda: ranking.snapshot().keys(),
+                                       self._staging)
+                    if pool_tier is not None and hints else None)  # session semantics (SPM)
 
     # ---- ranks ---------------------------------------------------------------------------
     def keep(self, h: BlockHash) -> bool:
@@ -178,6 +185,10 @@ class TierConnector:
             done.append(f)
         self._offloads.append(PendingOffload([h for h, _ in fresh] + below, futures + done))
         return len(fresh), len(below)
+
+    def publish_to_pool(self, hashes: list[BlockHash]) -> int:
+        """A request finished: write its blocks through to the shared pool (if any)."""
+        return self.spm.publish(hashes) if self.spm is not None else 0
 
     def remove_below(self, hashes: list[BlockHash]) -> dict[str, int]:
         """Forget blocks nobody holds from every lower tier; blocks removed per tier."""
@@ -275,7 +286,8 @@ class TierConnector:
         if n:
             self.flush_write_downs()  # queued victims are gathered before any device write
             self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
-            slowest = "disk" if "disk" in load.tiers[:n] else load.tiers[0]
+            order = [t.name for t in self.stack.tiers]
+            slowest = max(load.tiers[:n], key=order.index)
             if len(load.done_at) >= len(load.futures):
                 seconds = max(load.done_at) - load.started
                 self.costs.observe_load(slowest, n, seconds)
@@ -299,6 +311,8 @@ class TierConnector:
                 if i < n and self.keep(h) and self.pool.lookup(h) is None:
                     self.pool.register(b, h)
                     self.counters.num_prefetched += 1
+                    if self.spm is not None and p.tiers[i] == self.spm.pool.name:
+                        self.spm.counters.num_pool_prefetched += 1
             self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty
         self._prefetches = still
         keep_offloads = []
@@ -313,6 +327,8 @@ class TierConnector:
                         and self.pool.drop(b):
                     self.counters.num_offload_dropped += 1
         self._offloads = keep_offloads
+        if self.spm is not None:
+            self.spm.tick(now)
 
     def pending_futures(self) -> list[Future[bool]]:
         return [f for p in [*self._loads.values(), *self._prefetches] for f in p.futures
@@ -368,6 +384,8 @@ class TierConnector:
             "num_cascaded": s.num_cascaded,
             "num_dropped": s.num_dropped,
             "costs": self.costs.snapshot(),
+            **({"pool": self.spm.stats()} if self.spm is not None else
+               {"pool": self.pool_tier.pool_stats()} if self.pool_tier is not None else {}),
         }
 
     def _staging(self, n: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ from hintkv.engine.types import (
     SessionRef,
 )
 from hintkv.models.loader import load_model
-from hintkv.tiers.build import build_tier_stack
+from hintkv.tiers.build import build_pool_tier, build_tier_stack
 from hintkv.tiers.device import DeviceBlockIO
 
 log = logging.getLogger(__name__)
@@ -127,9 +127,12 @@ class LLMEngine:
     def _build_tiers(self) -> TierConnector | None:
         cfg = self.cfg
         io = DeviceBlockIO(self.runner.kv_caches)
+        pool = None if cfg.pool is None else build_pool_tier(
+            io.layout, cfg.pool, cfg.pool_size, cfg.pool_policy, cfg.pool_dir, cfg.pool_master,
+            cfg.pool_metadata, cfg.pool_timeout_s)
         stack = build_tier_stack(io.layout, cfg.host_cache_memory, cfg.disk_cache_dir,
                                  cfg.disk_cache_size, reuse_disk=cfg.disk_cache_reuse,
-                                 cuda=self.device.type == "cuda")
+                                 cuda=self.device.type == "cuda", pool=pool)
         if stack is None:
             return None
         log.info("KV tiers: %s", ", ".join(f"{n} {u.capacity_blocks} blocks"

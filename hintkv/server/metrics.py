@@ -97,6 +97,22 @@ class TierStatsCollector:
         yield CounterMetricFamily("hintkv_tier_load_wait_seconds",
                                   "Time spent waiting on KV loads from lower tiers.",
                                   value=t.get("load_wait_s", 0.0))
+        pool = t.get("pool")
+        if pool:
+            yield GaugeMetricFamily("hintkv_pool_bytes", "Bytes this instance stored in the shared "
+                                    "pool, now.", value=pool["bytes_now"])
+            yield GaugeMetricFamily("hintkv_pool_bytes_peak", "The most hintkv_pool_bytes has been.",
+                                    value=pool["bytes_peak"])
+            yield GaugeMetricFamily("hintkv_pool_available", "1 while the pool is reachable "
+                                    "(circuit breaker closed).", value=pool["available"])
+            ev = CounterMetricFamily("hintkv_pool_events", "Pool events: puts, gets, bytes, dedup "
+                                     "(content keys), keep-alive calls, prefetched blocks, ...",
+                                     labels=["event"])
+            for event, n in pool.items():
+                if isinstance(n, int | float) and not isinstance(n, bool) and event not in (
+                        "bytes_now", "bytes_peak", "available"):
+                    ev.add_metric([event], n)
+            yield ev
 
 
 class IntegrityCollector:

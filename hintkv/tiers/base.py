@@ -72,6 +72,10 @@ class Tier(ABC):
     @abstractmethod
     def contains(self, key: bytes) -> bool: ...
 
+    def contains_many(self, keys: list[bytes]) -> list[bool]:
+        """`contains` for many keys (a remote tier answers them in one round trip)."""
+        return [self.contains(k) for k in keys]
+
     @abstractmethod
     def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]: ...
 

@@ -76,7 +76,17 @@ class TierStack:
 
     def lookup(self, keys: list[bytes]) -> list[str | None]:
         """For each key, the name of the first tier (top-down) that holds it, else None."""
-        return [next((t.name for t in self.tiers if t.contains(k)), None) for k in keys]
+        out: list[str | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        for t in self.tiers:
+            if not todo:
+                break
+            found = t.contains_many([keys[i] for i in todo])
+            for i, ok in zip(todo, found):
+                if ok:
+                    out[i] = t.name
+            todo = [i for i, ok in zip(todo, found) if not ok]
+        return out
 
     def store(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
         """Offload blocks into the top tier (see `Tier.put`: keep sources intact until done).
@@ -161,7 +171,9 @@ class TierStack:
             self._on_drop(key)
 
     def _load_from(self, start: int, key: bytes, dst: torch.Tensor, out: Future[bool]) -> None:
-        i = next((j for j in range(start, len(self.tiers)) if self.tiers[j].contains(key)), None)
+        # a remote tier (the pool) is asked directly: its get is one round trip, contains + get two
+        i = next((j for j in range(start, len(self.tiers))
+                  if getattr(self.tiers[j], "remote", False) or self.tiers[j].contains(key)), None)
         if i is None:
             out.set_result(False)
             return

@@ -1,0 +1,272 @@
+"""The router's HTTP front: OpenAI-compatible, forwarding each request to one hintkv instance.
+
+    POST /v1/chat/completions, /v1/completions   placed by session (see `affinity.Placement`),
+                                                 streamed through as the instance sends it
+    GET  /v1/sessions/{id}                       the instance that holds the session
+    GET  /v1/models                              any healthy instance
+    GET  /health, /metrics, /router/state        the router's own view
+
+A request whose instance cannot be reached (refused, reset, or no reply within the connect
+timeout) is marked down and retried on the next instance the placement picks, before anything
+was sent to the client: the session moves, and the new instance loads its prefix from the shared
+pool. A request that carries an evict (an `evict` edit or `session_control` stop/compact) goes to
+the session's instance, and the same evict, as a management request, to every other healthy
+instance, so no instance keeps KV of an ended session. Bad bodies are 400s in the OpenAI error
+shape; no instance up is a 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import logging
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+
+from hintkv.router.affinity import Placement
+from hintkv.router.backends import Backend, Backends
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-session-id"
+PARENT_SESSION_HEADER = "x-parent-session-id"
+_FORWARD_HEADERS = ("authorization", SESSION_HEADER, PARENT_SESSION_HEADER, "content-type")
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
+              httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
+
+
+def _error(status: int, message: str, param: str | None = None, type_: str =
+           "invalid_request_error", headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param,
+                                   "code": None}}, status_code=status, headers=headers)
+
+
+class Identity:
+    """Who a request belongs to, as far as placement goes."""
+
+    def __init__(self, body: dict, headers) -> None:
+        hint = body.get("agent_hint") if isinstance(body.get("agent_hint"), dict) else {}
+        sid = hint.get("session_id", headers.get(SESSION_HEADER))
+        parent = hint.get("parent_session_id", headers.get(PARENT_SESSION_HEADER))
+        auth = hashlib.blake2b(headers.get("authorization", "").encode(), digest_size=8).hexdigest()
+        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else ""
+        self.key = json.dumps([auth, salt, sid]) if isinstance(sid, str) else None
+        self.parent_key = json.dumps([auth, salt, parent]) if isinstance(parent, str) else None
+        self.is_root = self.key is not None and (parent is None or parent == sid)
+        cm = hint.get("context_management") if isinstance(hint.get("context_management"),
+                                                          dict) else None
+        sc = hint.get("session_control") if isinstance(hint.get("session_control"), dict) else None
+        edits = cm.get("edits") if cm is not None and isinstance(cm.get("edits"), list) else []
+        self.evicts = any(isinstance(e, dict) and e.get("type") == "evict" for e in edits) or (
+            sc is not None and sc.get("type") in ("stop", "compact"))
+        self.ends_session = self.evicts and (
+            any(isinstance(e, dict) and e.get("type") == "evict" and e.get("target") == "session"
+                for e in edits) or (sc is not None and sc.get("type") == "stop"))
+        self.has_cm = cm is not None
+
+
+def management_copy(body: dict, path: str) -> dict:
+    """The same edits as a management request (nothing generated), for the other instances."""
+    out = copy.deepcopy(body)
+    out["stream"] = False
+    hint = out["agent_hint"]
+    if isinstance(hint.get("context_management"), dict):
+        hint["context_management"]["manage_request"] = True
+    elif path.endswith("chat/completions"):
+        out["messages"] = []  # a session_control alias alone, no messages: a management request
+    else:
+        out.pop("prompt", None)
+    return out
+
+
+class Router:
+    def __init__(self, urls: list[str], max_inflight: int = 8, health_interval_s: float = 1.0,
+                 connect_timeout_s: float = 2.0, request_timeout_s: float = 600.0) -> None:
+        self.backends = Backends(urls, interval_s=health_interval_s,
+                                 timeout_s=max(connect_timeout_s, 1.0))
+        self.placement = Placement(self.backends, max_inflight)
+        self.timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
+        self._client: httpx.AsyncClient | None = None
+        self._checks: asyncio.Task | None = None
+        self.num_requests = 0
+        self.num_fanout = 0  # evicts sent to other instances
+
+    def client(self) -> httpx.AsyncClient:
+        """Made on first use, inside the serving loop (also starts the health checks)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout,
+                                             limits=httpx.Limits(max_connections=512))
+            self._checks = asyncio.get_running_loop().create_task(
+                self.backends.run_checks(self._client))
+        return self._client
+
+    async def close(self) -> None:
+        if self._checks is not None:
+            self._checks.cancel()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def forward(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return _error(400, "the request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        who = Identity(body, request.headers)
+        headers = {k: v for k in _FORWARD_HEADERS if (v := request.headers.get(k)) is not None}
+        self.num_requests += 1
+        stream = body.get("stream") is True
+        tried: set[str] = set()
+        while True:
+            b = self.placement.choose(who.key, who.parent_key, tried)
+            if b is None:
+                return _error(503, "no backend instance is up", type_="server_error",
+                              headers={"Retry-After": "1"})
+            tried.add(b.url)
+            b.inflight += 1
+            b.num_requests += 1
+            try:
+                req = self.client().build_request("POST", f"{b.url}{path}", content=raw,
+                                                  headers=headers)
+                resp = await self.client().send(req, stream=True)
+            except _RETRYABLE as e:
+                b.inflight -= 1
+                self.backends.mark_down(b, type(e).__name__)
+                b.num_failovers += 1
+                continue
+            except httpx.TimeoutException:
+                b.inflight -= 1
+                b.num_errors += 1
+                return _error(504, f"backend {b.url} timed out", type_="server_error")
+            b.status_counts[resp.status_code] = b.status_counts.get(resp.status_code, 0) + 1
+            break
+        if who.evicts and resp.status_code == 200:
+            await self._fan_out(body, path, headers, b)
+            if who.ends_session and who.is_root:
+                self.placement.forget(who.key)
+        out_headers = {"x-hintkv-backend": b.url}
+        if stream and resp.headers.get("content-type", "").startswith("text/event-stream"):
+            async def relay():
+                try:
+                    async for chunk in resp.aiter_raw():
+                        yield chunk
+                finally:
+                    await resp.aclose()
+                    b.inflight -= 1
+            return StreamingResponse(relay(), status_code=resp.status_code,
+                                     media_type="text/event-stream", headers=out_headers)
+        try:
+            content = await resp.aread()
+        except httpx.HTTPError as e:
+            self.backends.mark_down(b, type(e).__name__)
+            return _error(502, f"backend {b.url} failed mid-reply", type_="server_error")
+        finally:
+            await resp.aclose()
+            b.inflight -= 1
+        return Response(content, status_code=resp.status_code, headers=out_headers,
+                        media_type=resp.headers.get("content-type"))
+
+    async def _fan_out(self, body: dict, path: str, headers: dict, served: Backend) -> None:
+        others = [o for o in self.backends.healthy() if o is not served]
+        if not others:
+            return
+        payload = management_copy(body, path)
+
+        async def one(o: Backend) -> None:
+            try:
+                r = await self.client().post(f"{o.url}{path}", json=payload, headers=headers)
+                o.status_counts[r.status_code] = o.status_counts.get(r.status_code, 0) + 1
+            except httpx.HTTPError as e:
+                self.backends.mark_down(o, type(e).__name__)
+
+        self.num_fanout += len(others)
+        await asyncio.gather(*(one(o) for o in others))
+
+    async def get_from(self, b: Backend | None, path: str, request: Request) -> Response:
+        if b is None:
+            return _error(503, "no backend instance is up", type_="server_error",
+                          headers={"Retry-After": "1"})
+        headers = {k: v for k in _FORWARD_HEADERS if (v := request.headers.get(k)) is not None}
+        try:
+            r = await self.client().get(f"{b.url}{path}", headers=headers,
+                                        params=dict(request.query_params))
+        except httpx.HTTPError as e:
+            self.backends.mark_down(b, type(e).__name__)
+            return _error(502, f"backend {b.url} cannot be reached", type_="server_error")
+        return Response(r.content, status_code=r.status_code,
+                        media_type=r.headers.get("content-type"),
+                        headers={"x-hintkv-backend": b.url})
+
+    def state(self) -> dict[str, Any]:
+        p = self.placement
+        return {"requests": self.num_requests, "fanout": self.num_fanout,
+                "placement": {"affinity": p.num_affinity, "parent": p.num_parent,
+                              "least_loaded": p.num_least_loaded, "moved": p.num_moved},
+                "backends": {b.url: {"up": b.up, "inflight": b.inflight,
+                                     "sessions": b.num_sessions, "requests": b.num_requests,
+                                     "errors": b.num_errors, "failovers": b.num_failovers}
+                             for b in self.backends.backends.values()}}
+
+
+def build_router_app(urls: list[str], **options) -> FastAPI:
+    """The router app over `urls` (options: see `Router`). `app.state.router` is the Router."""
+    router = Router(urls, **options)
+    app = FastAPI(title="hintkv router")
+    app.state.router = router
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await router.forward(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await router.forward(request, "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await router.get_from(router.placement.least_loaded(), "/v1/models", request)
+
+    @app.get("/v1/sessions/{session_id}")
+    async def session(session_id: str, request: Request) -> Response:
+        who = Identity({}, {**request.headers, SESSION_HEADER: session_id})
+        b = router.placement.lookup(who.key) if who.key else None
+        if b is None or not b.up:
+            return _error(404, f"no instance holds session {session_id!r}", param="session_id")
+        return await router.get_from(b, f"/v1/sessions/{session_id}", request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        router.client()
+        up = router.backends.healthy()
+        return JSONResponse({"status": "ok" if up else "unavailable",
+                             "backends": {b.url: b.up for b in router.backends.backends.values()}},
+                            status_code=200 if up else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        p = router.placement
+        extra = (f"# TYPE hintkv_router_requests_total counter\n"
+                 f"hintkv_router_requests_total {router.num_requests}\n"
+                 f"# TYPE hintkv_router_placements_total counter\n" + "".join(
+                     f'hintkv_router_placements_total{{how="{k}"}} {v}\n' for k, v in
+                     (("affinity", p.num_affinity), ("parent", p.num_parent),
+                      ("least_loaded", p.num_least_loaded), ("moved", p.num_moved))))
+        return PlainTextResponse(router.backends.metrics_text() + extra)
+
+    @app.get("/router/state")
+    async def state() -> Response:
+        return JSONResponse(router.state())
+
+    return app

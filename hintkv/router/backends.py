@@ -1,0 +1,98 @@
+"""The instances behind the router: health, load, and counters per backend.
+
+A backend is *up* until a request to it fails to connect (or times out before any reply) or a
+health check (`GET /health`, every `interval_s`) fails; it is up again after a good health check.
+Load is the number of requests the router has in flight to it (what it knows without asking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Backend:
+    url: str  # http://host:port (no trailing slash)
+    up: bool = True
+    inflight: int = 0  # requests the router is forwarding to it now
+    num_requests: int = 0  # forwarded (monotonic, like every num_ below)
+    num_errors: int = 0  # connection failures and timeouts
+    num_failovers: int = 0  # requests moved away from it after a failure
+    num_health_failures: int = 0
+    num_sessions: int = 0  # sessions placed on it now
+    status_counts: dict[int, int] = field(default_factory=dict)  # replies by HTTP status
+
+
+class Backends:
+    def __init__(self, urls: list[str], interval_s: float = 1.0, timeout_s: float = 2.0) -> None:
+        if not urls:
+            raise ValueError("the router needs at least one --backend")
+        self.backends = {u.rstrip("/"): Backend(u.rstrip("/")) for u in urls}
+        if len(self.backends) != len(urls):
+            raise ValueError("a backend is listed twice")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._task: asyncio.Task | None = None
+
+    def __getitem__(self, url: str) -> Backend:
+        return self.backends[url]
+
+    def healthy(self) -> list[Backend]:
+        return [b for b in self.backends.values() if b.up]
+
+    def mark_down(self, b: Backend, why: str) -> None:
+        if b.up:
+            log.warning("router: backend %s is down (%s)", b.url, why)
+        b.up = False
+        b.num_errors += 1
+
+    async def check(self, client: httpx.AsyncClient) -> None:
+        """One round of health checks, all backends at once."""
+        async def one(b: Backend) -> None:
+            try:
+                r = await client.get(f"{b.url}/health", timeout=self.timeout_s)
+                ok = r.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok and not b.up:
+                log.info("router: backend %s is up again", b.url)
+            if not ok:
+                b.num_health_failures += 1
+            b.up = ok
+        await asyncio.gather(*(one(b) for b in self.backends.values()))
+
+    async def run_checks(self, client: httpx.AsyncClient) -> None:
+        while True:
+            await self.check(client)
+            await asyncio.sleep(self.interval_s)
+
+    def metrics_text(self) -> str:
+        """Per-backend figures in the Prometheus text format."""
+        lines = []
+        for name, help_, kind, get in (
+            ("hintkv_router_backend_up", "1 if the backend is healthy", "gauge", lambda b: int(b.up)),
+            ("hintkv_router_backend_inflight", "requests in flight", "gauge", lambda b: b.inflight),
+            ("hintkv_router_backend_sessions", "sessions placed", "gauge", lambda b: b.num_sessions),
+            ("hintkv_router_backend_requests_total", "requests forwarded", "counter",
+             lambda b: b.num_requests),
+            ("hintkv_router_backend_errors_total", "connection failures and timeouts", "counter",
+             lambda b: b.num_errors),
+            ("hintkv_router_backend_failovers_total", "requests moved away after a failure",
+             "counter", lambda b: b.num_failovers),
+            ("hintkv_router_backend_health_failures_total", "failed health checks", "counter",
+             lambda b: b.num_health_failures),
+        ):
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+            lines += [f'{name}{{backend="{b.url}"}} {get(b)}' for b in self.backends.values()]
+        name = "hintkv_router_backend_responses_total"
+        lines += [f"# HELP {name} replies by HTTP status", f"# TYPE {name} counter"]
+        for b in self.backends.values():
+            lines += [f'{name}{{backend="{b.url}",status="{s}"}} {n}'
+                      for s, n in sorted(b.status_counts.items())]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,115 @@
+"""Faults: the Mooncake master killed mid-run. Serving continues from the local tiers with
+outputs identical to a pool-less engine, the pool tier is marked unavailable (circuit breaker),
+and it comes back by itself once a master listens again."""
+
+from __future__ import annotations
+
+import time
+
+from hintkv.pool.breaker import CircuitBreaker
+from tests.engine.tier_engine_helpers import BLOCK, generate, prompt, tiny_engine
+
+
+def test_breaker_opens_backs_off_and_closes_on_a_good_probe():
+    now = [0.0]
+    b = CircuitBreaker(threshold=2, base_backoff_s=1.0, clock=lambda: now[0])
+    b.failure()
+    assert b.allow() and not b.is_open
+    b.failure()
+    assert b.is_open and not b.allow()
+    now[0] = 1.1
+    assert b.allow() and not b.allow()  # one probe only
+    b.failure()  # the probe failed: back-off doubles
+    now[0] = 2.5
+    assert not b.allow()
+    now[0] = 3.2
+    assert b.allow() and b.success() and not b.is_open
+    assert (b.num_opened, b.num_recovered) == (1, 1)
+
+
+def test_master_killed_mid_run_keeps_serving_and_recovers(fresh_master):
+    m = fresh_master
+    a = tiny_engine(pool="mooncake", pool_size="4MiB", pool_master=m.rpc_address,
+                    pool_metadata=m.metadata_url, pool_timeout_s=0.5, host_cache_memory="1MiB")
+    ref = tiny_engine()
+    try:
+        generate(a, prompt(1, 4 * BLOCK), sid="s1")
+        a.tiers.stack.flush()
+        assert a.tier_stats()["pool"]["puts"] >= 4
+        m.stop(kill=True)
+        for i in range(4):  # new sessions and a resumed one: all served, all correct
+            tokens = prompt(20 + i, 3 * BLOCK) if i % 2 else prompt(1, 4 * BLOCK) + prompt(9, 8)
+            sid = f"n{i}" if i % 2 else "s1"
+            assert generate(a, tokens, sid=sid)[0] == generate(ref, tokens)[0]
+        a.tiers.stack.flush()
+        s = a.tier_stats()["pool"]
+        assert s["available"] == 0 and s["breaker_opened"] >= 1 and s["unavailable"] > 0
+        a.tiers.check_integrity()
+
+        m.start()  # same ports: the client re-mounts its segment by itself
+        deadline = time.monotonic() + 30
+        puts = s["puts"]
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            tokens = prompt(100 + i, 3 * BLOCK)
+            assert generate(a, tokens, sid=f"back{i}")[0] == generate(ref, tokens)[0]
+            a.tiers.stack.flush()
+            s = a.tier_stats()["pool"]
+            if s["available"] and s["puts"] > puts:
+                break
+            time.sleep(0.3)
+        assert s["available"] == 1 and s["breaker_recovered"] >= 1 and s["puts"] > puts
+        a.tiers.check_integrity()
+    finally:
+        a.close()
+        ref.close()
+
+
+def test_a_hung_master_times_out_opens_the_breaker_and_comes_back(fresh_master):
+    """SIGSTOP makes the master accept nothing (a network that stalls): calls time out instead
+    of hanging the engine, the breaker opens, and after SIGCONT a probe closes it again."""
+    import hashlib
+    import os
+    import signal
+
+    import torch
+
+    from hintkv.pool.backend import make_backend
+    from hintkv.tiers.disk_format import HEADER_SIZE
+    from hintkv.tiers.layout import BlockLayout
+    from hintkv.tiers.pool import PoolTier
+
+    layout = BlockLayout(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8,
+                         dtype=torch.float32)
+    frame = HEADER_SIZE + layout.nbytes
+    m = fresh_master
+    tier = PoolTier(layout, make_backend("mooncake", frame, master=m.rpc_address,
+                                         metadata=m.metadata_url, segment_bytes=16 << 20),
+                    64 * frame, timeout_s=0.3)
+    key = [hashlib.blake2b(bytes([i]), digest_size=16).digest() for i in range(4)]
+    data = torch.randn(layout.shape)
+    dst = torch.empty(layout.shape)
+    try:
+        assert tier.put([(key[0], data)])[0].result(timeout=10)
+        os.kill(m.proc.pid, signal.SIGSTOP)
+        try:
+            assert not tier.get(key[0], dst).result(timeout=10)  # timed out: a miss
+            assert not tier.get(key[0], dst).result(timeout=10)
+            assert tier.breaker.is_open
+            t0 = time.monotonic()
+            assert tier.contains_many(key) == [False] * 4  # at once: nothing waits on it
+            assert not tier.put([(key[1], data)])[0].result(timeout=10)
+            assert time.monotonic() - t0 < 0.3
+        finally:
+            os.kill(m.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        ok = False
+        while time.monotonic() < deadline and not ok:
+            ok = tier.get(key[0], dst).result(timeout=10)
+            time.sleep(0.2)
+        assert ok and torch.equal(dst, data) and not tier.breaker.is_open
+        assert tier.put([(key[2], data)])[0].result(timeout=10)
+        tier.check_integrity()
+    finally:
+        tier.close()

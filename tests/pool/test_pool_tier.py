@@ -1,0 +1,149 @@
+"""PoolTier: the Tier contract over each backend (byte-exact round trips of real KV block
+payloads, eviction, integrity), plus what the pool adds: frames checked on every read, content
+keys stored once across instances, plain-LRU mode, keep-alive batching."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.pool import PoolTier
+
+LAYOUT = BlockLayout(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
+FRAME = HEADER_SIZE + LAYOUT.nbytes
+
+
+def key(i: int) -> bytes:
+    return hashlib.blake2b(f"block-{i}".encode(), digest_size=16).digest()
+
+
+def payload(i: int) -> torch.Tensor:
+    return torch.randn(LAYOUT.shape, generator=torch.Generator().manual_seed(i)).to(LAYOUT.dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.fixture
+def make_tier(make_pool_backend, prefix):
+    made = []
+
+    def make(blocks: int, **kw) -> PoolTier:
+        t = PoolTier(LAYOUT, make_pool_backend(FRAME), blocks * FRAME, key_prefix=prefix, **kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def get(tier: PoolTier, k: bytes) -> torch.Tensor | None:
+    dst = torch.empty(LAYOUT.shape, dtype=LAYOUT.dtype)
+    return dst if tier.get(k, dst).result(timeout=10) else None
+
+
+def test_round_trip_eviction_and_removal(make_tier, backend_name):
+    t = make_tier(3)
+    evicted = []
+    t.set_on_evict(lambda k, p: evicted.append(k))
+    assert all(f.result(timeout=10) for f in t.put([(key(i), payload(i)) for i in range(3)]))
+    assert t.contains_many([key(0), key(1), key(9)]) == [True, True, False]
+    assert same(get(t, key(0)), payload(0))  # key 0 is now the most recent
+    assert t.put([(key(3), payload(3))])[0].result(timeout=10)
+    assert evicted == [key(1)]
+    t.flush()
+    assert not t.contains(key(1)) and get(t, key(1)) is None  # gone from the pool, too
+    assert t.remove(key(2)) and not t.remove(key(2))
+    t.flush()
+    assert not t.known(key(2))
+    if backend_name != "embedded-dir":  # a shared directory's fresh file is leased a while
+        assert get(t, key(2)) is None
+    assert t.usage().num_blocks == 2 and t.usage().bytes_used == 2 * FRAME
+    s = t.stats()
+    assert (s.num_puts, s.num_evicted, s.num_removed) == (4, 1, 1)
+    assert t.pool_stats()["bytes_peak"] == 3 * FRAME
+    t.check_integrity()
+
+
+def test_victims_follow_the_plugged_priority(make_tier):
+    t = make_tier(3)
+    t.set_priority(lambda k: 0 if k == key(2) else 1)  # e.g. SAM: block 2 is nobody's
+    for i in range(3):
+        t.put([(key(i), payload(i))])[0].result(timeout=10)
+    t.put([(key(3), payload(3))])[0].result(timeout=10)
+    assert t.contains_many([key(i) for i in range(4)]) == [True, True, False, True]
+
+
+def test_plain_lru_mode_ignores_sessions(make_tier):
+    t = make_tier(3, session_aware=False)
+    t.set_priority(lambda k: 0 if k == key(2) else 1)  # ignored: plain LRU
+    for i in range(3):
+        t.put([(key(i), payload(i))])[0].result(timeout=10)
+    assert not t.remove(key(1))  # a plain store never hears of sessions
+    t.keep_alive([key(0)])
+    t.put([(key(3), payload(3))])[0].result(timeout=10)
+    assert t.contains_many([key(i) for i in range(4)]) == [False, True, True, True]
+    assert t.pool_stats()["keepalive_calls"] == 0
+
+
+def test_keep_alive_is_one_batched_call(make_tier):
+    t = make_tier(8)
+    t.put([(key(i), payload(i)) for i in range(5)])
+    t.keep_alive([key(i) for i in range(5)])
+    t.flush()
+    s = t.pool_stats()
+    assert s["keepalive_calls"] == 1 and s["keepalive_keys"] == 5
+    assert s["put_calls"] == 1  # five puts queued together: one batched call
+
+
+def test_identical_blocks_from_two_instances_are_stored_once(make_tier, backend_name):
+    if backend_name == "embedded":
+        pytest.skip("the in-process pool is one instance's own")
+    a, b = make_tier(4), make_tier(4)
+    assert a.put([(key(1), payload(1))])[0].result(timeout=10)
+    assert b.contains(key(1))  # b never stored it: found in the pool
+    assert b.put([(key(1), payload(1))])[0].result(timeout=10)
+    assert b.pool_stats()["dedup"] == 1 and b.usage().bytes_used == 0
+    assert same(get(b, key(1)), payload(1))
+    assert a.usage().bytes_used == FRAME and b.pool_stats()["remote_hits"] == 1
+    assert b.remove(key(1))  # b stored nothing: the block stays for a
+    b.flush()
+    assert same(get(a, key(1)), payload(1))
+
+
+def test_a_wrong_or_torn_blob_is_a_miss_never_wrong_kv(make_tier, backend_name):
+    t = make_tier(4)
+    t.put([(key(1), payload(1)), (key(2), payload(2))])
+    t.flush()
+    blob = torch.zeros(FRAME, dtype=torch.uint8)
+    assert t.backend.get([t.pool_key(key(1))], [blob]) == [True]
+    blob[-1] ^= 1  # one bit of the payload
+    t.backend.put([t.pool_key(key(1))], [blob])
+    other = blob.clone()
+    assert t.backend.get([t.pool_key(key(2))], [other]) == [True]
+    t.backend.put([t.pool_key(key(3))], [other])  # key 2's frame under key 3's name
+    assert get(t, key(1)) is None
+    assert get(t, key(3)) is None
+    assert same(get(t, key(2)), payload(2))
+    assert t.stats().num_corrupt == 2
+
+
+def test_an_ended_session_block_stays_while_another_instance_keeps_it_alive(make_tier,
+                                                                            backend_name):
+    if backend_name == "embedded":
+        pytest.skip("the in-process pool is one instance's own")
+    a, b = make_tier(4), make_tier(4)
+    assert a.put([(key(1), payload(1))])[0].result(timeout=10)
+    assert same(get(b, key(1)), payload(1))  # b's live session uses it: known there now
+    b.keep_alive([key(1)])
+    b.flush()
+    assert a.remove(key(1))  # a's session ended: a hands the block back...
+    a.flush()
+    assert same(get(b, key(1)), payload(1))  # ...but b's lease keeps it in the pool
+    assert a.pool_stats()["release_leased"] >= 1 and a.pool_stats()["released"] == 0

@@ -1,0 +1,144 @@
+"""The router in front of two real hintkv instances (dummy:tiny) sharing an embedded pool:
+affinity by session, sub-agents next to their parent, evict reaching every instance, failover
+away from a killed instance where the session loads its prefix from the pool (greedy output
+identical to a cold engine's, cached tokens > 0), and 4xx/503 in the OpenAI error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from hintkv.config import EngineConfig
+from hintkv.engine.async_llm import AsyncLLM
+from hintkv.router import build_router_app
+from hintkv.server import build_app
+from hintkv.server.background import BackgroundServer
+from tests.engine.tier_engine_helpers import generate, tiny_engine
+
+BLOCK = 16
+MODEL = "set by the cluster fixture"
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    pool_dir = str(tmp_path_factory.mktemp("pool"))
+    engines, servers = [], []
+    for _ in range(2):
+        e = AsyncLLM.from_config(EngineConfig(
+            model="dummy:tiny", dtype="float32", device="cpu", block_size=BLOCK,
+            kv_cache_tokens=64 * BLOCK, max_model_len=1024, max_num_seqs=8,
+            pool="embedded", pool_dir=pool_dir, pool_size="8MiB"))
+        engines.append(e)
+        servers.append(BackgroundServer(build_app(e, [])).start())
+    router = BackgroundServer(build_router_app([s.base_url for s in servers],
+                                               health_interval_s=0.2,
+                                               connect_timeout_s=1.0)).start()
+    global MODEL
+    MODEL = httpx.get(f"{router.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+    yield router, servers, engines
+    router.stop()
+    for s in servers:
+        s.stop()
+    for e in engines:
+        asyncio.run(e.shutdown())
+
+
+def complete(router, prompt, sid=None, parent=None, max_tokens=4, **extra):
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, **extra}
+    if sid is not None:
+        body["agent_hint"] = {"session_id": sid, "parent_session_id": parent or sid}
+    r = httpx.post(f"{router.base_url}/v1/completions", json=body, timeout=60)
+    return r
+
+
+def test_sessions_stick_and_sub_agents_join_their_parent(cluster):
+    router = cluster[0]
+    leader = tokens(1, 4 * BLOCK)
+    r1 = complete(router, leader, "lead")
+    assert r1.status_code == 200
+    home = r1.headers["x-hintkv-backend"]
+    assert complete(router, leader + tokens(2, 8), "lead").headers["x-hintkv-backend"] == home
+    sub = complete(router, leader + tokens(3, BLOCK), "lead/sub1", parent="lead")
+    assert sub.headers["x-hintkv-backend"] == home
+    assert sub.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 4 * BLOCK
+    other = complete(router, tokens(4, 2 * BLOCK), "other")
+    assert other.headers["x-hintkv-backend"] != home  # least loaded: fewer sessions
+    state = httpx.get(f"{router.base_url}/router/state").json()
+    assert state["placement"]["parent"] >= 1 and state["placement"]["affinity"] >= 1
+    router.app.state.router.placement.check_integrity()
+    text = httpx.get(f"{router.base_url}/metrics").text
+    assert f'hintkv_router_backend_up{{backend="{home}"}} 1' in text
+
+
+def test_evict_reaches_every_instance(cluster):
+    router, servers, _ = cluster
+    prompt = tokens(10, 3 * BLOCK)
+    r = complete(router, prompt, "ev")
+    home = r.headers["x-hintkv-backend"]
+    other = next(s for s in servers if s.base_url != home)
+    # the same session also has KV on the other instance (as after a failover)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0,
+            "agent_hint": {"session_id": "ev", "parent_session_id": "ev"}}
+    assert httpx.post(f"{other.base_url}/v1/completions", json=body, timeout=60).status_code == 200
+    before = httpx.get(f"{router.base_url}/router/state").json()["fanout"]
+    evict = {"model": MODEL, "prompt": "", "agent_hint": {
+        "session_id": "ev", "parent_session_id": "ev",
+        "context_management": {"manage_request": True,
+                               "edits": [{"type": "evict", "target": "session"}]}}}
+    r = httpx.post(f"{router.base_url}/v1/completions", json=evict, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["agent_hint_result"]["edits"][0]["action"] == "evicted"
+    assert httpx.get(f"{router.base_url}/router/state").json()["fanout"] == before + 1
+    for s in servers:
+        described = httpx.get(f"{s.base_url}/v1/sessions/ev", timeout=10).json()
+        assert described["state"] == "ended", (s.base_url, described)
+
+
+def test_bad_bodies_are_4xx_in_the_openai_shape(cluster):
+    router, _, _ = cluster
+    r = httpx.post(f"{router.base_url}/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(f"{router.base_url}/v1/completions", json=[1, 2])
+    assert r.status_code == 400
+    r = complete(router, tokens(1, 8), "bad", temperature=-3)  # the instance's own 400
+    assert r.status_code == 400 and r.json()["error"]["param"]
+
+
+def test_failover_moves_the_session_and_it_loads_from_the_pool(cluster):
+    router, servers, _ = cluster
+    prefix = tokens(20, 6 * BLOCK)
+    r = complete(router, prefix, "mover", max_tokens=4)
+    home = r.headers["x-hintkv-backend"]
+    out = r.json()["choices"][0]
+    resumed = prefix + tokens(21, BLOCK)
+    dead = next(s for s in servers if s.base_url == home)
+    dead.stop()  # the instance goes away (its port closes)
+    r2 = complete(router, resumed, "mover", max_tokens=6)
+    assert r2.status_code == 200, r2.text
+    assert r2.headers["x-hintkv-backend"] != home
+    assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 6 * BLOCK
+    cold = tiny_engine(kv_tokens=64 * BLOCK)
+    try:
+        expected, _ = generate(cold, resumed, max_tokens=6)
+    finally:
+        cold.close()
+    got = httpx.post(f"{router.base_url}/v1/completions", json={
+        "model": MODEL, "prompt": resumed, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+        "return_token_ids": True}, timeout=60).json()
+    assert got["choices"][0]["token_ids"] == expected
+    assert out["text"] is not None
+    state = httpx.get(f"{router.base_url}/router/state").json()
+    assert state["backends"][home]["up"] is False and state["placement"]["moved"] >= 1
+    # every later request of the session stays on the survivor
+    assert complete(router, resumed, "mover").headers["x-hintkv-backend"] == r2.headers[
+        "x-hintkv-backend"]
