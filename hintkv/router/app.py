@@ -92,8 +92,7 @@ def management_copy(body: dict, path: str) -> dict:
 class Router:
     def __init__(self, urls: list[str], max_inflight: int = 8, health_interval_s: float = 1.0,
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 600.0) -> None:
-        self.backends = Backends(urls, interval_s=health_interval_s,
-                                 timeout_s=max(connect_timeout_s, 1.0))
+        self.backends = Backends(urls, interval_s=health_interval_s)
         self.placement = Placement(self.backends, max_inflight)
         self.timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
         self._client: httpx.AsyncClient | None = None

@@ -1,7 +1,8 @@
 """The instances behind the router: health, load, and counters per backend.
 
-A backend is *up* until a request to it fails to connect (or times out before any reply) or a
-health check (`GET /health`, every `interval_s`) fails; it is up again after a good health check.
+A backend is *up* until a request to it fails to connect, a health check (`GET /health`, every
+`interval_s`) finds nothing listening, or `down_after` checks in a row fail or time out (a busy
+instance answers slowly, it is not dead); it is up again after a good health check.
 Load is the number of requests the router has in flight to it (what it knows without asking).
 """
 
@@ -25,12 +26,14 @@ class Backend:
     num_errors: int = 0  # connection failures and timeouts
     num_failovers: int = 0  # requests moved away from it after a failure
     num_health_failures: int = 0
+    num_failed_checks: int = 0  # consecutive failed health checks (not counting refusals)
     num_sessions: int = 0  # sessions placed on it now
     status_counts: dict[int, int] = field(default_factory=dict)  # replies by HTTP status
 
 
 class Backends:
-    def __init__(self, urls: list[str], interval_s: float = 1.0, timeout_s: float = 2.0) -> None:
+    def __init__(self, urls: list[str], interval_s: float = 1.0, timeout_s: float = 5.0,
+                 down_after: int = 3) -> None:
         if not urls:
             raise ValueError("the router needs at least one --backend")
         self.backends = {u.rstrip("/"): Backend(u.rstrip("/")) for u in urls}
@@ -38,6 +41,7 @@ class Backends:
             raise ValueError("a backend is listed twice")
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.down_after = down_after  # consecutive slow / failed checks before a backend is down
         self._task: asyncio.Task | None = None
 
     def __getitem__(self, url: str) -> Backend:
@@ -55,16 +59,25 @@ class Backends:
     async def check(self, client: httpx.AsyncClient) -> None:
         """One round of health checks, all backends at once."""
         async def one(b: Backend) -> None:
+            refused = False
             try:
                 r = await client.get(f"{b.url}/health", timeout=self.timeout_s)
                 ok = r.status_code == 200
-            except httpx.HTTPError:
+            except httpx.ConnectError:  # nothing listens: down now
+                ok, refused = False, True
+            except httpx.HTTPError:  # slow or erroring: down after a few in a row
                 ok = False
-            if ok and not b.up:
-                log.info("router: backend %s is up again", b.url)
-            if not ok:
-                b.num_health_failures += 1
-            b.up = ok
+            if ok:
+                if not b.up:
+                    log.info("router: backend %s is up again", b.url)
+                b.up, b.num_failed_checks = True, 0
+                return
+            b.num_health_failures += 1
+            b.num_failed_checks += 1
+            if refused or b.num_failed_checks >= self.down_after:
+                if b.up:
+                    log.warning("router: backend %s failed its health checks", b.url)
+                b.up = False
         await asyncio.gather(*(one(b) for b in self.backends.values()))
 
     async def run_checks(self, client: httpx.AsyncClient) -> None:

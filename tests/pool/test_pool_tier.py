@@ -12,6 +12,7 @@ import torch
 from hintkv.tiers.disk_format import HEADER_SIZE
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.pool import PoolTier
+from hintkv.tiers.ranks import RankBoard
 
 LAYOUT = BlockLayout(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16)
 FRAME = HEADER_SIZE + LAYOUT.nbytes
@@ -71,9 +72,9 @@ def test_round_trip_eviction_and_removal(make_tier, backend_name):
     t.check_integrity()
 
 
-def test_victims_follow_the_plugged_priority(make_tier):
+def test_victims_follow_the_published_classes(make_tier):
     t = make_tier(3)
-    t.set_priority(lambda k: 0 if k == key(2) else 1)  # e.g. SAM: block 2 is nobody's
+    t.set_ranks(RankBoard({key(0): 3, key(1): 3}))  # e.g. SAM: block 2 is nobody's
     for i in range(3):
         t.put([(key(i), payload(i))])[0].result(timeout=10)
     t.put([(key(3), payload(3))])[0].result(timeout=10)
@@ -82,7 +83,7 @@ def test_victims_follow_the_plugged_priority(make_tier):
 
 def test_plain_lru_mode_ignores_sessions(make_tier):
     t = make_tier(3, session_aware=False)
-    t.set_priority(lambda k: 0 if k == key(2) else 1)  # ignored: plain LRU
+    t.set_ranks(RankBoard({key(0): 3, key(1): 3}))  # ignored: plain LRU
     for i in range(3):
         t.put([(key(i), payload(i))])[0].result(timeout=10)
     assert not t.remove(key(1))  # a plain store never hears of sessions
