@@ -54,7 +54,7 @@ class AsyncLLM:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> "AsyncLLM":
+    def from_config(cls, cfg: EngineConfig) -> AsyncLLM:
         return cls(LLMEngine(cfg))
 
     # ---- engine thread -------------------------------------------------------------------

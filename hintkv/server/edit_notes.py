@@ -22,18 +22,18 @@ def edit_notes(o: EditOutcome) -> list[str]:
         return [_REASONS[o.reason]]
     if o.action == "offloaded":
         if o.lower_tier is None:
-            return [f"no lower tier configured: {o.num_on_device} device blocks of this session are "
-                    "now first in line for eviction (kept until room is needed)"]
-        return [f"scheduled: {o.num_scheduled} device blocks are being written to {o.lower_tier} "
-                f"and {o.num_below} already sit below; their device copies are dropped once the "
-                "writes land (blocks a running request uses stay)"]
+            return [(f"no lower tier configured: {o.num_on_device} device blocks of this session "
+                     "are now first in line for eviction (kept until room is needed)")]
+        return [(f"scheduled: {o.num_scheduled} device blocks are being written to {o.lower_tier} "
+                 f"and {o.num_below} already sit below; their device copies are dropped once the "
+                 "writes land (blocks a running request uses stay)")]
     if o.action == "prefetched":
         if o.lower_tier is None:
-            return [f"{o.num_on_device} of the session's {o.num_held} blocks are in device memory "
-                    "and now protected"]
-        notes = [f"scheduled: {o.num_scheduled} blocks are being loaded into device memory; "
-                 f"{o.num_on_device} of the session's {o.num_held} blocks were there already and "
-                 "are now protected"]
+            return [(f"{o.num_on_device} of the session's {o.num_held} blocks are in device memory "
+                     "and now protected")]
+        notes = [(f"scheduled: {o.num_scheduled} blocks are being loaded into device memory; "
+                  f"{o.num_on_device} of the session's {o.num_held} blocks were there already and "
+                  "are now protected")]
         if o.num_scheduled < o.num_below:
             notes.append(f"{o.num_below - o.num_scheduled} blocks stay below: no device room "
                          "without pushing out running sessions' blocks (or not a contiguous prefix)")

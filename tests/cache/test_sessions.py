@@ -158,6 +158,6 @@ def test_random_multi_session_workload_keeps_ownership_consistent(ops):
         else:
             h.sam.apply(r, CacheEdit(op))
         h.check()
-        for x, owners in h.sessions.holders.items():
+        for owners in h.sessions.holders.values():
             assert all(h.sessions.sessions[o].state is not SessionState.ENDED for o in owners)
     assert h.kv.pool.num_in_use == 0

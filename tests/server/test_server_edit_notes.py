@@ -30,8 +30,8 @@ def test_outcomes_carry_numbers_and_the_server_words_them():
     sched = _scheduler_with_a_session()
     (off,) = sched.manage(REF, [CacheEdit("offload")])
     assert (off.action, off.lower_tier, off.num_held, off.num_on_device) == ("offloaded", None, 3, 3)
-    assert edit_notes(off) == ["no lower tier configured: 3 device blocks of this session are now "
-                               "first in line for eviction (kept until room is needed)"]
+    assert edit_notes(off) == [("no lower tier configured: 3 device blocks of this session are now "
+                                "first in line for eviction (kept until room is needed)")]
     (pre,) = sched.manage(REF, [CacheEdit("prefetch")])
     assert edit_notes(pre) == ["3 of the session's 3 blocks are in device memory and now protected"]
     (ev,) = sched.manage(REF, [CacheEdit("evict")])
