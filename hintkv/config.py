@@ -89,6 +89,12 @@ class EngineConfig:
         flags=("--ignore-hints", "--no-hints"),
     )
     protect_budget: float = _opt(0.5, "fraction of the device pool that TTL protection may cover")
+    max_sessions: int = _opt(100_000, "agent sessions remembered in total (oldest idle forgotten first)")
+    max_sessions_per_tenant: int = _opt(10_000, "agent sessions remembered per tenant")
+    session_idle_expiry: float = _opt(
+        3600.0, "seconds without a request after which a session is forgotten"
+    )
+    session_ended_grace: float = _opt(60.0, "seconds an ended (evicted) session is still remembered")
     debug_integrity: bool = _opt(
         False, "check the cache's integrity after every engine step (slow; for debugging)"
     )

@@ -235,3 +235,18 @@ class SessionRegistry:
 
     def live(self) -> Iterable[Session]:
         return (s for s in self.sessions.values() if s.state is not SessionState.ENDED)
+
+    def forget(self, key: str) -> list[BlockHash]:
+        """Drop a session the registry no longer needs to remember (see `session_bounds`): its
+        claims go (returned: hashes nobody holds any more) and so does the session itself. Only
+        a leaf with no request in flight can be forgotten; otherwise nothing changes."""
+        s = self.sessions.get(key)
+        if s is None or s.children or s.num_inflight:
+            return []
+        orphans = self._set_held(s, [])
+        del self.sessions[key]
+        if self.ranking is not None:
+            self.ranking.forget(key)
+        if s.parent is not None and s.parent in self.sessions:
+            self.sessions[s.parent].children.discard(key)
+        return orphans

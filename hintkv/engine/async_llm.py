@@ -164,6 +164,10 @@ class AsyncLLM:
         """Like `check_integrity`, but a violation is counted and logged, not raised."""
         return await self.run(lambda e: self._check_integrity())
 
+    async def sweep_sessions(self) -> int:
+        loop = asyncio.get_running_loop()  # takes the state lock briefly, like manage
+        return await loop.run_in_executor(self._manage_pool, self.engine.sweep_sessions)
+
     async def shutdown(self) -> None:
         self._stopping = True
         self._wake.set()

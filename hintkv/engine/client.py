@@ -65,5 +65,9 @@ class EngineClient(Protocol):
         """Like `check_integrity`, but a violation is counted and logged, not raised."""
         ...
 
+    async def sweep_sessions(self) -> int:
+        """Forget ended, idle and over-cap sessions (bounded state); how many were forgotten."""
+        ...
+
     async def shutdown(self) -> None:
         ...

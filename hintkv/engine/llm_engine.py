@@ -25,6 +25,7 @@ import time
 import torch
 
 from hintkv.cache.hashing import namespace_root
+from hintkv.cache.session_bounds import SessionBounds, SessionJanitor
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.config import EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -77,6 +78,10 @@ class LLMEngine:
         eos = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
         self.scheduler = Scheduler.from_config(cfg, self.num_blocks, eos_token_ids=eos,
                                                max_model_len=self.max_model_len)
+        sam = self.scheduler.sam
+        self.janitor = None if sam is None else SessionJanitor(sam, SessionBounds(
+            cfg.session_ended_grace, cfg.session_idle_expiry, cfg.max_sessions,
+            cfg.max_sessions_per_tenant))
         # Held while scheduling and bookkeeping, not during the forward pass, so that management
         # requests apply within milliseconds even while a long prefill runs.
         self.lock = threading.Lock()
@@ -185,6 +190,13 @@ class LLMEngine:
         with self.lock:
             return self.scheduler.manage(ref, edits)
 
+    def sweep_sessions(self) -> int:
+        """Forget ended, idle and over-cap sessions (any thread; takes the state lock briefly)."""
+        if self.janitor is None:
+            return 0
+        with self.lock:
+            return self.janitor.sweep(time.monotonic())
+
     def describe_session(self, tenant: str, session_id: str) -> SessionDescription | None:
         with self.lock:
             return self.scheduler.describe_session(tenant, session_id)
@@ -251,3 +263,5 @@ class LLMEngine:
     def check_integrity(self) -> None:
         with self.lock:
             self.scheduler.check_integrity()
+            if self.janitor is not None:
+                self.janitor.check_integrity()

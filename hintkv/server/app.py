@@ -7,6 +7,7 @@ engine shuts it down (see `hintkv.server.launch`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -22,6 +23,8 @@ from hintkv.server.load import LoadGate
 from hintkv.server.metrics import ServerMetrics
 from hintkv.server.options import ServerOptions
 from hintkv.server.state import ServerState
+
+logger = logging.getLogger(__name__)
 
 ENDPOINTS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
@@ -62,21 +65,31 @@ class RequestCounter:
             self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
-def _integrity_checks(engine: EngineClient, interval: float):
-    """The app's lifespan: while it serves, check the cache's integrity every `interval` s."""
+SESSION_SWEEP_INTERVAL_S = 1.0
+
+
+def _upkeep(engine: EngineClient, integrity_interval: float):
+    """The app's lifespan: while it serves, forget stale sessions every second (bounded state)
+    and check the cache's integrity every `integrity_interval` s (0: never)."""
+
+    async def every(interval: float, job) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except Exception:  # upkeep must never stop serving; the failure is logged
+                logger.exception("background upkeep failed")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(interval)
-                await engine.verify_integrity()
-
-        task = asyncio.create_task(loop()) if interval > 0 else None
+        tasks = [asyncio.create_task(every(
+            SESSION_SWEEP_INTERVAL_S, engine.sweep_sessions))]
+        if integrity_interval > 0:
+            tasks.append(asyncio.create_task(every(integrity_interval, engine.verify_integrity)))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
 
     return lifespan
@@ -103,7 +116,7 @@ def build_app(
         version=__version__,
         docs_url=None,
         redoc_url=None,
-        lifespan=_integrity_checks(engine, options.integrity_check_interval),
+        lifespan=_upkeep(engine, options.integrity_check_interval),
     )
     metrics = ServerMetrics(
         engine.stats, engine.tier_stats, lambda: engine.num_integrity_violations
