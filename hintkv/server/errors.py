@@ -15,6 +15,7 @@ its body was being read gets a 499 (nobody reads it), never a 500.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -172,7 +173,8 @@ class CatchAll:
             self.on_error()
             logger.exception("unhandled server error on %s %s", scope.get("method"), scope["path"])
             if started:  # a stream already under way: end it; the client sees a cut stream
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             resp = SafeJSONResponse(error_body("Internal server error", "server_error"),
                                     status_code=500)
