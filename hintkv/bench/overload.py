@@ -57,6 +57,26 @@ class Phase:
     seconds: float = 0.0
 
 
+def _manage_buckets(base: str) -> dict[float, float]:
+    """The server's own management-latency histogram (cumulative count per upper bound, s)."""
+    text = httpx.get(base + "/metrics", timeout=30).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("hintkv_agent_hint_manage_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.split()[-1])
+    return out
+
+
+def _bucket_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The upper bound (ms) of the bucket holding the 99th percentile of what came in between."""
+    diff = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = diff[-1][1] if diff else 0
+    if total <= 0:
+        return None
+    return next(le * 1000 for le, n in diff if n >= 0.99 * total)
+
+
 def _rss_bytes(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -188,15 +208,17 @@ async def _run(args: argparse.Namespace) -> dict:
         sustained = await _closed_loop(srv.base_url, prompts, expected, seconds)
         rate = sustained.ok / sustained.seconds
         rss_before = _rss_bytes(srv.proc.pid)
+        buckets_before = _manage_buckets(srv.base_url)
         phases = [sustained]
         for factor in (2, 5):
             log(f"open loop at {factor}x = {factor * rate:.1f} requests/s")
             phases.append(await _open_loop(srv.base_url, prompts, expected, factor * rate,
                                            seconds, f"{factor}x", args.seed + factor))
+        server_p99 = _bucket_p99_ms(buckets_before, _manage_buckets(srv.base_url))
         await asyncio.sleep(3.0)
         rss_after = _rss_bytes(srv.proc.pid)
     return {"phases": phases, "sustained_rps": rate, "rss_before": rss_before,
-            "rss_after": rss_after}
+            "rss_after": rss_after, "server_manage_p99_bucket_ms": server_p99}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server RSS: {before / 2**20:.0f} MiB after the closed loop, "
           f"{after / 2**20:.0f} MiB after the load" if before and after else "RSS unknown")
     refuse_max = max(refuse_ms) if refuse_ms else None
+    print(f"management p99 inside the server (histogram bucket bound): "
+          f"<= {out['server_manage_p99_bucket_ms']} ms")
     emit_json({
         "bench": "overload",
         "quick": args.quick,
@@ -227,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": rows,
         "rss_before_bytes": before,
         "rss_after_bytes": after,
+        "server_manage_p99_bucket_ms": out["server_manage_p99_bucket_ms"],
         "goals": {
             "lost_or_wrong_responses": goal_at_most(0, lost_or_wrong),
             "refusals_without_retry_after": goal_at_most(0, no_retry),
