@@ -1,0 +1,350 @@
+"""The offline replay: a workload's agent programs through the real cache code, no model.
+
+    result = replay_offline(workload, OfflineConfig(policy="sam", hints=True, device_blocks=800,
+                                                    host_blocks=3200))
+    result.hit_rate, result.accesses       # accesses: the block sequence the oracle replays
+
+What is real: `KVCacheManager` (prefix match, ask-then-act admission, commit, free), the
+`BlockPool` with its class ranking and the eviction policy by name (`lru`, `sam`, `qlru`), the
+`SessionRegistry` and `SessionAwareManager` applying the same hints the live replay sends, all
+on a virtual clock (`hintkv.replay.events`). Under `qlru` (hints off) each queued request is a
+transient session holding its prompt's hashes, ended at admission (see `policies.qlru`). What is modelled: the model (a request's blocks are committed when it
+finishes; its completion is placeholder tokens no prompt contains, as in the live replay), the
+engine's time (one FCFS prefill server at `prefill_s_per_token` per new token, `load_s_per_block`
+per block read from the host tier, then decode in parallel at `decode_s_per_token`), and the host
+tier's bookkeeping (`hintkv.replay.host`). A request holds its blocks from admission to its end;
+one that cannot get them waits in the queue (FCFS), as in the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from hintkv.cache.hashing import hash_blocks, namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry, session_key
+from hintkv.cache.types import CacheEdit, SessionRef
+from hintkv.engine.sequence import Sequence
+from hintkv.engine.types import SamplingParams
+from hintkv.replay.events import EventLoop
+from hintkv.replay.host import HostBookkeeping
+from hintkv.workload.agent import HintPlan, Manage, Send, workload_programs
+from hintkv.workload.program import Workload
+
+TENANT = "replay"
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineConfig:
+    policy: str = "lru"
+    hints: bool = False
+    device_blocks: int = 1024
+    host_blocks: int = 0
+    block_size: int = 16
+    time_scale: float = 1.0
+    prefill_s_per_token: float = 2e-4  # engine time model (defaults: dummy:tiny on 2 CPU cores)
+    decode_s_per_token: float = 0.02
+    load_s_per_block: float = 2e-4
+    offload_after_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.device_blocks < 1 or self.host_blocks < 0:
+            raise ValueError("device_blocks must be >= 1 and host_blocks >= 0")
+
+
+@dataclass(slots=True)
+class CallStat:
+    task_id: str
+    session_id: str
+    index: int
+    sent_s: float
+    prompt_tokens: int
+    hit_tokens: int  # device hits + blocks loaded from the host tier
+    host_tokens: int  # of which from the host tier
+    ttft_s: float = 0.0  # modelled: queue + prefill (+ loads)
+    e2e_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Access:
+    """One admitted request as the oracle sees it: the prompt's full blocks (hits are their leading
+    run), then the blocks the request writes (its prompt's and completion's full blocks)."""
+
+    prompt: list[bytes]
+    prompt_tokens: int
+    written: list[bytes]
+
+
+@dataclass(slots=True)
+class OfflineResult:
+    config: OfflineConfig
+    calls: list[CallStat] = field(default_factory=list)
+    accesses: list[Access] = field(default_factory=list)
+    task_s: dict[str, float] = field(default_factory=dict)  # task -> end-to-end seconds
+    host_samples: list[tuple[float, int]] = field(default_factory=list)  # (time, host blocks)
+    device_held_samples: list[tuple[float, int]] = field(default_factory=list)  # (time, blocks held by live sessions)
+    peak_held_blocks: int = 0  # distinct blocks held by live sessions or running requests, at peak
+    host_written: int = 0
+    host_loaded: int = 0
+    num_unservable: int = 0  # requests larger than the device pool (skipped)
+    end_s: float = 0.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for c in self.calls)
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(c.hit_tokens for c in self.calls)
+
+    @property
+    def host_hit_tokens(self) -> int:
+        return sum(c.host_tokens for c in self.calls)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.prompt_tokens - self.hit_tokens
+
+    @property
+    def peak_host_blocks(self) -> int:
+        return max((n for _, n in self.host_samples), default=0)
+
+    @property
+    def mean_host_blocks(self) -> float:
+        return _time_mean(self.host_samples, self.end_s)
+
+
+def _time_mean(samples: list[tuple[float, int]], end: float) -> float:
+    if not samples or end <= samples[0][0]:
+        return float(samples[-1][1]) if samples else 0.0
+    total = 0.0
+    for (t0, n), (t1, _) in itertools.pairwise([*samples, (end, 0)]):
+        total += n * (t1 - t0)
+    return total / (end - samples[0][0])
+
+
+class _Pending:
+    __slots__ = ("done", "send", "seq", "stat")
+
+    def __init__(self, send: Send, seq: Sequence, stat: CallStat, done) -> None:
+        self.send, self.seq, self.stat, self.done = send, seq, stat, done
+
+
+class OfflineEngine:
+    """The cache side of an engine, driven by the event loop's `Send`s and `Manage`s."""
+
+    def __init__(self, cfg: OfflineConfig, loop: EventLoop, hash_memo: dict | None = None) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.sessions = SessionRegistry()
+        self._queued: set[bytes] = set()
+        clock = lambda: loop.now
+        ctx = {"sessions": self.sessions, "clock": clock, "queued": lambda: self._queued}
+        self.kv = KVCacheManager(cfg.device_blocks, cfg.block_size, make_policy(cfg.policy, **ctx))
+        self.sam = SessionAwareManager(self.kv, self.sessions, clock)
+        self.host = None
+        if cfg.host_blocks:
+            keep = self.sessions.is_held if cfg.hints else (lambda h: True)
+            self.host = HostBookkeeping(cfg.host_blocks, make_policy(cfg.policy, **ctx), keep)
+            self.kv.pool.on_evict = lambda victims: self.host.put([b.hash for b in victims])
+        self.root = namespace_root("offline", "none", cfg.block_size, None)
+        self.result = OfflineResult(cfg)
+        self._queue: deque[_Pending] = deque()
+        self._prefill_free_at = 0.0
+        self._ids = itertools.count()
+        self._hash_memo = hash_memo if hash_memo is not None else {}
+        self._running: dict[str, Sequence] = {}
+        self._task_start: dict[str, float] = {}
+
+    # ---- requests --------------------------------------------------------------------------
+    def send(self, loop: EventLoop, send: Send, done) -> None:
+        call = send.call
+        self._task_start.setdefault(send.task_id, loop.now)
+        rid = f"r{next(self._ids)}"
+        ref = SessionRef(TENANT, send.session.session_id, send.session.parent_session_id)
+        seq = Sequence(rid, call.prompt_ids(), call.num_prompt_tokens, SamplingParams(max_tokens=call.max_tokens),
+                       self.root, session=ref)
+        key = id(call)
+        memo = self._hash_memo.get(key)
+        if memo is None:
+            memo = self._hash_memo[key] = hash_blocks(self.root, seq.token_ids, self.cfg.block_size)
+        seq.block_hashes = list(memo)
+        self.sam.on_step(loop.now)
+        if self.cfg.hints:
+            seq.session_key = self.sam.on_arrival(ref)
+        elif self.queue_sessions:  # qlru: the queued prompt as a transient session
+            q = SessionRef(TENANT, f"queued:{rid}", f"queued:{rid}")
+            self.sam.on_done(self.sam.on_arrival(q), seq.block_hashes[:(seq.num_tokens - 1) // self.cfg.block_size])
+        stat = CallStat(send.task_id, ref.session_id, send.index, loop.now, call.num_prompt_tokens, 0, 0)
+        self._queue.append(_Pending(send, seq, stat, done))
+        self._admit()
+
+    def _admit(self) -> None:
+        bs = self.cfg.block_size
+        while self._queue:
+            p = self._queue[0]
+            seq = p.seq
+            match = self.kv.match_prefix(seq)
+            hashes = seq.block_hashes[:(seq.num_tokens - 1) // bs]
+            n_dev = len(match.blocks)
+            n_host = 0
+            if self.host is not None:
+                while n_dev + n_host < len(hashes) and hashes[n_dev + n_host] in self.host:
+                    n_host += 1
+            new = seq.num_prompt_tokens - match.num_tokens + p.send.call.max_tokens
+            if not self.kv.can_admit(seq, match, new):
+                if not self._running:  # nothing will ever free room: the request cannot fit;
+                    self._queue.popleft()  # counted as a full miss
+                    if self.queue_sessions:
+                        self.sessions.end(session_key(TENANT, f"queued:{seq.request_id}"))
+                    self.result.num_unservable += 1
+                    self.result.calls.append(p.stat)
+                    self.result.accesses.append(Access([], seq.num_prompt_tokens, []))  # no policy hits it
+                    p.done(p.stat)
+                    continue
+                return
+            self._queue.popleft()
+            if self.queue_sessions:
+                self.sessions.end(session_key(TENANT, f"queued:{seq.request_id}"))
+            self.kv.admit(seq, match, new)
+            landed = 0
+            for i in range(n_dev, n_dev + n_host):  # the host run lands (loads are timed below);
+                if hashes[i] not in self.host:  # one the allocation just pushed out is recomputed
+                    break
+                self.kv.pool.register(seq.block_table[i], hashes[i])
+                self.host.touch(hashes[i])
+                landed += 1
+            n_host = landed
+            seq.num_registered_blocks = n_dev + n_host
+            hit = (n_dev + n_host) * bs
+            seq.num_computed_tokens = hit
+            self.result.host_loaded += n_host
+            p.stat.hit_tokens, p.stat.host_tokens = hit, n_host * bs
+            self.result.accesses.append(Access(hashes, seq.num_prompt_tokens, []))
+            self._running[seq.request_id] = seq
+            now = self.loop.now
+            start = max(now, self._prefill_free_at)
+            prefill = (seq.num_prompt_tokens - hit) * self.cfg.prefill_s_per_token + n_host * self.cfg.load_s_per_block
+            self._prefill_free_at = start + prefill
+            p.stat.ttft_s = start + prefill - p.stat.sent_s
+            end = start + prefill + p.send.call.max_tokens * self.cfg.decode_s_per_token
+            self.loop.at(end, lambda p=p, a=self.result.accesses[-1]: self._finish(p, a))
+
+    def _finish(self, p: _Pending, access: Access) -> None:
+        self.sam.on_step(self.loop.now)
+        seq = p.seq
+        base = -(1 + int(seq.request_id[1:]) * 1_000_003)
+        seq.token_ids.extend(range(base, base - p.send.call.max_tokens, -1))  # tokens no prompt has
+        seq.num_computed_tokens = seq.num_tokens
+        self.kv.commit(seq)
+        written = seq.block_hashes[:seq.num_tokens // self.cfg.block_size]
+        access.written = list(written)
+        self.kv.free(seq)
+        del self._running[seq.request_id]
+        if self.cfg.hints and seq.session_key is not None:
+            before = set(self.sessions.sessions[seq.session_key].held) if self.host is not None else ()
+            self.sam.on_done(seq.session_key, list(written))
+            if self.host is not None:  # the previous context's blocks nobody holds leave the host
+                self.host.remove([h for h in before if not self.sessions.is_held(h)])
+        p.stat.e2e_s = self.loop.now - p.stat.sent_s
+        self.result.calls.append(p.stat)
+        self.result.task_s[p.send.task_id] = self.loop.now - self._task_start[p.send.task_id]
+        self._sample()
+        p.done(p.stat)
+        self._admit()
+
+    # ---- hints -----------------------------------------------------------------------------
+    def manage(self, loop: EventLoop, m: Manage) -> None:
+        self.sam.on_step(loop.now)
+        ref = SessionRef(TENANT, m.session.session_id, m.session.parent_session_id)
+        key = session_key(TENANT, ref.session_id)
+        s = self.sessions.sessions.get(key)
+        if s is None:
+            return
+        if m.action == "evict":
+            before = set(self.sessions.holders)
+            self.sam.apply(ref, CacheEdit("evict", m.token_start))
+            if self.host is not None:
+                self.host.remove([h for h in before if h not in self.sessions.holders])
+        elif m.action == "offload":
+            self.sam.apply(ref, CacheEdit("offload"))
+            if self.host is not None:  # write the session's device blocks down, drop the copies
+                pool = self.kv.pool
+                on_device = [h for h in s.held if pool.lookup(h) is not None]
+                self.host.put(on_device, force=True)
+                for h in on_device:
+                    b = pool.lookup(h)
+                    if h in self.host:
+                        pool.drop(b)
+        else:
+            self.sam.apply(ref, CacheEdit("prefetch"))
+            if self.host is not None:
+                self._prefetch(s.held)
+        self._sample()
+
+    def _prefetch(self, held: list[bytes]) -> None:
+        """Load the session's leading host run into room running sessions do not need."""
+        pool = self.kv.pool
+        run = []
+        for h in held:
+            if pool.lookup(h) is not None:
+                continue
+            if h not in self.host:
+                break
+            run.append(h)
+        if not run:
+            return
+        room = pool.num_free - pool.num_cached_free + pool.num_cached_below(self.policy.protected_class)
+        run = run[:room]
+        if not run:
+            return
+        blocks = pool.allocate(len(run))
+        for b, h in zip(blocks, run):
+            pool.register(b, h)
+            self.host.touch(h)
+        pool.release(blocks)
+        self.result.host_loaded += len(run)
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+    def _sample(self) -> None:
+        now = self.loop.now
+        held = len(self.sessions.holders) + sum(len(s.block_table) for s in self._running.values())
+        r = self.result
+        r.peak_held_blocks = max(r.peak_held_blocks, held)
+        if self.host is not None:
+            r.host_samples.append((now, len(self.host)))
+            r.host_written = self.host.num_written
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        self.sessions.check_integrity()
+
+
+def replay_offline(workload: Workload, cfg: OfflineConfig, hash_memo: dict | None = None,
+                   check_every: int = 0) -> OfflineResult:
+    """Run `workload` to the end under `cfg`; `hash_memo` (call -> block hashes) may be shared
+    between runs of one workload to skip re-hashing."""
+    loop = EventLoop(cfg.time_scale)
+    engine = OfflineEngine(cfg, loop, hash_memo)
+    plan = HintPlan(hints=cfg.hints, offload_after_s=cfg.offload_after_s)
+    loop.start(workload_programs(workload, plan), engine.send, engine.manage)
+    if check_every:
+        n = 0
+        while loop._heap:
+            loop.run(until=loop._heap[0][0])
+            n += 1
+            if n % check_every == 0:
+                engine.check_integrity()
+    else:
+        loop.run()
+    engine.check_integrity()
+    engine.result.end_s = loop.now
+    return engine.result
