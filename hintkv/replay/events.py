@@ -70,16 +70,18 @@ class EventLoop:
             if isinstance(effect, Manage):
                 value = self.on_manage(self, effect)
                 continue
-            resume = (lambda v, p=program: self._step(p, v, on_end))
-            if isinstance(effect, Sleep):
-                self.at(self.now + effect.seconds / self.time_scale, lambda: resume(None))
-            elif isinstance(effect, Send):
-                self.on_send(self, effect, lambda r: self.at(self.now, lambda: resume(r)))
-            elif isinstance(effect, Run):
-                self._run(effect, resume)
-            else:
-                raise TypeError(f"unknown effect {effect!r}")
+            self._wait(effect, lambda v: self._step(program, v, on_end))
             return
+
+    def _wait(self, effect: Any, resume: Callable[[Any], None]) -> None:
+        if isinstance(effect, Sleep):
+            self.at(self.now + effect.seconds / self.time_scale, lambda: resume(None))
+        elif isinstance(effect, Send):
+            self.on_send(self, effect, lambda r: self.at(self.now, lambda: resume(r)))
+        elif isinstance(effect, Run):
+            self._run(effect, resume)
+        else:
+            raise TypeError(f"unknown effect {effect!r}")
 
     def _run(self, run: Run, resume: Callable[[Any], None]) -> None:
         pending = [len(run.children) + 1]
