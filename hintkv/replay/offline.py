@@ -145,15 +145,16 @@ class OfflineEngine:
         self.cfg = cfg
         self.loop = loop
         self.sessions = SessionRegistry()
-        self._queued: set[bytes] = set()
         clock = lambda: loop.now
-        ctx = {"sessions": self.sessions, "clock": clock, "queued": lambda: self._queued}
-        self.kv = KVCacheManager(cfg.device_blocks, cfg.block_size, make_policy(cfg.policy, **ctx))
+        self.policy = make_policy(cfg.policy, sessions=self.sessions)
+        self.kv = KVCacheManager(cfg.device_blocks, cfg.block_size, self.policy)
+        self.kv.ranking.clock = clock
         self.sam = SessionAwareManager(self.kv, self.sessions, clock)
+        self.queue_sessions = cfg.policy == "qlru" and not cfg.hints
         self.host = None
         if cfg.host_blocks:
             keep = self.sessions.is_held if cfg.hints else (lambda h: True)
-            self.host = HostBookkeeping(cfg.host_blocks, make_policy(cfg.policy, **ctx), keep)
+            self.host = HostBookkeeping(cfg.host_blocks, self.kv.ranking.block_class, keep)
             self.kv.pool.on_evict = lambda victims: self.host.put([b.hash for b in victims])
         self.root = namespace_root("offline", "none", cfg.block_size, None)
         self.result = OfflineResult(cfg)
