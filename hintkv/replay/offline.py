@@ -160,6 +160,7 @@ class OfflineEngine:
         self.result = OfflineResult(cfg)
         self._queue: deque[_Pending] = deque()
         self._prefill_free_at = 0.0
+        self._admit_pending = False
         self._ids = itertools.count()
         self._hash_memo = hash_memo if hash_memo is not None else {}
         self._running: dict[str, Sequence] = {}
@@ -189,8 +190,15 @@ class OfflineEngine:
         self._admit()
 
     def _admit(self) -> None:
+        """Admit the queue's head when the prefill server is free (the engine matches a prompt
+        when it schedules it, so it sees what the prefills before it committed)."""
         bs = self.cfg.block_size
         while self._queue:
+            if self.loop.now < self._prefill_free_at:
+                if not self._admit_pending:
+                    self._admit_pending = True
+                    self.loop.at(self._prefill_free_at, self._admit_later)
+                return
             p = self._queue[0]
             seq = p.seq
             match = self.kv.match_prefix(seq)
@@ -231,13 +239,24 @@ class OfflineEngine:
             p.stat.hit_tokens, p.stat.host_tokens = hit, n_host * bs
             self.result.accesses.append(Access(hashes, seq.num_prompt_tokens, []))
             self._running[seq.request_id] = seq
-            now = self.loop.now
-            start = max(now, self._prefill_free_at)
+            start = self.loop.now
             prefill = (seq.num_prompt_tokens - hit) * self.cfg.prefill_s_per_token + n_host * self.cfg.load_s_per_block
             self._prefill_free_at = start + prefill
             p.stat.ttft_s = start + prefill - p.stat.sent_s
             end = start + prefill + p.send.call.max_tokens * self.cfg.decode_s_per_token
+            self.loop.at(start + prefill, lambda seq=seq: self._prefilled(seq))
             self.loop.at(end, lambda p=p, a=self.result.accesses[-1]: self._finish(p, a))
+
+    def _admit_later(self) -> None:
+        self._admit_pending = False
+        self._admit()
+
+    def _prefilled(self, seq: Sequence) -> None:
+        """The prompt's KV is computed: its full blocks join the prefix index (as the engine's
+        commit after each prefill chunk does), so later prompts can match them."""
+        if seq.request_id in self._running:
+            seq.num_computed_tokens = max(seq.num_computed_tokens, seq.num_prompt_tokens)
+            self.kv.commit(seq)
 
     def _finish(self, p: _Pending, access: Access) -> None:
         self.sam.on_step(self.loop.now)

@@ -1,0 +1,350 @@
+"""`hintkv bench swarm`: real agent traces replayed as a live swarm, against LRU and the oracle.
+
+    hintkv bench swarm [--quick] [--kind swe-agent|swe-team|claude-code] [--traces DIR] [--users 10]
+                       [--device-fraction 0.35] [--host-ratio 4] [--peer URL] [--plots DIR]
+
+One workload (`hintkv.workload.users`: N seeded users over real traces, closed loop, staggered),
+one set of capacities: the device KV pool is `--device-fraction` of the workload's peak working
+set (blocks held by live sessions, measured by the offline replay), the host tier `--host-ratio`
+times the device. Live runs, each against a fresh `hintkv serve` (real HTTP, real model):
+  1 lru         `--eviction-policy lru`, hints ignored and none sent (vLLM + prefix caching)
+  2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
+  3 sam         `--eviction-policy sam`, the agents send the protocol's hints
+  4 sam+host    the same with the host tier
+  (+ `--peer URL`: any OpenAI-compatible server, no hints)
+Offline (`hintkv.replay`: the real cache code, virtual clock, no model): the same four plus
+5 qlru(+host) (LRU protecting queued prompts: engine-only knowledge; the live scheduler does not
+feed it yet, so it runs offline only) and 6 the Belady oracle at these capacities, the ideal hit
+rate, a capacity sweep (0.2/0.35/0.5/1.0 of the working set) and the headroom grid of issue 8
+(capacities 0.1 and 0.35, 10 and 32 users). A table, PNG plots (`--plots`), then one JSON line
+with every goal of issue 8, computed from the runs. `--quick` cuts each agent to a few calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hintkv.bench.common import (
+    ServerProcess,
+    add_common_args,
+    emit_json,
+    hintkv_server,
+    log,
+    print_table,
+    summarize,
+)
+from hintkv.bench.swarm_study import captured, run_configs, size_workload
+from hintkv.replay import OfflineConfig
+from hintkv.workload.agent import HintPlan
+from hintkv.workload.live import LiveCall, LiveResult, replay_live
+from hintkv.workload.traces import Scale
+from hintkv.workload.users import KINDS, build_workload
+
+GOALS = {"hit_rate_ratio": 1.33, "captured_headroom": 0.7, "beyond_queue_points": 0.02,
+         "peak_host_reduction": 0.25, "ttft_reduction_vs_lru": 0.5, "ttft_reduction_vs_lru_host": 0.2,
+         "task_e2e_reduction_vs_lru": 0.25}
+SWEEP = (0.2, 0.35, 0.5, 1.0)
+GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
+LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
+        ("sam+host", "sam", True, True))
+COLUMNS = ["run", "where", "calls", "errors", "hit_rate", "host_hit_rate", "recomputed_tokens", "ttft_mean_s",
+           "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_call_mean_s", "e2e_task_mean_s", "peak_host_mib",
+           "mean_host_mib", "moved_mib"]
+
+
+def default_traces() -> str:
+    for p in (Path(__file__).resolve().parents[3] / "shared" / "traces", Path("/work/shared/traces")):
+        if p.exists():
+            return str(p)
+    return "traces"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hintkv bench swarm", description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--traces", default=default_traces(), help="folder with claude-code/ and swe-agent/")
+    p.add_argument("--kind", choices=KINDS, default="swe-agent")
+    p.add_argument("--users", type=int, default=10)
+    p.add_argument("--tasks-per-user", type=int, default=1)
+    p.add_argument("--token-scale", type=float, default=1 / 16, help="trace token lengths x this")
+    p.add_argument("--time-scale", type=float, default=4.0, help="trace seconds / this = replay seconds")
+    p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default: all; --quick: 6)")
+    p.add_argument("--device-fraction", type=float, default=0.35)
+    p.add_argument("--host-ratio", type=float, default=4.0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--model", default="dummy:tiny")
+    p.add_argument("--peer", default=None, help="an OpenAI-compatible server to replay against too")
+    p.add_argument("--plots", default=None, help="folder for PNG plots")
+    p.add_argument("--skip-live", action="store_true", help="offline replay and oracle only")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `hintkv serve` argument (repeat)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    max_calls = args.max_calls or (6 if args.quick else None)
+    scale = Scale(args.token_scale, max_calls)
+    folder = os.path.join(args.traces, "claude-code" if args.kind == "claude-code" else "swe-agent")
+    wl = build_workload(args.kind, folder, args.users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
+    base = OfflineConfig(block_size=args.block_size, time_scale=args.time_scale)
+    memo: dict = {}
+    sizing = size_workload(wl, base, memo)
+    device = sizing.device_blocks(args.device_fraction)
+    host = round(device * args.host_ratio)
+    log(f"workload: {args.kind}, {args.users} users, {len(wl.tasks())} tasks, {sizing.num_calls} calls, "
+        f"{sizing.prompt_tokens} prompt tokens; working set {sizing.working_set_blocks} blocks; "
+        f"device {device} blocks, host {host}; ideal hit rate {sizing.ideal_hit_rate:.3f}")
+    offline = run_configs(wl, base, device, host, memo)
+    sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio), memo)
+             for f in SWEEP}
+    grid = headroom_grid(args, scale, base)
+    log(f"offline done at {time.perf_counter() - t0:.0f}s")
+    live: dict[str, dict[str, Any]] = {}
+    live_results: dict[str, LiveResult] = {}
+    if not args.skip_live:
+        bpb = block_bytes(args.model, args.block_size)
+        for name, policy, hints, with_host in LIVE:
+            server = ["--kv-cache-tokens", str(device * args.block_size), "--block-size", str(args.block_size),
+                      "--eviction-policy", policy, *([] if hints else ["--ignore-hints"]),
+                      *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
+            live[name], live_results[name] = run_live(name, wl, args, hints, server, bpb)
+        if args.peer:
+            live["peer"], live_results["peer"] = run_live("peer", wl, args, False, None, bpb)
+    rows = table_rows(live, offline, args)
+    print_table(rows, COLUMNS)
+    goals = compute_goals(live, offline, sweep, grid)
+    plots = make_plots(args.plots, live_results, sweep, offline) if args.plots else []
+    emit_json({"bench": "swarm", "quick": args.quick, "seed": args.seed, "model": args.model,
+               "workload": {**wl.meta, "calls": sizing.num_calls, "prompt_tokens": sizing.prompt_tokens,
+                            "working_set_blocks": sizing.working_set_blocks, "device_blocks": device,
+                            "host_blocks": host, "ideal_hit_rate": sizing.ideal_hit_rate,
+                            "time_scale": args.time_scale},
+               "live": live, "offline": _strip(offline),
+               "sweep": {str(f): {k: v["hit_rate"] for k, v in runs.items() if isinstance(v, dict)}
+                         for f, runs in sweep.items()},
+               "headroom_grid": grid, "plots": plots,
+               "wall_s": time.perf_counter() - t0, "goals": goals})
+    return 0
+
+
+def _strip(runs: dict[str, Any]) -> dict[str, Any]:
+    return {k: ({kk: vv for kk, vv in v.items() if kk != "host_samples"} if isinstance(v, dict) else v)
+            for k, v in runs.items()}
+
+
+def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig) -> list[dict[str, Any]]:
+    """Captured headroom of sam (+ hints) over lru, device only and with the host tier, at the
+    issue's users x capacities (offline)."""
+    out = []
+    folder = os.path.join(args.traces, "claude-code" if args.kind == "claude-code" else "swe-agent")
+    for users in sorted({u for u, _ in GRID}):
+        wl = build_workload(args.kind, folder, users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
+        memo: dict = {}
+        sizing = size_workload(wl, base, memo)
+        for u, frac in GRID:
+            if u != users:
+                continue
+            dev = sizing.device_blocks(frac)
+            runs = run_configs(wl, base, dev, round(dev * args.host_ratio), memo,
+                               names=("lru", "lru+host", "sam", "sam+host", "qlru+host"))
+            for tier, lru, sam, oracle in (("device", "lru", "sam", "oracle"),
+                                           ("host", "lru+host", "sam+host", "oracle+host")):
+                lo, hi, got = runs[lru]["hit_rate"], runs[oracle]["hit_rate"], runs[sam]["hit_rate"]
+                out.append({"users": users, "fraction": frac, "tier": tier, "lru": lo, "sam": got, "oracle": hi,
+                            "qlru+host": runs["qlru+host"]["hit_rate"] if tier == "host" else None,
+                            "captured": captured(got, lo, hi)})
+            log(f"grid: {users} users at {frac}: done")
+    return out
+
+
+def block_bytes(model: str, block_size: int) -> int:
+    from hintkv.models.presets import preset_config
+
+    try:
+        cfg = preset_config(model.split(":", 1)[1] if model.startswith("dummy:") else "smollm2-135m")
+    except (KeyError, ValueError):
+        cfg = preset_config("smollm2-135m")
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4 * block_size
+
+
+def run_live(name: str, wl, args: argparse.Namespace, hints: bool, server_args: list[str] | None,
+             bpb: int) -> tuple[dict[str, Any], LiveResult]:
+    progress = _Progress(name, wl.num_calls)
+    try:
+        if server_args is None:
+            result, samples = asyncio.run(_replay(wl, args.peer, args.model, hints, args.time_scale, progress))
+        else:
+            with ServerProcess(hintkv_server(args.model, name=f"swarm-{name}", extra_args=server_args)) as srv:
+                result, samples = asyncio.run(_replay(wl, srv.base_url, args.model, hints, args.time_scale, progress))
+    except Exception as exc:  # noqa: BLE001 - one failed run still prints the others and unmet goals
+        log(f"{name}: failed: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}, LiveResult(hints)
+    row = live_row(result, samples, bpb)
+    log(f"{name}: hit rate {row['hit_rate']}, mean TTFT {row['ttft_mean_s']}, wall {result.wall_s:.0f}s")
+    return row, result
+
+
+async def _replay(wl, url: str, model: str, hints: bool, time_scale: float, progress) -> tuple[LiveResult, list]:
+    samples: list[tuple[float, dict[str, float]]] = []
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        async with httpx.AsyncClient(timeout=5.0) as c:
+            t0 = time.perf_counter()
+            while not done.is_set():
+                try:
+                    samples.append((time.perf_counter() - t0, parse_metrics((await c.get(url + "/metrics")).text)))
+                except httpx.HTTPError:
+                    pass
+                try:
+                    await asyncio.wait_for(done.wait(), 0.5)
+                except TimeoutError:
+                    pass
+            try:
+                samples.append((time.perf_counter() - t0, parse_metrics((await c.get(url + "/metrics")).text)))
+            except httpx.HTTPError:
+                pass
+
+    sampler = asyncio.create_task(sample())
+    try:
+        result = await replay_live(wl, url, model, HintPlan(hints=hints), time_scale=time_scale, on_call=progress)
+    finally:
+        done.set()
+        await sampler
+    return result, samples
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            try:
+                out[series] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def live_row(r: LiveResult, samples: list, bpb: int) -> dict[str, Any]:
+    ok = [c for c in r.calls if c.ok]
+    ttft = summarize([c.ttft_s for c in ok]) if ok else {}
+    host = [m.get('hintkv_tier_blocks{tier="host"}', 0.0) for _, m in samples]
+    last = samples[-1][1] if samples else {}
+    tiers = {k.split('"')[1]: v for k, v in last.items() if k.startswith("hintkv_prefix_cache_hit_tokens_by_tier{")}
+    moved = sum(v for k, v in last.items() if k.startswith("hintkv_tier_bytes_moved"))
+    prompt = r.prompt_tokens
+    return {
+        "calls": len(r.calls), "errors": r.num_errors,
+        "first_error": next((c.error for c in r.calls if c.error), None),
+        "prompt_tokens": prompt, "cached_tokens": r.cached_tokens, "hit_rate": r.hit_rate,
+        "host_hit_rate": (tiers.get("host", 0.0) / prompt) if prompt and tiers else None,
+        "hit_tokens_by_tier": tiers,
+        "recomputed_tokens": prompt - r.cached_tokens,
+        "ttft_mean_s": ttft.get("mean"), "ttft_p50_s": ttft.get("p50"), "ttft_p90_s": ttft.get("p90"),
+        "ttft_p99_s": ttft.get("p99"),
+        "e2e_call_mean_s": sum(c.e2e_s for c in ok) / len(ok) if ok else None,
+        "e2e_task_mean_s": sum(r.task_s.values()) / len(r.task_s) if r.task_s else None,
+        "peak_host_mib": max(host, default=0.0) * bpb / 2**20,
+        "mean_host_mib": (sum(host) / len(host) if host else 0.0) * bpb / 2**20,
+        "moved_mib": moved / 2**20,
+        "actions": {k: {"sent": v[0], "ok": v[1]} for k, v in r.actions.items()},
+        "skipped_range_evicts": r.skipped_range_evicts,
+        "wall_s": r.wall_s,
+    }
+
+
+def table_rows(live: dict, offline: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = [{"run": k, "where": "live", **v} for k, v in live.items()]
+    mib = block_bytes(args.model, args.block_size) / 2**20
+    for k, v in offline.items():
+        if k.startswith("_"):
+            continue
+        rows.append({"run": k, "where": "offline", "hit_rate": v["hit_rate"], "host_hit_rate": v.get("host_hit_rate"),
+                     "recomputed_tokens": v.get("recomputed_tokens"),
+                     "ttft_mean_s": v.get("model_ttft_mean_s"),
+                     "peak_host_mib": v["peak_host_blocks"] * mib if "peak_host_blocks" in v else None,
+                     "mean_host_mib": v["mean_host_blocks"] * mib if "mean_host_blocks" in v else None})
+    return rows
+
+
+def _get(d: dict, run: str, field: str) -> float | None:
+    v = d.get(run, {}).get(field)
+    return v if isinstance(v, (int, float)) else None
+
+
+def _reduction(new: float | None, old: float | None) -> float | None:
+    return None if new is None or not old else 1.0 - new / old
+
+
+def _goal(target: float, measured: float | None, met: bool | None = None) -> dict[str, Any]:
+    ok = (measured is not None and measured >= target) if met is None else met
+    return {"target": target, "measured": measured, "met": bool(ok)}
+
+
+def compute_goals(live: dict, offline: dict, sweep: dict, grid: list) -> dict[str, Any]:
+    src = live if _get(live, "lru", "hit_rate") and _get(live, "sam+host", "hit_rate") else offline
+    ratio = (_get(src, "sam+host", "hit_rate") / _get(src, "lru", "hit_rate")
+             if _get(src, "lru", "hit_rate") and _get(src, "sam+host", "hit_rate") is not None else None)
+    caps = [g["captured"] for g in grid if g["oracle"] - g["lru"] >= 0.02]
+    beyond = []
+    for f, runs in sweep.items():
+        diff = runs["sam+host"]["hit_rate"] - runs["qlru+host"]["hit_rate"]
+        need = 0.02 if runs["oracle+host"]["hit_rate"] - runs["qlru+host"]["hit_rate"] >= 0.03 else 0.0
+        beyond.append((f, diff, need))
+    peak_src = offline  # exact block counts; the live peak (sampled) is in the table
+    peak_red = _reduction(_get(peak_src, "sam+host", "peak_host_blocks"), _get(peak_src, "lru+host", "peak_host_blocks"))
+    equal_or_better = (_get(peak_src, "sam+host", "hit_rate") or 0) >= (_get(peak_src, "lru+host", "hit_rate") or 0) - 0.005
+    return {
+        "hit_rate_ratio": {**_goal(GOALS["hit_rate_ratio"], ratio), "from": "live" if src is live else "offline"},
+        "captured_headroom": _goal(GOALS["captured_headroom"], min((c for c in caps if c is not None), default=None),
+                                   met=all(c is not None and c >= GOALS["captured_headroom"] for c in caps)),
+        "hints_beyond_queue": _goal(GOALS["beyond_queue_points"], min((d for _, d, _ in beyond), default=None),
+                                    met=all(d >= need and d >= 0 for _, d, need in beyond)),
+        "peak_host_reduction": _goal(GOALS["peak_host_reduction"], peak_red,
+                                     met=peak_red is not None and peak_red >= GOALS["peak_host_reduction"]
+                                     and equal_or_better),
+        "ttft_reduction_vs_lru": _goal(GOALS["ttft_reduction_vs_lru"],
+                                       _reduction(_get(live, "sam+host", "ttft_mean_s"), _get(live, "lru", "ttft_mean_s"))),
+        "ttft_reduction_vs_lru_host": _goal(GOALS["ttft_reduction_vs_lru_host"],
+                                            _reduction(_get(live, "sam+host", "ttft_mean_s"),
+                                                       _get(live, "lru+host", "ttft_mean_s"))),
+        "task_e2e_reduction_vs_lru": _goal(GOALS["task_e2e_reduction_vs_lru"],
+                                           _reduction(_get(live, "sam+host", "e2e_task_mean_s"),
+                                                      _get(live, "lru", "e2e_task_mean_s"))),
+    }
+
+
+def make_plots(folder: str, live: dict[str, LiveResult], sweep: dict, offline: dict) -> list[str]:
+    from hintkv.bench.swarm_plots import plot_all
+
+    try:
+        return plot_all(folder, live, sweep, offline)
+    except ImportError as exc:
+        log(f"plots skipped: {exc}")
+        return []
+
+
+class _Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, name: str, total: int) -> None:
+        self.name, self.total, self.done, self.t0 = name, total, 0, time.perf_counter()
+
+    def __call__(self, rec: LiveCall) -> None:
+        self.done += 1
+        if self.done % max(1, self.total // 20) == 0 or self.done == self.total:
+            bar = "#" * (20 * self.done // self.total)
+            log(f"{self.name}: [{bar:<20}] {self.done}/{self.total} calls, {time.perf_counter() - self.t0:.0f}s")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""The offline half of `hintkv bench swarm`: capacities from the working set, the oracle, sweeps.
+
+Every figure here comes from `hintkv.replay` (the real cache code on a virtual clock) and the
+Belady oracle over the same run's block accesses; nothing is typed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hintkv.replay import OfflineConfig, OfflineResult, belady, replay_offline
+from hintkv.workload.program import Workload
+
+# (name, policy, hints, host tier?) of the compared configurations
+CONFIGS = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
+           ("sam+host", "sam", True, True), ("qlru", "qlru", False, False), ("qlru+host", "qlru", False, True))
+
+
+@dataclass(slots=True)
+class Sizing:
+    working_set_blocks: int  # peak distinct blocks held by live sessions or running requests
+    ideal_hit_rate: float
+    max_request_blocks: int  # the largest prompt + completion, in blocks
+    prompt_tokens: int
+    num_calls: int
+
+    def device_blocks(self, fraction: float) -> int:
+        return max(math.ceil(fraction * self.working_set_blocks), self.max_request_blocks + 1)
+
+
+def size_workload(wl: Workload, base: OfflineConfig, memo: dict) -> Sizing:
+    inf = replay_offline(wl, replace(base, policy="sam", hints=True, device_blocks=10**7, host_blocks=0), memo)
+    bs = base.block_size
+    biggest = max(math.ceil((c.num_prompt_tokens + c.max_tokens) / bs)
+                  for t in wl.tasks() for a in t.agents() for c in a.calls)
+    return Sizing(inf.peak_held_blocks, belady(inf.accesses, None, bs).hit_rate, biggest, inf.prompt_tokens,
+                  len(inf.calls))
+
+
+def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo: dict,
+                names: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """The compared configurations at one capacity, plus the oracle (device, device + host)."""
+    out: dict[str, dict[str, Any]] = {}
+    results: dict[str, OfflineResult] = {}
+    for name, policy, hints, with_host in CONFIGS:
+        if names is not None and name not in names:
+            continue
+        cfg = replace(base, policy=policy, hints=hints, device_blocks=device, host_blocks=host if with_host else 0)
+        r = results[name] = replay_offline(wl, cfg, memo)
+        out[name] = offline_row(r)
+    bs = base.block_size
+    ref_dev = results.get("lru") or next(iter(results.values()))
+    ref_host = results.get("lru+host") or ref_dev
+    out["oracle"] = {"hit_rate": belady(ref_dev.accesses, device, bs).hit_rate}
+    out["oracle+host"] = {"hit_rate": belady(ref_host.accesses, device + host, bs).hit_rate}
+    out["_device_blocks"], out["_host_blocks"] = device, host
+    return out
+
+
+def offline_row(r: OfflineResult) -> dict[str, Any]:
+    ttft = sorted(c.ttft_s for c in r.calls)
+    return {
+        "hit_rate": r.hit_rate,
+        "host_hit_rate": r.host_hit_tokens / r.prompt_tokens if r.prompt_tokens else 0.0,
+        "prompt_tokens": r.prompt_tokens,
+        "hit_tokens": r.hit_tokens,
+        "recomputed_tokens": r.recomputed_tokens,
+        "peak_host_blocks": r.peak_host_blocks,
+        "mean_host_blocks": r.mean_host_blocks,
+        "host_written_blocks": r.host_written,
+        "host_loaded_blocks": r.host_loaded,
+        "unservable": r.num_unservable,
+        "model_ttft_mean_s": sum(ttft) / len(ttft) if ttft else None,
+        "host_samples": r.host_samples,
+    }
+
+
+def captured(hinted: float, lru: float, oracle: float) -> float | None:
+    """(hints - lru) / (oracle - lru); None when the oracle gains nothing."""
+    gain = oracle - lru
+    return (hinted - lru) / gain if gain > 1e-9 else None

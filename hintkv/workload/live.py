@@ -1,0 +1,204 @@
+"""The live driver: agent programs against an OpenAI-compatible server, in (scaled) real time.
+
+    result = asyncio.run(replay_live(workload, "http://127.0.0.1:8000", "dummy:tiny",
+                                     HintPlan(hints=True), time_scale=8.0))
+
+Each program (`hintkv.workload.agent`) runs as an asyncio task; trace seconds are divided by
+`time_scale`. A `Send` is one streamed `/v1/completions` request with the call's token ids as
+the prompt, `max_tokens` + `ignore_eos` (the recorded output length), `temperature` 0 and
+`stream_options.include_usage` (`prompt_tokens`, `prompt_tokens_details.cached_tokens`); with
+hints on it carries `agent_hint` {session_id, parent_session_id}. A `Manage` is a management
+request (`manage_request: true`, a session edit) on the same endpoint; range evicts of a
+compressed context need the old chat window, which a token-id prompt does not have, so they are
+counted as `skipped_range_evicts` and not sent (the server drops the stale tail anyway when the
+session's next request ends). Management requests are best-effort (failures are recorded).
+
+TTFT runs from when the agent was ready to call: a prefetch sent just before a call counts
+against the hinted run, as it would for a real agent. Works with any OpenAI-compatible server
+(`--peer`): without hints nothing but standard fields (and `ignore_eos`) is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from hintkv.workload.agent import (
+    HintPlan,
+    Manage,
+    Program,
+    Run,
+    Send,
+    Sleep,
+    workload_programs,
+)
+from hintkv.workload.program import Workload
+
+
+@dataclass(slots=True)
+class LiveCall:
+    task_id: str
+    session_id: str
+    index: int
+    started_s: float  # when the agent was ready, after the replay started
+    prompt_tokens: int  # sent
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    cached_tokens: int | None = None  # from usage
+    completion_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.ttft_s is not None
+
+
+@dataclass(slots=True)
+class LiveResult:
+    hints: bool
+    wall_s: float = 0.0
+    calls: list[LiveCall] = field(default_factory=list)
+    actions: dict[str, list[int]] = field(default_factory=dict)  # action -> [sent, ok]
+    skipped_range_evicts: int = 0
+    task_s: dict[str, float] = field(default_factory=dict)  # task -> end-to-end seconds
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, session) in order
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for c in self.calls if c.ok)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(c.cached_tokens or 0 for c in self.calls if c.ok)
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def num_errors(self) -> int:
+        return sum(1 for c in self.calls if not c.ok)
+
+
+async def replay_live(workload: Workload, base_url: str, model: str, plan: HintPlan, *, time_scale: float = 1.0,
+                      api_key: str = "EMPTY", timeout_s: float = 600.0,
+                      on_call: Callable[[LiveCall], None] | None = None,
+                      transport: httpx.AsyncBaseTransport | None = None) -> LiveResult:
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    headers = {"authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=timeout_s,
+                                 headers=headers, transport=transport) as http:
+        driver = _LiveDriver(http, model, plan, time_scale, on_call)
+        await driver.execute(workload_programs(workload, plan))
+        driver.result.wall_s = driver.clock()
+        return driver.result
+
+
+class _LiveDriver:
+    def __init__(self, http: httpx.AsyncClient, model: str, plan: HintPlan, time_scale: float,
+                 on_call: Callable[[LiveCall], None] | None) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        self.http = http
+        self.model = model
+        self.time_scale = time_scale
+        self.on_call = on_call
+        self.result = LiveResult(hints=plan.hints)
+        self._t0 = time.perf_counter()
+        self._ready: dict[str, float] = {}  # session -> when its prefetch was sent
+        self._task_start: dict[str, float] = {}
+
+    def clock(self) -> float:
+        return time.perf_counter() - self._t0
+
+    async def drive(self, program: Program) -> None:
+        value: Any = None
+        while True:
+            try:
+                effect = program.send(value)
+            except StopIteration:
+                return
+            value = await self.execute(effect)
+
+    async def execute(self, effect: Any) -> Any:
+        if isinstance(effect, Sleep):
+            await asyncio.sleep(effect.seconds / self.time_scale)
+        elif isinstance(effect, Run):
+            await asyncio.gather(asyncio.sleep(effect.at_least_s / self.time_scale),
+                                 *(self._child(d, p) for d, p in effect.children))
+        elif isinstance(effect, Send):
+            return await self.send(effect)
+        elif isinstance(effect, Manage):
+            return await self.manage(effect)
+        else:
+            raise TypeError(f"unknown effect {effect!r}")
+        return None
+
+    async def _child(self, delay_s: float, program: Program) -> None:
+        await asyncio.sleep(delay_s / self.time_scale)
+        await self.drive(program)
+
+    def _hint(self, session) -> dict[str, Any]:
+        return {"session_id": session.session_id, "parent_session_id": session.parent_session_id}
+
+    async def send(self, s: Send) -> LiveCall:
+        now = self.clock()
+        self._task_start.setdefault(s.task_id, now)
+        start = self._ready.pop(s.session.session_id, now)
+        rec = LiveCall(s.task_id, s.session.session_id, s.index, start, s.call.num_prompt_tokens)
+        self.result.events.append((now, "send", s.session.session_id))
+        body: dict[str, Any] = {"model": self.model, "prompt": s.call.prompt_ids(), "max_tokens": s.call.max_tokens,
+                                "ignore_eos": True, "temperature": 0.0, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if self.result.hints:
+            body["agent_hint"] = self._hint(s.session)
+        t0 = self._t0 + start
+        try:
+            async with self.http.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    if rec.ttft_s is None and chunk.get("choices"):
+                        rec.ttft_s = time.perf_counter() - t0
+                    usage = chunk.get("usage")
+                    if usage:
+                        rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
+                        rec.completion_tokens = usage.get("completion_tokens")
+                        rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            rec.e2e_s = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001 - a failed call (any cause) is data, not the end of the replay
+            rec.error = f"{type(exc).__name__}: {exc}"[:300]
+        self.result.calls.append(rec)
+        self.result.task_s[s.task_id] = self.clock() - self._task_start[s.task_id]
+        if self.on_call is not None:
+            self.on_call(rec)
+        return rec
+
+    async def manage(self, m: Manage) -> bool:
+        now = self.clock()
+        self.result.events.append((now, m.action if m.token_start is None else "evict-range", m.session.session_id))
+        if m.token_start is not None:
+            self.result.skipped_range_evicts += 1
+            return False
+        if m.action == "prefetch":
+            self._ready[m.session.session_id] = now
+        counts = self.result.actions.setdefault(m.action, [0, 0])
+        counts[0] += 1
+        hint = {**self._hint(m.session), "context_management": {
+            "manage_request": True, "edits": [{"type": m.action, "target": "session"}]}}
+        try:
+            resp = await self.http.post("/v1/completions", json={"model": self.model, "agent_hint": hint})
+            ok = resp.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        counts[1] += int(ok)
+        return ok
