@@ -17,7 +17,8 @@ Offline (`hintkv.replay`: the real cache code, virtual clock, no model): the sam
 feed it yet, so it runs offline only) and 6 the Belady oracle at these capacities, the ideal hit
 rate, a capacity sweep (0.2/0.35/0.5/1.0 of the working set) and the headroom grid of issue 8
 (capacities 0.1 and 0.35, 10 and 32 users). A table, PNG plots (`--plots`), then one JSON line
-with every goal of issue 8, computed from the runs. `--quick` cuts each agent to a few calls.
+with every goal of issue 8, computed from the runs. `--quick` cuts each agent to 6 calls and
+runs the headroom grid at `--users` only.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig) -
     issue's users x capacities (offline)."""
     out = []
     folder = os.path.join(args.traces, "claude-code" if args.kind == "claude-code" else "swe-agent")
-    for users in sorted({u for u, _ in GRID}):
+    for users in sorted({u for u, _ in GRID if not args.quick or u == args.users}):
         wl = build_workload(args.kind, folder, users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
         memo: dict = {}
         sizing = size_workload(wl, base, memo)
