@@ -60,6 +60,12 @@ COLUMNS = ["run", "where", "calls", "errors", "hit_rate", "host_hit_rate", "reco
            "mean_host_mib", "moved_mib"]
 
 
+def trace_folder(traces: str, kind: str) -> str:
+    """`traces` itself, or its claude-code/ or swe-agent/ subfolder when it has one."""
+    sub = os.path.join(traces, "claude-code" if kind == "claude-code" else "swe-agent")
+    return sub if os.path.isdir(sub) else traces
+
+
 def default_traces() -> str:
     for p in (Path(__file__).resolve().parents[3] / "shared" / "traces", Path("/work/shared/traces")):
         if p.exists():
@@ -70,7 +76,7 @@ def default_traces() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hintkv bench swarm", description=__doc__.split("\n\n")[0])
     add_common_args(p)
-    p.add_argument("--traces", default=default_traces(), help="folder with claude-code/ and swe-agent/")
+    p.add_argument("--traces", default=default_traces(), help="a folder of traces, or one with claude-code/ and swe-agent/ in it")
     p.add_argument("--kind", choices=KINDS, default="swe-agent")
     p.add_argument("--users", type=int, default=10)
     p.add_argument("--tasks-per-user", type=int, default=1)
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     max_calls = args.max_calls or (6 if args.quick else None)
     scale = Scale(args.token_scale, max_calls)
-    folder = os.path.join(args.traces, "claude-code" if args.kind == "claude-code" else "swe-agent")
+    folder = trace_folder(args.traces, args.kind)
     wl = build_workload(args.kind, folder, args.users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
     base = OfflineConfig(block_size=args.block_size, time_scale=args.time_scale)
     memo: dict = {}
@@ -145,7 +151,7 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig) -
     """Captured headroom of sam (+ hints) over lru, device only and with the host tier, at the
     issue's users x capacities (offline)."""
     out = []
-    folder = os.path.join(args.traces, "claude-code" if args.kind == "claude-code" else "swe-agent")
+    folder = trace_folder(args.traces, args.kind)
     for users in sorted({u for u, _ in GRID if not args.quick or u == args.users}):
         wl = build_workload(args.kind, folder, users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
         memo: dict = {}
