@@ -4,14 +4,9 @@ The smallest key is reclaimed first. A policy only orders victims; it never refu
 allocation (soft protection: the engine can always make progress).
 """
 
+from hintkv.cache.policies.base import EvictionPolicy, make_policy, policy_names, register_policy
 from hintkv.cache.policies import lru as _lru  # noqa: F401  (registers "lru")
 from hintkv.cache.policies import qlru as _qlru  # noqa: F401  (registers "qlru")
 from hintkv.cache.policies import sam as _sam  # noqa: F401  (registers "sam")
-from hintkv.cache.policies.base import (
-    EvictionPolicy,
-    make_policy,
-    policy_names,
-    register_policy,
-)
 
 __all__ = ["EvictionPolicy", "make_policy", "policy_names", "register_policy"]
