@@ -65,7 +65,7 @@ from hintkv.workload.working_set import chat_encoder, working_set
 PEAK_REDUCTION_TARGET = 0.25
 HIT_RATE_TOLERANCE = 0.01  # "equal": within one point of LRU's hit rate
 COLUMNS = ["run", "router", "calls", "errors", "hit_rate", "pool_hit_tokens", "pool_peak_mib",
-           "pool_mean_mib", "instances_peak_mib", "puts", "dedup", "removed", "evicted",
+           "pool_mean_mib", "instances_peak_mib", "puts", "dedup", "removed", "released", "evicted",
            "keepalive_calls", "ttft_mean_s", "ttft_p90_s", "wall_s"]
 
 
@@ -238,8 +238,9 @@ def run_one(policy: str, router: str, swarm, args, kv_tokens: int, pool_bytes: i
         "instances_peak_bytes": max(sampler.instance_bytes) if sampler.instance_bytes else None,
         "puts": total("hintkv_pool_events", "puts"), "gets": total("hintkv_pool_events", "gets"),
         "dedup": total("hintkv_pool_events", "dedup"),
-        "removed": total('hintkv_tier_events{tier="pool",event="removed"}'),
-        "evicted": total('hintkv_tier_events{tier="pool",event="evicted"}'),
+        "removed": total('hintkv_tier_events{event="removed",tier="pool"}'),
+        "evicted": total('hintkv_tier_events{event="evicted",tier="pool"}'),
+        "released": total("hintkv_pool_events", "released"),
         "keepalive_calls": total("hintkv_pool_events", "keepalive_calls"),
         "bytes_put": total("hintkv_pool_events", "bytes_put"),
         "bytes_got": total("hintkv_pool_events", "bytes_got"),
