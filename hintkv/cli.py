@@ -1,4 +1,4 @@
-"""The `hintkv` command (also `python -m hintkv`): `serve`, `bench`, `pool`, `router`.
+"""The `hintkv` command (also `python -m hintkv`): `serve`, `bench`, `pool`, `router`, `sim`.
 
     hintkv serve --model dummy:tiny --kv-cache-tokens 8192 --port 8000
     hintkv bench engine --quick
@@ -154,6 +154,19 @@ def _run_router(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_sim(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim", help="the calibrated simulator: hintkv sim [calibrate|profiles|run] ...",
+                       add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for hintkv.sim.main")
+    p.set_defaults(run=_run_sim)
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    from hintkv.sim.main import main as sim_main
+
+    return sim_main(list(args.args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hintkv", description="LLM inference server for agent swarms."
@@ -163,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_pool(sub)
     _add_router(sub)
+    _add_sim(sub)
     return parser
 
 

@@ -1,0 +1,57 @@
+"""The discrete-event clock: simulated seconds, and callbacks due at given times.
+
+    clock = EventClock()
+    clock.at(2.5, lambda: print("tool returned"))   # or clock.after(dt, fn)
+    while clock.run_next(): ...                     # advance to each event in time order
+
+`clock()` (the instance is callable) is the current simulated time, so it plugs in wherever the
+real code takes a `clock` (scheduler, SAM, policies). Events due at the same time run in the order
+they were scheduled (a sequence number breaks ties), so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+
+class EventClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.num_events = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        if t < self.now:
+            raise ValueError(f"cannot schedule in the past ({t} < {self.now})")
+        heapq.heappush(self._queue, (t, self._seq, fn))
+        self._seq += 1
+
+    def after(self, dt: float, fn: Callable[[], None]) -> None:
+        self.at(self.now + max(0.0, dt), fn)
+
+    def next_time(self) -> float | None:
+        return self._queue[0][0] if self._queue else None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def run_next(self) -> bool:
+        """Advance to the earliest event and run it; False when none is left."""
+        if not self._queue:
+            return False
+        t, _, fn = heapq.heappop(self._queue)
+        self.now = t
+        self.num_events += 1
+        fn()
+        return True
+
+    def run_until(self, t: float) -> None:
+        """Run every event due at or before `t`, then stand at `t`."""
+        while self._queue and self._queue[0][0] <= t:
+            self.run_next()
+        self.now = max(self.now, t)

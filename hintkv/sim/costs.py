@@ -1,0 +1,147 @@
+"""The cost model: how long a forward step or a copy takes, interpolated from a `Profile`.
+
+    cm = CostModel(load_profile("h200-llama3-8b"))
+    cm.prefill_ms(new=512, cached=8192)        # 28.89: a measured point comes back as measured
+    cm.step_ms([(2048, 0)], decode_contexts=[9000] * 8)
+    cm.transfer_ms("host", "device", nbytes)   # bandwidth + latency of that link
+
+Prefill of `new` tokens on a cached prefix of `cached` tokens is split in two parts:
+
+    prefill(new, cached) = cold(new) + attn(new, cached)
+
+`cold(new)` (the GEMMs, plus attention within the new tokens) is piecewise linear over the
+measured cold prefills, flat below the smallest (launch-bound) and extended with the last
+segment's slope above the largest. `attn(new, cached)` (attending to the cached prefix) is zero at
+cached = 0; at each measured `new` it is piecewise linear in `cached` through the measured points
+(slope of the last segment beyond them, never negative); between measured `new` values it is
+interpolated linearly in `new` (to zero below the smallest, proportional to `new` above the
+largest: attention to a prefix is linear in the query tokens). At
+every measured point this returns the measured figure (a cold point measured twice returns the
+cached-prefix grid's figure).
+
+Decode of a batch at a context length is bilinear over the measured (batch, context) grid,
+clamped inside it and extended beyond it: per extra sequence by the last batch segment's slope,
+per extra context token by the KV-read cost per sequence-token the largest batch shows (slopes
+clamped at zero: the small-batch figures are launch-bound noise). A step that mixes prefill
+chunks and decodes costs cold(all tokens) + each chunk's attention + each decode's KV read.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from hintkv.sim.profile import Profile
+
+
+def _interp(xs: list[float], ys: list[float], x: float, below: str = "flat") -> float:
+    """Piecewise linear through (xs, ys); above the last point, the last slope (>= 0).
+    below: "flat" (the first y) or "zero-anchored" (linear to the origin)."""
+    if len(xs) == 1:
+        return ys[0] if below == "flat" else ys[0] * x / xs[0]
+    if x <= xs[0]:
+        return ys[0] if below == "flat" else ys[0] * x / xs[0]
+    i = min(bisect_right(xs, x), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    slope = (y1 - y0) / (x1 - x0)
+    if x > xs[-1]:
+        slope = max(slope, 0.0)
+    return y0 + slope * (x - x0)
+
+
+class CostModel:
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        cold: dict[int, list[float]] = {}
+        grid: dict[int, dict[int, float]] = {}
+        for n, c, ms in profile.prefill_points:
+            if c == 0:
+                cold.setdefault(n, []).append(ms)
+            else:
+                grid.setdefault(n, {})[c] = ms
+        # A cold point measured in both tables: the cached-prefix grid's figure (same harness).
+        self._cold_x = sorted(cold)
+        self._cold_y = [cold[n][0] for n in self._cold_x]
+        # attention on the cached prefix, per new token, at each measured `new`
+        self._attn: dict[int, tuple[list[float], list[float]]] = {}
+        for n, row in sorted(grid.items()):
+            cs = sorted(row)
+            self._attn[n] = (cs, [(row[c] - self.cold_ms(n)) / n for c in cs])
+        self._attn_n = sorted(self._attn)
+        self._decode_grid(profile.decode_points)
+
+    # ---- prefill -------------------------------------------------------------------------
+    def cold_ms(self, new: int) -> float:
+        return _interp(self._cold_x, self._cold_y, new) if new > 0 else 0.0
+
+    def _attn_at(self, n: int, cached: int) -> float:
+        cs, ys = self._attn[n]
+        return max(0.0, n * _interp(cs, ys, cached, below="zero-anchored"))
+
+    def attn_ms(self, new: int, cached: int) -> float:
+        """Extra time of `new` tokens attending to `cached` prefix tokens."""
+        if new <= 0 or cached <= 0 or not self._attn_n:
+            return 0.0
+        ns = self._attn_n
+        if new >= ns[-1]:  # linear in the new tokens beyond the grid
+            return self._attn_at(ns[-1], cached) * new / ns[-1]
+        return _interp(ns, [self._attn_at(n, cached) for n in ns], new, below="zero-anchored")
+
+    def prefill_ms(self, new: int, cached: int = 0) -> float:
+        return self.cold_ms(new) + self.attn_ms(new, cached)
+
+    # ---- decode --------------------------------------------------------------------------
+    def _decode_grid(self, points: list[tuple[int, int, float]]) -> None:
+        self._batches = sorted({b for b, _, _ in points})
+        self._ctxs = sorted({c for _, c, _ in points})
+        table = {(b, c): ms for b, c, ms in points}
+        missing = [(b, c) for b in self._batches for c in self._ctxs if (b, c) not in table]
+        if missing:
+            raise ValueError(f"decode points must form a full batch x context grid; missing {missing}")
+        self._decode = table
+        bmax = self._batches[-1]
+        if len(self._ctxs) > 1:
+            c0, c1 = self._ctxs[-2], self._ctxs[-1]
+            self._kv_read_ms = max(0.0, (table[bmax, c1] - table[bmax, c0]) / (bmax * (c1 - c0)))
+        else:
+            self._kv_read_ms = 0.0
+
+    def kv_read_ms(self, context: int) -> float:
+        """Decode cost of one sequence's context beyond what the grid's base covers."""
+        return self._kv_read_ms * context
+
+    def decode_ms(self, batch: int, context: int) -> float:
+        """One decode step of `batch` sequences at (mean) context `context`."""
+        if batch <= 0:
+            return 0.0
+        bs, cs = self._batches, self._ctxs
+        c = min(max(context, cs[0]), cs[-1])
+        rows = [_interp(cs, [self._decode[b, x] for x in cs], c) for b in bs]
+        ms = _interp(bs, rows, batch)
+        if context > cs[-1]:
+            ms += batch * self.kv_read_ms(context - cs[-1])
+        return ms
+
+    # ---- a whole step --------------------------------------------------------------------
+    def step_ms(self, chunks: Sequence[tuple[int, int]], decode_contexts: Sequence[int] = ()) -> float:
+        """One forward: prefill `chunks` as (new, cached) plus one token for each decode."""
+        over = self.profile.step_overhead_ms
+        if not chunks:
+            if not decode_contexts:
+                return 0.0
+            return over + self.decode_ms(len(decode_contexts), sum(decode_contexts) // len(decode_contexts))
+        total = sum(n for n, _ in chunks) + len(decode_contexts)
+        return (over + self.cold_ms(total) + sum(self.attn_ms(n, c) for n, c in chunks)
+                + sum(self.kv_read_ms(c) for c in decode_contexts))
+
+    # ---- copies --------------------------------------------------------------------------
+    def transfer_ms(self, src: str, dst: str, nbytes: int) -> float:
+        """A batched copy of `nbytes` over the `src->dst` link (latency once per batch)."""
+        return self.profile.link(src, dst).ms(nbytes)
+
+    def exposed_copy_ms(self, copy_ms: float) -> float:
+        """What a device<->host copy running beside compute adds to the step."""
+        return copy_ms * (1 - self.profile.copy_overlap)
+
+    def tokens_ms(self, src: str, dst: str, num_tokens: int) -> float:
+        return self.transfer_ms(src, dst, num_tokens * self.profile.kv_bytes_per_token)

@@ -1,0 +1,31 @@
+"""The event clock runs events in time order, ties in scheduling order, and never goes back."""
+
+from __future__ import annotations
+
+import pytest
+
+from hintkv.sim.clock import EventClock
+
+
+def test_events_run_in_time_then_insertion_order():
+    clock = EventClock()
+    seen = []
+    clock.at(2.0, lambda: seen.append(("b", clock())))
+    clock.at(1.0, lambda: seen.append(("a", clock())))
+    clock.at(2.0, lambda: seen.append(("c", clock())))
+    clock.at(1.0, lambda: clock.after(0.5, lambda: seen.append(("d", clock()))))
+    while clock.run_next():
+        pass
+    assert seen == [("a", 1.0), ("d", 1.5), ("b", 2.0), ("c", 2.0)]
+    assert clock.num_events == 5 and len(clock) == 0
+
+
+def test_run_until_and_no_past():
+    clock = EventClock(10.0)
+    hits = []
+    clock.after(1.0, lambda: hits.append(clock()))
+    clock.after(5.0, lambda: hits.append(clock()))
+    clock.run_until(12.0)
+    assert hits == [11.0] and clock() == 12.0 and clock.next_time() == 15.0
+    with pytest.raises(ValueError, match="past"):
+        clock.at(11.0, lambda: None)

@@ -1,0 +1,83 @@
+"""The cost model reproduces the calibration points it was built from, and behaves between them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hintkv.sim.costs import CostModel
+from hintkv.sim.profile import CALIBRATION, Profile, load_profile
+
+
+def test_h200_8b_reproduces_every_calibration_point():
+    cal = json.loads(CALIBRATION.read_text())["llama3_8b"]
+    cm = CostModel(load_profile("h200-llama3-8b"))
+    for key, ms in cal["prefill_ms_new_tokens_on_cached_prefix"].items():
+        new, cached = (int(x.removeprefix("new").removeprefix("cached")) for x in key.split("_"))
+        assert cm.prefill_ms(new, cached) == pytest.approx(ms, rel=1e-9), key
+    for n, ms in cal["prefill_ms_cold"].items():  # 512 and 2048 were measured twice (2.6%, 3.3%)
+        assert cm.prefill_ms(int(n)) == pytest.approx(ms, rel=0.035), n
+    for key, ms in cal["decode_step_ms"].items():
+        b, c = (int(x.removeprefix("batch").removeprefix("ctx")) for x in key.split("_"))
+        assert cm.decode_ms(b, c) == pytest.approx(ms, rel=1e-9), key
+    for n, ms in cal["reload_prefix_from_pinned_host_ms"].items():  # a latency + bandwidth fit
+        assert cm.tokens_ms("host", "device", int(n)) == pytest.approx(ms, rel=0.03), n
+
+
+def test_h200_70b_keeps_the_measured_70b_points_times_eight():
+    cal = json.loads(CALIBRATION.read_text())["llama3_70b_shape"]["measured_on_10_of_80_layers_ms"]
+    cm = CostModel(load_profile("h200-llama3-70b"))
+    assert cm.prefill_ms(2048) == pytest.approx(8 * cal["prefill2048"])
+    assert cm.prefill_ms(8192) == pytest.approx(8 * cal["prefill8192"])
+    assert cm.prefill_ms(512, 8192) == pytest.approx(8 * cal["new512_cached8192"])
+    assert cm.decode_ms(1, 8192) == pytest.approx(8 * cal["decode_b1_ctx8192"])
+    cm8 = CostModel(load_profile("h200-llama3-8b"))
+    for new, cached in [(128, 0), (512, 2048), (2048, 32768), (4000, 50000)]:
+        assert cm.prefill_ms(new, cached) > 4 * cm8.prefill_ms(new, cached)
+
+
+@pytest.mark.parametrize("name", ["h200-llama3-8b", "h200-llama3-70b"])
+def test_monotone_between_and_beyond_points(name):
+    cm = CostModel(load_profile(name))
+    for cached in (0, 1000, 8192, 20000, 100_000, 200_000):
+        prev = 0.0
+        for new in (1, 64, 128, 300, 512, 1000, 2048, 5000, 8192, 40_000):
+            t = cm.prefill_ms(new, cached)
+            assert t >= prev, (new, cached)
+            prev = t
+    for new in (128, 700, 2048, 3000):
+        assert cm.prefill_ms(new, 200_000) > cm.prefill_ms(new, 32768) > cm.prefill_ms(new, 0)
+    assert cm.decode_ms(16, 100_000) > cm.decode_ms(16, 8192)
+    assert cm.decode_ms(64, 8192) >= cm.decode_ms(16, 8192)
+
+
+def test_mixed_step_and_copies():
+    cm = CostModel(load_profile("h200-llama3-8b"))
+    alone = cm.step_ms([(2048, 8192)])
+    assert alone == pytest.approx(cm.prefill_ms(2048, 8192))
+    assert cm.step_ms([(2048, 8192)], [30_000] * 8) > alone
+    assert cm.step_ms([], [8192] * 8) == pytest.approx(cm.decode_ms(8, 8192))
+    assert cm.transfer_ms("host", "device", 0) == 0
+    gb = cm.transfer_ms("device", "host", 10**9)
+    assert gb == pytest.approx(1000 / 55.3, rel=0.02)
+    assert cm.exposed_copy_ms(gb) < 0.2 * gb  # the calibration shows the reload hides behind compute
+
+
+def test_profile_round_trips_through_json(tmp_path):
+    p = load_profile("h200-llama3-70b")
+    p.save(tmp_path / "p.json")
+    q = load_profile(str(tmp_path / "p.json"))
+    assert q == p
+    with pytest.raises(ValueError, match="unknown profile"):
+        load_profile("nope")
+    with pytest.raises(ValueError, match="cold prefill"):
+        Profile("x", "y", 1, [(1, 5, 1.0)], [(1, 1, 1.0)])
+
+
+def test_sim_profiles_command_prints_every_builtin(capsys):
+    from hintkv.cli import main
+
+    assert main(["sim", "profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "h200-llama3-8b" in out and "h200-llama3-70b" in out
