@@ -217,6 +217,9 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:  # its own parser (argparse's REMAINDER drops leading options)
+        return _run_sim(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
