@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
@@ -91,8 +92,9 @@ class TierCounters:
 
 class TierConnector:
     def __init__(self, pool: BlockPool, block_size: int, stack: TierStack, io: DeviceBlockIO,
-                 ranking: ClassRanking, hints: bool) -> None:
+                 ranking: ClassRanking, hints: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = pool
+        self.clock = clock  # injectable: the simulator runs the connector in simulated time
         self.block_size = block_size
         self.stack = stack
         self.io = io
@@ -213,7 +215,7 @@ class TierConnector:
         self._loads[key] = self._load(hashes, blocks, tiers)
 
     def load_ready(self, key: str) -> bool:
-        return self._loads[key].ready(time.monotonic())
+        return self._loads[key].ready(self.clock())
 
     def finish_load(self, key: str) -> tuple[int, list[str]]:
         """Scatter the leading run of good blocks of a ready load into the device; returns
@@ -267,12 +269,12 @@ class TierConnector:
 
     def _load(self, hashes: list[BlockHash], blocks: list[Block], tiers: list[str]) -> PendingLoad:
         staging = self._staging(len(hashes))
-        now = time.monotonic()
+        now = self.clock()
         load = PendingLoad(hashes, blocks, tiers, staging, [], now,
                            now + self.costs.load_timeout_s(len(hashes)))
         for i, h in enumerate(hashes):
             f = self.stack.load(h, staging[i])
-            f.add_done_callback(lambda _f, d=load.done_at: d.append(time.monotonic()))
+            f.add_done_callback(lambda _f, d=load.done_at: d.append(self.clock()))
             load.futures.append(f)
         return load
 
@@ -300,7 +302,7 @@ class TierConnector:
         """Once per engine step: publish class changes to the tiers, land finished prefetches
         (as cached blocks), drop offloaded device copies."""
         self.publish()
-        now = time.monotonic()
+        now = self.clock()
         still = []
         for p in self._prefetches:
             if not p.ready(now):
