@@ -1,9 +1,11 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Qwen2) over a paged KV cache.
 
 Row layout: a step's tokens are flattened to T rows (no batch dim); `paged_attention` splits them
-back into sequences through `AttentionMetadata`. Weights are fused where it saves CPU time:
-one q/k/v matmul and one gate/up matmul per layer. `load_state_dict_hf` takes Hugging Face
-parameter names and fills the fused tensors.
+back into sequences through `AttentionMetadata`. Fused where it saves CPU time: one q/k/v GEMM
+and one gate/up GEMM per layer, the residual add inside the next RMSNorm (vLLM's
+`norm(x, residual) -> (normed, residual)`), RoPE rotating q and k in place in the qkv buffer.
+Every GEMM runs through `linear.py` (`prepare(quantization)` picks the kernels after loading).
+`load_state_dict_hf` takes Hugging Face parameter names and fills the fused tensors.
 """
 
 from __future__ import annotations
@@ -15,23 +17,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from hintkv.models.attention import AttentionMetadata, paged_attention
+from hintkv.models.compile import Regions, add_rmsnorm_, compile_regions
 from hintkv.models.config import ModelConfig
+from hintkv.models.linear import (
+    KERNELS,
+    Linear,
+    LinearKernel,
+    choose_kernel,
+    prepare_linears,
+)
 from hintkv.models.rope import RotaryEmbedding
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     # Uninitialised on purpose: weights come from a checkpoint or presets.init_random_.
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
-
-
-class Linear(nn.Module):
-    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.weight = _param(n_out, n_in, dtype=dtype, device=device)
-        self.bias = _param(n_out, dtype=dtype, device=device) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -42,10 +42,9 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, dtype=dtype, device=device)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); with no residual, (norm(x), x)."""
+        return add_rmsnorm_(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -59,13 +58,10 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype, device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, regions: Regions) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        # q and k rotate together: one RoPE pass over Hq + Hkv heads
-        qk = RotaryEmbedding.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
-        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        # q and k rotate together: one RoPE pass over the Hq + Hkv heads of the fused qkv rows
+        q, k, v = regions.rope(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -77,9 +73,8 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, device)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, regions: Regions) -> torch.Tensor:
+        return self.down_proj(regions.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -90,10 +85,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata, regions: Regions) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp output, residual stream): the next norm adds them (fused add + RMSNorm)."""
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        x, residual = regions.add_rmsnorm(h, residual, norm1.weight, norm1.eps)
+        x = self.self_attn(x, cos, sin, kv_cache, meta, regions)
+        x, residual = regions.add_rmsnorm(x, residual, norm2.weight, norm2.eps)
+        return self.mlp(x, regions), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -108,8 +107,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
                         else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.rotary = RotaryEmbedding(cfg, dtype, device)
-        self._packed_lm_head: torch.Tensor | None = None  # oneDNN copy of lm_head (CPU, float32)
-        self._packed_key: tuple[int, int] | None = None  # (data_ptr, version) it was packed from
+        self.quantization: str | None = None
+        self.regions = Regions()  # eager until `compile()`
+        self._lm_head_kernel: LinearKernel = LinearKernel(self.lm_head, None)
 
     @property
     def device(self) -> torch.device:
@@ -121,25 +121,36 @@ class LlamaForCausalLM(nn.Module):
         """Final-normed hidden states [T, hidden] of the step's T new tokens."""
         cos, sin = self.rotary.cos_sin(positions)
         h = F.embedding(input_ids, self.embed_tokens)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, kv_cache, meta)
-        return self.norm(h)
+            h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions)
+        return self.norm(h, residual)[0]
+
+    def prepare(self, quantization: str | None = None) -> dict[str, int]:
+        """Pick every GEMM's kernel (`linear.py`) once the weights are in; {kernel name: count}."""
+        counts = prepare_linears(self, quantization)
+        head = choose_kernel(self.lm_head, quantization, is_lm_head=True)
+        self._lm_head_kernel = KERNELS[head](self.lm_head, None)
+        counts[head] = counts.get(head, 0) + 1
+        self.quantization = quantization
+        return counts
+
+    def compile(self) -> Regions:
+        """Compile the step's element-wise regions (compile.py); stays eager, with a warning, on failure."""
+        cfg = self.config
+        self.regions = compile_regions(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                                       cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
+        return self.regions
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab].
 
-        On a CPU in float32 the LM head (the largest GEMM of a decode step, few rows) goes through
-        oneDNN with a weight packed once: about 2x faster than `F.linear` at 1-64 rows here.
+        The LM head is the largest GEMM of a decode step (few rows); on a CPU in float32 it runs
+        on an MKL-packed weight like the other projections.
         """
-        w = self.lm_head
-        if hidden.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-            key = (w.data_ptr(), w._version)
-            if self._packed_key != key:
-                self._packed_lm_head, self._packed_key = w.detach().to_mkldnn(), key
-            x = hidden.reshape(-1, hidden.shape[-1]).float().contiguous()
-            return torch._C._nn.mkldnn_linear(x.to_mkldnn(), self._packed_lm_head).to_dense()
-        return F.linear(hidden, w).float()
+        self._lm_head_kernel.refresh()
+        return self._lm_head_kernel(hidden).float()
 
     @torch.inference_mode()
     def load_state_dict_hf(self, sd: dict[str, torch.Tensor]) -> None:
@@ -165,6 +176,7 @@ class LlamaForCausalLM(nn.Module):
         missing = expected - loaded
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+        self.prepare(self.quantization)  # packed / quantized copies follow the new weights
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")

@@ -29,7 +29,14 @@ class LoadedModel:
 
 
 def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               seed: int = 0) -> LoadedModel:
+               seed: int = 0, quantization: str | None = None) -> LoadedModel:
+    """Load `spec`, then pick its GEMM kernels (`quantization`: None or "w8a8", see linear.py)."""
+    loaded = _load(spec, dtype, device, seed)
+    loaded.model.prepare(quantization)
+    return loaded
+
+
+def _load(spec: str | None, dtype: torch.dtype, device: str | torch.device, seed: int) -> LoadedModel:
     if spec is None or spec == DEFAULT_MODEL:
         return _from_gguf(smollm2_gguf_path(), dtype, device, DEFAULT_MODEL)
     if spec.startswith("dummy:"):

@@ -1,7 +1,8 @@
 """Rotary position embeddings, Hugging Face "rotate-half" convention, with rope_scaling variants.
 
 The cos/sin table is precomputed in float32 (as transformers does) and cast to the model dtype;
-it grows on demand when a position beyond it shows up.
+it grows on demand when a position beyond it shows up. `apply_` rotates in place (q and k are
+views into the fused qkv buffer), so no rotated copy and no `cat` is made.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Owns the cos/sin table; `apply` rotates q and k rows in place of HF's apply_rotary_pos_emb."""
+    """Owns the cos/sin table; `apply_` rotates q and k rows in place of HF's apply_rotary_pos_emb."""
 
     __slots__ = ("inv_freq", "cos", "sin", "dtype")
 
@@ -47,21 +48,27 @@ class RotaryEmbedding:
         self._build(min(cfg.max_position_embeddings, _INITIAL_TABLE_LEN))
 
     def _build(self, length: int) -> None:
+        # half width: rotate-half uses the same angle for element i and i + D/2
         pos = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
         freqs = torch.outer(pos, self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(self.dtype)
-        self.sin = emb.sin().to(self.dtype)
+        self.cos = freqs.cos().to(self.dtype)
+        self.sin = freqs.sin().to(self.dtype)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin rows [T, 1, D] for the given positions (broadcast over heads)."""
+        """cos, sin rows [T, 1, D/2] for the given positions (broadcast over heads)."""
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self.cos.shape[0]:
             self._build(max(needed, 2 * self.cos.shape[0]))
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D] -> x*cos + rotate_half(x)*sin."""
+    def apply_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D], rotated in place to x*cos + rotate_half(x)*sin; returns x.
+
+        With halves (x1, x2): x1' = x1*cos - x2*sin, x2' = x2*cos + x1*sin.
+        """
         x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        x1_sin = x1 * sin
+        x1.mul_(cos).addcmul_(x2, sin, value=-1.0)
+        x2.mul_(cos).add_(x1_sin)
+        return x

@@ -1,0 +1,110 @@
+"""Accuracy of a fast path against float32: top-1 agreement and perplexity on a fixed text set.
+
+    python -m hintkv.bench.accuracy [--model SPEC] [--quantization w8a8]
+
+`OneSequence` runs one sequence on a contiguous paged cache (the same `AttentionMetadata` the
+serving path builds), so a model can be checked without an engine; `greedy` decodes with it.
+Used by `hintkv bench engine` (the w8a8 row's accuracy columns) and by the exactness tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+from hintkv.models.attention import AttentionMetadata
+
+BLOCK = 16
+
+# A fixed text set: prose, code and a tool-call transcript (what agents read and write).
+FIXED_TEXTS = (
+    ("The city of Paris is the capital of France. It lies on the Seine river, in the north of the "
+    "country, and has been one of Europe's major centres of finance, diplomacy, commerce, fashion "
+    "and science for centuries. Its museums, such as the Louvre, attract millions of visitors."),
+    ("def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
+    "        mid = (lo + hi) // 2\n        if items[mid] == target:\n            return mid\n"
+    "        if items[mid] < target:\n            lo = mid + 1\n        else:\n            hi = mid - 1\n"
+    "    return -1\n"),
+    ("User: The tests in tests/test_parser.py fail with KeyError: 'name'. Can you fix it?\n"
+    "Assistant: Let me look at the parser first.\n<tool_call>{\"name\": \"read_file\", \"arguments\": "
+    "{\"path\": \"src/parser.py\"}}</tool_call>\nTool: def parse(entry):\n    return entry['name'], "
+    "entry['value']\nAssistant: The entry may lack a name. I will use entry.get('name', '') instead."),
+    ("Photosynthesis is the process by which green plants and some other organisms use sunlight to "
+    "synthesize foods from carbon dioxide and water. It generally involves the green pigment "
+    "chlorophyll and generates oxygen as a by-product."),
+)
+
+
+class OneSequence:
+    """One sequence's KV on a contiguous block table; `step(ids)` appends tokens, returns their logits."""
+
+    def __init__(self, model, max_tokens: int) -> None:
+        cfg = model.config
+        self.model = model
+        num_blocks = -(-max_tokens // BLOCK)
+        shape = (2, num_blocks, BLOCK, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=model.dtype, device=model.device)
+                          for _ in range(cfg.num_hidden_layers)]
+        self.table = torch.arange(num_blocks, device=model.device)
+        self.num_tokens = 0
+
+    def step(self, ids: list[int]) -> torch.Tensor:
+        """Float32 logits [len(ids), vocab] of the new tokens, appended after the cached ones."""
+        dev = self.model.device
+        start, end = self.num_tokens, self.num_tokens + len(ids)
+        pos = torch.arange(start, end, device=dev)
+        meta = AttentionMetadata(slot_mapping=pos.clone(), query_start_loc=[0, len(ids)], context_lens=[end],
+                                 block_tables=[self.table], is_decode_only=len(ids) == 1)
+        hidden = self.model(torch.tensor(ids, device=dev), pos, meta, self.kv_caches)
+        self.num_tokens = end
+        return self.model.compute_logits(hidden)
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens after `prompt` (no stop tokens)."""
+    seq = OneSequence(model, len(prompt) + n + 1)
+    out = [int(seq.step(prompt)[-1].argmax())]
+    while len(out) < n:
+        out.append(int(seq.step([out[-1]])[-1].argmax()))
+    return out
+
+
+def compare(reference, candidate, token_lists: list[list[int]]) -> dict[str, float]:
+    """Teacher-forced next-token top-1 agreement of `candidate` with `reference`, and both perplexities."""
+    agree = total = 0
+    nll = {"reference": 0.0, "candidate": 0.0}
+    for ids in token_lists:
+        logits = {"reference": OneSequence(reference, len(ids)).step(ids),
+                  "candidate": OneSequence(candidate, len(ids)).step(ids)}
+        agree += int((logits["reference"].argmax(-1) == logits["candidate"].argmax(-1)).sum())
+        total += len(ids)
+        target = torch.tensor(ids[1:])
+        for k, lg in logits.items():
+            nll[k] += float(torch.nn.functional.cross_entropy(lg[:-1].cpu(), target, reduction="sum"))
+    n_pred = sum(len(ids) - 1 for ids in token_lists)
+    return {"top1_agreement": agree / total, "ppl_reference": math.exp(nll["reference"] / n_pred),
+            "ppl_candidate": math.exp(nll["candidate"] / n_pred), "tokens": total}
+
+
+def fixed_token_lists(tokenizer) -> list[list[int]]:
+    return [tokenizer.encode(t) for t in FIXED_TEXTS]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hintkv.models.loader import load_model
+
+    p = argparse.ArgumentParser(prog="python -m hintkv.bench.accuracy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--quantization", default="w8a8")
+    args = p.parse_args(argv)
+    ref = load_model(args.model, torch.float32, "cpu")
+    cand = load_model(args.model, torch.float32, "cpu", quantization=args.quantization)
+    print(json.dumps(compare(ref.model, cand.model, fixed_token_lists(ref.tokenizer))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

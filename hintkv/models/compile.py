@@ -1,0 +1,112 @@
+"""The model step's fusable regions, eager or compiled with torch.compile (inductor).
+
+A decoder layer is GEMMs (run by `linear.py`'s kernels, packed or int8), paged attention (Python
+over per-sequence metadata) and the element-wise work between them. Only that element-wise work
+is compiled, as three functions of plain tensors shared by every layer:
+
+    add_rmsnorm(x, residual, w, eps) -> (norm(x + residual), x + residual)
+    rope(qkv, cos, sin, ...)         -> q, k, v  (rotated q and k out of the fused qkv rows)
+    silu_mul(gate_up)                -> silu(gate) * up
+
+Shapes: the row count T is dynamic (`dynamic=True`), so each function compiles at most two
+graphs (T == 1, which dynamo specialises, and T >= 2): six graphs per process whatever the batch
+mix, compiled by `compile_regions` during warm-up (its seconds are returned and logged). GEMMs
+stay outside the graphs so packed / int8 kernels keep working. When inductor cannot build (no C++
+compiler, an unsupported platform), `compile_regions` warns and keeps the eager functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hintkv.models.rope import RotaryEmbedding
+
+log = logging.getLogger("hintkv.compile")
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); with no residual, (norm(x), x)."""
+    if residual is not None:
+        x = x + residual
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, eps), x
+    return w * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype), x
+
+
+def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+         head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split fused qkv rows [T, (Hq + 2 Hkv) D] into q [T, Hq, D], k, v [T, Hkv, D]; rotate q and k."""
+    t = qkv.shape[0]
+    x = qkv.view(t, num_heads + 2 * num_kv_heads, head_dim)
+    qk, v = x[:, : num_heads + num_kv_heads], x[:, num_heads + num_kv_heads:]
+    x1, x2 = qk.chunk(2, dim=-1)
+    qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return qk[:, :num_heads], qk[:, num_heads:], v
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# Eager variants work in place: the residual stream is the step's own buffer, q and k are views
+# into the fused qkv rows. (Compiled graphs take the functional forms; inductor fuses them.)
+
+def add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None:
+        x = residual.add_(x)
+    return add_rmsnorm(x, None, w, eps)
+
+
+def rope_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+          head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t = qkv.shape[0]
+    x = qkv.view(t, num_heads + 2 * num_kv_heads, head_dim)
+    qk = RotaryEmbedding.apply_(x[:, : num_heads + num_kv_heads], cos, sin)
+    return qk[:, :num_heads], qk[:, num_heads:], x[:, num_heads + num_kv_heads:]
+
+
+@dataclass(slots=True)
+class Regions:
+    """The functions a decoder layer calls between its GEMMs; eager unless compiled."""
+
+    add_rmsnorm: Callable = add_rmsnorm_
+    rope: Callable = rope_
+    silu_mul: Callable = silu_mul
+    compiled: bool = False
+    warmup_s: float = 0.0
+
+
+def compile_regions(hidden: int, intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, device: torch.device | str) -> Regions:
+    """Compile the three regions and run each at T = 1 and T = 2 (both graphs); eager on failure."""
+    t0 = time.perf_counter()
+    try:
+        fns = {name: torch.compile(fn, dynamic=True, fullgraph=True)
+               for name, fn in (("add_rmsnorm", add_rmsnorm), ("rope", rope), ("silu_mul", silu_mul))}
+        with torch.inference_mode():
+            for t in (1, 2, 3):  # 3: a second T >= 2 shape must hit the dynamic graph, not recompile
+                opts = {"dtype": dtype, "device": device}
+                x = torch.randn(t, hidden, **opts)
+                fns["add_rmsnorm"](x, x.clone(), torch.ones(hidden, **opts), 1e-5)
+                fns["add_rmsnorm"](x, None, torch.ones(hidden, **opts), 1e-5)
+                cs = torch.randn(t, 1, head_dim // 2, **opts)
+                fns["rope"](torch.randn(t, (num_heads + 2 * num_kv_heads) * head_dim, **opts), cs, cs,
+                            num_heads, num_kv_heads, head_dim)
+                fns["silu_mul"](torch.randn(t, 2 * intermediate, **opts))
+    except Exception as e:  # noqa: BLE001 - any compiler failure means: run eager
+        warnings.warn(f"torch.compile unavailable ({type(e).__name__}: {str(e)[:200]}); running eager",
+                      RuntimeWarning, stacklevel=2)
+        return Regions()
+    regions = Regions(**fns, compiled=True, warmup_s=time.perf_counter() - t0)
+    log.info("compiled the model step's regions in %.1f s", regions.warmup_s)
+    return regions
