@@ -110,6 +110,14 @@ class EngineConfig:
                                      "http://HOST:PORT/metadata")
     pool_timeout_s: float = _opt(1.0, "seconds before a pool call counts as failed (circuit "
                                  "breaker)", flags=("--pool-timeout",))
+    quantization: str | None = _opt(
+        None, "w8a8: int8 weights (per channel) x int8 activations (per token) through torch._int_mm"
+    )
+    compile_step: str = _opt(
+        "auto", "auto | on | off: torch.compile the model step's element-wise regions "
+        "(auto: on for CUDA, off on CPU, where it measured no win)"
+    )
+    enforce_eager: bool = _opt(False, "never compile the model step (vLLM's flag; wins over --compile-step)")
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -131,3 +139,13 @@ class EngineConfig:
             parse_bytes(self.host_cache_memory)
         check_pool_config(self.pool, self.pool_size, self.pool_policy, self.pool_master,
                           self.pool_timeout_s)
+        if self.quantization not in (None, "w8a8"):
+            raise ValueError(f"quantization must be w8a8 or unset, not {self.quantization!r}")
+        if self.compile_step not in ("auto", "on", "off"):
+            raise ValueError(f"compile_step must be auto, on or off, not {self.compile_step!r}")
+
+    def wants_compile(self, device_type: str) -> bool:
+        """Whether the engine compiles its model step on this device type."""
+        if self.enforce_eager or self.compile_step == "off":
+            return False
+        return self.compile_step == "on" or device_type == "cuda"

@@ -68,7 +68,9 @@ class LLMEngine:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         torch.manual_seed(cfg.seed)
-        loaded = load_model(cfg.model, self.dtype, self.device, seed=cfg.seed)
+        loaded = load_model(cfg.model, self.dtype, self.device, seed=cfg.seed, quantization=cfg.quantization)
+        if cfg.wants_compile(self.device.type):
+            loaded.model.compile()  # warns and stays eager when no compiler is available
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_name = cfg.served_model_name or loaded.name

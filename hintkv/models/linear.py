@@ -86,7 +86,10 @@ class W8A8Kernel(LinearKernel):
         xf = x.reshape(-1, shape[-1]).float()
         x_scale = (xf.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min_(1e-12)  # [M, 1]
         xq = torch.round(xf / x_scale).clamp_(-127, 127).to(torch.int8)
-        acc = torch._int_mm(xq, self.w_int8_t)  # [M, N] int32
+        m = xq.shape[0]
+        if xq.is_cuda and m <= 16:  # CUDA's int8 GEMM wants more than 16 rows: pad with zeros
+            xq = F.pad(xq, (0, 0, 0, 17 - m))
+        acc = torch._int_mm(xq, self.w_int8_t)[:m]  # [M, N] int32
         y = acc.float().mul_(x_scale).mul_(self.w_scale)
         if self.bias is not None:
             y.add_(self.bias.float())

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU check for a lent CUDA machine (issue 11): under 8 minutes on one H200, results under $OUT.
+#
+#   OUT=/tmp/gpu_out bash scripts/gpu_check.sh
+#
+# 1. the CUDA tests (every test that skips without CUDA runs here: compiled step, w8a8 on CUDA);
+# 2. hintkv bench engine --device cuda --quick (dummy:llama3-8b, bf16, against the plain-SDPA H200
+#    calibration in shared/calibration/h200-llama3-8b-shape.json; plus the compiled variant);
+# 3. hintkv bench tiers --device cuda --quick.
+# Each step has its own time limit, so one that hangs cannot eat the others' time; the exit
+# status is non-zero when any step failed (each step's log says which).
+set -uo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+OUT="${OUT:-$REPO/gpu_out}"
+mkdir -p "$OUT"
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY="${PYTHON:-python3}"; fi
+export HINTKV_CALIBRATION="${HINTKV_CALIBRATION:-$REPO/../shared/calibration/h200-llama3-8b-shape.json}"
+status=0
+
+step() {  # step NAME SECONDS CMD...
+    local name="$1" limit="$2"; shift 2
+    local t0=$SECONDS
+    echo "== $name (limit ${limit}s)" | tee -a "$OUT/summary.txt"
+    timeout "$limit" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"
+    local rc=$?
+    echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+{ nvidia-smi; "$PY" -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'; } \
+    > "$OUT/device.txt" 2>&1
+step cuda_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_cuda.py
+step bench_engine 240 "$PY" -m hintkv bench engine --device cuda --quick --variants compiled
+step bench_tiers 90 "$PY" -m hintkv bench tiers --device cuda --quick
+tail -n 1 "$OUT/bench_engine.out" > "$OUT/bench_engine.json" 2>/dev/null || true
+tail -n 1 "$OUT/bench_tiers.out" > "$OUT/bench_tiers.json" 2>/dev/null || true
+exit $status
