@@ -4,8 +4,10 @@
     attention.py       AttentionMetadata + paged_attention: the one place attention happens
     rope.py            rotate-half RoPE with default / linear / llama3 scaling
     llama.py           LlamaForCausalLM: forward(ids, positions, meta, kv_caches), compute_logits,
-                       load_state_dict_hf (fused qkv and gate_up)
-    loader.py          load_model(spec, dtype, device, seed) -> LoadedModel
+                       load_state_dict_hf (fused qkv and gate_up), prepare(quantization), compile()
+    linear.py          how every GEMM runs: dense | mkl (packed, CPU float32) | w8a8 (torch._int_mm)
+    compile.py         the step's element-wise regions, eager in place or torch.compile'd (eager fallback)
+    loader.py          load_model(spec, dtype, device, seed, quantization) -> LoadedModel
     gguf_loader.py     llama.cpp GGUF: dequantize, undo Q/K permutation, BPE tokenizer from metadata
     hf_loader.py       Hugging Face checkpoint dirs (sharded safetensors, tokenizer.json, chat template)
     presets.py         dummy:<preset> shapes (tiny, smollm2-135m, llama3-8b), preset_hf_config
