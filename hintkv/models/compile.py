@@ -9,8 +9,9 @@ is compiled, as three functions of plain tensors shared by every layer:
     silu_mul(gate_up)                -> silu(gate) * up
 
 Shapes: the row count T is dynamic (`dynamic=True`), so each function compiles at most two
-graphs (T == 1, which dynamo specialises, and T >= 2): six graphs per process whatever the batch
-mix, compiled by `compile_regions` during warm-up (its seconds are returned and logged). GEMMs
+graphs (T == 1, which dynamo specialises, and T >= 2), and add_rmsnorm two more (no residual, at
+the first layer): eight graphs per process whatever the batch mix, all compiled by
+`compile_regions` at start-up (its seconds are returned and logged). GEMMs
 stay outside the graphs so packed / int8 kernels keep working. When inductor cannot build (no C++
 compiler, an unsupported platform), `compile_regions` warns and keeps the eager functions.
 """
@@ -93,14 +94,17 @@ def compile_regions(hidden: int, intermediate: int, num_heads: int, num_kv_heads
     try:
         fns = {name: torch.compile(fn, dynamic=True, fullgraph=True)
                for name, fn in (("add_rmsnorm", add_rmsnorm), ("rope", rope), ("silu_mul", silu_mul))}
+        opts = {"dtype": dtype, "device": device}
+        # the same kinds of arguments as the layers pass (a Parameter weight, distinct cos and sin
+        # tensors), or dynamo guards would recompile at the first real step
+        norm_w = torch.nn.Parameter(torch.ones(hidden, **opts), requires_grad=False)
         with torch.inference_mode():
             for t in (1, 2, 3):  # 3: a second T >= 2 shape must hit the dynamic graph, not recompile
-                opts = {"dtype": dtype, "device": device}
                 x = torch.randn(t, hidden, **opts)
-                fns["add_rmsnorm"](x, x.clone(), torch.ones(hidden, **opts), 1e-5)
-                fns["add_rmsnorm"](x, None, torch.ones(hidden, **opts), 1e-5)
-                cs = torch.randn(t, 1, head_dim // 2, **opts)
-                fns["rope"](torch.randn(t, (num_heads + 2 * num_kv_heads) * head_dim, **opts), cs, cs,
+                fns["add_rmsnorm"](x, x.clone(), norm_w, 1e-5)
+                fns["add_rmsnorm"](x, None, norm_w, 1e-5)
+                cos, sin = torch.randn(t, 1, head_dim // 2, **opts), torch.randn(t, 1, head_dim // 2, **opts)
+                fns["rope"](torch.randn(t, (num_heads + 2 * num_kv_heads) * head_dim, **opts), cos, sin,
                             num_heads, num_kv_heads, head_dim)
                 fns["silu_mul"](torch.randn(t, 2 * intermediate, **opts))
     except Exception as e:  # noqa: BLE001 - any compiler failure means: run eager
