@@ -18,9 +18,17 @@ def _send(pieces: list[str], stops: list[str]) -> tuple[str, bool, list[str]]:
     return "".join(sent), matcher.stopped, sent
 
 
-def _expected(text: str, stops: list[str]) -> tuple[str, bool]:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)
+def _expected(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
+    """Generation ends at the first step whose text holds a stop string (a longer stop string
+    that would only have completed later is never generated); the text is cut where the
+    earliest stop string found by then begins."""
+    text = ""
+    for piece in pieces:
+        text += piece
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if hits:
+            return text[: min(hits)], True
+    return text, False
 
 
 @settings(deadline=None)  # no timed assertions: a loaded machine must not fail this test
@@ -30,10 +38,16 @@ def _expected(text: str, stops: list[str]) -> tuple[str, bool]:
 )
 def test_output_is_text_cut_at_first_stop(pieces, stops):
     text, stopped, sent = _send(pieces, stops)
-    assert (text, stopped) == _expected("".join(pieces), stops)
+    assert (text, stopped) == _expected(pieces, stops)
     # Nothing sent before the end ever contains a stop string.
     for i in range(len(sent)):
         assert not any(s in "".join(sent[: i + 1]) for s in stops)
+
+
+def test_a_stop_completed_first_wins_over_a_longer_one_begun_earlier():
+    # "cbb" begins first but "b" completes first: the engine stops there, "cbb" never comes.
+    assert _send(["c", "b", "b"], ["b", "cbb"])[:2] == ("c", True)
+    assert _send(["cbb"], ["b", "cbb"])[:2] == ("", True)  # both in one piece: earliest start
 
 
 def test_stop_across_pieces_is_never_partly_sent():
