@@ -153,6 +153,19 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+class CallProgress:
+    """A one-line progress bar on stderr, advanced once per finished call (a replay's `on_call`)."""
+
+    def __init__(self, name: str, total: int) -> None:
+        self.name, self.total, self.done, self.t0 = name, total, 0, time.perf_counter()
+
+    def __call__(self, _call: object) -> None:
+        self.done += 1
+        if self.done % max(1, self.total // 20) == 0 or self.done == self.total:
+            bar = "#" * (20 * self.done // self.total)
+            log(f"{self.name}: [{bar:<20}] {self.done}/{self.total} calls, {time.perf_counter() - self.t0:.0f}s")
+
+
 # ---------------------------------------------------------------- --quick convention
 
 

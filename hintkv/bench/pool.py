@@ -41,6 +41,7 @@ from typing import Any, Self
 import httpx
 
 from hintkv.bench.common import (
+    CallProgress,
     ServerProcess,
     ServerSpec,
     add_common_args,
@@ -52,7 +53,6 @@ from hintkv.bench.common import (
     summarize,
 )
 from hintkv.bench.sessions import (
-    _Progress,
     _tokenizer,
     kv_cache_tokens,
     metric_total,
@@ -205,7 +205,7 @@ def run_one(policy: str, router: str, swarm, args, kv_tokens: int, pool_bytes: i
             front = stack.enter_context(ServerProcess(router_spec(router, [a.base_url,
                                                                              b.base_url])))
             sampler = stack.enter_context(_Sampler(master, [a.base_url, b.base_url]))
-            progress = _Progress(f"{policy}+{router}", swarm.num_calls)
+            progress = CallProgress(f"{policy}+{router}", swarm.num_calls)
             result = asyncio.run(replay_swarm(swarm, front.base_url, args.model, hints=True,
                                               on_call=progress,
                                               transport=SessionHeaderTransport()))

@@ -27,12 +27,12 @@ import argparse
 import asyncio
 import math
 import sys
-import time
 from typing import Any
 
 import httpx
 
 from hintkv.bench.common import (
+    CallProgress,
     ServerProcess,
     add_common_args,
     emit_json,
@@ -43,7 +43,7 @@ from hintkv.bench.common import (
     ratio,
     summarize,
 )
-from hintkv.workload.replay import CallRecord, ReplayResult, replay_swarm
+from hintkv.workload.replay import ReplayResult, replay_swarm
 from hintkv.workload.swarm import Swarm, SwarmShape, generate_swarm
 from hintkv.workload.working_set import WorkingSet, chat_encoder, working_set
 
@@ -136,7 +136,7 @@ def run_one(name: str, policy: str, hints: bool, server_args: list[str], swarm: 
     row: dict[str, Any] = {"run": name, "policy": policy, "hints": hints}
     try:
         with ServerProcess(hintkv_server(model, name=f"sessions-{name}", extra_args=server_args)) as srv:
-            progress = _Progress(name, swarm.num_calls)
+            progress = CallProgress(name, swarm.num_calls)
             result = asyncio.run(replay_swarm(swarm, srv.base_url, model, hints=hints, on_call=progress))
             metrics = scrape_metrics(srv.base_url)
     except Exception as exc:  # noqa: BLE001 - one failed run (any cause) still prints the other and unmet goals
@@ -254,18 +254,6 @@ def _tokenizer(model: str):
     from hintkv.models.loader import load_model
 
     return load_model(model).tokenizer
-
-
-class _Progress:
-    """Logs every 10% of the calls to stderr."""
-
-    def __init__(self, name: str, total: int) -> None:
-        self.name, self.total, self.done, self.t0 = name, total, 0, time.perf_counter()
-
-    def __call__(self, rec: CallRecord) -> None:
-        self.done += 1
-        if self.done % max(1, self.total // 10) == 0 or self.done == self.total:
-            log(f"{self.name}: {self.done}/{self.total} calls, {time.perf_counter() - self.t0:.0f}s")
 
 
 if __name__ == "__main__":

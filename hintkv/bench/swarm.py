@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from hintkv.bench.common import (
+    CallProgress,
     ServerProcess,
     add_common_args,
     emit_json,
@@ -44,7 +45,7 @@ from hintkv.bench.common import (
 from hintkv.bench.swarm_study import captured, run_configs, size_workload
 from hintkv.replay import OfflineConfig
 from hintkv.workload.agent import HintPlan
-from hintkv.workload.live import LiveCall, LiveResult, replay_live
+from hintkv.workload.live import LiveResult, replay_live
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import KINDS, build_workload
 
@@ -184,7 +185,7 @@ def block_bytes(model: str, block_size: int) -> int:
 
 def run_live(name: str, wl, args: argparse.Namespace, hints: bool, server_args: list[str] | None,
              bpb: int) -> tuple[dict[str, Any], LiveResult]:
-    progress = _Progress(name, wl.num_calls)
+    progress = CallProgress(name, wl.num_calls)
     try:
         if server_args is None:
             result, samples = asyncio.run(_replay(wl, args.peer, args.model, hints, args.time_scale, progress))
@@ -338,19 +339,6 @@ def make_plots(folder: str, live: dict[str, LiveResult], sweep: dict, offline: d
     except ImportError as exc:
         log(f"plots skipped: {exc}")
         return []
-
-
-class _Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, name: str, total: int) -> None:
-        self.name, self.total, self.done, self.t0 = name, total, 0, time.perf_counter()
-
-    def __call__(self, rec: LiveCall) -> None:
-        self.done += 1
-        if self.done % max(1, self.total // 20) == 0 or self.done == self.total:
-            bar = "#" * (20 * self.done // self.total)
-            log(f"{self.name}: [{bar:<20}] {self.done}/{self.total} calls, {time.perf_counter() - self.t0:.0f}s")
 
 
 if __name__ == "__main__":
