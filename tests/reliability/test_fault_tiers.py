@@ -1,0 +1,92 @@
+"""Fault matrix, tiers below the device: a host tier too small for what is offloaded (it evicts,
+blocks cascade to disk or are recomputed), and a slow tier (its transfer threads stalled, as a
+hung device would) whose loads pass their deadline and are abandoned for recompute instead of
+waited on. Each case: greedy outputs identical to the fault-free run, nothing leaks (no block in
+use, integrity, no internal error, no temporary file)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from contextlib import contextmanager
+
+import httpx
+from faults import API_KEY, assert_nothing_leaked, greedy, manage, prompts, wait_until
+
+from hintkv.config import EngineConfig
+from hintkv.engine.async_llm import AsyncLLM
+from hintkv.server import build_app
+from hintkv.server.background import BackgroundServer
+
+PROMPTS = prompts(6, length=64, seed=11)  # 4 blocks of 16 tokens each (dummy:tiny: 128 KiB/block)
+STALL_S = 3.0  # longer than any load's deadline (tier_costs.MIN_TIMEOUT_S = 1 s)
+
+
+@contextmanager
+def _serving(**tiers):
+    engine = AsyncLLM.from_config(EngineConfig(
+        model="dummy:tiny", dtype="float32", device="cpu", kv_cache_tokens=512,
+        max_model_len=256, max_num_seqs=4, debug_integrity=True, **tiers))
+    try:
+        with BackgroundServer(build_app(engine, [API_KEY])) as srv, \
+                httpx.Client(base_url=srv.base_url, timeout=120) as client:
+            yield engine, client
+    finally:
+        asyncio.run(engine.shutdown())
+
+
+def _offload_all(engine: AsyncLLM, client: httpx.Client) -> None:
+    """Write every session down and wait until the tiers are quiet again."""
+    for i in range(len(PROMPTS)):
+        assert manage(client, f"s{i}", "offload").status_code == 200
+    assert wait_until(lambda: engine.stats().kv_blocks_in_use == 0)
+    engine.engine.tiers.stack.flush()
+
+
+def test_host_tier_full_cascades_or_recomputes(tmp_path):
+    disk = str(tmp_path / "kv")
+    with _serving() as (_, client):
+        reference = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
+    # the host holds 4 of the 24 offloaded blocks, the disk 8: most are evicted or dropped
+    with _serving(host_cache_memory="512KiB", disk_cache_dir=disk,
+                  disk_cache_size="1MiB") as (engine, client):
+        first = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
+        _offload_all(engine, client)
+        stats = engine.tier_stats()
+        assert stats["tiers"]["host"]["evicted"] > 0 and stats["num_cascaded"] > 0
+        assert stats["tiers"]["disk"]["evicted"] > 0  # the disk filled up too
+        again = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
+        assert first == reference and again == reference
+        stats = engine.tier_stats()
+        for name in ("host", "disk"):
+            tier = stats["tiers"][name]
+            assert tier["num_blocks"] <= tier["capacity_blocks"]
+        assert stats["num_corrupt"] == 0
+        assert_nothing_leaked(client, engine)
+    assert not [f for f in os.listdir(disk) if f.endswith(".tmp")]
+
+
+def test_slow_tier_falls_back_to_recompute():
+    with _serving() as (_, client):
+        reference = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
+    with _serving(host_cache_memory="8MiB") as (engine, client):
+        assert [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)] == reference
+        _offload_all(engine, client)
+        assert engine.tier_stats()["tiers"]["host"]["num_blocks"] >= 4 * len(PROMPTS)
+        mover = engine.engine.tiers.stack.mover
+        # every transfer thread (2) busy for STALL_S: the host tier answers nothing meanwhile
+        stalls = [mover.run(None, lambda: time.sleep(STALL_S) or True, 0, 0) for _ in range(2)]
+        t0 = time.monotonic()
+        during = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS[:2])]
+        stalled = not all(f.done() for f in stalls)  # the requests were served mid-stall
+        assert during == reference[:2]
+        stats = engine.tier_stats()
+        assert stalled, f"served after {time.monotonic() - t0:.1f} s: not while stalled"
+        assert stats["num_load_timeouts"] >= 1  # abandoned at its deadline, then recomputed
+        for f in stalls:
+            f.result()
+        after = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
+        assert after == reference  # late loads only ever filled abandoned staging buffers
+        assert engine.tier_stats()["tiers"]["host"]["hits"] > 0  # the tier serves again
+        assert_nothing_leaked(client, engine)
