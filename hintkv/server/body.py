@@ -39,7 +39,7 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
 
 
 async def read_json_object(request: Request, limits: RequestLimits) -> dict[str, Any]:
-    obj = parse_json(await read_limited(request, limits.max_body_bytes))
+    obj = parse_json(await read_limited(request, limits.max_body_bytes), limits)
     if not isinstance(obj, dict):
         raise bad_request("The request body must be a JSON object.")
     check_json(obj, limits)

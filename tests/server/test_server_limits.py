@@ -34,11 +34,12 @@ def _evict(session: str) -> dict:
 # (endpoint, body: dict or raw JSON text, status, param)
 HOSTILE = [
     (CHAT, _nested(40), 400, "extra" + "[0]" * 31),
-    # Deeper than json's recursion limit: refused by the parser (no field to name), unless a library
-    # imported earlier in the process (torch's compiler does) raised that limit: then the depth walk
-    # names the field where the limit is crossed. Either way a 400, decided before anything acts.
-    (CHAT, _nested(1000), 400, (None, "extra" + "[0]" * 31)),
-    (CHAT, _nested(100_000), 400, (None, "extra" + "[0]" * 31)),
+    # Deeper than json's recursion limit: the depth is measured on the raw text before parsing, so
+    # the answer names the same field whatever the process's recursion limit is.
+    (CHAT, _nested(1000), 400, "extra" + "[0]" * 31),
+    (CHAT, _nested(100_000), 400, "extra" + "[0]" * 31),
+    (CHAT, '{"messages": [{"role": "user", "content": "]]}"}], "t\\"": [{"k\\\\": '
+     + '[{"q": ' * 20 + "0" + "}]" * 20 + "}]}", 400, 't"[0].k\\[0]' + ".q[0]" * 14),
     (CHAT, {"messages": [{"role": "user", "content": "a" + LONE}]}, 400, "messages[0].content"),
     (COMPLETIONS, {"prompt": LONE}, 400, "prompt"),
     (CHAT, {"messages": USER, "model": LONE}, 400, "model"),
@@ -64,8 +65,8 @@ HOSTILE = [
 
 
 def _ids(case: tuple) -> str:
-    endpoint, body, status, param = case
-    return f"{endpoint.rsplit('/', 1)[-1]}-{status}-{param if not isinstance(param, tuple) else 'deep'}"
+    endpoint, _body, status, param = case
+    return f"{endpoint.rsplit('/', 1)[-1]}-{status}-{param}"[:80]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def test_hostile_body_is_a_4xx_naming_the_field(http, live_server, case):
     assert r.status_code == status, r.text[:300]
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    assert err["param"] in param if isinstance(param, tuple) else err["param"] == param, err
+    assert err["param"] == param, err
     assert internal_errors(live_server) == before == 0
     assert _serves(http)  # on the same keep-alive connection
 
