@@ -43,7 +43,7 @@ from hintkv.server.hint_edits import chat_render
 from hintkv.server.hints import RequestHint, chat_hint
 from hintkv.server.serving import ApplyHint, Events, serve
 from hintkv.server.state import require_api_key
-from hintkv.server.streaming import sse_response
+from hintkv.server.streaming import final_response, json_response, sse_response
 from hintkv.server.tool_calls import ParsedToolCall, ToolCallStreamer, parse_tool_calls
 
 router = APIRouter()
@@ -73,7 +73,7 @@ class ChatCall:
         resp = management_chat_response(request_id, model, result)
         if self.body.stream:
             return sse_response(_management_stream(resp))
-        return Response(resp.model_dump_json(), media_type="application/json")
+        return json_response(resp)
 
     def stream(self, events: Events, request_id: str, model: str, prompt_ids: list[int],
                after: ApplyHint) -> AsyncIterator[str]:
@@ -92,15 +92,8 @@ class ChatCall:
             finish_reason="tool_calls" if calls else fin.finish_reason,
             token_ids=token_ids if body.return_token_ids else None,
         )
-        resp = ChatCompletionResponse(
-            id=request_id,
-            model=model,
-            choices=[choice],
-            usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
-            prompt_token_ids=prompt_ids if body.return_token_ids else None,
-            agent_hint_result=await after(),
-        )
-        return Response(resp.model_dump_json(), media_type="application/json")
+        return await final_response(ChatCompletionResponse, choice, fin, request_id, model, prompt_ids,
+                                    body.return_token_ids, after)
 
 
 class ChatEndpoint:

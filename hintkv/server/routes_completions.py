@@ -29,7 +29,7 @@ from hintkv.server.generation import Finished, TextDelta
 from hintkv.server.hints import RequestHint, completion_hint
 from hintkv.server.serving import ApplyHint, Events, serve
 from hintkv.server.state import require_api_key
-from hintkv.server.streaming import sse_response
+from hintkv.server.streaming import final_response, json_response, sse_response
 
 router = APIRouter()
 
@@ -56,7 +56,7 @@ class CompletionCall:
         resp = management_completion_response(request_id, model, result)
         if self.body.stream:
             return sse_response(_management_stream(resp))
-        return Response(resp.model_dump_json(), media_type="application/json")
+        return json_response(resp)
 
     def stream(self, events: Events, request_id: str, model: str, prompt_ids: list[int],
                after: ApplyHint) -> AsyncIterator[str]:
@@ -70,15 +70,8 @@ class CompletionCall:
             finish_reason=fin.finish_reason,
             token_ids=token_ids if body.return_token_ids else None,
         )
-        resp = CompletionResponse(
-            id=request_id,
-            model=model,
-            choices=[choice],
-            usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
-            prompt_token_ids=prompt_ids if body.return_token_ids else None,
-            agent_hint_result=await after(),
-        )
-        return Response(resp.model_dump_json(), media_type="application/json")
+        return await final_response(CompletionResponse, choice, fin, request_id, model, prompt_ids,
+                                    body.return_token_ids, after)
 
 
 class CompletionEndpoint:
