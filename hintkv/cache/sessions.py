@@ -66,6 +66,9 @@ class SessionRegistry:
         self.all_gaps = GapEstimator()
         self.protect_budget_blocks = protect_budget_blocks
         self.ranking: ClassRanking | None = None  # told of every state and ownership change
+        # sessions whose protection may still run (expired ones pruned by set_ttl): the budget
+        # check sums over these, never over every session
+        self._protected: dict[str, Session] = {}
 
     def _changed(self, s: Session, now: float | None = None) -> None:
         if self.ranking is not None:
@@ -201,11 +204,13 @@ class SessionRegistry:
         s = self.sessions.get(key)
         if s is None:
             return False
-        others = sum(len(o.held) for o in self.sessions.values()
-                     if o is not s and o.protect_until > now)
+        self._protected = {k: o for k, o in self._protected.items()
+                           if o.protect_until > now and self.sessions.get(k) is o}
+        others = sum(len(o.held) for o in self._protected.values() if o is not s)
         if others + len(s.held) > self.protect_budget_blocks:
             return False
         s.protect_until = now + ttl_s
+        self._protected[key] = s
         self._changed(s, now)
         return True
 

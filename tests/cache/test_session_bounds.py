@@ -100,3 +100,27 @@ def test_memory_per_idle_session_is_small():
     per_session = sum(s.size_diff for s in after.compare_to(before, "filename")) / 2000
     print(f"memory per idle session: {per_session:.0f} bytes")
     assert per_session < 8 * 1024
+
+
+def test_the_protection_budget_counts_live_protections_only():
+    """set_ttl sums over the sessions protected now (not over every session): the same answers
+    as summing over all of them, as protections expire and sessions are forgotten."""
+    import random
+
+    reg, jan = _setup(idle_expiry_s=50)
+    rng = random.Random(3)
+    now = 0.0
+    for step in range(400):
+        now += rng.choice([0.0, 0.5, 3.0])
+        sid = f"s{rng.randrange(30)}"
+        if rng.random() < 0.4:
+            _request(reg, "t", sid, at=now, tokens=4 * rng.randrange(1, 4))
+        elif reg.get("t", sid) is not None:
+            s = reg.get("t", sid)
+            others = sum(len(o.held) for o in reg.sessions.values()
+                         if o is not s and o.protect_until > now)
+            fits = others + len(s.held) <= reg.protect_budget_blocks
+            assert reg.set_ttl(s.key, rng.choice([1.0, 5.0, 20.0]), now) == fits, step
+        if step % 50 == 49:
+            jan.sweep(now=now)
+    reg.check_integrity()
