@@ -11,9 +11,16 @@ first, so each answer is checked: a 200 must carry exactly that output, a refusa
 429/503 with Retry-After; anything else (an error, a wrong output, no answer) is lost. Memory
 is the server's RSS after the closed loop and again after the load ends.
 
+Latencies are measured twice: by the load generator (hundreds of requests in flight on one
+event loop, so its numbers include its own loop's delay) and by a probe in a process of its
+own (`overload_probe`: a management request every 50 ms, a generation request every 200 ms,
+refused while the server is full). The goals use the probe; the server's own histograms
+(`hintkv_agent_hint_manage_seconds`, `hintkv_refusal_seconds`: arrival to reply / refusal)
+are printed too, so a miss can be told apart: server work, or a client or CPU starved.
+
 Goals (issue 12): 0 lost or wrong responses; every refusal answered with 429/503 + Retry-After
-within 50 ms; management p99 < 10 ms while inference is saturated; memory flat (RSS after the
-load within 10% of before). A table, then one JSON line with `goals`.
+within 50 ms (the probe's); management p99 < 10 ms while inference is saturated (the probe's);
+memory flat (RSS after the load within 10% of before). A table, then one JSON line with `goals`.
 """
 
 from __future__ import annotations
@@ -36,10 +43,13 @@ from hintkv.bench.common import (
     percentile,
     print_table,
 )
+from hintkv.bench.overload_probe import Probe
 
 MAX_TOKENS = 8
 NUM_PROMPTS = 6
 SLOTS = 8
+MANAGE_HISTOGRAM = "hintkv_agent_hint_manage_seconds"
+REFUSE_HISTOGRAM = "hintkv_refusal_seconds"
 
 
 @dataclass
@@ -53,16 +63,17 @@ class Phase:
     refusals_without_retry_after: int = 0
     refuse_ms: list[float] = field(default_factory=list)
     ok_ms: list[float] = field(default_factory=list)
-    manage_ms: list[float] = field(default_factory=list)
+    manage_ms: list[float] = field(default_factory=list)  # the probe's
+    probe_refuse_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
 
-def _manage_buckets(base: str) -> dict[float, float]:
-    """The server's own management-latency histogram (cumulative count per upper bound, s)."""
+def _buckets(base: str, name: str) -> dict[float, float]:
+    """One of the server's own latency histograms (cumulative count per upper bound, s)."""
     text = httpx.get(base + "/metrics", timeout=30).text
     out = {}
     for line in text.splitlines():
-        if line.startswith("hintkv_agent_hint_manage_seconds_bucket"):
+        if line.startswith(name + "_bucket"):
             le = line.split('le="')[1].split('"')[0]
             out[float("inf") if le == "+Inf" else float(le)] = float(line.split()[-1])
     return out
@@ -117,27 +128,6 @@ async def _one(client: httpx.AsyncClient, prompts, expected, phase: Phase, i: in
         phase.lost += 1
 
 
-async def _manage_loop(client: httpx.AsyncClient, phase: Phase, stop: asyncio.Event) -> None:
-    i = 0
-    while not stop.is_set():
-        sid = f"mgmt-{i % 16}"
-        body = {"prompt": "", "agent_hint": {
-            "session_id": sid, "parent_session_id": sid,
-            "context_management": {"manage_request": True,
-                                   "edits": [{"type": "evict", "target": "session"}]}}}
-        t0 = time.perf_counter()
-        try:
-            r = await client.post("/v1/completions", json=body)
-            if r.status_code == 200:
-                phase.manage_ms.append((time.perf_counter() - t0) * 1000)
-            else:
-                phase.lost += 1
-        except httpx.HTTPError:
-            phase.lost += 1
-        i += 1
-        await asyncio.sleep(0.05)
-
-
 async def _closed_loop(base: str, prompts, expected, seconds: float) -> Phase:
     phase = Phase("sustained (closed loop)")
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -160,10 +150,8 @@ async def _open_loop(base: str, prompts, expected, rps: float, seconds: float, n
     phase = Phase(name, offered_rps=rps)
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client, \
-            httpx.AsyncClient(base_url=base, timeout=30) as manager:
-        stop = asyncio.Event()
-        mgmt = asyncio.create_task(_manage_loop(manager, phase, stop))
+    probe = Probe(base, seconds).start()
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
         tasks = []
         t0 = time.perf_counter()
         next_at, i = t0, 0
@@ -174,8 +162,10 @@ async def _open_loop(base: str, prompts, expected, rps: float, seconds: float, n
             next_at += rng.expovariate(rps)
         await asyncio.gather(*tasks)
         phase.seconds = time.perf_counter() - t0
-        stop.set()
-        await mgmt
+    seen = await probe.result()
+    phase.manage_ms, phase.probe_refuse_ms = seen["manage_ms"], seen["refuse_ms"]
+    phase.lost += seen["lost"]
+    phase.refusals_without_retry_after += seen["refusals_without_retry_after"]
     return phase
 
 
@@ -186,8 +176,10 @@ def _row(p: Phase) -> dict:
         "served_rps": p.ok / p.seconds if p.seconds else None,
         "requests": done, "ok": p.ok, "refused": p.refused, "lost": p.lost, "wrong": p.wrong,
         "ok_p50_ms": percentile(p.ok_ms, 50) if p.ok_ms else None,
-        "refuse_p99_ms": percentile(p.refuse_ms, 99) if p.refuse_ms else None,
-        "refuse_max_ms": max(p.refuse_ms) if p.refuse_ms else None,
+        "load_refuse_p99_ms": percentile(p.refuse_ms, 99) if p.refuse_ms else None,
+        "probe_refusals": len(p.probe_refuse_ms),
+        "refuse_p99_ms": percentile(p.probe_refuse_ms, 99) if p.probe_refuse_ms else None,
+        "refuse_max_ms": max(p.probe_refuse_ms) if p.probe_refuse_ms else None,
         "manage_p50_ms": percentile(p.manage_ms, 50) if p.manage_ms else None,
         "manage_p99_ms": percentile(p.manage_ms, 99) if p.manage_ms else None,
     }
@@ -208,17 +200,20 @@ async def _run(args: argparse.Namespace) -> dict:
         sustained = await _closed_loop(srv.base_url, prompts, expected, seconds)
         rate = sustained.ok / sustained.seconds
         rss_before = _rss_bytes(srv.proc.pid)
-        buckets_before = _manage_buckets(srv.base_url)
+        manage_before = _buckets(srv.base_url, MANAGE_HISTOGRAM)
+        refuse_before = _buckets(srv.base_url, REFUSE_HISTOGRAM)
         phases = [sustained]
         for factor in (2, 5):
             log(f"open loop at {factor}x = {factor * rate:.1f} requests/s")
             phases.append(await _open_loop(srv.base_url, prompts, expected, factor * rate,
                                            seconds, f"{factor}x", args.seed + factor))
-        server_p99 = _bucket_p99_ms(buckets_before, _manage_buckets(srv.base_url))
+        server_p99 = _bucket_p99_ms(manage_before, _buckets(srv.base_url, MANAGE_HISTOGRAM))
+        server_refuse_p99 = _bucket_p99_ms(refuse_before, _buckets(srv.base_url, REFUSE_HISTOGRAM))
         await asyncio.sleep(3.0)
         rss_after = _rss_bytes(srv.proc.pid)
     return {"phases": phases, "sustained_rps": rate, "rss_before": rss_before,
-            "rss_after": rss_after, "server_manage_p99_bucket_ms": server_p99}
+            "rss_after": rss_after, "server_manage_p99_bucket_ms": server_p99,
+            "server_refuse_p99_bucket_ms": server_refuse_p99}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,11 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     out = asyncio.run(_run(args))
     rows = [_row(ph) for ph in out["phases"]]
     print_table(rows, ["phase", "offered_rps", "served_rps", "requests", "ok", "refused", "lost",
-                       "wrong", "ok_p50_ms", "refuse_p99_ms", "refuse_max_ms", "manage_p50_ms",
-                       "manage_p99_ms"])
+                       "wrong", "ok_p50_ms", "load_refuse_p99_ms", "probe_refusals",
+                       "refuse_p99_ms", "refuse_max_ms", "manage_p50_ms", "manage_p99_ms"])
     over = [ph for ph in out["phases"] if ph.offered_rps is not None]
     lost_or_wrong = sum(ph.lost + ph.wrong for ph in out["phases"])
-    refuse_ms = [x for ph in over for x in ph.refuse_ms]
+    refuse_ms = [x for ph in over for x in ph.probe_refuse_ms]
     no_retry = sum(ph.refusals_without_retry_after for ph in over)
     manage_ms = [x for ph in over for x in ph.manage_ms]
     before, after = out["rss_before"], out["rss_after"]
@@ -242,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server RSS: {before / 2**20:.0f} MiB after the closed loop, "
           f"{after / 2**20:.0f} MiB after the load" if before and after else "RSS unknown")
     refuse_max = max(refuse_ms) if refuse_ms else None
-    print(f"management p99 inside the server (histogram bucket bound): "
-          f"<= {out['server_manage_p99_bucket_ms']} ms")
+    print(f"inside the server (p99, histogram bucket bound): management <= "
+          f"{out['server_manage_p99_bucket_ms']} ms, refusal <= {out['server_refuse_p99_bucket_ms']} ms")
     emit_json({
         "bench": "overload",
         "quick": args.quick,
@@ -252,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss_before_bytes": before,
         "rss_after_bytes": after,
         "server_manage_p99_bucket_ms": out["server_manage_p99_bucket_ms"],
+        "server_refuse_p99_bucket_ms": out["server_refuse_p99_bucket_ms"],
         "goals": {
             "lost_or_wrong_responses": goal_at_most(0, lost_or_wrong),
             "refusals_without_retry_after": goal_at_most(0, no_retry),

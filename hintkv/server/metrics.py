@@ -180,6 +180,12 @@ class ServerMetrics:
             ["status"],
             registry=self.registry,
         )
+        self.refuse_latency = Histogram(
+            "hintkv_refusal_seconds",
+            "Server time of a request refused for load, arrival to the refusal decision.",
+            buckets=_MANAGE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(EngineStatsCollector(engine_stats))
         if tier_stats is not None:
             self.registry.register(TierStatsCollector(tier_stats))

@@ -99,11 +99,12 @@ class TicketedStream(StreamingResponse):
             self.ticket.release()
 
 
-def _admit(state: ServerState, tenant: str) -> Ticket:
+def _admit(state: ServerState, tenant: str, arrival: float) -> Ticket:
     try:
         return state.gate.admit(tenant)
     except APIError as err:
         state.metrics.refused.labels(status=str(err.status_code)).inc()
+        state.metrics.refuse_latency.observe(time.perf_counter() - arrival)
         raise
 
 
@@ -129,7 +130,7 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
         state.metrics.manage_latency.observe(time.perf_counter() - arrival)
         return call.management_response(request_id, engine.model_name, result)
     call.check_prompt()
-    ticket = _admit(state, tenant)
+    ticket = _admit(state, tenant, arrival)
     try:
         loop = asyncio.get_running_loop()
         prompt_ids = await loop.run_in_executor(state.cpu_pool, call.prompt_ids, engine.tokenizer)
