@@ -22,6 +22,9 @@ A `Profile` holds measurements only; `sim.costs.CostModel` interpolates them. So
 
 Links are named "src->dst" over device, host, disk, pool; each has a bandwidth and a latency.
 `copy_overlap` is the fraction of a device<->host copy hidden behind compute.
+`device_kv_tokens` is the default device pool: for the H200 profiles, 0.9 x 141 GB minus the
+8B model's 16 GB of weights, in KV tokens (845K for 8B; the 70B profile keeps the same KV bytes,
+338K tokens: it models one device's worth of compute and memory for KV).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Profile:
     links: dict[str, Link] = field(default_factory=dict)  # "device->host", "host->disk", ...
     copy_overlap: float = 0.0  # fraction of device<->host copy time hidden behind compute
     step_overhead_ms: float = 0.0  # per engine step outside the forward (scheduler, sampling)
+    device_kv_tokens: int = 0  # KV tokens the device holds beside the weights (the default pool)
     extra: dict = field(default_factory=dict)  # free-form notes kept with the figures
 
     def __post_init__(self) -> None:
@@ -86,6 +90,7 @@ class Profile:
                    links={k: Link(**v) for k, v in d.get("links", {}).items()},
                    copy_overlap=float(d.get("copy_overlap", 0.0)),
                    step_overhead_ms=float(d.get("step_overhead_ms", 0.0)),
+                   device_kv_tokens=int(d.get("device_kv_tokens", 0)),
                    extra=dict(d.get("extra", {})))
 
     def save(self, path: Path) -> None:
@@ -137,6 +142,16 @@ def _h200_links(cal: dict) -> dict[str, Link]:
     }
 
 
+H200_BYTES = 141e9
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of device memory for weights + KV
+LLAMA3_8B_WEIGHT_BYTES = 16.06e9  # 8.03B parameters in bf16
+
+
+def _kv_tokens(kv_bytes_per_token: int) -> int:
+    """KV tokens one H200 holds beside Llama-3-8B's weights (845K at 128 KiB a token)."""
+    return int((H200_BYTES * GPU_MEMORY_UTILIZATION - LLAMA3_8B_WEIGHT_BYTES) / kv_bytes_per_token)
+
+
 def _overlap(l8: dict) -> float:
     """Fraction of an 8192-token reload hidden behind a 2048-token prefill on two streams."""
     alone = l8["prefill_ms_new_tokens_on_cached_prefix"]["new2048_cached0"]
@@ -153,7 +168,7 @@ def h200_llama3_8b() -> Profile:
     points += [(int(n), 0, float(ms)) for n, ms in l8["prefill_ms_cold"].items() if (int(n), 0) not in have]
     return Profile("h200-llama3-8b", f"measured: {CALIBRATION.name} ({cal['gpu']}, {cal['torch']})",
                    int(l8["kv_bytes_per_token"]), sorted(points), sorted(_decode_points(l8["decode_step_ms"])),
-                   _h200_links(cal), _overlap(l8), 0.0,
+                   _h200_links(cal), _overlap(l8), 0.0, _kv_tokens(int(l8["kv_bytes_per_token"])),
                    {"reload_prefix_from_pinned_host_ms": l8["reload_prefix_from_pinned_host_ms"]})
 
 
@@ -187,7 +202,7 @@ def h200_llama3_70b() -> Profile:
     return Profile("h200-llama3-70b", "derived: 10-of-80-layer figures of "
                    f"{CALIBRATION.name} x 8; unmeasured points = 8B x the measured 70B/8B ratio "
                    "of their kind", int(l70["kv_bytes_per_token"]), points, decode,
-                   dict(base.links), base.copy_overlap, 0.0,
+                   dict(base.links), base.copy_overlap, 0.0, _kv_tokens(int(l70["kv_bytes_per_token"])),
                    {"ratios": {"cold2048": r2048, "cold8192": r8192, "attention": r_attn,
                                "decode": r_decode}})
 

@@ -1,0 +1,184 @@
+"""The workload's agent programs (`hintkv.workload.agent`), carried out on the event clock.
+
+    driver = ProgramDriver(engine, hints=True, time_scale=1.0)
+    driver.start(workload_programs(workload, HintPlan(hints=True)))
+    while clock.run_next(): ...
+    driver.calls, driver.accesses                    # per call; the oracle's access sequence
+
+The programs are the same the live replay and the offline replay run (same requests, same hints,
+same order). Here a `Send` is a request to the `SimEngine` (the program resumes when it finishes),
+a `Manage` applies at once through the engine's real SAM (the server's management path does not
+queue behind inference), `Sleep` and `Run` are clock events (times / `time_scale`).
+
+TTFT and end-to-end are measured from when the program sends (a prefetch just before counts
+against the call, as for a live agent). Block hashes of a prompt are computed once per distinct
+block with the cache's own `hash_blocks`, continued from the session's (or its parent's) previous
+prompt: full-scale prompts are ~100K tokens, and re-hashing each from scratch would dominate.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hintkv.cache.hashing import BlockHash, hash_blocks
+from hintkv.engine.types import CacheEdit, RequestOutput, SessionRef
+from hintkv.replay.offline import Access
+from hintkv.sim.engine import SimEngine
+from hintkv.workload.agent import Manage, Program, Run, Send, Sleep
+
+TENANT = "sim"
+
+
+@dataclass(slots=True)
+class CallRecord:
+    task_id: str
+    session_id: str
+    index: int
+    sent_s: float
+    prompt_tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Memo:
+    """A session's last prompt and its block hashes (to continue the chain)."""
+
+    tokens: list[int] = field(default_factory=list)
+    hashes: list[BlockHash] = field(default_factory=list)
+
+
+def flatten(prompt) -> list[int]:
+    if prompt and isinstance(prompt[0], (tuple, list)):
+        return list(itertools.chain.from_iterable(prompt))
+    return list(prompt)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class ProgramDriver:
+    def __init__(self, engine: SimEngine, hints: bool, time_scale: float = 1.0,
+                 on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True) -> None:
+        self.engine = engine
+        self.clock = engine.clock
+        self.hints = hints
+        self.time_scale = time_scale
+        self.on_call = on_call
+        self.range_evicts = range_evicts  # False: skip them, as the live driver must (token-id prompts)
+        self.calls: list[CallRecord] = []
+        self.accesses: list[Access] = []  # in send order (FCFS admission follows it)
+        self.num_edits = {"offload": 0, "prefetch": 0, "evict": 0}
+        self._memos: dict[str, _Memo] = {}
+        self._n = 0
+        self._bs = engine.cfg.block_size
+        self._running = 0
+
+    @property
+    def done(self) -> bool:
+        return self._running == 0
+
+    def start(self, program: Program, on_end: Callable[[], None] | None = None) -> None:
+        self._running += 1
+
+        def end() -> None:
+            self._running -= 1
+            if on_end is not None:
+                on_end()
+
+        self._advance(program, None, end)
+
+    def _advance(self, prog: Program, value, on_end: Callable[[], None]) -> None:
+        while True:
+            try:
+                eff = prog.send(value)
+            except StopIteration:
+                on_end()
+                return
+            if isinstance(eff, Manage):
+                value = self._manage(eff)
+                continue
+            if isinstance(eff, Send):
+                self._send(eff, lambda out: self._advance(prog, out, on_end))
+            elif isinstance(eff, Sleep):
+                self.clock.after(eff.seconds / self.time_scale, lambda: self._advance(prog, None, on_end))
+            elif isinstance(eff, Run):
+                self._run(eff, lambda: self._advance(prog, None, on_end))
+            else:
+                raise TypeError(f"unknown effect {eff!r}")
+            return
+
+    def _run(self, eff: Run, then: Callable[[], None]) -> None:
+        left = [len(eff.children) + 1]
+
+        def one() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                then()
+
+        for delay, child in eff.children:
+            self.clock.after(delay / self.time_scale, lambda c=child: self.start(c, one))
+        self.clock.after(eff.at_least_s / self.time_scale, one)
+
+    def _ref(self, sid) -> SessionRef:
+        return SessionRef(TENANT, sid.session_id, sid.parent_session_id)
+
+    def _manage(self, eff: Manage):
+        if not self.hints or (eff.token_start is not None and not self.range_evicts):
+            return None
+        self.num_edits[eff.action] += 1
+        return self.engine.manage(self._ref(eff.session), [CacheEdit(eff.action, eff.token_start)])
+
+    def _send(self, eff: Send, then: Callable[[RequestOutput], None]) -> None:
+        prompt = flatten(eff.call.prompt)
+        sid = eff.session.session_id
+        memo = self._memos.get(sid)
+        if memo is None:
+            parent = self._memos.get(eff.session.parent_session_id)
+            memo = self._memos[sid] = _Memo(parent.tokens, parent.hashes) if parent else _Memo()
+        hashes = self._hashes(prompt, memo)
+        self._n += 1
+        t0 = self.clock()
+        rec = CallRecord(eff.task_id, sid, eff.index, t0, len(prompt))
+        access = Access(hashes[:(len(prompt) - 1) // self._bs], len(prompt), [])
+        self.accesses.append(access)
+
+        def first(t: float) -> None:
+            rec.ttft_s = t - t0
+
+        def done(out: RequestOutput, written: list[BlockHash]) -> None:
+            rec.e2e_s = self.clock() - t0
+            rec.cached_tokens = out.num_cached_tokens
+            rec.output_tokens = out.num_output_tokens
+            access.written = written
+            self.calls.append(rec)
+            if self.on_call is not None:
+                self.on_call(rec)
+            then(out)
+
+        ref = self._ref(eff.session) if self.hints else None
+        self.engine.submit(f"r{self._n}", prompt, eff.call.max_tokens, ref, first, done,
+                           block_hashes=list(hashes))
+
+    def _hashes(self, prompt: list[int], memo: _Memo) -> list[BlockHash]:
+        bs = self._bs
+        same = _common(memo.tokens, prompt) // bs
+        keep = memo.hashes[:same]
+        more = hash_blocks(self.engine.root, prompt, bs, start=same, parent=keep[-1] if keep else None)
+        memo.tokens, memo.hashes = prompt, keep + more
+        return memo.hashes

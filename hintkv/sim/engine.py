@@ -1,0 +1,166 @@
+"""The simulated engine: the REAL scheduler and cache stack, stepped on the event clock.
+
+    eng = SimEngine(cfg, cost_model, clock)
+    eng.submit(request_id, prompt, max_tokens, session, on_first_token, on_done)
+    eng.manage(ref, [CacheEdit("offload")])          # the real SAM, at once (management path)
+
+One engine step is what `LLMEngine.step` does, with the forward pass replaced:
+
+    sched = scheduler.schedule()                                   # real
+    kv.flush_write_downs()                                         # real (copies: virtual mover)
+    ms = cost_model.step_ms(chunks, decode contexts)               # instead of the model
+    ... the clock advances by ms ...
+    scheduler.update_from_output(sched, ModelRunnerOutput(...))    # real
+
+Every scheduled sequence that completes its KV gets one token (a fixed id: content never matters,
+the workload's prompts carry their own tokens), exactly like the runner's sampler would give.
+Requests that arrive during a step wait for the next one, as on the server. When nothing is
+scheduled but work remains (a load in flight), the engine waits for the next clock event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hintkv.cache.hashing import namespace_root
+from hintkv.config import EngineConfig
+from hintkv.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import Sequence
+from hintkv.engine.types import CacheEdit, EditOutcome, RequestOutput, SamplingParams, SessionRef
+from hintkv.sim.clock import EventClock
+from hintkv.sim.costs import CostModel
+from hintkv.sim.tiers import sim_tiers
+
+SIM_TOKEN = 1000  # every sampled token (content is irrelevant to the cache: prompts come from traces)
+
+
+@dataclass(slots=True)
+class _Pending:
+    seq: Sequence
+    on_first: Callable[[float], None] | None
+    on_done: Callable[[RequestOutput, list], None]  # (the last output, the block hashes written)
+    got_first: bool = False
+
+
+@dataclass(slots=True)
+class StepStats:
+    num_steps: int = 0
+    busy_s: float = 0.0  # simulated seconds of forward passes
+    num_batched_tokens: int = 0
+    peak_host_blocks: int = 0
+    host_block_seconds: float = 0.0  # integral of host blocks over simulated time
+    _last_t: float = 0.0
+    _last_host: int = 0
+
+
+class SimEngine:
+    def __init__(self, cfg: EngineConfig, costs: CostModel, clock: EventClock, num_blocks: int,
+                 host_blocks: int = 0, model_name: str = "sim") -> None:
+        self.cfg = cfg
+        self.costs = costs
+        self.clock = clock
+        self.scheduler = Scheduler.from_config(cfg, num_blocks, clock=clock)
+        if host_blocks:
+            self.scheduler.kv.tiers = sim_tiers(self.scheduler.kv, cfg.hints, host_blocks, clock, costs)
+        self.root = namespace_root(model_name, "sim", cfg.block_size, None)
+        self.stats = StepStats()
+        self._pending: dict[str, _Pending] = {}
+        self._busy = False  # a step is in flight (its completion is queued on the clock)
+
+    @property
+    def kv(self):
+        return self.scheduler.kv
+
+    # ---- requests ------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, session: SessionRef | None,
+               on_first: Callable[[float], None] | None, on_done: Callable[[RequestOutput, list], None],
+               block_hashes: list | None = None) -> None:
+        """`block_hashes`: the prompt's full-block hashes under `self.root`, if already known."""
+        room = self.scheduler.kv.pool.num_blocks * self.cfg.block_size
+        if len(prompt) + max_tokens > room:  # the server refuses these (LLMEngine.validate)
+            raise ValueError(f"a {len(prompt)}-token prompt + {max_tokens} output tokens do not fit "
+                             f"the {room}-token device pool: give the simulation a larger pool")
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        seq = Sequence(request_id, prompt, len(prompt), sampling, self.root, session=session)
+        if block_hashes:
+            seq.block_hashes = block_hashes
+        self.scheduler.add_request(seq)
+        self._pending[request_id] = _Pending(seq, on_first, on_done)
+        self._wake()
+
+    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
+        out = self.scheduler.manage(ref, edits)
+        self._wake()  # an edit can free room for a waiting request
+        return out
+
+    # ---- the step loop -------------------------------------------------------------------
+    def _wake(self) -> None:
+        if not self._busy and self.scheduler.has_work():
+            self._busy = True
+            self.clock.after(0.0, self._step)
+
+    def _step(self) -> None:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput())
+            self._deliver(outputs)
+            self._busy = False
+            if self.scheduler.has_work():  # only loads in flight: look again at the next event
+                nxt = self.clock.next_time()
+                if nxt is None:
+                    raise RuntimeError("the scheduler has work but schedules nothing, and no event "
+                                       "can change that")
+                self._busy = True
+                self.clock.at(nxt, self._step)
+            return
+        self.scheduler.kv.flush_write_downs()  # as LLMEngine.step: victims are written down first
+        ms = self.step_ms(sched)
+        self.stats.num_steps += 1
+        self.stats.busy_s += ms / 1e3
+        self.stats.num_batched_tokens += sched.num_batched_tokens
+        self.clock.after(ms / 1e3, lambda: self._finish_step(sched, ms / 1e3))
+
+    def step_ms(self, sched: SchedulerOutput) -> float:
+        chunks, decodes = [], []
+        for s in sched.scheduled:
+            c = s.seq.num_computed_tokens
+            if s.num_new_tokens == 1 and c >= s.seq.num_prompt_tokens:
+                decodes.append(c)
+            else:
+                chunks.append((s.num_new_tokens, c))
+        return self.costs.step_ms(chunks, decodes)
+
+    def _track_host(self) -> None:
+        tiers = self.scheduler.kv.tiers
+        if tiers is None:
+            return
+        st, now = self.stats, self.clock()
+        n = tiers.stack.tiers[0].usage().num_blocks
+        st.host_block_seconds += st._last_host * (now - st._last_t)
+        st._last_t, st._last_host = now, n
+        st.peak_host_blocks = max(st.peak_host_blocks, n)
+
+    def _finish_step(self, sched: SchedulerOutput, forward_s: float) -> None:
+        self._track_host()
+        tokens = [[SIM_TOKEN] if s.samples else [] for s in sched.scheduled]
+        outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput(tokens, forward_s))
+        self._deliver(outputs)
+        self._busy = False
+        self._wake()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        now = self.clock()
+        for out in outputs:
+            p = self._pending.get(out.request_id)
+            if p is None:
+                continue
+            if not p.got_first and (out.new_token_ids or out.finished):
+                p.got_first = True
+                if p.on_first is not None:
+                    p.on_first(now)
+            if out.finished:
+                del self._pending[out.request_id]
+                s = p.seq
+                p.on_done(out, s.block_hashes[:s.num_computed_tokens // self.cfg.block_size])

@@ -1,0 +1,179 @@
+"""`hintkv sim`: the swarm benchmark's configurations at full token scale, in simulated time.
+
+    hintkv sim --profile h200-llama3-8b [--users 10] [--traces DIR ...] [--quick] [--seed 0]
+               [--configs lru,sam+hints,...] [--device-tokens N] [--plots DIR]
+
+The real traces (`sim.workload`) are played by `sim.agents` against `sim.engine.SimEngine` (the
+real scheduler, KV manager, SAM and policies; the forward pass and copies from the profile's cost
+model) once per configuration, all on the same workload. Device KV capacity defaults to the
+profile's (`Profile.device_kv_tokens`: what one H200 holds beside the weights). `ideal` is the
+same workload on an unbounded device cache: no policy can hit more (an upper bound of the oracle).
+
+Prints a table (TTFT mean/p50/p90/p99, end-to-end per call and per task, token hit rate,
+recomputed prefill tokens, peak and mean host-tier bytes, bytes moved, engine steps, simulated
+time, wall time and simulated requests per wall second), writes plots (TTFT CDFs) with `--plots`, and ends with one JSON line whose `goals`
+are the issue's, computed from the runs. With --users 100/1000 everything runs on ONE instance
+(the pool and router are not simulated yet: say so in any figure taken from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hintkv.bench.common import emit_json, goal_at_least, goal_at_most, percentile, print_table
+from hintkv.replay import belady
+from hintkv.sim.costs import CostModel
+from hintkv.sim.profile import load_profile, profile_names
+from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, SimResult, simulate
+from hintkv.sim.workload import DEFAULT_TRACES, build_workload
+
+ORACLES = ("oracle", "oracle+host")
+QUICK = {"token_scale": 0.25, "max_calls": 12, "max_tasks": 20}
+WALL_GOAL_S = 300.0  # 10 users, whole trace set, one configuration
+
+
+def _row(r: SimResult) -> dict:
+    ttft = [c.ttft_s for c in r.calls if c.ttft_s is not None]
+    e2e = [c.e2e_s for c in r.calls if c.e2e_s is not None]
+    return {"config": r.config, "calls": len(r.calls),
+            "ttft_mean_s": r.mean_ttft_s, "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
+            "e2e_call_mean_s": sum(e2e) / len(e2e), "task_mean_s": r.mean_task_s,
+            "hit_rate": r.hit_rate, "host_hit_rate": r.host_hit_tokens / max(1, r.prompt_tokens),
+            "recomputed_Mtok": r.prompt_tokens_computed / 1e6,
+            "peak_host_GB": r.peak_host_bytes / 1e9, "mean_host_GB": r.mean_host_bytes / 1e9,
+            "moved_GB": sum(r.bytes_moved.values()) / 1e9, "preempt": r.num_preemptions, "steps": r.num_steps, "sim_s": r.sim_s, "wall_s": r.wall_s,
+            "sim_req_per_s": r.sim_requests_per_s}
+
+
+def _reduction(base: float | None, new: float | None) -> float | None:
+    if base is None or new is None or base <= 0:
+        return None
+    return 1 - new / base
+
+
+def goals(results: dict[str, SimResult], oracles: dict[str, float], users: int) -> dict:
+    """The issue's goals from the runs (a run that was not made: measured None, not met).
+    Captured headroom pairs like with like: (sam+hints+host - lru+host) / (oracle+host - lru+host)."""
+    lru = results.get("lru")
+    lru_host = results.get("lru+host")
+    hinted = results.get("sam+hints+host")
+
+    def get(r, attr):
+        return None if r is None else getattr(r, attr)
+
+    hl, hh, hlh = get(lru, "hit_rate"), get(hinted, "hit_rate"), get(lru_host, "hit_rate")
+    ho = oracles.get("oracle+host")
+    headroom = None
+    if hlh is not None and hh is not None and ho is not None and ho - hlh > 1e-9:
+        headroom = (hh - hlh) / (ho - hlh)
+    walls = [r.wall_s for r in results.values()]
+    return {
+        "ttft_reduction_vs_lru": goal_at_least(0.6, _reduction(get(lru, "mean_ttft_s"), get(hinted, "mean_ttft_s"))),
+        "ttft_reduction_vs_lru_host": goal_at_least(
+            0.3, _reduction(get(lru_host, "mean_ttft_s"), get(hinted, "mean_ttft_s"))),
+        "task_e2e_reduction_vs_lru": goal_at_least(
+            0.3, _reduction(get(lru, "mean_task_s"), get(hinted, "mean_task_s"))),
+        "hit_rate_ratio_vs_lru": goal_at_least(1.33, None if not hl else hh / hl),
+        "peak_host_bytes_reduction_vs_lru_host": goal_at_least(
+            0.25, _reduction(get(lru_host, "peak_host_bytes"), get(hinted, "peak_host_bytes"))),
+        "captured_headroom_vs_oracle": goal_at_least(0.7, headroom),
+        "sim_wall_s_per_config": goal_at_most(WALL_GOAL_S if users <= 10 else 1800.0, max(walls) if walls else None),
+    }
+
+
+def _plots(results: dict[str, SimResult], folder: Path, title: str) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in results.items():
+        xs = sorted(c.ttft_s for c in r.calls if c.ttft_s is not None)
+        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (simulated s)")
+    ax.set_ylabel("fraction of calls")
+    ax.set_title(title)
+    ax.legend()
+    path = folder / "sim_ttft_cdf.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [str(path)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hintkv sim", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", default="h200-llama3-8b", help=f"one of {profile_names()} or a JSON file")
+    p.add_argument("--users", type=int, default=10)
+    p.add_argument("--traces", nargs="+", default=list(DEFAULT_TRACES))
+    p.add_argument("--configs", default=",".join([*CONFIGS, *ORACLES]))
+    p.add_argument("--device-tokens", type=int, default=None)
+    p.add_argument("--token-scale", type=float, default=1.0)
+    p.add_argument("--max-calls", type=int, default=None, help="cut each agent to its first N calls")
+    p.add_argument("--max-tasks", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help=f"a reduced workload: {QUICK}")
+    p.add_argument("--plots", type=Path, default=None, help="write PNG plots here")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.token_scale = min(args.token_scale, QUICK["token_scale"])
+        args.max_calls = args.max_calls or QUICK["max_calls"]
+        args.max_tasks = args.max_tasks or QUICK["max_tasks"]
+    try:
+        profile = load_profile(args.profile)
+    except ValueError as exc:
+        print(f"hintkv sim: {exc}", file=sys.stderr)
+        return 2
+    costs = CostModel(profile)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS and n not in ORACLES]
+    if unknown:
+        print(f"hintkv sim: unknown configs {unknown}; known: {[*CONFIGS, *ORACLES]}", file=sys.stderr)
+        return 2
+    if any(n in ORACLES for n in names) and "lru" not in names:
+        names.insert(0, "lru")  # the oracle replays the lru run's accesses
+    device_tokens = args.device_tokens or int(profile.device_kv_tokens * args.token_scale)
+    t0 = time.perf_counter()
+    wl = build_workload(args.traces, args.users, args.seed, args.token_scale, args.max_calls, args.max_tasks)
+    load_s = time.perf_counter() - t0
+    print(f"[sim] workload: {len(wl.tasks())} tasks, {wl.num_calls} calls, {wl.prompt_tokens / 1e6:.1f}M "
+          f"prompt tokens, {args.users} users on one instance; profile {profile.name}; device "
+          f"{device_tokens} tokens; loaded in {load_s:.1f}s", file=sys.stderr, flush=True)
+    results: dict[str, SimResult] = {}
+    for name in names:
+        if name in CONFIGS:
+            results[name] = simulate(wl, CONFIGS[name], costs, device_tokens,
+                                     max_num_seqs=args.max_num_seqs,
+                                     max_num_batched_tokens=args.max_num_batched_tokens,
+                                     progress=not args.no_progress)
+    oracles: dict[str, float] = {}
+    rows = [_row(r) for r in results.values()]
+    blocks = device_tokens // 16
+    for name in names:
+        if name in ORACLES:
+            cap = blocks * (1 + HOST_FACTOR) if name == "oracle+host" else blocks
+            o = belady(results["lru"].accesses, cap, 16)
+            oracles[name] = o.hit_rate
+            rows.append({"config": name, "calls": len(results["lru"].accesses), "hit_rate": o.hit_rate})
+    print(f"hintkv sim --profile {profile.name}: {args.users} users (one instance), "
+          f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
+          f"device {device_tokens} tokens, seed {args.seed}")
+    print_table(rows, list(rows[0]))
+    plots = _plots(results, args.plots, f"{profile.name}, {args.users} users") if args.plots else []
+    emit_json({"bench": "sim", "profile": profile.name, "users": args.users, "instances": 1,
+               "seed": args.seed, "token_scale": args.token_scale, "device_tokens": device_tokens,
+               "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
+               "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
+               "oracles": oracles, "plots": plots, "goals": goals(results, oracles, args.users)})
+    return 0

@@ -1,0 +1,187 @@
+"""One simulated run: a workload, a configuration, a profile -> what every call and task came to.
+
+    res = simulate(workload, CONFIGS["sam+hints+host"], CostModel(profile), device_tokens=845_000)
+    res.hit_rate, res.mean_ttft_s, res.peak_host_bytes, res.sim_requests_per_s
+
+A configuration names an eviction policy, whether the agents send hints (and the engine acts on
+them), and whether a host tier sits below the device (`host_factor` x the device pool, as in
+`bench swarm`); everything else is the real scheduler and cache stack inside `SimEngine`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hintkv.config import EngineConfig
+from hintkv.replay.offline import Access
+from hintkv.sim.agents import CallRecord, ProgramDriver
+from hintkv.sim.tiers import real_block_bytes
+from hintkv.workload.agent import HintPlan, workload_programs
+from hintkv.sim.clock import EventClock
+from hintkv.sim.costs import CostModel
+from hintkv.sim.engine import SimEngine
+from hintkv.workload.program import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    name: str
+    policy: str  # eviction policy by name (cache.policies registry)
+    hints: bool
+    host: bool = False  # a host tier of HOST_FACTOR x the device pool
+
+
+HOST_FACTOR = 4  # host tier size / device pool (bench swarm's setting)
+CONFIGS = {
+    "lru": SimConfig("lru", "lru", hints=False),
+    "lru+host": SimConfig("lru+host", "lru", hints=False, host=True),
+    "sam+hints": SimConfig("sam+hints", "sam", hints=True),
+    "sam+hints+host": SimConfig("sam+hints+host", "sam", hints=True, host=True),
+}
+
+
+@dataclass(slots=True)
+class TaskSpan:
+    task_id: str
+    start_s: float  # its first call was sent
+    end_s: float  # its last call finished
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(slots=True)
+class SimResult:
+    config: str
+    calls: list[CallRecord]
+    tasks: list[TaskSpan]
+    num_steps: int
+    busy_s: float
+    sim_s: float  # simulated seconds from the first event to the last
+    wall_s: float  # seconds the simulation itself took
+    num_events: int
+    num_preemptions: int
+    prompt_tokens: int
+    prompt_tokens_computed: int
+    num_edits: dict[str, int] = field(default_factory=dict)
+    device_tokens: int = 0
+    host_tokens: int = 0
+    peak_host_bytes: int = 0  # real bytes (the profile's KV bytes per block)
+    mean_host_bytes: float = 0.0  # time-weighted
+    bytes_moved: dict[str, int] = field(default_factory=dict)  # real bytes per direction
+    host_hit_tokens: int = 0
+    accesses: list[Access] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        total = sum(c.prompt_tokens for c in self.calls)
+        return sum(c.cached_tokens for c in self.calls) / total if total else 0.0
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(c.cached_tokens for c in self.calls)
+
+    @property
+    def mean_ttft_s(self) -> float:
+        xs = [c.ttft_s for c in self.calls if c.ttft_s is not None]
+        return sum(xs) / len(xs) if xs else 0.0
+
+    @property
+    def mean_task_s(self) -> float:
+        xs = [t.e2e_s for t in self.tasks if t.e2e_s is not None]
+        return sum(xs) / len(xs) if xs else 0.0
+
+    @property
+    def sim_requests_per_s(self) -> float:
+        return len(self.calls) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _spans(calls: list[CallRecord]) -> list[TaskSpan]:
+    spans: dict[str, TaskSpan] = {}
+    for c in calls:
+        end = c.sent_s + (c.e2e_s or 0.0)
+        t = spans.get(c.task_id)
+        if t is None:
+            spans[c.task_id] = TaskSpan(c.task_id, c.sent_s, end)
+        else:
+            t.start_s, t.end_s = min(t.start_s, c.sent_s), max(t.end_s, end)
+    return list(spans.values())
+
+
+def _whole(run):
+    """The workload's `Run` (every user after its start delay) as one program."""
+    yield run
+
+
+def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tokens: int,
+             block_size: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+             time_scale: float = 1.0, progress: bool = False,
+             on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True) -> SimResult:
+    cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       eviction_policy=config.policy, hints=config.hints)
+    clock = EventClock()
+    num_blocks = device_tokens // block_size
+    host_blocks = HOST_FACTOR * num_blocks if config.host else 0
+    engine = SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks)
+    total = workload.num_calls
+    bar = _Progress(config.name, total) if progress else None
+
+    def seen(rec: CallRecord) -> None:
+        if bar is not None:
+            bar.tick(clock())
+        if on_call is not None:
+            on_call(rec)
+
+    driver = ProgramDriver(engine, config.hints, time_scale, on_call=seen, range_evicts=range_evicts)
+    t0 = time.perf_counter()
+    driver.start(_whole(workload_programs(workload, HintPlan(hints=config.hints))))
+    while clock.run_next():
+        pass
+    wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    sch = engine.scheduler
+    if sch.has_work() or len(driver.calls) != total or not driver.done:
+        raise RuntimeError(f"{config.name}: the simulation stopped with {len(driver.calls)} of {total} "
+                           "calls done")
+    sch.check_integrity()
+    res = SimResult(config.name, driver.calls, _spans(driver.calls), engine.stats.num_steps,
+                    engine.stats.busy_s, clock(), wall, clock.num_events, sch.num_preemptions,
+                    sch.num_prompt_tokens, sch.num_prompt_tokens_computed, dict(driver.num_edits),
+                    device_tokens, host_blocks * block_size, accesses=driver.accesses)
+    tiers = sch.kv.tiers
+    if tiers is not None:
+        block = real_block_bytes(costs, block_size)
+        res.peak_host_bytes = engine.stats.peak_host_blocks * block
+        res.mean_host_bytes = engine.stats.host_block_seconds / max(clock(), 1e-9) * block
+        res.bytes_moved = dict(tiers.stack.mover.stats().bytes_moved)
+        res.host_hit_tokens = sch.kv.hit_tokens_by_tier.get("host", 0)
+    return res
+
+
+class _Progress:
+    """A one-line progress bar on stderr: calls done, simulated time, wall time."""
+
+    def __init__(self, name: str, total: int) -> None:
+        self.name, self.total, self.done = name, total, 0
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def tick(self, sim_now: float) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        if now - self.last < 0.5 and self.done < self.total:
+            return
+        self.last = now
+        frac = self.done / max(1, self.total)
+        bar = "#" * int(30 * frac)
+        print(f"\r[sim {self.name:>16}] [{bar:<30}] {self.done}/{self.total} calls  "
+              f"sim {sim_now:8.0f}s  wall {now - self.t0:6.1f}s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print(file=sys.stderr, flush=True)

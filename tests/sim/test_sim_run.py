@@ -1,0 +1,100 @@
+"""The simulator on a small slice of the real traces: deterministic, never above the oracle, and the
+real cache stack stays consistent (every run ends with `check_integrity()` on the scheduler)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hintkv.sim.costs import CostModel
+from hintkv.sim.profile import load_profile
+from hintkv.replay import belady
+from hintkv.sim.agents import flatten
+from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
+from hintkv.sim.workload import DEFAULT_TRACES, build_workload
+
+CLAUDE = Path(DEFAULT_TRACES[0])
+# small real sessions, two of them with sub-agents
+FILES = ["trace_0291", "trace_0277", "trace_0460", "trace_0615", "trace_0638"]
+pytestmark = pytest.mark.skipif(not CLAUDE.is_dir(), reason="the shared traces are not on this machine")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("traces")
+    for name in FILES:
+        (d / f"{name}.json.gz").write_bytes((CLAUDE / f"{name}.json.gz").read_bytes())
+    return str(d)
+
+
+def _workload(traces: str):
+    return build_workload([traces], users=3, seed=1, token_scale=0.05, max_calls=6, max_tasks=6,
+                          stagger_s=5.0)
+
+
+@pytest.fixture(scope="module")
+def workload(traces):
+    return _workload(traces)
+
+
+@pytest.fixture(scope="module")
+def costs():
+    return CostModel(load_profile("h200-llama3-8b"))
+
+
+def _fingerprint(res):
+    return [(c.session_id, c.index, round(c.sent_s, 9), round(c.ttft_s, 9), round(c.e2e_s, 9),
+             c.cached_tokens) for c in res.calls]
+
+
+def test_same_seed_same_report(workload, traces, costs):
+    a = simulate(workload, CONFIGS["sam+hints+host"], costs, device_tokens=_room(workload))
+    b = simulate(_workload(traces), CONFIGS["sam+hints+host"], costs, device_tokens=_room(workload))
+    assert _fingerprint(a) == _fingerprint(b)
+    assert a.num_steps == b.num_steps and a.sim_s == b.sim_s
+    assert len(a.calls) == workload.num_calls and len(a.tasks) == len(workload.tasks())
+    assert a.num_edits["offload"] > 0 and a.num_edits["evict"] > 0  # hints were sent
+
+
+def _room(workload) -> int:
+    """A device pool that holds the longest call, and little more: the capacity binds."""
+    return max(len(flatten(c.prompt)) + c.max_tokens for t in workload.tasks() for a in t.agents()
+               for c in a.calls) + 64
+
+
+def test_no_configuration_hits_more_than_the_oracle(workload, costs):
+    device = _room(workload)
+    lru = simulate(workload, CONFIGS["lru"], costs, device_tokens=device)
+    blocks = device // 16
+    oracle = belady(lru.accesses, blocks, 16)
+    oracle_host = belady(lru.accesses, blocks * (1 + HOST_FACTOR), 16)
+    ideal = belady(lru.accesses, None, 16)
+    assert oracle.prompt_tokens == lru.prompt_tokens
+    assert lru.hit_tokens <= oracle.hit_tokens <= oracle_host.hit_tokens <= ideal.hit_tokens
+    assert oracle.hit_tokens < ideal.hit_tokens  # the capacity binds: the comparison means something
+    for name, cfg in CONFIGS.items():
+        res = lru if name == "lru" else simulate(workload, cfg, costs, device_tokens=device)
+        bound = oracle_host if cfg.host else oracle
+        assert res.hit_tokens <= bound.hit_tokens, name
+        for c in res.calls:
+            assert 0 <= c.cached_tokens < c.prompt_tokens
+            assert 0 < c.ttft_s <= c.e2e_s
+        if cfg.host:
+            assert res.peak_host_bytes > 0 and res.bytes_moved.get("device->host", 0) > 0, name
+
+
+def test_sim_command_prints_table_then_goals_json(traces, capsys):
+    from hintkv.cli import main
+
+    assert main(["sim", "--profile", "h200-llama3-8b", "--users", "2", "--traces", traces,
+                 "--token-scale", "0.05", "--max-calls", "3", "--max-tasks", "2", "--no-progress",
+                 "--device-tokens", "20000"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[1].startswith("config")
+    last = json.loads(out[-1])
+    assert set(last["results"]) == set(CONFIGS) and set(last["oracles"]) == {"oracle", "oracle+host"}
+    for g in last["goals"].values():
+        assert set(g) == {"target", "measured", "met"}
+    assert last["goals"]["sim_wall_s_per_config"]["met"] is True
