@@ -28,7 +28,13 @@ from hintkv.config import EngineConfig
 from hintkv.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import CacheEdit, EditOutcome, RequestOutput, SamplingParams, SessionRef
+from hintkv.engine.types import (
+    CacheEdit,
+    EditOutcome,
+    RequestOutput,
+    SamplingParams,
+    SessionRef,
+)
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.tiers import sim_tiers

@@ -23,7 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from hintkv.bench.common import emit_json, goal_at_least, goal_at_most, percentile, print_table
+from hintkv.bench.common import (
+    emit_json,
+    goal_at_least,
+    goal_at_most,
+    percentile,
+    print_table,
+)
 from hintkv.replay import belady
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile, profile_names

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from hintkv.config import EngineConfig
 from hintkv.replay.offline import Access
 from hintkv.sim.agents import CallRecord, ProgramDriver
-from hintkv.sim.tiers import real_block_bytes
-from hintkv.workload.agent import HintPlan, workload_programs
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.engine import SimEngine
+from hintkv.sim.tiers import real_block_bytes
+from hintkv.workload.agent import HintPlan, workload_programs
 from hintkv.workload.program import Workload
 
 
