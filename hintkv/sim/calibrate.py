@@ -1,6 +1,7 @@
 """`hintkv sim calibrate`: measure the `local` profile with the real engine on this machine.
 
     hintkv sim calibrate [--model dummy:tiny] [--quick] [--out ~/.cache/hintkv/sim/local.json]
+    hintkv sim calibrate --server http://127.0.0.1:8000 --model dummy:tiny   # sim.calibrate_server
 
 The engine (`LLMEngine`, the same one `hintkv serve` runs) is driven through its public calls
 (`add_request`, `step`) with random token-id prompts; each figure is the wall time of the
@@ -129,9 +130,19 @@ def _disk_gbps() -> tuple[float, float]:
     return MIB64 / w / 1e9, MIB64 / r / 1e9
 
 
+def local_links() -> dict[str, Link]:
+    """This machine's links: a torch copy (the CPU "device" is host memory), disk, Mooncake TCP."""
+    copy = _copy_gbps()
+    write, read = _disk_gbps()
+    return {"device->host": Link(copy, 0.0), "host->device": Link(copy, 0.0),
+            "host->disk": Link(write, 0.05), "disk->host": Link(read, 0.05),
+            "host->pool": Link(0.35, 0.2), "pool->host": Link(0.45, 0.2)}  # NOTES.md: Mooncake TCP
+
+
 def calibrate(model: str = "dummy:tiny", quick: bool = False, seed: int = 0,
-              progress=None) -> Profile:
-    grid = QUICK if quick else FULL
+              progress=None, grid: dict | None = None) -> Profile:
+    """`grid`: the points to measure (keys of `FULL`); default `FULL` or `QUICK`."""
+    grid = grid or (QUICK if quick else FULL)
     max_new = max(grid["new"])
     kv_tokens = 4 * (max(grid["cached"]) + max_new + max(grid["batch"]) * (max(grid["context"]) + 16))
     rig = _Rig(model, kv_tokens, max(max_new, max(grid["batch"]) * max(grid["context"])), seed)
@@ -151,18 +162,15 @@ def calibrate(model: str = "dummy:tiny", quick: bool = False, seed: int = 0,
             decode.append((batch, context, round(ms, 4)))
             if progress:
                 progress(f"decode batch={batch} context={context}: {ms:.2f} ms")
-    copy = _copy_gbps()
-    write, read = _disk_gbps()
     from hintkv.engine.model_runner import kv_bytes_per_block
 
     eng = rig.engine
     kv_per_token = kv_bytes_per_block(eng.model_config, 1, eng.dtype)
-    links = {"device->host": Link(copy, 0.0), "host->device": Link(copy, 0.0),
-             "host->disk": Link(write, 0.05), "disk->host": Link(read, 0.05),
-             "host->pool": Link(0.35, 0.2), "pool->host": Link(0.45, 0.2)}  # NOTES.md: Mooncake TCP
+    links = local_links()
     return Profile("local", f"measured by `hintkv sim calibrate` ({model}, cpu, float32, "
                    f"{os.cpu_count()} cpus, {'quick' if quick else 'full'} grid)", kv_per_token,
                    points, decode, links, copy_overlap=0.0, step_overhead_ms=0.0,
+                   device_kv_tokens=2**30 // kv_per_token,  # the engine's CPU default: 1 GiB of KV
                    extra={"model": model, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
@@ -172,9 +180,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=LOCAL_PATH)
+    p.add_argument("--server", default=None, help="measure through this running server's HTTP API "
+                   "(sim.calibrate_server) instead of an in-process engine")
     args = p.parse_args(argv)
-    prof = calibrate(args.model, args.quick, args.seed,
-                     progress=lambda m: print(f"[calibrate] {m}", file=sys.stderr, flush=True))
+    say = lambda m: print(f"[calibrate] {m}", file=sys.stderr, flush=True)
+    if args.server:
+        from hintkv.engine.model_runner import kv_bytes_per_block
+        from hintkv.models.presets import PRESETS
+        from hintkv.sim.calibrate_server import calibrate_server
+
+        if args.model not in PRESETS:
+            print(f"hintkv sim calibrate: --server needs a preset --model (one of {sorted(PRESETS)})",
+                  file=sys.stderr)
+            return 2
+        import torch
+
+        kv = kv_bytes_per_block(PRESETS[args.model], 1, torch.float32)
+        prof = calibrate_server(args.server, args.model, kv, QUICK if args.quick else FULL, args.seed, progress=say)
+    else:
+        prof = calibrate(args.model, args.quick, args.seed, progress=say)
     prof.save(args.out)
     print(f"wrote profile 'local' to {args.out}")
     return 0
