@@ -72,7 +72,10 @@ class EngineConfig:
     max_model_len: int | None = _opt(None, "default: min(model's max positions, 32768)")
     max_num_seqs: int = _opt(64, "sequences running at once")
     max_num_batched_tokens: int = _opt(2048, "per-step token budget (chunked prefill)")
-    eviction_policy: str = _opt("sam", "device pool eviction policy (sam | lru)")
+    eviction_policy: str = _opt("sam", "device pool eviction policy (sam | lru | qlru)")
+    scheduling_policy: str = _opt(
+        "fcfs", "admission order: fcfs (vLLM) | cache-aware (resident prefix first, room reserved to the end)"
+    )
     seed: int = _opt(0, "random seed of the engine (and of dummy weights)")
     served_model_name: str | None = _opt(None, "model id clients must send")
     host_cache_memory: str | None = _opt(None, "host KV tier size (e.g. 4GiB); none: no host tier")
@@ -134,6 +137,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if not 0 <= self.protect_budget <= 1:
             raise ValueError("protect_budget must be in [0, 1]")
+        from hintkv.engine.admission import admission_names  # light: no torch
+
+        if self.scheduling_policy not in admission_names():
+            raise ValueError(f"scheduling_policy must be one of {admission_names()}, not {self.scheduling_policy!r}")
         check_disk_config(self.disk_cache_dir, self.disk_cache_size)
         if self.host_cache_memory is not None:
             parse_bytes(self.host_cache_memory)

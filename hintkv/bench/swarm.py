@@ -7,14 +7,17 @@ One workload (`hintkv.workload.users`: N seeded users over real traces, closed l
 one set of capacities: the device KV pool is `--device-fraction` of the workload's peak working
 set (blocks held by live sessions, measured by the offline replay), the host tier `--host-ratio`
 times the device. Live runs, each against a fresh `hintkv serve` (real HTTP, real model):
-  1 lru         `--eviction-policy lru`, hints ignored and none sent (vLLM + prefix caching)
+  1 lru         `--eviction-policy lru --scheduling-policy fcfs`, no hints (vLLM + prefix caching)
   2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
-  3 sam         `--eviction-policy sam`, the agents send the protocol's hints
+  3 sam         `--eviction-policy sam --scheduling-policy cache-aware`, the protocol's hints sent
   4 sam+host    the same with the host tier
-  (+ `--peer URL`: any OpenAI-compatible server, no hints)
-Offline (`hintkv.replay`: the real cache code, virtual clock, no model): the same four plus
-5 qlru(+host) (LRU protecting queued prompts: engine-only knowledge; the live scheduler does not
-feed it yet, so it runs offline only) and 6 the Belady oracle at these capacities, the ideal hit
+  5 qlru+host   `--eviction-policy qlru --scheduling-policy cache-aware`, no hints, host tier: the
+                engine's own knowledge (its queue) with sam's admission, so neither the queue nor
+                the scheduler is credited to hints
+  (+ `--peer URL`: any OpenAI-compatible server, no hints; `--runs` picks live runs)
+Offline (`hintkv.replay`: the real cache code, virtual clock, no model, same admission per run):
+the same plus qlru, `lru/ca` (lru with cache-aware admission: what the scheduler gives alone)
+and the Belady oracle at these capacities, the ideal hit
 rate, a capacity sweep (0.2/0.35/0.5/1.0 of the working set) and the headroom grid of issue 8
 (capacities 0.1 and 0.35, 10 and 32 users). A table, PNG plots (`--plots`), then one JSON line
 with every goal of issue 8, computed from the runs. `--quick` cuts each agent to 6 calls and
@@ -42,7 +45,8 @@ from hintkv.bench.common import (
     print_table,
     summarize,
 )
-from hintkv.bench.swarm_study import captured, run_configs, size_workload
+from hintkv.bench.sessions import parse_metrics
+from hintkv.bench.swarm_study import ADMISSION, captured, run_configs, size_workload
 from hintkv.replay import OfflineConfig
 from hintkv.workload.agent import HintPlan
 from hintkv.workload.live import LiveResult, replay_live
@@ -53,10 +57,11 @@ GOALS = {"hit_rate_ratio": 1.33, "captured_headroom": 0.7, "beyond_queue_points"
          "peak_host_reduction": 0.25, "ttft_reduction_vs_lru": 0.5, "ttft_reduction_vs_lru_host": 0.2,
          "task_e2e_reduction_vs_lru": 0.25}
 SWEEP = (0.2, 0.35, 0.5, 1.0)
+SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")  # what the goals and plots read
 GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
 LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
-        ("sam+host", "sam", True, True))
-COLUMNS = ["run", "where", "calls", "errors", "hit_rate", "host_hit_rate", "recomputed_tokens", "ttft_mean_s",
+        ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True))  # admission: ADMISSION[name]
+COLUMNS = ["run", "where", "admission", "calls", "errors", "hit_rate", "host_hit_rate", "recomputed_tokens", "ttft_mean_s",
            "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_call_mean_s", "e2e_task_mean_s", "peak_host_mib",
            "mean_host_mib", "moved_mib"]
 
@@ -91,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", default=None, help="an OpenAI-compatible server to replay against too")
     p.add_argument("--plots", default=None, help="folder for PNG plots")
     p.add_argument("--skip-live", action="store_true", help="offline replay and oracle only")
+    p.add_argument("--runs", default=",".join(r[0] for r in LIVE), help="live runs to do (comma-separated)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `hintkv serve` argument (repeat)")
     return p
 
@@ -111,17 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{sizing.prompt_tokens} prompt tokens; working set {sizing.working_set_blocks} blocks; "
         f"device {device} blocks, host {host}; ideal hit rate {sizing.ideal_hit_rate:.3f}")
     offline = run_configs(wl, base, device, host, memo)
-    sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio), memo)
-             for f in SWEEP}
-    grid = headroom_grid(args, scale, base)
+    sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio), memo,
+                            names=SWEEP_RUNS) for f in SWEEP}
+    grid = headroom_grid(args, scale, base, (wl, memo))
     log(f"offline done at {time.perf_counter() - t0:.0f}s")
     live: dict[str, dict[str, Any]] = {}
     live_results: dict[str, LiveResult] = {}
     if not args.skip_live:
         bpb = block_bytes(args.model, args.block_size)
+        chosen = set(args.runs.split(","))
         for name, policy, hints, with_host in LIVE:
+            if name not in chosen:
+                continue
             server = ["--kv-cache-tokens", str(device * args.block_size), "--block-size", str(args.block_size),
-                      "--eviction-policy", policy, *([] if hints else ["--ignore-hints"]),
+                      "--eviction-policy", policy, "--scheduling-policy", ADMISSION[name],
+                      *([] if hints else ["--ignore-hints"]),
                       *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
             live[name], live_results[name] = run_live(name, wl, args, hints, server, bpb)
         if args.peer:
@@ -148,14 +158,19 @@ def _strip(runs: dict[str, Any]) -> dict[str, Any]:
             for k, v in runs.items()}
 
 
-def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig) -> list[dict[str, Any]]:
+def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
+                  main: tuple[Any, dict]) -> list[dict[str, Any]]:
     """Captured headroom of sam (+ hints) over lru, device only and with the host tier, at the
-    issue's users x capacities (offline)."""
+    issue's users x capacities (offline); `main` (workload, memo) is reused at `--users`."""
     out = []
     folder = trace_folder(args.traces, args.kind)
     for users in sorted({u for u, _ in GRID if not args.quick or u == args.users}):
-        wl = build_workload(args.kind, folder, users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
-        memo: dict = {}
+        if users == args.users:
+            wl, memo = main
+        else:
+            wl = build_workload(args.kind, folder, users, tasks_per_user=args.tasks_per_user, scale=scale,
+                                seed=args.seed)
+            memo = {}
         sizing = size_workload(wl, base, memo)
         for u, frac in GRID:
             if u != users:
@@ -230,25 +245,24 @@ async def _replay(wl, url: str, model: str, hints: bool, time_scale: float, prog
     return result, samples
 
 
-def parse_metrics(text: str) -> dict[str, float]:
+def by_label(metrics: dict[str, float], name: str) -> dict[str, float]:
+    """One metric's series by their first label value: `name{tier="host"} 5` -> {"host": 5}.
+    Counters are exposed as `name_total`; `_created` series are not values."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            try:
-                out[series] = float(value)
-            except ValueError:
-                pass
+    for series, v in metrics.items():
+        base, _, labels = series.partition("{")
+        if base in (name, name + "_total") and labels:
+            out[labels.split('"')[1]] = out.get(labels.split('"')[1], 0.0) + v
     return out
 
 
 def live_row(r: LiveResult, samples: list, bpb: int) -> dict[str, Any]:
     ok = [c for c in r.calls if c.ok]
     ttft = summarize([c.ttft_s for c in ok]) if ok else {}
-    host = [m.get('hintkv_tier_blocks{tier="host"}', 0.0) for _, m in samples]
+    host = [by_label(m, "hintkv_tier_blocks").get("host", 0.0) for _, m in samples]
     last = samples[-1][1] if samples else {}
-    tiers = {k.split('"')[1]: v for k, v in last.items() if k.startswith("hintkv_prefix_cache_hit_tokens_by_tier{")}
-    moved = sum(v for k, v in last.items() if k.startswith("hintkv_tier_bytes_moved"))
+    tiers = by_label(last, "hintkv_prefix_cache_hit_tokens_by_tier")
+    moved = sum(by_label(last, "hintkv_tier_bytes_moved").values())
     prompt = r.prompt_tokens
     return {
         "calls": len(r.calls), "errors": r.num_errors,
@@ -271,12 +285,12 @@ def live_row(r: LiveResult, samples: list, bpb: int) -> dict[str, Any]:
 
 
 def table_rows(live: dict, offline: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = [{"run": k, "where": "live", **v} for k, v in live.items()]
+    rows = [{"run": k, "where": "live", "admission": ADMISSION.get(k, "-"), **v} for k, v in live.items()]
     mib = block_bytes(args.model, args.block_size) / 2**20
     for k, v in offline.items():
         if k.startswith("_"):
             continue
-        rows.append({"run": k, "where": "offline", "hit_rate": v["hit_rate"], "host_hit_rate": v.get("host_hit_rate"),
+        rows.append({"run": k, "where": "offline", "admission": ADMISSION.get(k, "-"), "hit_rate": v["hit_rate"], "host_hit_rate": v.get("host_hit_rate"),
                      "recomputed_tokens": v.get("recomputed_tokens"),
                      "ttft_mean_s": v.get("model_ttft_mean_s"),
                      "peak_host_mib": v["peak_host_blocks"] * mib if "peak_host_blocks" in v else None,

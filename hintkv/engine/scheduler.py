@@ -35,9 +35,15 @@ from concurrent.futures import Future
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sam import SessionAwareManager
-from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.sessions import SessionRegistry, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 from hintkv.config import EngineConfig
+from hintkv.engine.admission import (
+    AdmissionPolicy,
+    StepPlan,
+    blocks_to_end,
+    make_admission,
+)
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.types import FinishReason, RequestOutput
@@ -45,17 +51,23 @@ from hintkv.engine.types import FinishReason, RequestOutput
 __all__ = ["ModelRunnerOutput", "ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
 Clock = Callable[[], float]
+QUEUE_TENANT = "\x00queued"  # transient sessions of queued requests (qlru); no API tenant has it
 
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, *,
                  sam: SessionAwareManager | None = None, hints: bool = True,
                  eos_token_ids: Iterable[int] = (),
-                 max_model_len: int | None = None, clock: Clock = time.monotonic) -> None:
+                 max_model_len: int | None = None, clock: Clock = time.monotonic,
+                 admission: AdmissionPolicy | str = "fcfs") -> None:
         self.kv = kv
+        self.admission = (make_admission(admission, max_model_len=max_model_len)
+                          if isinstance(admission, str) else admission)
         self.sam = sam
         # Session identity and edits are acted on (False: --ignore-hints; SAM then only ranks).
         self.hints = hints and sam is not None
+        # qlru with hints off: each queued request's prompt is a transient session (policies.qlru)
+        self.queue_sessions = sam is not None and not self.hints and getattr(kv.pool.policy, "wants_queue", False)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -81,7 +93,8 @@ class Scheduler:
         sam = SessionAwareManager(kv, sessions, clock=clock)
         sam.predict_resume = cfg.hints
         return cls(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, sam=sam, hints=cfg.hints,
-                   eos_token_ids=eos_token_ids, max_model_len=max_model_len, clock=clock)
+                   eos_token_ids=eos_token_ids, max_model_len=max_model_len, clock=clock,
+                   admission=cfg.scheduling_policy)
 
     @property
     def sessions(self) -> SessionRegistry | None:
@@ -94,9 +107,20 @@ class Scheduler:
         if seq.session is not None and self.hints:
             seq.session_key = self.sam.on_arrival(seq.session, seq.session.tool)
         seq.arrival = self.clock()
+        if self.queue_sessions:
+            self._hold_queued(seq)
         self.requests[seq.request_id] = seq
         self.waiting.append(seq)
         self.num_prompt_tokens += seq.num_prompt_tokens
+
+    def _hold_queued(self, seq: Sequence) -> None:
+        ref = SessionRef(QUEUE_TENANT, seq.request_id, seq.request_id)
+        hashes = self.kv.update_hashes(seq, seq.num_tokens - 1)
+        self.sam.on_done(self.sam.on_arrival(ref), list(hashes))
+
+    def _release_queued(self, seq: Sequence) -> None:
+        if self.queue_sessions:
+            self.sam.sessions.end(session_key(QUEUE_TENANT, seq.request_id))
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request wherever it is (its session keeps what it computed). False: unknown."""
@@ -121,9 +145,11 @@ class Scheduler:
             self.loading.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self._release_queued(seq)
         self.kv.free(seq)
         seq.status = SeqStatus.FINISHED
         self.requests.pop(seq.request_id, None)
+        self.admission.forget(seq.request_id)
         return _output(seq, finished=True)
 
     def _preempt(self, seq: Sequence) -> None:
@@ -133,6 +159,8 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+        if self.queue_sessions:
+            self._hold_queued(seq)
 
     def _others_hold_blocks(self) -> bool:
         """Blocks will come free without finishing anyone: loads or prefetches in flight."""
@@ -172,33 +200,59 @@ class Scheduler:
                 out.scheduled.append(ScheduledSeq(seq, n))
                 budget -= n
                 i += 1
-        while (self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_num_seqs
-               and not out.preempted):
-            seq = self.waiting[0]
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Start waiting sequences in the admission policy's order while budget, sequence slots
+        and blocks allow (`hintkv.engine.admission`)."""
+        if not self.waiting:
+            return
+        policy = self.admission
+        plan = StepPlan()
+        if policy.reserves:
+            bs, mml = self.kv.block_size, self.max_model_len
+            plan.reserved = sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table))
+                                for s in [*self.running, *self.loading])
+        for seq in policy.order(self.waiting, self.kv):
+            if budget <= 0 or len(self.running) + len(self.loading) >= self.max_num_seqs:
+                return
+            alone = not self.running and not out.scheduled and not self._others_hold_blocks()
             match = self.kv.match_prefix(seq)
-            if match.lower:  # load first (no budget now); computes once the blocks land
+            fits = alone or policy.room(seq, match, self.kv, plan)
+            if match.lower and fits:  # load first (no budget now); computes once the blocks land
                 if not self.kv.can_admit(seq, match, 0):
                     match.lower, match.lower_tiers = [], []  # no room to load into: compute it
                 else:
                     self.kv.admit(seq, match, 0)
-                    self.waiting.popleft()
-                    seq.status = SeqStatus.LOADING
+                    self._admitted(seq, SeqStatus.LOADING, plan)
                     self.loading.append(seq)
                     continue
             n = min(seq.num_tokens - match.num_tokens, budget)
-            if not self.kv.can_admit(seq, match, n):
-                if (not self.running and not out.scheduled and not self._others_hold_blocks()
-                        and not self.kv.can_admit(seq, match, 1)):
-                    self.waiting.popleft()
+            if not fits or not self.kv.can_admit(seq, match, n):
+                if alone and not self.kv.can_admit(seq, match, 1):
+                    self.waiting.remove(seq)
+                    self._release_queued(seq)
                     out.out_of_room.append(seq)
-                break
+                    return
+                if policy.skipped(seq, match, plan):
+                    continue
+                return
             self.kv.admit(seq, match, n)
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
+            self._admitted(seq, SeqStatus.RUNNING, plan)
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
-        return out
+
+    def _admitted(self, seq: Sequence, status: SeqStatus, plan: StepPlan) -> None:
+        self.waiting.remove(seq)
+        self._release_queued(seq)
+        seq.status = status
+        self.admission.admitted(seq, plan)
+        if self.admission.reserves:
+            plan.reserved += max(0, blocks_to_end(seq, self.kv.block_size, self.max_model_len)
+                                 - len(seq.block_table))
 
     # ---- update ----------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,

@@ -28,6 +28,7 @@ from hintkv.cache.policies import make_policy
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, session_key
 from hintkv.cache.types import CacheEdit, SessionRef
+from hintkv.engine.admission import StepPlan, make_admission
 from hintkv.engine.sequence import Sequence
 from hintkv.engine.types import SamplingParams
 from hintkv.replay.events import EventLoop
@@ -50,6 +51,7 @@ class OfflineConfig:
     decode_s_per_token: float = 0.02
     load_s_per_block: float = 2e-4
     offload_after_s: float = 2.0
+    scheduling: str = "fcfs"  # the engine's admission policy by name (`hintkv.engine.admission`)
 
     def __post_init__(self) -> None:
         if self.device_blocks < 1 or self.host_blocks < 0:
@@ -159,6 +161,7 @@ class OfflineEngine:
         self.root = namespace_root("offline", "none", cfg.block_size, None)
         self.result = OfflineResult(cfg)
         self._queue: deque[_Pending] = deque()
+        self.admission = make_admission(cfg.scheduling)
         self._prefill_free_at = 0.0
         self._admit_pending = False
         self._ids = itertools.count()
@@ -199,9 +202,8 @@ class OfflineEngine:
                     self._admit_pending = True
                     self.loop.at(self._prefill_free_at, self._admit_later)
                 return
-            p = self._queue[0]
+            p, match = self._pick()
             seq = p.seq
-            match = self.kv.match_prefix(seq)
             hashes = seq.block_hashes[:(seq.num_tokens - 1) // bs]
             n_dev = len(match.blocks)
             n_host = 0
@@ -211,7 +213,7 @@ class OfflineEngine:
             new = seq.num_prompt_tokens - match.num_tokens + p.send.call.max_tokens
             if not self.kv.can_admit(seq, match, new):
                 if not self._running:  # nothing will ever free room: the request cannot fit;
-                    self._queue.popleft()  # counted as a full miss
+                    self._queue.remove(p)  # counted as a full miss
                     if self.queue_sessions:
                         self.sessions.end(session_key(TENANT, f"queued:{seq.request_id}"))
                     self.result.num_unservable += 1
@@ -220,7 +222,8 @@ class OfflineEngine:
                     p.done(p.stat)
                     continue
                 return
-            self._queue.popleft()
+            self._queue.remove(p)
+            self.admission.forget(seq.request_id)
             if self.queue_sessions:
                 self.sessions.end(session_key(TENANT, f"queued:{seq.request_id}"))
             self.kv.admit(seq, match, new)
@@ -246,6 +249,24 @@ class OfflineEngine:
             end = start + prefill + p.send.call.max_tokens * self.cfg.decode_s_per_token
             self.loop.at(start + prefill, lambda seq=seq: self._prefilled(seq))
             self.loop.at(end, lambda p=p, a=self.result.accesses[-1]: self._finish(p, a))
+
+    def _pick(self):
+        """The next request to admit, as the engine's admission policy orders the queue: the
+        first candidate whose blocks fit (skipping past ones that do not, where the policy
+        allows), else the first candidate (it waits for room)."""
+        by_seq = {id(p.seq): p for p in self._queue}
+        plan = StepPlan()
+        first = None
+        for seq in self.admission.order([p.seq for p in self._queue], self.kv):
+            p = by_seq[id(seq)]
+            match = self.kv.match_prefix(seq)
+            first = first or (p, match)
+            if self.admission.room(seq, match, self.kv, plan):
+                self.admission.admitted(seq, plan)
+                return p, match
+            if not self.admission.skipped(seq, match, plan):
+                return p, match
+        return first
 
     def _admit_later(self) -> None:
         self._admit_pending = False

@@ -39,31 +39,14 @@ from hintkv.workload.agent import (
     workload_programs,
 )
 from hintkv.workload.program import Workload
-
-
-@dataclass(slots=True)
-class LiveCall:
-    task_id: str
-    session_id: str
-    index: int
-    started_s: float  # when the agent was ready, after the replay started
-    prompt_tokens: int  # sent
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    cached_tokens: int | None = None  # from usage
-    completion_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.ttft_s is not None
+from hintkv.workload.records import CallRecord
 
 
 @dataclass(slots=True)
 class LiveResult:
     hints: bool
     wall_s: float = 0.0
-    calls: list[LiveCall] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
     actions: dict[str, list[int]] = field(default_factory=dict)  # action -> [sent, ok]
     skipped_range_evicts: int = 0
     task_s: dict[str, float] = field(default_factory=dict)  # task -> end-to-end seconds
@@ -71,7 +54,7 @@ class LiveResult:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(c.prompt_tokens for c in self.calls if c.ok)
+        return sum(c.prompt_tokens or 0 for c in self.calls if c.ok)
 
     @property
     def cached_tokens(self) -> int:
@@ -88,7 +71,7 @@ class LiveResult:
 
 async def replay_live(workload: Workload, base_url: str, model: str, plan: HintPlan, *, time_scale: float = 1.0,
                       api_key: str = "EMPTY", timeout_s: float = 600.0,
-                      on_call: Callable[[LiveCall], None] | None = None,
+                      on_call: Callable[[CallRecord], None] | None = None,
                       transport: httpx.AsyncBaseTransport | None = None) -> LiveResult:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     headers = {"authorization": f"Bearer {api_key}"}
@@ -96,13 +79,14 @@ async def replay_live(workload: Workload, base_url: str, model: str, plan: HintP
                                  headers=headers, transport=transport) as http:
         driver = _LiveDriver(http, model, plan, time_scale, on_call)
         await driver.execute(workload_programs(workload, plan))
+        await asyncio.gather(*driver._pending.values())
         driver.result.wall_s = driver.clock()
         return driver.result
 
 
 class _LiveDriver:
     def __init__(self, http: httpx.AsyncClient, model: str, plan: HintPlan, time_scale: float,
-                 on_call: Callable[[LiveCall], None] | None) -> None:
+                 on_call: Callable[[CallRecord], None] | None) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.http = http
@@ -113,6 +97,7 @@ class _LiveDriver:
         self._t0 = time.perf_counter()
         self._ready: dict[str, float] = {}  # session -> when its prefetch was sent
         self._task_start: dict[str, float] = {}
+        self._pending: dict[str, asyncio.Task] = {}  # session -> its management request in flight
 
     def clock(self) -> float:
         return time.perf_counter() - self._t0
@@ -147,11 +132,11 @@ class _LiveDriver:
     def _hint(self, session) -> dict[str, Any]:
         return {"session_id": session.session_id, "parent_session_id": session.parent_session_id}
 
-    async def send(self, s: Send) -> LiveCall:
+    async def send(self, s: Send) -> CallRecord:
         now = self.clock()
         self._task_start.setdefault(s.task_id, now)
         start = self._ready.pop(s.session.session_id, now)
-        rec = LiveCall(s.task_id, s.session.session_id, s.index, start, s.call.num_prompt_tokens)
+        rec = CallRecord(s.task_id, s.session.session_id, s.index, start, prompt_tokens=s.call.num_prompt_tokens)
         self.result.events.append((now, "send", s.session.session_id))
         body: dict[str, Any] = {"model": self.model, "prompt": s.call.prompt_ids(), "max_tokens": s.call.max_tokens,
                                 "ignore_eos": True, "temperature": 0.0, "stream": True,
@@ -195,6 +180,18 @@ class _LiveDriver:
         counts[0] += 1
         hint = {**self._hint(m.session), "context_management": {
             "manage_request": True, "edits": [{"type": m.action, "target": "session"}]}}
+        sid = m.session.session_id
+        before = self._pending.pop(sid, None)
+        task = asyncio.create_task(self._post_manage(before, hint, counts))
+        if m.action == "evict":
+            return await task  # the session is over: nothing else of it overlaps the evict
+        self._pending[sid] = task  # offload rides along with the tool wait; prefetch with the call
+        return True
+
+    async def _post_manage(self, before: asyncio.Task | None, hint: dict[str, Any], counts: list[int]) -> bool:
+        """One management request, after the session's previous one (actions stay in order)."""
+        if before is not None:
+            await before
         try:
             resp = await self.http.post("/v1/completions", json={"model": self.model, "agent_hint": hint})
             ok = resp.status_code == 200

@@ -32,27 +32,10 @@ import httpx
 
 from hintkv.client.identity import Session
 from hintkv.client.lifecycle import ActionResult, AsyncSessionClient
+from hintkv.workload.records import CallRecord
 from hintkv.workload.swarm import Agent, Call, Swarm, Task
 
-
-@dataclass(slots=True)
-class CallRecord:
-    """What one model call came to."""
-
-    task_id: str
-    session_id: str
-    call_index: int
-    started_s: float  # when the agent was ready to call, seconds after the replay started
-    ttft_s: float | None = None  # to the first streamed content (None if none arrived)
-    e2e_s: float | None = None  # to the end of the stream
-    prompt_tokens: int | None = None  # from usage
-    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
-    completion_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.ttft_s is not None
+__all__ = ["CallRecord", "ReplayResult", "replay_swarm"]
 
 
 @dataclass(slots=True)

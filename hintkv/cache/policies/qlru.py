@@ -7,7 +7,7 @@ session-aware policy has to beat it with what agents say.
 
 How the engine tells it: with hints off there are no agent sessions, so the engine registers one
 transient session per queued request that holds the hashes of its prompt, and ends it when the
-request is admitted (`hintkv.replay.offline` does; the live scheduler does not yet). The policy
+request is admitted (`hintkv.replay.offline` and the engine's `Scheduler` do, with hints off). The policy
 puts every live session's blocks in class 1, so what it protects is exactly the queued prompts.
 """
 
@@ -30,6 +30,7 @@ class QueueLRUPolicy(EvictionPolicy):
     num_classes = 2
     protected_class = QUEUED  # a prefetch never takes a queued prompt's room
     uses_sessions = True
+    wants_queue = True  # the engine registers each queued request's prompt as a transient session
 
     def session_class(self, s: Session, now: float) -> int:
         return UNHELD if s.state is SessionState.ENDED else QUEUED

@@ -1,0 +1,153 @@
+"""Admission: which waiting sequences the scheduler starts, in what order, by name.
+
+    policy = make_admission("cache-aware")
+    for seq in policy.order(waiting, kv):           # candidates, best first
+        ... room = policy.room(seq, match, kv, plan)  # blocks it may take without hurting others
+
+- `fcfs` (vLLM's default, the `lru` baseline "vLLM + automatic prefix caching"): arrival order;
+  the first sequence that does not fit stops admission (no skipping). A sequence is admitted with
+  blocks for its first prefill chunk only; later chunks and decode allocate as they go, evicting
+  cached blocks (or preempting the newest running sequence) when the pool is full.
+- `cache-aware` (SGLang's longest-prefix-match order with a reservation): candidates with the
+  longest resident prefix (device + lower tiers) go first, arrival order breaks ties; a sequence
+  is admitted only when the blocks it will need to the end (rest of the prompt + `max_tokens`)
+  fit beside what every running, loading or already admitted sequence still needs, and beside the
+  resident prefixes of better-placed candidates that are still waiting. So concurrent prefills
+  never evict each other's prefixes and nothing admitted is preempted for room. A candidate that
+  does not fit is skipped (the ones behind it may fit); one skipped `max_skips` times is starving
+  and goes first, in arrival order, and nothing is admitted past it until it fits (no starvation).
+  With nothing running at all a candidate is admitted on the plain chunk rule, so one request
+  larger than the reservation allows still runs.
+
+The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
+and sizes. New policies register with `@register_admission("name")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hintkv.cache.manager import KVCacheManager, PrefixMatch
+    from hintkv.engine.sequence import Sequence
+
+_REGISTRY: dict[str, Callable[..., AdmissionPolicy]] = {}
+
+
+def register_admission(name: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+    return deco
+
+
+def admission_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_admission(name: str, **kwargs) -> AdmissionPolicy:
+    try:
+        return _REGISTRY[name](**kwargs)
+    except KeyError:
+        raise ValueError(f"unknown scheduling policy {name!r} (known: {', '.join(admission_names())})") from None
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What this step's admissions have promised so far (blocks not allocated yet)."""
+
+    reserved: int = 0  # blocks running / loading / admitted sequences will still allocate
+    kept: set[int] = field(default_factory=set)  # block ids of skipped candidates' resident prefixes
+    passed: list[str] = field(default_factory=list)  # request ids of skipped candidates, in order
+
+
+class AdmissionPolicy:
+    name = "base"
+    reserves = False  # True: the scheduler tracks StepPlan.reserved for `room`
+
+    def __init__(self, max_model_len: int | None = None) -> None:
+        self.max_model_len = max_model_len
+
+    def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
+        raise NotImplementedError
+
+    def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
+        """True: admitting `seq` to the end takes no block anyone ahead of it needs."""
+        return True
+
+    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
+        """`seq` did not fit; True: try the next candidate, False: stop admitting this step."""
+        return False
+
+    def admitted(self, seq: Sequence, plan: StepPlan) -> None:
+        """`seq` was admitted (past the candidates in `plan.passed`)."""
+
+    def forget(self, request_id: str) -> None:
+        """The request left (finished or aborted)."""
+
+    def check_integrity(self) -> None:
+        pass
+
+
+@register_admission("fcfs")
+class FCFSAdmission(AdmissionPolicy):
+    def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
+        return list(waiting)
+
+
+def blocks_to_end(seq: Sequence, block_size: int, max_model_len: int | None = None) -> int:
+    """Blocks `seq` holds when it ends: its prompt plus the rest of `max_tokens`."""
+    end = seq.num_prompt_tokens + seq.sampling.max_tokens
+    if max_model_len is not None:
+        end = min(end, max_model_len)
+    return -(-max(end, seq.num_tokens) // block_size)
+
+
+@register_admission("cache-aware")
+class CacheAwareAdmission(AdmissionPolicy):
+    reserves = True
+
+    def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
+        if max_skips < 0 or max_scan < 1:
+            raise ValueError("max_skips must be >= 0 and max_scan >= 1")
+        self.max_skips = max_skips
+        self.max_scan = max_scan  # waiting sequences ranked per step (the rest keep arrival order)
+        self.max_model_len = max_model_len
+        self.skips: dict[str, int] = {}  # request id -> times skipped by a later arrival
+
+    def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
+        seqs = list(waiting)
+        head, tail = seqs[:self.max_scan], seqs[self.max_scan:]
+        starving = [s for s in head if self.skips.get(s.request_id, 0) >= self.max_skips]
+        rest = [s for s in head if self.skips.get(s.request_id, 0) < self.max_skips]
+        rank = {}
+        for i, s in enumerate(rest):
+            m = kv.match_prefix(s)
+            rank[s.request_id] = (-(len(m.blocks) + len(m.lower)), i)
+        rest.sort(key=lambda s: rank[s.request_id])
+        return starving + rest + tail
+
+    def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
+        need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
+        mine = {b.block_id for b in match.blocks}
+        reclaimable_matched = sum(1 for b in match.blocks if b.ref_cnt == 0)
+        kept = sum(1 for bid in plan.kept if bid not in mine and kv.pool.blocks[bid].ref_cnt == 0)
+        return need <= kv.pool.num_free - reclaimable_matched - plan.reserved - kept
+
+    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
+        if self.skips.get(seq.request_id, 0) >= self.max_skips:
+            return False  # starving: nothing goes past it
+        plan.passed.append(seq.request_id)
+        plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
+        return True
+
+    def admitted(self, seq: Sequence, plan: StepPlan) -> None:
+        self.skips.pop(seq.request_id, None)
+        for rid in plan.passed:  # each skipped candidate was overtaken once more
+            self.skips[rid] = self.skips.get(rid, 0) + 1
+
+    def forget(self, request_id: str) -> None:
+        self.skips.pop(request_id, None)
