@@ -241,19 +241,26 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = os.path.join(tempfile.gettempdir(), f"hintkv-bench-{spec.name}-{self.port}.log")
         self.startup_s: float | None = None
+        self._t0 = 0.0
 
-    def start(self) -> Self:
+    def launch(self) -> Self:
+        """Start the process without waiting for it (`start` then waits for health)."""
         argv = [a.replace("{port}", str(self.port)) for a in self.spec.argv]
         env = {**os.environ, **self.spec.env}
         log(f"starting {self.spec.name}: {' '.join(argv)}  (log: {self.log_path})")
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         with open(self.log_path, "wb") as logf:
             # own process group, so stop() reaches the server's workers too
             self.proc = subprocess.Popen(
                 argv, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=self.spec.cwd, start_new_session=True
             )
+        return self
+
+    def start(self) -> Self:
+        if self.proc is None:
+            self.launch()
         self._wait_healthy()
-        self.startup_s = time.perf_counter() - t0
+        self.startup_s = time.perf_counter() - self._t0
         log(f"{self.spec.name} healthy after {self.startup_s:.1f}s on port {self.port}")
         return self
 

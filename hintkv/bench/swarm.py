@@ -116,26 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     log(f"workload: {args.kind}, {args.users} users, {len(wl.tasks())} tasks, {sizing.num_calls} calls, "
         f"{sizing.prompt_tokens} prompt tokens; working set {sizing.working_set_blocks} blocks; "
         f"device {device} blocks, host {host}; ideal hit rate {sizing.ideal_hit_rate:.3f}")
-    offline = run_configs(wl, base, device, host, memo)
-    sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio), memo,
-                            names=SWEEP_RUNS) for f in SWEEP}
-    grid = headroom_grid(args, scale, base, (wl, memo))
-    log(f"offline done at {time.perf_counter() - t0:.0f}s")
+    bpb = block_bytes(args.model, args.block_size)
+    servers = {} if args.skip_live else launch_servers(args, device, host, bpb)  # start up while offline runs
     live: dict[str, dict[str, Any]] = {}
     live_results: dict[str, LiveResult] = {}
-    if not args.skip_live:
-        bpb = block_bytes(args.model, args.block_size)
-        chosen = set(args.runs.split(","))
-        for name, policy, hints, with_host in LIVE:
-            if name not in chosen:
-                continue
-            server = ["--kv-cache-tokens", str(device * args.block_size), "--block-size", str(args.block_size),
-                      "--eviction-policy", policy, "--scheduling-policy", ADMISSION[name],
-                      *([] if hints else ["--ignore-hints"]),
-                      *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
-            live[name], live_results[name] = run_live(name, wl, args, hints, server, bpb)
-        if args.peer:
+    try:
+        offline = run_configs(wl, base, device, host, memo)
+        sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio),
+                                memo, names=SWEEP_RUNS) for f in SWEEP}
+        grid = headroom_grid(args, scale, base, (wl, memo))
+        log(f"offline done at {time.perf_counter() - t0:.0f}s")
+        for name, (srv, hints) in servers.items():  # one at a time: each run has the machine to itself
+            live[name], live_results[name] = run_live(name, wl, args, hints, srv, bpb)
+            srv.stop()
+        if args.peer and not args.skip_live:
             live["peer"], live_results["peer"] = run_live("peer", wl, args, False, None, bpb)
+    finally:
+        for srv, _ in servers.values():
+            srv.stop()
     rows = table_rows(live, offline, args)
     print_table(rows, COLUMNS)
     goals = compute_goals(live, offline, sweep, grid)
@@ -198,15 +196,28 @@ def block_bytes(model: str, block_size: int) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4 * block_size
 
 
-def run_live(name: str, wl, args: argparse.Namespace, hints: bool, server_args: list[str] | None,
+def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int) -> dict[str, tuple[ServerProcess, bool]]:
+    """One `hintkv serve` per chosen live run, launched (not waited for) so they start up together."""
+    out = {}
+    chosen = set(args.runs.split(","))
+    for name, policy, hints, with_host in LIVE:
+        if name not in chosen:
+            continue
+        server = ["--kv-cache-tokens", str(device * args.block_size), "--block-size", str(args.block_size),
+                  "--eviction-policy", policy, "--scheduling-policy", ADMISSION[name],
+                  *([] if hints else ["--ignore-hints"]),
+                  *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
+        out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name}", extra_args=server)).launch(), hints)
+    return out
+
+
+def run_live(name: str, wl, args: argparse.Namespace, hints: bool, srv: ServerProcess | None,
              bpb: int) -> tuple[dict[str, Any], LiveResult]:
+    """Replay `wl` against `srv` (waited for until healthy), or against `--peer` when None."""
     progress = CallProgress(name, wl.num_calls)
     try:
-        if server_args is None:
-            result, samples = asyncio.run(_replay(wl, args.peer, args.model, hints, args.time_scale, progress))
-        else:
-            with ServerProcess(hintkv_server(args.model, name=f"swarm-{name}", extra_args=server_args)) as srv:
-                result, samples = asyncio.run(_replay(wl, srv.base_url, args.model, hints, args.time_scale, progress))
+        url = args.peer if srv is None else srv.start().base_url
+        result, samples = asyncio.run(_replay(wl, url, args.model, hints, args.time_scale, progress))
     except Exception as exc:  # noqa: BLE001 - one failed run still prints the others and unmet goals
         log(f"{name}: failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}, LiveResult(hints)
