@@ -9,7 +9,7 @@
   blocks for its first prefill chunk only; later chunks and decode allocate as they go, evicting
   cached blocks (or preempting the newest running sequence) when the pool is full.
 - `cache-aware` (SGLang's longest-prefix-match order with a reservation): candidates with the
-  longest resident prefix (device + lower tiers) go first, arrival order breaks ties; a sequence
+  longest prefix resident on the device go first, arrival order breaks ties; a sequence
   is admitted only when the blocks it will need to the end (rest of the prompt + `max_tokens`)
   fit beside what every running, loading or already admitted sequence still needs, and beside the
   resident prefixes of better-placed candidates that are still waiting. So concurrent prefills
@@ -106,6 +106,17 @@ def blocks_to_end(seq: Sequence, block_size: int, max_model_len: int | None = No
     return -(-max(end, seq.num_tokens) // block_size)
 
 
+def resident_blocks(seq: Sequence, kv: KVCacheManager) -> int:
+    """Leading blocks of `seq`'s prompt cached on the device (no tier lookups: this runs per
+    waiting sequence per step; a run held below is found and loaded at admission)."""
+    n = 0
+    for h in kv.update_hashes(seq, seq.num_tokens - 1):
+        if kv.pool.lookup(h) is None:
+            break
+        n += 1
+    return n
+
+
 @register_admission("cache-aware")
 class CacheAwareAdmission(AdmissionPolicy):
     reserves = True
@@ -125,8 +136,7 @@ class CacheAwareAdmission(AdmissionPolicy):
         rest = [s for s in head if self.skips.get(s.request_id, 0) < self.max_skips]
         rank = {}
         for i, s in enumerate(rest):
-            m = kv.match_prefix(s)
-            rank[s.request_id] = (-(len(m.blocks) + len(m.lower)), i)
+            rank[s.request_id] = (-resident_blocks(s, kv), i)
         rest.sort(key=lambda s: rank[s.request_id])
         return starving + rest + tail
 
