@@ -13,7 +13,6 @@ class Block:
     ref_cnt: int = 0  # running sequences whose block table contains this block
     hash: BlockHash | None = None  # set once the block is full and registered in the prefix index
     last_access: float = 0.0  # monotonic time of the last use (LRU order among free cached blocks)
-    cls: int = 0  # eviction class of the bucket it sits in while cached and unreferenced
 
     @property
     def is_cached(self) -> bool:

@@ -4,15 +4,20 @@ Every block is in exactly one of three states:
 
     | empty (free, no hash) | in use (ref_cnt > 0) | cached (ref_cnt == 0, hash set) |
 
-Cached blocks sit in one bucket per eviction class (`policies.base`): a dict used as an ordered
-free queue (insertion order = the order blocks entered the class; O(1) removal from the middle
-when a cached block is hit again, which a heap cannot do). Victims are popped from the lowest
-non-empty class, front first: O(victims), never a scan or a per-block key. A block changes
-bucket when the ranking reports its class changed (a session's state or predicted return moved).
+Cached blocks sit in one bucket per eviction class (`policies.base`). Inside a bucket, one NODE
+per group of blocks (`cache.ranking`: the blocks the same sessions hold, e.g. one session's own
+context), least recently used node first; inside a node, blocks in the order they were released
+(a sequence releases tail first, so a session's tail goes before its head). Nodes and buckets
+are dicts used as ordered queues (O(1) removal from the middle when a cached block is hit again,
+which a heap cannot do). Victims are popped from the lowest non-empty class, front node first,
+front block first: O(victims), never a scan or a per-block key. A session changing class moves
+its group's node to the back of another bucket: O(1), whatever the number of blocks. Under a
+policy without sessions (`lru`) there is one node per class: plain LRU.
 
 `check_integrity()` states the invariant as code: empty + in use + cached == total, the prefix
-index holds exactly the hashed blocks, every cached block sits in the bucket of its current
-class, and no block is in two states. Choosing victims changes nothing until they are taken.
+index holds exactly the hashed blocks, every cached block sits in the node of its group and the
+bucket of its current class, and no block is in two states. Choosing victims changes nothing
+until they are taken.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies import EvictionPolicy
 from hintkv.cache.ranking import ClassRanking
+from hintkv.tiers.order import ClassedLRU
 
 EvictHook = Callable[[list[Block]], None]
 
@@ -36,10 +42,10 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.policy = policy
         self.ranking = ranking if ranking is not None else ClassRanking(policy)
-        self.ranking.listeners.append(self._reclassify)
+        self.ranking.listeners.append(self)
+        self._grouped = self.ranking.grouped
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: pop() gives 0 first
-        self._buckets: list[dict[int, Block]] = [{} for _ in range(policy.num_classes)]
-        self._num_cached_free = 0
+        self._cached: ClassedLRU[int, Block] = ClassedLRU()  # class -> group node -> blocks
         self._index: dict[BlockHash, Block] = {}
         self.on_evict: EvictHook | None = None  # called with victims before their KV is reused
         self.num_evicted = 0
@@ -52,11 +58,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks an allocation can take now (empty + cached-unreferenced)."""
-        return len(self._empty) + self._num_cached_free
+        return len(self._empty) + len(self._cached)
 
     @property
     def num_cached_free(self) -> int:
-        return self._num_cached_free
+        return len(self._cached)
 
     @property
     def num_in_use(self) -> int:
@@ -64,14 +70,18 @@ class BlockPool:
 
     def num_cached_below(self, cls: int) -> int:
         """Cached unreferenced blocks of classes below `cls` (what a prefetch may take)."""
-        return sum(len(b) for b in self._buckets[:cls])
+        return self._cached.count_below(cls)
 
     def lookup(self, h: BlockHash) -> Block | None:
         return self._index.get(h)
 
+    def class_of(self, b: Block) -> int:
+        """The class of the bucket a cached unreferenced block sits in."""
+        return self._cached.class_of(b.block_id)
+
     def cached_free_blocks(self) -> list[Block]:
         """Every cached unreferenced block, in victim order."""
-        return [b for bucket in self._buckets for b in bucket.values()]
+        return [b for _, b in self._cached.victims()]
 
     # ---- ask-then-act --------------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
@@ -87,10 +97,9 @@ class BlockPool:
             if self.on_evict is not None:
                 self.on_evict(victims)
             for b in victims:
-                del self._buckets[b.cls][b.block_id]
+                self._cached.remove(b.block_id)
                 del self._index[b.hash]
                 b.hash = None
-            self._num_cached_free -= len(victims)
             self.num_evicted += len(victims)
             out.extend(victims)
         now = time.monotonic()
@@ -100,16 +109,15 @@ class BlockPool:
         return out
 
     def choose_victims(self, n: int) -> list[Block]:
-        """The `n` cached blocks reclaimed first: lowest class first, front of its bucket first.
-        Pure: changes nothing. O(n + classes)."""
+        """The `n` cached blocks reclaimed first: lowest class first, front node of its bucket
+        first, front block of the node first. Pure: changes nothing. O(n + classes)."""
         out: list[Block] = []
-        for bucket in self._buckets:
+        if n <= 0:
+            return out
+        for _, b in self._cached.victims():
+            out.append(b)
             if len(out) >= n:
                 break
-            for b in bucket.values():
-                out.append(b)
-                if len(out) >= n:
-                    break
         return out
 
     def touch(self, blocks: list[Block]) -> None:
@@ -117,8 +125,7 @@ class BlockPool:
         now = time.monotonic()
         for b in blocks:
             if b.ref_cnt == 0:
-                del self._buckets[b.cls][b.block_id]
-                self._num_cached_free -= 1
+                self._cached.remove(b.block_id)
             b.ref_cnt += 1
             b.last_access = now
 
@@ -133,9 +140,7 @@ class BlockPool:
                 if b.hash is None:
                     self._empty.append(b.block_id)
                 else:
-                    b.cls = self.ranking.block_class(b.hash)
-                    self._buckets[b.cls][b.block_id] = b
-                    self._num_cached_free += 1
+                    self._file(b, self.ranking.group_of(b.hash))
 
     def register(self, block: Block, h: BlockHash) -> bool:
         """Index a full in-use block under its hash; False if another block already has it."""
@@ -150,35 +155,44 @@ class BlockPool:
         """Free a cached, unreferenced block at once (its KV is forgotten). False if in use."""
         if block.ref_cnt > 0 or block.hash is None:
             return False
-        del self._buckets[block.cls][block.block_id]
-        self._num_cached_free -= 1
+        self._cached.remove(block.block_id)
         del self._index[block.hash]
         block.hash = None
         self._empty.append(block.block_id)
         return True
 
-    def _reclassify(self, h: BlockHash, cls: int) -> None:
-        """Ranking listener: the block holding `h` (if cached here) moves to the back of `cls`."""
+    # ---- nodes: a cached block sits in its group's node, the node in its class's bucket ------
+    def _file(self, b: Block, group: int) -> None:
+        """File `b` in its group's node (one node for all under a policy without sessions)."""
+        self._cached.add(b.block_id, b, group if self._grouped else 0,
+                         self.ranking.group_class(group))
+
+    def block_moved(self, h: BlockHash, group: int, cls: int) -> None:
+        """Ranking listener: the block holding `h` (if cached here) joins another group."""
         b = self._index.get(h)
-        if b is None or b.ref_cnt > 0 or b.cls == cls:
+        if b is None or b.ref_cnt > 0 or not self._grouped:
             return
-        del self._buckets[b.cls][b.block_id]
-        b.cls = cls
-        self._buckets[cls][b.block_id] = b
+        self._cached.remove(b.block_id)
+        self._file(b, group)
+
+    def group_moved(self, group: int, cls: int) -> None:
+        """Ranking listener: a group changed class; its node (if any) moves, O(1)."""
+        if self._grouped:
+            self._cached.move_node(group, cls)
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:
         empty = set(self._empty)
+        self._cached.check_integrity()
         cached: set[int] = set()
-        for c, bucket in enumerate(self._buckets):
-            for bid, b in bucket.items():
-                assert b.block_id == bid and b.cls == c, f"block {bid} is in the wrong bucket"
-                assert b.cls == self.ranking.block_class(b.hash), \
-                    f"cached block {bid} sits in class {c}, its class is now " \
-                    f"{self.ranking.block_class(b.hash)}"
-                assert bid not in cached, f"block {bid} is in two buckets"
-                cached.add(bid)
-        assert len(cached) == self._num_cached_free, "cached-free count out of sync"
+        for bid, b, node, c in self._cached.items():
+            assert b.block_id == bid, f"block {bid} is filed under another id"
+            want = self.ranking.group_of(b.hash) if self._grouped else 0
+            assert node == want, f"cached block {bid} sits in node {node}, its group is {want}"
+            assert c == self.ranking.block_class(b.hash), \
+                f"cached block {bid} sits in class {c}, its class is now " \
+                f"{self.ranking.block_class(b.hash)}"
+            cached.add(bid)
         in_use = {b.block_id for b in self.blocks if b.ref_cnt > 0}
         assert len(empty) == len(self._empty), "a block is twice in the empty list"
         assert not (empty & cached) and not (empty & in_use) and not (cached & in_use), \

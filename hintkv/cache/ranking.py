@@ -1,83 +1,119 @@
-"""Session classes -> block classes, kept up to date by events instead of computed per victim.
+"""Session classes -> groups of blocks -> block classes, kept up to date by events.
 
-The eviction policy puts each live session into a class (`EvictionPolicy.session_class`). A
-block's class is the highest class among the sessions holding it, found from per-hash counts of
-holders per class, so a session changing class costs O(blocks it holds), whatever the number of
-other holders of a shared prefix:
+The eviction policy puts each live session into a class (`EvictionPolicy.session_class`). Blocks
+are GROUPED by the set of live sessions holding them: one session's own context is one group, a
+prefix it shares with others another. A block's class is its group's: the highest class among
+the group's holders, kept from per-class holder counts. So:
 
-    session event (arrival, done, hint, TTL)  ─▶ session_changed(s) ─▶ counts of s.held move
-    a predicted return coming closer          ─▶ tick(now): due rechecks (a heap), same path
-    held list replaced (request done, evict)  ─▶ held_changed(s, removed, added)
+    session event (arrival, done, hint, TTL)  ─▶ session_changed(s): O(groups s is in), usually
+    a predicted return coming closer          ─▶ tick(now): due rechecks (a heap), same path   1-3
+    held list replaced (request done, evict)  ─▶ held_changed(s, removed, added): O(changed blocks)
 
-Each block whose class changes is reported at once to `listeners` (the device pool moves it to
-its new bucket) and gathered in a delta that the engine publishes to the tiers once per step
-(`take_delta`: hash -> class, None = no live session holds it any more). Runs on the engine
-thread, under its state lock, like the registry it follows.
+A group's id is the XOR of random 64-bit tokens of its holders (Zobrist hashing): adding or
+removing a holder is one XOR, so a block's new group is found in O(1); 0 is "nobody holds it"
+(`UNHELD`). Creating or dropping a group costs O(its holders), once.
+
+Listeners (the device pool) hear `block_moved(h, group, cls)` when a block enters another group
+and `group_moved(group, cls)` when a group's class changes: the pool keeps one node per group in
+its class's bucket, so a session changing state moves one node. The same changes are gathered in
+a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
+Runs on the engine thread, under its state lock, like the registry it follows.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies.base import UNHELD, EvictionPolicy
+from hintkv.tiers.ranks import UNHELD_GROUP, RankDelta
 
 if TYPE_CHECKING:
     from hintkv.cache.sessions import Session
 
-ClassListener = Callable[[BlockHash, int], None]  # (hash, new class)
+
+class ClassListener(Protocol):
+    def block_moved(self, h: BlockHash, group: int, cls: int) -> None: ...
+
+    def group_moved(self, group: int, cls: int) -> None: ...
+
+
+@dataclass(slots=True)
+class _Group:
+    holders: frozenset[str]
+    counts: list[int]  # holders per class
+    top: int  # the group's class: the highest class with a holder
+    num_blocks: int = 0
 
 
 class ClassRanking:
-    def __init__(self, policy: EvictionPolicy) -> None:
+    def __init__(self, policy: EvictionPolicy, seed: int = 0x5A11) -> None:
         self.policy = policy
         self.num_classes = policy.num_classes
+        self.grouped = policy.uses_sessions  # False: every class is 0; pool and tiers stay LRU
         self._session_cls: dict[str, int] = {}  # live session key -> its class
-        self._counts: dict[BlockHash, list[int]] = {}  # held hash -> holders per class
-        self._top: dict[BlockHash, int] = {}  # held hash -> its class (highest non-zero count)
-        self._delta: dict[BlockHash, int | None] = {}
+        self._token: dict[str, int] = {}  # session key -> its random 64-bit token
+        self._rng = random.Random(seed)
+        self._group_of: dict[BlockHash, int] = {}  # held hash -> its group id
+        self._groups: dict[int, _Group] = {}
+        self._groups_in: dict[str, set[int]] = {}  # session key -> groups it is a holder of
+        self._delta_blocks: dict[BlockHash, int | None] = {}
+        self._delta_groups: dict[int, int | None] = {}
         self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
         self._version: dict[str, int] = {}
         self.listeners: list[ClassListener] = []
-        self.num_moves = 0  # block class changes reported
+        self.num_moves = 0  # class changes reported (of a regrouped block or of a whole group)
         self.clock: Callable[[], float] = time.monotonic  # for events that carry no time
         if policy.sessions is not None:
             policy.sessions.ranking = self
 
     # ---- queries ---------------------------------------------------------------------------
     def block_class(self, h: BlockHash | None) -> int:
-        return UNHELD if h is None else self._top.get(h, UNHELD)
+        g = self._group_of.get(h) if h is not None else None
+        return UNHELD if g is None else self._groups[g].top
+
+    def group_of(self, h: BlockHash) -> int:
+        return self._group_of.get(h, UNHELD_GROUP)
+
+    def group_class(self, group: int) -> int:
+        g = self._groups.get(group)
+        return UNHELD if g is None else g.top
 
     def is_held(self, h: BlockHash) -> bool:
-        return h in self._top
+        return h in self._group_of
 
     def session_class(self, key: str) -> int | None:
         return self._session_cls.get(key)
 
     def snapshot(self) -> dict[BlockHash, int]:
-        """Every held hash and its class (for a tier board joining late)."""
-        return dict(self._top)
+        """Every held hash and its class."""
+        return {h: self._groups[g].top for h, g in self._group_of.items()}
 
-    def take_delta(self) -> Mapping[BlockHash, int | None]:
-        """Class changes since the last call, frozen: hash -> class, None = no longer held."""
-        delta, self._delta = self._delta, {}
-        return MappingProxyType(delta)
+    def full_delta(self) -> RankDelta:
+        """Everything as one delta (for a tier board joining late)."""
+        return RankDelta(dict(self._group_of), {g: grp.top for g, grp in self._groups.items()})
+
+    def take_delta(self) -> RankDelta:
+        """Changes since the last call, frozen: regrouped blocks and re-classed groups."""
+        blocks, self._delta_blocks = self._delta_blocks, {}
+        groups, self._delta_groups = self._delta_groups, {}
+        return RankDelta(MappingProxyType(blocks), MappingProxyType(groups))
 
     # ---- events (from SessionRegistry) -----------------------------------------------------
     def session_changed(self, s: Session, now: float | None = None) -> None:
         now = self.clock() if now is None else now
         old = self._session_cls.get(s.key)
         new = self.policy.session_class(s, now) if self.policy.uses_sessions else UNHELD
-        if old is None:
-            self._session_cls[s.key] = new
-        elif new != old:
-            self._session_cls[s.key] = new
-            for h in reversed(s.held):  # tail first: a session's tail is reclaimed before its head
-                self._shift(h, old, new)
+        self._session_cls[s.key] = new
+        if old is not None and new != old:
+            for gid in self._groups_in.get(s.key, ()):
+                self._recount(gid, old, new)
         self._schedule(s, now)
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
@@ -86,15 +122,21 @@ class ClassRanking:
         if c is None:
             c = self._session_cls[s.key] = (self.policy.session_class(s, self.clock())
                                             if self.policy.uses_sessions else UNHELD)
+        token = self._token.get(s.key)
+        if token is None:
+            token = self._token[s.key] = self._rng.getrandbits(64) | 1
         for h in removed:
-            self._shift(h, c, None)
+            self._regroup(h, s.key, token, c, joining=False)
         for h in added:
-            self._shift(h, None, c)
+            self._regroup(h, s.key, token, c, joining=True)
 
     def forget(self, key: str) -> None:
         """A session that holds nothing and is gone for good."""
         self._session_cls.pop(key, None)
         self._version.pop(key, None)
+        if not self._groups_in.get(key):
+            self._groups_in.pop(key, None)
+            self._token.pop(key, None)
 
     def tick(self, now: float, sessions: Mapping[str, Session]) -> int:
         """Re-rank sessions whose recheck is due (a predicted return came closer, a TTL ran
@@ -117,45 +159,92 @@ class ClassRanking:
         if after is not None:
             heapq.heappush(self._rechecks, (now + max(after, 0.0) + 1e-3, version, s.key))
 
-    def _shift(self, h: BlockHash, old: int | None, new: int | None) -> None:
-        """One holder of `h` moves from class `old` to `new` (None: not a holder). O(1) unless
-        the top class empties (then a scan of at most num_classes counts)."""
-        counts = self._counts.get(h)
-        before = self._top.get(h)
-        if counts is None:
-            if new is None:
-                return
-            counts = self._counts[h] = [0] * self.num_classes
-        if old is not None:
-            counts[old] -= 1
-        if new is not None:
-            counts[new] += 1
-        after = before
-        if new is not None and (before is None or new > before):
-            after = new
-        elif old is not None and old == before and not counts[old]:
-            after = next((c for c in range(old - 1, -1, -1) if counts[c]), None)
-            if after is None and new is None:
-                del self._counts[h]
-        if after == before:
-            return
-        if after is None:
-            del self._top[h]
+    def _recount(self, gid: int, old: int, new: int) -> None:
+        """One holder of group `gid` moved from class `old` to `new`."""
+        g = self._groups[gid]
+        g.counts[old] -= 1
+        g.counts[new] += 1
+        top = g.top
+        if new > top:
+            top = new
+        elif old == top and not g.counts[old]:
+            top = next(c for c in range(old - 1, -1, -1) if g.counts[c])
+        if top != g.top:
+            g.top = top
+            self._delta_groups[gid] = top
+            self.num_moves += 1
+            for listener in self.listeners:
+                listener.group_moved(gid, top)
+
+    def _regroup(self, h: BlockHash, key: str, token: int, cls: int, joining: bool) -> None:
+        """Session `key` (class `cls`) starts or stops holding `h`: `h` changes group."""
+        old = self._group_of.get(h, UNHELD_GROUP)
+        new = old ^ token
+        g_old = self._groups.get(old)
+        g_new = self._groups.get(new)
+        if new != UNHELD_GROUP and g_new is None:
+            if joining:
+                holders = (g_old.holders if g_old else frozenset()) | {key}
+            else:
+                holders = g_old.holders - {key}
+            counts = list(g_old.counts) if g_old else [0] * self.num_classes
+            counts[cls] += 1 if joining else -1
+            g_new = self._groups[new] = _Group(holders, counts,
+                                               max(c for c, n in enumerate(counts) if n))
+            for k in holders:
+                self._groups_in.setdefault(k, set()).add(new)
+            self._delta_groups[new] = g_new.top
+        assert g_new is None or (key in g_new.holders) == joining, "group id collision"
+        if g_old is not None:
+            g_old.num_blocks -= 1
+            if not g_old.num_blocks:
+                self._drop_group(old, g_old)
+        if g_new is None:
+            del self._group_of[h]
+            self._delta_blocks[h] = None
         else:
-            self._top[h] = after
-        self._delta[h] = after
-        self.num_moves += 1
+            g_new.num_blocks += 1
+            self._group_of[h] = new
+            self._delta_blocks[h] = new
+        before = g_old.top if g_old is not None else UNHELD
+        after = g_new.top if g_new is not None else UNHELD
+        if after != before:
+            self.num_moves += 1
         for listener in self.listeners:
-            listener(h, UNHELD if after is None else after)
+            listener.block_moved(h, new, after)
+
+    def _drop_group(self, gid: int, g: _Group) -> None:
+        del self._groups[gid]
+        for k in g.holders:
+            mine = self._groups_in.get(k)
+            if mine is not None:
+                mine.discard(gid)
+        self._delta_groups[gid] = None
 
     def check_integrity(self, sessions: Mapping[str, Session]) -> None:
-        expect: dict[BlockHash, list[int]] = {}
+        holders: dict[BlockHash, set[str]] = {}
         for s in sessions.values():
-            c = self._session_cls.get(s.key)
             if s.held:
-                assert c is not None, f"session {s.session_id} holds blocks but has no class"
+                assert s.key in self._session_cls, \
+                    f"session {s.session_id} holds blocks but has no class"
             for h in s.held:
-                expect.setdefault(h, [0] * self.num_classes)[c] += 1
-        assert expect == self._counts, "class counts out of sync with the sessions' held lists"
-        assert self._top == {h: max(c for c, n in enumerate(counts) if n)
-                             for h, counts in expect.items()}, "a block's class is stale"
+                holders.setdefault(h, set()).add(s.key)
+        assert holders.keys() == self._group_of.keys(), "held hashes out of sync with groups"
+        sizes: dict[int, int] = {}
+        for h, ks in holders.items():
+            gid = self._group_of[h]
+            g = self._groups[gid]
+            assert g.holders == ks, f"block in a group of other holders ({len(g.holders)} vs {len(ks)})"
+            sizes[gid] = sizes.get(gid, 0) + 1
+        assert sizes == {gid: g.num_blocks for gid, g in self._groups.items()}, \
+            "group sizes out of sync (or an empty group was kept)"
+        for gid, g in self._groups.items():
+            counts = [0] * self.num_classes
+            for k in g.holders:
+                counts[self._session_cls[k]] += 1
+                assert gid in self._groups_in.get(k, ()), "a holder does not list its group"
+            assert counts == g.counts, "a group's class counts are stale"
+            assert g.top == max(c for c, n in enumerate(counts) if n), "a group's class is stale"
+        for k, gids in self._groups_in.items():
+            assert all(k in self._groups[gid].holders for gid in gids), \
+                "a session lists a group it does not hold"

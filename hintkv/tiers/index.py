@@ -1,9 +1,11 @@
 """Bookkeeping shared by the tiers that hold blocks in storage of their own (host, disk).
 
-`IndexedTier` keeps key -> `Entry`, a logical access clock, the victim order (one bucket per
-eviction class from the engine's `RankBoard`, least recently used first inside a bucket, so a
-put on a full tier pops victims instead of scanning), the eviction listener, the event counters,
-and the per-storage ordering of I/O. Subclasses own the
+`IndexedTier` keeps key -> `Entry`, a logical access clock, the victim order, the eviction
+listener, the event counters, and the per-storage ordering of I/O. Victim order follows the
+engine's `RankBoard`: one bucket per eviction class; inside it one node per group of blocks
+(the blocks the same sessions hold: usually one session's context), least recently used node
+first, least recently used entry first inside a node. A put on a full tier pops victims instead
+of scanning, and a session changing class moves ONE node (O(1)), not its blocks. Subclasses own the
 storage itself (a buffer slot, a file) through three hooks (`_write`, `_read`, `_drop`) and
 `check_integrity`.
 
@@ -27,6 +29,7 @@ import torch
 from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
+from hintkv.tiers.order import ClassedLRU
 from hintkv.tiers.ranks import Delta, RankBoard
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,6 @@ class Entry:
     slot: int  # host: row of the preallocated buffer; disk: -1 (the file is named by the key)
     last_access: int  # logical clock of the last put or get
     write: Future[bool]  # the put that stores it (handed again to duplicate puts)
-    cls: int = 0  # eviction class: the bucket it sits in
 
     @property
     def ready(self) -> bool:
@@ -62,7 +64,7 @@ class IndexedTier(Tier):
         self._entries: dict[bytes, Entry] = {}
         self._clock = 0
         self._ranks: RankBoard | None = None
-        self._buckets: dict[int, dict[bytes, None]] = {0: {}}  # class -> keys, LRU first
+        self._order: ClassedLRU[bytes, None] = ClassedLRU()  # class -> group node -> keys
         self._on_evict = on_evict
         self._stats = TierStats()
         self._last_op: dict[Hashable, Future] = {}  # storage unit -> its latest I/O
@@ -155,19 +157,24 @@ class IndexedTier(Tier):
         with self._lock:
             self._ranks = ranks
             for key in list(self._entries):
-                self._move(key, self._entries[key], ranks.rank(key) if ranks else 0)
+                self._refile(key, self._entries[key])
         if ranks is not None:
             ranks.subscribe(self._reclassify)
 
     def _reclassify(self, delta: Delta) -> None:
-        """Board listener: move the entries whose class changed (O(changes), not O(tier))."""
+        """Board listener: regrouped entries move one by one (O(blocks that changed group));
+        a group whose class changed moves as one node (O(1))."""
         with self._lock:
             if self._ranks is None:
                 return
-            for key, cls in delta.items():
+            for key in delta.blocks:
                 entry = self._entries.get(key)
                 if entry is not None:
-                    self._move(key, entry, 0 if cls is None else cls)
+                    self._refile(key, entry)
+            if self._ranks.grouped:
+                for group in delta.groups:
+                    if self._order.node_class(group) is not None:
+                        self._order.move_node(group, self._ranks.group_class(group))
 
     def set_on_evict(self, on_evict: OnEvict | None) -> None:
         with self._lock:
@@ -204,43 +211,43 @@ class IndexedTier(Tier):
         self._clock += 1
         return self._clock
 
-    # -- buckets: every entry sits in the bucket of its class, in access order ----------------
+    # -- buckets: every entry sits in its group's node, the node in its class's bucket -------
+
+    def _place(self, key: bytes) -> tuple[Hashable, int]:
+        return self._ranks.place(key) if self._ranks is not None else (0, 0)
 
     def _add_entry(self, key: bytes, entry: Entry) -> None:
-        entry.cls = self._ranks.rank(key) if self._ranks is not None else 0
         self._entries[key] = entry
-        self._buckets.setdefault(entry.cls, {})[key] = None
+        node, cls = self._place(key)
+        self._order.add(key, None, node, cls)
 
     def _pop_entry(self, key: bytes) -> Entry:
         entry = self._entries.pop(key)
-        del self._buckets[entry.cls][key]
+        self._order.remove(key)
         return entry
 
     def _touch(self, key: bytes, entry: Entry) -> None:
-        """An access: newest in its class."""
+        """An access: newest in its node, and its node newest in its class."""
         entry.last_access = self._tick()
-        bucket = self._buckets[entry.cls]
-        del bucket[key]
-        bucket[key] = None
+        self._order.touch(key)
 
-    def _move(self, key: bytes, entry: Entry, cls: int) -> None:
-        if entry.cls != cls:
-            del self._buckets[entry.cls][key]
-            entry.cls = cls
-            self._buckets.setdefault(cls, {})[key] = None
+    def _refile(self, key: bytes, entry: Entry) -> None:
+        node, cls = self._place(key)
+        if node != self._order.node_of(key) or self._order.class_of(key) != cls:
+            self._order.remove(key)
+            self._order.add(key, None, node, cls)
 
     def _victims(self, n: int) -> list[bytes]:
-        """Up to `n` ready keys: lowest class first, least recently used first inside it.
-        O(n + classes + blocks still being written), never a scan of the tier."""
+        """Up to `n` ready keys: lowest class first, least recently used node first, least
+        recently used key first inside it. O(n + classes + blocks still being written)."""
         out: list[bytes] = []
         if n <= 0:
             return out
-        for cls in sorted(self._buckets):
-            for key in self._buckets[cls]:
-                if self._entries[key].ready:
-                    out.append(key)
-                    if len(out) >= n:
-                        return out
+        for key, _ in self._order.victims():
+            if self._entries[key].ready:
+                out.append(key)
+                if len(out) >= n:
+                    break
         return out
 
     def _make_room(self, num_new: int) -> int:
@@ -286,6 +293,32 @@ class IndexedTier(Tier):
             return ok
         return self._finish(unit, raw, record)
 
+    def _finish_many(self, units: list[Hashable], raw: Future[bool], n: int) -> Future[bool]:
+        """`_finish_get` for one transfer that reads `n` blocks from `units` at once: the latest
+        I/O on each of them; counts n hits or n misses."""
+        out: Future[bool] = Future()
+        for unit in units:
+            self._last_op[unit] = out
+
+        def done(f: Future[bool]) -> None:
+            try:
+                ok = bool(f.result())
+            except Exception:
+                log.exception("%s: a batched read failed", self.name)
+                ok = False
+            with self._lock:
+                if ok:
+                    self._stats.num_hits += n
+                else:
+                    self._stats.num_misses += n
+                for unit in units:
+                    if self._last_op.get(unit) is out:
+                        del self._last_op[unit]
+            out.set_result(ok)
+
+        raw.add_done_callback(done)
+        return out
+
     def _finish(self, unit: Hashable, raw: Future[bool],
                 record: Callable[[bool], bool]) -> Future[bool]:
         out: Future[bool] = Future()
@@ -317,12 +350,12 @@ class IndexedTier(Tier):
     def _check_entries(self) -> None:
         assert len(self._entries) <= self.capacity_blocks, (
             f"{self.name}: {len(self._entries)} blocks exceed capacity {self.capacity_blocks}")
-        bucketed = {k: c for c, b in self._buckets.items() for k in b}
-        assert bucketed == {k: e.cls for k, e in self._entries.items()}, (
-            f"{self.name}: class buckets out of sync with the index")
+        self._order.check_integrity()
+        assert self._order._node_of.keys() == self._entries.keys(), (
+            f"{self.name}: victim order out of sync with the index")
         if self._ranks is not None:
-            assert all(e.cls == self._ranks.rank(k) for k, e in self._entries.items()), (
-                f"{self.name}: an entry sits in a class the board no longer gives it")
+            assert all((node, c) == self._ranks.place(k) for k, _, node, c in self._order.items()), (
+                f"{self.name}: an entry sits in a node or class the board no longer gives it")
         assert all(e.last_access <= self._clock for e in self._entries.values()), (
             f"{self.name}: an entry is newer than the clock")
 

@@ -36,7 +36,7 @@ _ops = st.one_of(
 def _state(pool) -> tuple:
     return (pool.num_free, pool.num_cached_free, pool.num_in_use,
             sorted((h, b.block_id) for h, b in pool._index.items()),
-            [(b.ref_cnt, b.hash, b.cls) for b in pool.blocks])
+            [(b.ref_cnt, b.hash) for b in pool.blocks], list(pool._cached.items()))
 
 
 def _check_victims(kv) -> None:

@@ -1,0 +1,123 @@
+"""Victim order by class, then group, then recency: the one structure the device pool, the host
+and the disk index share.
+
+    bucket per class (lowest reclaimed first)
+      └─ node per group (cache.ranking: blocks the same sessions hold), least recently used first
+           └─ items in the order they were filed (a session's tail before its head)
+
+Every operation is O(1) except `victims`, which is O(what it returns + classes): filing an item
+appends it to its node and moves the node to the back of its class (a use); a group changing
+class moves its node whole (`move_node`); nothing ever scans or computes a per-item key.
+Not thread-safe: the owner's lock guards it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ClassedLRU(Generic[K, V]):
+    def __init__(self) -> None:
+        self._buckets: dict[int, dict[Hashable, dict[K, V]]] = {}
+        self._node_cls: dict[Hashable, int] = {}
+        self._node_of: dict[K, Hashable] = {}
+        self._counts: dict[int, int] = {}  # class -> items
+
+    def __len__(self) -> int:
+        return len(self._node_of)
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._node_of
+
+    def node_of(self, key: K) -> Hashable:
+        return self._node_of[key]
+
+    def class_of(self, key: K) -> int:
+        return self._node_cls[self._node_of[key]]
+
+    def node_class(self, node: Hashable) -> int | None:
+        return self._node_cls.get(node)
+
+    def count_below(self, cls: int) -> int:
+        """Items of classes below `cls` (O(classes))."""
+        return sum(n for c, n in self._counts.items() if c < cls)
+
+    def add(self, key: K, value: V, node: Hashable, cls: int) -> None:
+        """File `key` at the back of `node`, the node at the back of its class. A node that
+        exists keeps its class (it moves only by `move_node`)."""
+        assert key not in self._node_of, "an item is filed twice"
+        have = self._node_cls.get(node)
+        if have is None:
+            self._node_cls[node] = have = cls
+            items: dict[K, V] = {}
+        else:
+            items = self._buckets[have].pop(node)
+        items[key] = value
+        self._buckets.setdefault(have, {})[node] = items
+        self._node_of[key] = node
+        self._counts[have] = self._counts.get(have, 0) + 1
+
+    def remove(self, key: K) -> V:
+        node = self._node_of.pop(key)
+        cls = self._node_cls[node]
+        items = self._buckets[cls][node]
+        value = items.pop(key)
+        if not items:
+            del self._buckets[cls][node]
+            del self._node_cls[node]
+        self._counts[cls] -= 1
+        return value
+
+    def touch(self, key: K) -> None:
+        """A use: `key` newest in its node, its node newest in its class."""
+        node = self._node_of[key]
+        bucket = self._buckets[self._node_cls[node]]
+        items = bucket.pop(node)
+        items[key] = items.pop(key)
+        bucket[node] = items
+
+    def move_node(self, node: Hashable, cls: int) -> bool:
+        """A group changed class: its node (if any) goes to the back of `cls`. O(1)."""
+        old = self._node_cls.get(node)
+        if old is None or old == cls:
+            return False
+        items = self._buckets[old].pop(node)
+        self._buckets.setdefault(cls, {})[node] = items
+        self._node_cls[node] = cls
+        self._counts[old] -= len(items)
+        self._counts[cls] = self._counts.get(cls, 0) + len(items)
+        return True
+
+    def victims(self) -> Iterator[tuple[K, V]]:
+        """Items in victim order: lowest class, front node, front item first (lazy)."""
+        for cls in sorted(self._buckets):
+            for items in self._buckets[cls].values():
+                yield from items.items()
+
+    def items(self) -> Iterator[tuple[K, V, Hashable, int]]:
+        """(key, value, node, class) of every item, in victim order."""
+        for cls in sorted(self._buckets):
+            for node, items in self._buckets[cls].items():
+                for k, v in items.items():
+                    yield k, v, node, cls
+
+    def check_integrity(self) -> None:
+        seen: dict[K, Hashable] = {}
+        counts: dict[int, int] = {}
+        for cls, bucket in self._buckets.items():
+            for node, items in bucket.items():
+                assert items, f"an empty node is left in class {cls}"
+                assert self._node_cls.get(node) == cls, "node classes out of sync"
+                for k in items:
+                    assert k not in seen, "an item is in two nodes"
+                    seen[k] = node
+                counts[cls] = counts.get(cls, 0) + len(items)
+        assert len(self._node_cls) == sum(len(b) for b in self._buckets.values()), \
+            "a node is in two buckets (or none)"
+        assert seen == self._node_of, "item -> node map out of sync"
+        assert {c: n for c, n in counts.items() if n} == \
+            {c: n for c, n in self._counts.items() if n}, "per-class counts out of sync"
