@@ -23,6 +23,10 @@ from hintkv.cache.sessions import SessionRegistry, SessionState, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 
 PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
+# Held blocks SAM may examine for predicted prefetches in one engine step (at least one session
+# a step): bounds the step's bookkeeping when many sessions come due at once (~0.3 us a block
+# examined); the others stay due and go on the next steps, still ahead of their predicted return.
+PREDICT_BUDGET_BLOCKS = 1024
 
 
 class SessionAwareManager:
@@ -33,6 +37,7 @@ class SessionAwareManager:
         self.clock = clock  # injectable: a simulator drives SAM under a virtual clock
         kv.ranking.clock = clock  # re-ranking on events that carry no time uses the same clock
         self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
+        self.predict_budget_blocks = PREDICT_BUDGET_BLOCKS  # per step
         self.num_predicted_prefetches = 0
         # (when to prefetch, session key, the last_done it was predicted from): one entry per
         # request end, popped when due, so a step costs O(due sessions), not O(live sessions)
@@ -46,10 +51,13 @@ class SessionAwareManager:
         if self.kv.tiers is not None and self.predict_resume:
             self.predict(now)
 
-    def predict(self, now: float) -> None:
-        """Prefetch the waiting sessions whose predicted return is within the lead time."""
+    def predict(self, now: float) -> int:
+        """Prefetch the waiting sessions whose predicted return is within the lead time, up to
+        the step's budget of held blocks examined. Returns the blocks examined."""
         tiers = self.kv.tiers
-        while tiers is not None and self._resumes and self._resumes[0][0] <= now:
+        examined = 0
+        while tiers is not None and self._resumes and self._resumes[0][0] <= now \
+                and examined < self.predict_budget_blocks:
             _, key, last_done = heapq.heappop(self._resumes)
             s = self.sessions.sessions.get(key)
             if s is None or s.last_done != last_done or s.state is not SessionState.WAITING \
@@ -57,9 +65,16 @@ class SessionAwareManager:
                 continue  # it came back, ended or was suspended since
             if now - s.last_done > self.sessions.predicted_gap(s)[1]:
                 continue  # presumed gone
+            examined += len(s.held)
             if tiers.prefetch(s.held)[0]:
                 self.num_predicted_prefetches += 1
                 tiers.counters.num_predicted_prefetches += 1
+        return examined
+
+    def catch_up(self, now: float) -> None:
+        """Run `predict` until no predicted resume is due (a caller replaying history)."""
+        while self.kv.tiers is not None and self._resumes and self._resumes[0][0] <= now:
+            self.predict(now)
 
     def _schedule_resume(self, key: str) -> None:
         s = self.sessions.sessions.get(key)
