@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -56,17 +56,17 @@ class PendingLoad:
     blocks: list[Block]  # device blocks (ref_cnt held by us or by a sequence), same order
     tiers: list[str]  # the tier each block was found in when planned
     staging: torch.Tensor  # [n, *layout.shape], ours alone
-    futures: list[Future[bool]]
+    batch: Future[list[bool]]  # all its blocks (`TierStack.load_many`: one mover submission)
     started: float
     deadline: float
-    done_at: list[float] = field(default_factory=list)  # completion times (for bandwidth)
+    done_at: float | None = None  # when the last block arrived (for bandwidth)
 
     def ready(self, now: float) -> bool:
-        return now >= self.deadline or all(f.done() for f in self.futures)
+        return now >= self.deadline or self.batch.done()
 
     def results(self) -> list[bool]:
-        """Per block: arrived intact in time (a pending future counts as failed)."""
-        return [f.done() and f.result() for f in self.futures]
+        """Per block: arrived intact in time (a load still pending counts as failed)."""
+        return self.batch.result() if self.batch.done() else [False] * len(self.hashes)
 
 
 @dataclass(slots=True)
@@ -110,7 +110,8 @@ class TierConnector:
         # evicted (hash, block id) not yet gathered: flushed before the device reuses the blocks
         self._write_queue: list[tuple[BlockHash, int]] = []
         self._queue_lock = threading.Lock()  # the queue is flushed outside the state lock
-        self.board = RankBoard(ranking.snapshot())  # what tier threads read, once per step
+        # what tier threads read, once per step
+        self.board = RankBoard(ranking.full_delta(), grouped=ranking.grouped)
         pool.on_evict = self.on_device_evict
         stack.set_keep(self._keep_below)
         for tier in stack.tiers:
@@ -270,19 +271,19 @@ class TierConnector:
     def _load(self, hashes: list[BlockHash], blocks: list[Block], tiers: list[str]) -> PendingLoad:
         staging = self._staging(len(hashes))
         now = self.clock()
-        load = PendingLoad(hashes, blocks, tiers, staging, [], now,
-                           now + self.costs.load_timeout_s(len(hashes)))
-        for i, h in enumerate(hashes):
-            f = self.stack.load(h, staging[i])
-            f.add_done_callback(lambda _f, d=load.done_at: d.append(self.clock()))
-            load.futures.append(f)
+        load = PendingLoad(hashes, blocks, tiers, staging, self.stack.load_many(hashes, staging),
+                           now, now + self.costs.load_timeout_s(len(hashes)))
+
+        def arrived(_: Future, load: PendingLoad = load) -> None:
+            load.done_at = self.clock()
+        load.batch.add_done_callback(arrived)
         return load
 
     def _land(self, load: PendingLoad) -> int:
         """Scatter the leading run of good blocks into the device; count and learn from it."""
         results = load.results()
         n = next((i for i, ok in enumerate(results) if not ok), len(results))
-        if not all(f.done() for f in load.futures):
+        if not load.batch.done():
             self.counters.num_load_timeouts += 1
         self.counters.num_load_failed += len(results) - n
         if n:
@@ -290,8 +291,8 @@ class TierConnector:
             self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
             order = [t.name for t in self.stack.tiers]
             slowest = max(load.tiers[:n], key=order.index)
-            if len(load.done_at) >= len(load.futures):
-                seconds = max(load.done_at) - load.started
+            if load.done_at is not None:
+                seconds = load.done_at - load.started
                 self.costs.observe_load(slowest, n, seconds)
                 self.counters.loaded_bytes += n * self.layout.nbytes
                 self.counters.load_s += seconds
@@ -332,9 +333,8 @@ class TierConnector:
         if self.spm is not None:
             self.spm.tick(now)
 
-    def pending_futures(self) -> list[Future[bool]]:
-        return [f for p in [*self._loads.values(), *self._prefetches] for f in p.futures
-                if not f.done()]
+    def pending_futures(self) -> list[Future]:
+        return [p.batch for p in [*self._loads.values(), *self._prefetches] if not p.batch.done()]
 
     def wait_for_loads(self, futures: list[Future[bool]], timeout_s: float) -> None:
         """Idle engine: block (outside the state lock) until `futures` land or `timeout_s` passes

@@ -14,7 +14,7 @@ import torch
 from hintkv.tiers.base import OnEvict
 from hintkv.tiers.index import Entry, IndexedTier
 from hintkv.tiers.layout import BlockLayout
-from hintkv.tiers.mover import Mover
+from hintkv.tiers.mover import Mover, gather, resolved
 from hintkv.tiers.ranks import RankBoard
 
 
@@ -30,6 +30,46 @@ class HostTier(IndexedTier):
         self._buf = torch.empty((self.capacity_blocks, *layout.shape), dtype=layout.dtype,
                                 pin_memory=pin)
         self._free = list(range(self.capacity_blocks - 1, -1, -1))  # pop() hands out slot 0 first
+
+    batched_get = True  # `get_many` reads many blocks in one mover submission
+
+    def get_many(self, keys: list[bytes], dst: torch.Tensor, rows: list[int]) -> Future[list[bool]]:
+        """`get` of keys[j] into dst[rows[j]] for every j: the blocks ready here in ONE copy on
+        the mover (a gather of their slots, ordered after each slot's previous I/O); a block
+        still being written waits for its write, as `get` does. Results in key order."""
+        for r in rows:
+            self.layout.check_payload(dst[r])
+        with self._lock:
+            ready: list[int] = []  # positions j in keys
+            slots: list[int] = []
+            parts: dict[int, Future[bool]] = {}
+            for j, key in enumerate(keys):
+                entry = self._entries.get(key)
+                if entry is None:
+                    self._stats.num_misses += 1
+                    parts[j] = resolved(False)
+                    continue
+                if entry.ready:
+                    self._touch(key, entry)
+                    ready.append(j)
+                    slots.append(entry.slot)
+                else:
+                    parts[j] = self.get(key, dst[rows[j]])
+            if ready:
+                afters = [f for s in set(slots) if (f := self._after(s)) is not None]
+                dst_rows = torch.tensor([rows[j] for j in ready])
+                src_rows = torch.tensor(slots)
+
+                def copy() -> bool:
+                    dst[dst_rows] = self._buf[src_rows]
+                    return True
+                raw = self.mover.run(f"{self.name}->{self.upper}", copy, len(ready),
+                                     len(ready) * self.layout.nbytes,
+                                     gather(afters) if afters else None)
+                batch = self._finish_many(slots, raw, len(ready))
+                for j in ready:
+                    parts[j] = batch
+        return gather([parts[j] for j in range(len(keys))])
 
     def check_integrity(self) -> None:
         with self._lock:

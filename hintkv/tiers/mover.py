@@ -55,6 +55,27 @@ def resolved(value: bool) -> Future[bool]:
     return f
 
 
+def gather(futures: list[Future[bool]]) -> Future[list[bool]]:
+    """One future for many: their results in order, once every one is done."""
+    out: Future[list[bool]] = Future()
+    if not futures:
+        out.set_result([])
+        return out
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = not left[0]
+        if last:
+            out.set_result([bool(f.result()) for f in futures])
+
+    for f in futures:
+        f.add_done_callback(one)
+    return out
+
+
 class Mover:
     """Thread pool (+ CUDA copy stream) that runs transfers and counts them per direction."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from hintkv.tiers.base import Tier, TierStats, TierUsage
-from hintkv.tiers.mover import Mover, MoverStats
+from hintkv.tiers.mover import Mover, MoverStats, gather
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ class StackStats:
     num_dropped: int  # evicted blocks that left the stack (not kept, or evicted from the bottom)
     num_promoted: int  # lower-tier hits copied up into tiers[0]
     num_spilled: int  # stored blocks the top tier refused, written to a lower tier instead
+
+
+_TRUE: Future[bool] = Future()
+_TRUE.set_result(True)
 
 
 class TierStack:
@@ -113,6 +117,40 @@ class TierStack:
         """Copy the block into `dst` from whichever tier has it; False: recompute it."""
         out: Future[bool] = Future()
         self._load_from(0, key, dst, out)
+        return out
+
+    def load_many(self, keys: list[bytes], dst: torch.Tensor) -> Future[list[bool]]:
+        """`load` of keys[i] into dst[i] for every i, as one future of their results. Blocks the
+        top tier holds are read in one batched transfer when it can (`get_many`: one mover
+        submission, not one per block); the others, and any block of the batch that failed,
+        go down the stack one by one as `load` does."""
+        top = self.tiers[0]
+        if not getattr(top, "batched_get", False) or not keys:
+            return gather([self.load(k, dst[i]) for i, k in enumerate(keys)])
+        found = top.contains_many(keys)
+        here = [i for i, f in enumerate(found) if f]
+        parts: list[Future[bool] | None] = [None] * len(keys)
+        for i, f in enumerate(found):
+            if not f:
+                parts[i] = self.load(keys[i], dst[i])
+        out: Future[list[bool]] = Future()
+        batch = top.get_many([keys[i] for i in here], dst, here)  # type: ignore[attr-defined]
+
+        def landed(f: Future[list[bool]]) -> None:
+            try:
+                for i, ok in zip(here, f.result()):
+                    if ok:
+                        parts[i] = _TRUE
+                    else:  # fell through: the next tiers down, one block at a time
+                        parts[i] = retry = Future()
+                        self._load_from(1, keys[i], dst[i], retry)
+                gather(parts).add_done_callback(lambda g: out.set_result(g.result()))  # type: ignore[arg-type]
+            except Exception:
+                log.exception("tier stack: batched load failed")
+                if not out.done():
+                    out.set_result([False] * len(keys))
+
+        batch.add_done_callback(landed)
         return out
 
     def wait_loads(self, futures: list[Future[bool]]) -> list[bool]:
