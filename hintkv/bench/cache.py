@@ -7,7 +7,11 @@ One "world" per (policy, device pool, live sessions): a real `KVCacheManager` + 
 bytes: what is measured is bookkeeping, not copies). Every live session holds a 2K-token context
 (a 1K-token system prompt shared by all + 1K of its own); the contexts are placed on the device
 and written down to host as the pool fills, so the device is full of cached blocks and every
-admission evicts. Then, per operation, the latency of single calls (median, p99):
+admission evicts. Each session has a history: it replays a window of one real agent's recorded
+gaps between calls (`bench.trace_gaps`, both trace families alternately) on the world's clock,
+so SAM's gap estimates and predicted returns are what a real agent would give, and it sits at a
+random point of its next recorded gap when the measurement starts. Then, per operation, the
+latency of single calls (median, p99):
 
     match          match_prefix of a session's context (hashes precomputed, as the engine does)
     admit          can_admit + admit of a 4-block prompt (evicts 4 cached blocks: full pool)
@@ -20,10 +24,11 @@ admission evicts. Then, per operation, the latency of single calls (median, p99)
     tier_lookup    TierStack.lookup of a 128-block context
 
 and the bookkeeping of one scheduler step with 256 running sequences: per step every running
-sequence appends and commits one token, one finishes (free + session done), one session resumes
-(arrival, prefix match across device and host, admission, its load landing later), SAM's per-step
-re-ranking and the connector's poll. The write-down flush (outside the state lock, before the
-forward pass) is timed separately.
+sequence appends and commits one token, one finishes (free + session done), the session whose
+recorded next call is due first resumes (arrival, prefix match across device and host,
+admission, its load landing later), SAM's per-step re-ranking and predicted prefetches (within
+its per-step budget) and the connector's poll. Each part is timed on its own too (`parts`). The
+write-down flush (outside the state lock, before the forward pass) is timed separately.
 
 Goals (issue 7): step bookkeeping at 1M device + 10M host tokens, 1000 sessions, 256 running
 < 1 ms median and < 5 ms p99; each operation's median flat within 2x from 10K to 1M tokens;
@@ -34,9 +39,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import heapq
+import os
 import random
 import time
 from collections.abc import Callable
+from itertools import zip_longest
 
 import torch
 
@@ -49,6 +57,7 @@ from hintkv.bench.common import (
     percentile,
     print_table,
 )
+from hintkv.bench.trace_gaps import DEFAULT_TRACES, trace_gaps
 from hintkv.cache.hashing import hash_blocks, namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
@@ -67,7 +76,11 @@ SYSTEM_BLOCKS = 64  # shared by every session
 OWN_BLOCKS = 64  # each session's own context
 RUNNING = 256
 HOST_FACTOR = 10
+# gaps of history replayed per session: the gap estimate is an EWMA with alpha 0.3, so older gaps
+# weigh < 0.7**16 (0.3%): more would change nothing but the setup time
+HISTORY = 16
 ROOT = namespace_root("bench-cache", "float16", BS, None)
+PARTS = ["sam", "poll", "land", "append", "finish", "resume", "commit"]  # of one step
 OPS = ["match", "admit", "append", "commit", "free", "arrive", "done", "victims", "tier_put",
        "tier_lookup"]
 SAMPLING = SamplingParams(temperature=0, max_tokens=1 << 30)
@@ -76,38 +89,75 @@ SAMPLING = SamplingParams(temperature=0, max_tokens=1 << 30)
 class World:
     """The cache core of one engine, filled to a steady state (device full of cached blocks)."""
 
-    def __init__(self, policy: str, device_tokens: int, num_sessions: int, seed: int) -> None:
+    def __init__(self, policy: str, device_tokens: int, num_sessions: int, seed: int,
+                 gaps: list[list[float]]) -> None:
         self.rng = random.Random(seed)
         self.num_blocks = device_tokens // BS
+        self._fixed: float | None = 0.0  # the world's clock: fixed while histories are replayed,
+        self._base = self._wall = 0.0  # then running at wall speed from where they ended
         self.sessions = SessionRegistry(protect_budget_blocks=self.num_blocks // 10)
         self.kv = KVCacheManager(self.num_blocks, BS, make_policy(policy, sessions=self.sessions))
-        self.sam = SessionAwareManager(self.kv, self.sessions)
+        self.sam = SessionAwareManager(self.kv, self.sessions, clock=self.clock)
         kv_cache = torch.zeros(2, self.num_blocks, BS, 1, 1, dtype=torch.float16)
         self.io = DeviceBlockIO([kv_cache])
         host = HostTier(self.io.layout, HOST_FACTOR * self.num_blocks * self.io.layout.nbytes)
         self.stack = TierStack([host])
         self.kv.tiers = TierConnector(self.kv.pool, BS, self.stack, self.io, self.kv.ranking,
-                                      hints=True)
+                                      hints=True, clock=self.clock)
         self.payload = torch.zeros(self.io.layout.shape, dtype=self.io.layout.dtype)
         self._n = 0
         system = self._tokens(SYSTEM_BLOCKS * BS)
         self.contexts: list[list[int]] = []  # per session: system prompt + its own context
         self.hashes: list[list[bytes]] = []
+        self.gaps: list[list[float]] = []  # per session: its agent's recorded gaps, in order
+        self.next_gap: list[int] = []  # per session: index of its next gap
+        self.due: list[tuple[float, int]] = []  # (recorded next arrival, session): a heap
         # only the latest contexts can still be resident (device + host); older ones were
         # evicted long ago and are only held in the registry (placing them would only churn)
         resident_from = num_sessions - (HOST_FACTOR + 1) * self.num_blocks // OWN_BLOCKS - 1
+        start = 1e6
         for i in range(num_sessions):
             tokens = system + self._tokens(OWN_BLOCKS * BS)
             self.contexts.append(tokens)
             self.hashes.append(hash_blocks(ROOT, tokens, BS))
-            key = self.sam.on_arrival(self._ref(i))
-            if i >= resident_from:
-                self._place(self.hashes[i])
-            self.sam.on_done(key, self.hashes[i])
+            seq = gaps[i % len(gaps)]
+            cut = self.rng.randrange(1, len(seq)) if len(seq) > 1 else 0
+            self.gaps.append(seq)
+            self.next_gap.append(cut)
+            # its history: the recorded gaps before the cut, the last call ending at a random
+            # point of the gap at the cut before "now" (`start`)
+            last_done = start - self.rng.random() * seq[cut]
+            history = seq[max(0, cut - HISTORY):cut]
+            t = last_done - sum(history)
+            for g in [*history, None]:
+                self._fixed = t
+                key = self.sam.on_arrival(self._ref(i))
+                if g is None and i >= resident_from:
+                    self._place(self.hashes[i])
+                self.sam.on_done(key, self.hashes[i])
+                if g is not None:
+                    t += g
+            heapq.heappush(self.due, (last_done + seq[cut], i))
             if i % 16 == 15:
                 self._settle()
+        self._fixed = start
+        self.sam.catch_up(start)  # the predicted returns the histories left behind
         self._settle()
         self.stack.flush()
+        self._base, self._wall, self._fixed = start, time.monotonic(), None
+
+    def clock(self) -> float:
+        if self._fixed is not None:
+            return self._fixed
+        return self._base + time.monotonic() - self._wall
+
+    def next_resume(self) -> int:
+        """The session whose recorded next call comes first (then its next gap is due)."""
+        _, i = heapq.heappop(self.due)
+        seq = self.gaps[i]
+        self.next_gap[i] = (self.next_gap[i] + 1) % len(seq)
+        heapq.heappush(self.due, (self.clock() + seq[self.next_gap[i]], i))
+        return i
 
     def _ref(self, i: int) -> SessionRef:
         return SessionRef("bench", f"s{i}", f"s{i}")
@@ -204,9 +254,23 @@ def measure_ops(w: World, samples: int) -> dict[str, list[float]]:
     return out
 
 
-def measure_steps(w: World, steps: int) -> tuple[list[float], list[float], int]:
-    """Per-step bookkeeping (ms) and write-down flush (ms) with RUNNING sequences decoding."""
-    kv, n_sessions = w.kv, len(w.contexts)
+class _Laps:
+    """Times consecutive parts of one step: `lap(part)` closes the part that just ran."""
+
+    def __init__(self, parts: dict[str, list[float]], t0: int) -> None:
+        self.parts, self.mark = parts, t0
+
+    def __call__(self, part: str) -> None:
+        t = time.perf_counter_ns()
+        self.parts[part].append((t - self.mark) / 1e6)
+        self.mark = t
+
+
+def measure_steps(w: World, steps: int
+                  ) -> tuple[list[float], list[float], int, dict[str, list[float]]]:
+    """Per-step bookkeeping (ms), write-down flush (ms) and each part of the step (ms) with
+    RUNNING sequences decoding."""
+    kv = w.kv
     per_seq = 8 + 2  # a running sequence's blocks: 8-block prompt + room to decode
     running_target = min(RUNNING, max(1, (w.num_blocks // 2) // per_seq))
     running: list[Sequence] = []
@@ -220,25 +284,31 @@ def measure_steps(w: World, steps: int) -> tuple[list[float], list[float], int]:
         running.append(s)
     loading: list[Sequence] = []
     step_ms, flush_ms = [], []
+    parts: dict[str, list[float]] = {p: [] for p in PARTS}
     for _ in range(steps):
         t0 = time.perf_counter_ns()
-        now = time.monotonic()
-        w.sam.on_step(now)
+        lap = _Laps(parts, t0)
+        w.sam.on_step(w.clock())
+        lap("sam")
         w.kv.tiers.poll()
+        lap("poll")
         for s in [s for s in loading if kv.load_ready(s)]:  # a resumed session's load landed
             kv.finish_load(s)
             loading.remove(s)
             kv.free(s)
             w.sam.on_done(s.session_key, s.block_hashes[:s.num_computed_tokens // BS])
+        lap("land")
         for s in running:
             s.token_ids.append(3)
             if kv.can_append(s, 1):
                 kv.append(s, 1)
+        lap("append")
         # one finishes: its session now holds its blocks
         done = running.pop(0)
         kv.free(done)
-        # one session resumes: prefix from the device and the host tier
-        i = w.rng.randrange(n_sessions)
+        lap("finish")
+        # the session due first resumes: prefix from the device and the host tier
+        i = w.next_resume()
         key = w.sam.on_arrival(w._ref(i))
         s = w.seq(w.contexts[i] + [11], w.hashes[i])
         s.session_key = key
@@ -254,10 +324,12 @@ def measure_steps(w: World, steps: int) -> tuple[list[float], list[float], int]:
                 w.sam.on_done(key, s.block_hashes[:s.num_computed_tokens // BS])
         else:
             w.sam.on_done(key, w.hashes[i])
+        lap("resume")
         # post-forward update of the running batch
         for s in running:
             s.num_computed_tokens += 1
             kv.commit(s)
+        lap("commit")
         t1 = time.perf_counter_ns()
         kv.flush_write_downs()
         t2 = time.perf_counter_ns()
@@ -275,13 +347,21 @@ def measure_steps(w: World, steps: int) -> tuple[list[float], list[float], int]:
         kv.free(s)
     kv.check_integrity()
     w.sessions.check_integrity()
-    return step_ms, flush_ms, running_target
+    return step_ms, flush_ms, running_target, parts
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hintkv bench cache", description=__doc__.split("\n")[0])
     add_common_args(p)
+    p.add_argument("--traces", default=str(DEFAULT_TRACES),
+                   help="folder with claude-code/ and swe-agent/: the sessions' gap histories")
     args = p.parse_args(argv)
+    families = trace_gaps(args.traces)
+    gaps = [g for pair in zip_longest(*families.values()) for g in pair if g]  # alternately
+    if not gaps:
+        p.error(f"no agent traces with gaps under {args.traces}")
+    log("gap histories: " + ", ".join(f"{k} {len(v)} agents" for k, v in families.items()))
+    load_before = os.getloadavg()[0]
     sizes = [10_000, 1_000_000] if args.quick else [10_000, 100_000, 1_000_000]
     session_counts = [1000] if args.quick else [10, 100, 1000]
     samples, steps = (150, 100) if args.quick else (400, 300)
@@ -290,20 +370,24 @@ def main(argv: list[str] | None = None) -> int:
         for n_sessions in session_counts:
             for policy in ("lru", "sam"):
                 t0 = time.perf_counter()
-                w = World(policy, tokens, n_sessions, args.seed)
+                w = World(policy, tokens, n_sessions, args.seed, gaps)
                 setup_s = time.perf_counter() - t0
                 gc.collect()
                 gc.disable()  # a collection pause is not the cache's cost
                 try:
                     ops = measure_ops(w, samples)
-                    step_ms, flush_ms, n_running = measure_steps(w, steps)
+                    step_ms, flush_ms, n_running, parts = measure_steps(w, steps)
                 finally:
                     gc.enable()
                 row = {"policy": policy, "device_tokens": tokens,
                        "host_tokens": HOST_FACTOR * tokens, "sessions": n_sessions,
                        "running": n_running, "host_fill": round(w.host_fill, 3),
                        "step_ms_p50": median(step_ms), "step_ms_p99": percentile(step_ms, 99),
-                       "flush_ms_p50": median(flush_ms), "setup_s": setup_s}
+                       "flush_ms_p50": median(flush_ms), "setup_s": setup_s,
+                       "predicted_prefetches": w.sam.num_predicted_prefetches}
+                for part, xs in parts.items():
+                    row[f"{part}_ms"] = median(xs)
+                    row[f"{part}_ms_p99"] = percentile(xs, 99)
                 for op, xs in ops.items():
                     row[f"{op}_us"] = median(xs) if xs else None
                     row[f"{op}_us_p99"] = percentile(xs, 99) if xs else None
@@ -315,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, ["policy", "device_tokens", "sessions", "running", "host_fill",
                        "step_ms_p50", "step_ms_p99", "flush_ms_p50"]
                 + [f"{op}_us" for op in OPS])
+    print()
+    print("one step, part by part (ms, median / p99):")
+    print_table(rows, ["policy", "device_tokens", "sessions", "predicted_prefetches"]
+                + [f"{part}_ms{q}" for part in PARTS for q in ("", "_p99")])
     big, small, most = max(sizes), min(sizes), max(session_counts)
     key_row = results[("sam", big, most)]
     flat = {f"{pol}:{op}": results[(pol, big, most)][f"{op}_us"] / results[(pol, small, most)][f"{op}_us"]
@@ -335,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     emit_json({"bench": "cache", "quick": args.quick, "block_size": BS,
                "context_tokens": (SYSTEM_BLOCKS + OWN_BLOCKS) * BS, "worst_flat": worst_flat,
                "worst_sam_vs_lru": worst_vs, "flat_ratios": flat, "sam_vs_lru": vs_lru,
-               "rows": rows, "goals": goals})
+               "load_avg_1m": [load_before, os.getloadavg()[0]], "rows": rows, "goals": goals})
     return 0
 
 
