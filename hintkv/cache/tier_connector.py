@@ -6,7 +6,10 @@ What it decides and starts, all on the engine thread under its state lock:
         block when hints are off) are QUEUED; `flush_write_downs()` gathers the ones the stack
         lacks and stores them. The engine calls it after scheduling and before the forward pass
         (which may overwrite the reused blocks), so `allocate` under the state lock never copies;
-        any device write of ours (landing a load) flushes first. `offload(hashes)` writes a
+        any device write of ours (landing a load) flushes first. On CUDA the gather runs on
+        the mover's copy stream (`DeviceBlockIO.read_async`): the engine thread never waits for
+        it, the compute stream waits for it before the forward, and a mover thread stores the
+        staging once it landed; on a CPU host it is a plain gather. `offload(hashes)` writes a
         session's device blocks down now; `poll()` drops their device copies once they landed.
   up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
         cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads
@@ -110,6 +113,7 @@ class TierConnector:
         # evicted (hash, block id) not yet gathered: flushed before the device reuses the blocks
         self._write_queue: list[tuple[BlockHash, int]] = []
         self._queue_lock = threading.Lock()  # the queue is flushed outside the state lock
+        self._async_writes: list[Future[bool]] = []  # CUDA write-downs still being gathered
         # what tier threads read, once per step
         self.board = RankBoard(ranking.full_delta(), grouped=ranking.grouped)
         pool.on_evict = self.on_device_evict
@@ -155,8 +159,23 @@ class TierConnector:
             return 0
         where = self.stack.lookup([h for h, _ in queued])
         fresh = [(h, bid) for (h, bid), w in zip(queued, where) if w is None]
-        if fresh:
-            self._write_down([h for h, _ in fresh], [bid for _, bid in fresh])
+        if not fresh:
+            return 0
+        hashes, block_ids = [h for h, _ in fresh], [bid for _, bid in fresh]
+        staging = self._staging(len(hashes))
+        gathered = self.io.read_async(block_ids, staging, self.stack.mover.copy_stream)
+        if gathered is None:  # CPU: gathered already
+            self.stack.store(list(zip(hashes, staging.unbind(0))))
+        else:  # CUDA: the gather overlaps what the engine does next; stored once it landed
+            items = list(zip(hashes, staging.unbind(0)))
+
+            def store() -> bool:
+                gathered.synchronize()
+                self.stack.store(items)
+                return True
+            self._async_writes = [f for f in self._async_writes if not f.done()]
+            self._async_writes.append(self.stack.mover.run(None, store, len(items), 0))
+        self.counters.num_written_down += len(hashes)
         return len(fresh)
 
     @property
@@ -345,7 +364,8 @@ class TierConnector:
             self.counters.load_wait_s += time.perf_counter() - t0
 
     def idle(self) -> bool:
-        return not (self._loads or self._prefetches or self._offloads or self._write_queue)
+        return not (self._loads or self._prefetches or self._offloads or self._write_queue
+                    or any(not f.done() for f in self._async_writes))
 
     # ---- reporting -----------------------------------------------------------------------
     def where(self, hashes: list[BlockHash]) -> dict[str, int]:
@@ -400,9 +420,17 @@ class TierConnector:
             assert all(b.ref_cnt > 0 and b.hash is None for b in p.blocks), \
                 "a block being loaded is free or already indexed"
 
+    def wait_write_downs(self) -> None:
+        """Block until every write-down gathered on the copy stream has been handed to the
+        stack, then until the stack's I/O is done."""
+        for f in self._async_writes:
+            f.result()
+        self._async_writes = []
+        self.stack.flush()
+
     def close(self) -> None:
         self.flush_write_downs()
-        self.stack.flush()
+        self.wait_write_downs()
         self.stack.close()
 
 

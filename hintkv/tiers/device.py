@@ -39,6 +39,28 @@ class DeviceBlockIO:
             # [2, n, ...] -> [n, 2, ...]: the payload keeps each block's K and V together
             out[:, layer].copy_(kv.index_select(1, idx).transpose(0, 1))
 
+    def read_async(self, block_ids: list[int], out: torch.Tensor,
+                   stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+        """`read` on the copy `stream` when the cache is on CUDA: the gather waits for the
+        compute stream's work queued so far (the KV being read is complete), copies into `out`
+        (pinned host memory) without blocking the caller, and the compute stream waits for it
+        before anything queued later (the forward that reuses these blocks) runs. Returns the
+        event that marks `out` filled. Without CUDA or a stream: a plain `read`, returns None."""
+        if stream is None or self.device.type != "cuda":
+            self.read(block_ids, out)
+            return None
+        self._check(block_ids, out)
+        compute = torch.cuda.current_stream(self.device)
+        stream.wait_stream(compute)
+        with torch.cuda.stream(stream):
+            idx = torch.tensor(block_ids, dtype=torch.long).to(self.device, non_blocking=True)
+            for layer, kv in enumerate(self.kv_caches):
+                out[:, layer].copy_(kv.index_select(1, idx).transpose(0, 1), non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        compute.wait_event(done)  # the forward may overwrite these blocks only after the copy
+        return done
+
     def write(self, block_ids: list[int], src: torch.Tensor) -> None:
         """Scatter `src: [len(block_ids), *layout.shape]` into blocks `block_ids` (distinct)."""
         self._check(block_ids, src)

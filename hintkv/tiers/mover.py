@@ -95,6 +95,11 @@ class Mover:
         self._closed = False
 
     @property
+    def copy_stream(self) -> torch.cuda.Stream | None:
+        """The CUDA copy stream (None on a CPU host)."""
+        return self._stream
+
+    @property
     def pin_memory(self) -> bool:
         """Whether host buffers should be pinned (only meaningful with a CUDA copy stream)."""
         return self._stream is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from hintkv.cache.hashing import hash_blocks, namespace_root
@@ -138,3 +139,45 @@ def test_allocate_only_queues_write_downs_and_flush_stores_exact_bytes(tmp_path)
     kv.pool.release(blocks)
     kv.check_integrity()
     stack.close()
+
+
+def test_write_down_gather_without_cuda_is_synchronous(tmp_path):
+    """The CPU fallback of the copy-stream write-down: `read_async` gathers at once."""
+    _, _, io, stack = _connector(tmp_path, "sam")
+    assert stack.mover.copy_stream is None
+    out = torch.empty((2, *io.layout.shape))
+    assert io.read_async([0, 3], out, stack.mover.copy_stream) is None
+    want = torch.empty((2, *io.layout.shape))
+    io.read([0, 3], want)
+    assert torch.equal(out, want)
+    stack.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_write_down_on_the_copy_stream_survives_the_next_forward(tmp_path):
+    """On CUDA the gather runs on the copy stream without blocking the engine thread; work
+    queued on the compute stream afterwards (the forward reusing the blocks) waits for it."""
+    sessions = SessionRegistry()
+    kv = KVCacheManager(NUM_BLOCKS, BS, make_policy("sam", sessions=sessions))
+    io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2, device="cuda") for _ in range(2)])
+    mover = Mover(num_workers=2, use_cuda_stream=True)
+    assert mover.copy_stream is not None
+    stack = TierStack([HostTier(io.layout, 16 * io.layout.nbytes, pin=True, mover=mover)],
+                      mover=mover, owns_mover=True)
+    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=True)
+    hashes = _cache_session(sessions, kv, "a", 0)
+    expect = {}
+    for h in hashes:
+        out = torch.empty((1, *io.layout.shape), device="cuda")
+        io.read([kv.pool.lookup(h).block_id], out)
+        expect[h] = out[0].cpu()
+    blocks = kv.pool.allocate(NUM_BLOCKS)
+    assert kv.flush_write_downs() == 4
+    for b in blocks:  # the "forward": queued on the compute stream right after the flush
+        for layer in io.kv_caches:
+            layer[:, b.block_id].fill_(-1.0)
+    kv.tiers.wait_write_downs()
+    for h in hashes:
+        dst = torch.empty(io.layout.shape, pin_memory=True)
+        assert stack.load(h, dst).result() and torch.equal(dst, expect[h])
+    kv.tiers.close()
