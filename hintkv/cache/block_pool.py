@@ -162,18 +162,21 @@ class BlockPool:
         return True
 
     # ---- nodes: a cached block sits in its group's node, the node in its class's bucket ------
-    def _file(self, b: Block, group: int) -> None:
+    def _file(self, b: Block, group: int, front: bool = False) -> None:
         """File `b` in its group's node (one node for all under a policy without sessions)."""
         self._cached.add(b.block_id, b, group if self._grouped else 0,
-                         self.ranking.group_class(group))
+                         self.ranking.group_class(group), front)
 
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None:
-        """Ranking listener: the block holding `h` (if cached here) joins another group."""
+        """Ranking listener: the block holding `h` (if cached here) joins another group (at its
+        front: tail before head)."""
         b = self._index.get(h)
         if b is None or b.ref_cnt > 0 or not self._grouped:
             return
         self._cached.remove(b.block_id)
-        self._file(b, group)
+        # a block joining a session's group extends it at the tail (the ranking reports them
+        # head first): reclaimed before the blocks the group held already
+        self._file(b, group, front=group != 0)
 
     def group_moved(self, group: int, cls: int) -> None:
         """Ranking listener: a group changed class; its node (if any) moves, O(1)."""

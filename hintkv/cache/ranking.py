@@ -14,6 +14,7 @@ removing a holder is one XOR, so a block's new group is found in O(1); 0 is "nob
 (`UNHELD`). Creating or dropping a group costs O(its holders), once.
 
 Listeners (the device pool) hear `block_moved(h, group, cls)` when a block enters another group
+(head first, so a pool filing each at the front of its group keeps the group tail first)
 and `group_moved(group, cls)` when a group's class changes: the pool keeps one node per group in
 its class's bucket, so a session changing state moves one node. The same changes are gathered in
 a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
@@ -112,7 +113,10 @@ class ClassRanking:
         new = self.policy.session_class(s, now) if self.policy.uses_sessions else UNHELD
         self._session_cls[s.key] = new
         if old is not None and new != old:
-            for gid in self._groups_in.get(s.key, ()):
+            # tail before head: a session's own group first, then the prefixes it shares with
+            # more and more sessions (holder sets nest along a prefix: fewer holders = deeper)
+            for gid in sorted(self._groups_in.get(s.key, ()),
+                              key=lambda g: len(self._groups[g].holders)):
                 self._recount(gid, old, new)
         self._schedule(s, now)
 
@@ -125,9 +129,11 @@ class ClassRanking:
         token = self._token.get(s.key)
         if token is None:
             token = self._token[s.key] = self._rng.getrandbits(64) | 1
-        for h in removed:
+        # head first: the pool files each regrouped block at the FRONT of its new group, so the
+        # group ends up tail first (the registry hands them tail first)
+        for h in reversed(list(removed)):
             self._regroup(h, s.key, token, c, joining=False)
-        for h in added:
+        for h in reversed(list(added)):
             self._regroup(h, s.key, token, c, joining=True)
 
     def forget(self, key: str) -> None:

@@ -13,6 +13,7 @@ Not thread-safe: the owner's lock guards it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
@@ -22,7 +23,7 @@ V = TypeVar("V")
 
 class ClassedLRU(Generic[K, V]):
     def __init__(self) -> None:
-        self._buckets: dict[int, dict[Hashable, dict[K, V]]] = {}
+        self._buckets: dict[int, dict[Hashable, OrderedDict[K, V]]] = {}
         self._node_cls: dict[Hashable, int] = {}
         self._node_of: dict[K, Hashable] = {}
         self._counts: dict[int, int] = {}  # class -> items
@@ -46,17 +47,20 @@ class ClassedLRU(Generic[K, V]):
         """Items of classes below `cls` (O(classes))."""
         return sum(n for c, n in self._counts.items() if c < cls)
 
-    def add(self, key: K, value: V, node: Hashable, cls: int) -> None:
-        """File `key` at the back of `node`, the node at the back of its class. A node that
-        exists keeps its class (it moves only by `move_node`)."""
+    def add(self, key: K, value: V, node: Hashable, cls: int, front: bool = False) -> None:
+        """File `key` at the back of `node` (`front`: at its front, reclaimed first), the node
+        at the back of its class. A node that exists keeps its class (only `move_node` moves
+        it to another)."""
         assert key not in self._node_of, "an item is filed twice"
         have = self._node_cls.get(node)
         if have is None:
             self._node_cls[node] = have = cls
-            items: dict[K, V] = {}
+            items: OrderedDict[K, V] = OrderedDict()
         else:
             items = self._buckets[have].pop(node)
         items[key] = value
+        if front:
+            items.move_to_end(key, last=False)
         self._buckets.setdefault(have, {})[node] = items
         self._node_of[key] = node
         self._counts[have] = self._counts.get(have, 0) + 1

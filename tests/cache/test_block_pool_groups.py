@@ -3,7 +3,8 @@
 The reference recomputes from the registry alone, after every random op: a cached block's group
 is the SET of sessions holding it (not the ranking's Zobrist id), its class the highest policy
 class among them; a group is stamped with the op that last filed a block into it or changed its
-class, a block with the op that filed it. The pool's victim order must be sorted by (class, group
+class, a block with the op that filed it (negated when it joined a held group while cached: the
+pool files those at the group's front, tail before head). The pool's victim order must be sorted by (class, group
 stamp), each group one contiguous run, its blocks in block stamp order; and a session changing class must move
 its blocks as one node (one class change reported, whatever its number of blocks).
 """
@@ -59,8 +60,12 @@ class Reference:
                 del self.block[bid]
         for bid, b in cached.items():
             g = self.group(b.hash)
-            if self.block.get(bid, (None,))[0] != g:
-                self.block[bid] = (g, op)
+            was = self.block.get(bid)
+            if was is None or was[0] != g:
+                # released: at the back of its group; regrouped while cached (a session's held
+                # list grew or shrank): at the front of a held group (tail before head)
+                front = was is not None and g and self.grouped
+                self.block[bid] = (g, -op if front else op)
                 self.group_stamp[g] = op
                 self.group_cls[g] = self.cls(g)
 
