@@ -121,6 +121,12 @@ class EngineConfig:
         "(auto: on for CUDA, off on CPU, where it measured no win)"
     )
     enforce_eager: bool = _opt(False, "never compile the model step (vLLM's flag; wins over --compile-step)")
+    speculative: str | None = _opt(
+        None, "speculative decoding from the session's own text: ngram (prompt lookup over the "
+        "request) | suffix (suffix counts over the session's requests and responses)")
+    num_speculative_tokens: int = _opt(4, "drafts verified per decode step with --speculative")
+    speculative_scope: str = _opt("session", "suffix drafts from the session's text, or the "
+                                  "tenant's (all its sessions)")
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -150,6 +156,12 @@ class EngineConfig:
             raise ValueError(f"quantization must be w8a8 or unset, not {self.quantization!r}")
         if self.compile_step not in ("auto", "on", "off"):
             raise ValueError(f"compile_step must be auto, on or off, not {self.compile_step!r}")
+        if self.speculative not in (None, "ngram", "suffix"):
+            raise ValueError(f"speculative must be ngram or suffix, not {self.speculative!r}")
+        if not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError("num_speculative_tokens must be in [1, 32]")
+        if self.speculative_scope not in ("session", "tenant"):
+            raise ValueError(f"speculative_scope must be session or tenant, not {self.speculative_scope!r}")
 
     def wants_compile(self, device_type: str) -> bool:
         """Whether the engine compiles its model step on this device type."""

@@ -150,6 +150,16 @@ class KVCacheManager:
         if need:
             seq.block_table.extend(self.pool.allocate(need))
 
+    def truncate(self, seq: KVSequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (speculative drafts that were
+        rejected). Such blocks were never committed, so no hash ever names their KV."""
+        keep = -(-num_tokens // self.block_size)
+        if len(seq.block_table) > keep:
+            extra = seq.block_table[keep:]
+            assert all(b.hash is None for b in extra), "a committed block past the sequence"
+            del seq.block_table[keep:]
+            self.pool.release(extra)
+
     def commit(self, seq: KVSequence) -> None:
         """After a step computed KV: index the sequence's newly full blocks by content hash."""
         n_full = seq.num_computed_tokens // self.block_size

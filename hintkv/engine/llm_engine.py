@@ -32,6 +32,7 @@ from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import Sequence
+from hintkv.engine.spec import make_speculative
 from hintkv.engine.types import (
     CacheEdit,
     EditOutcome,
@@ -80,6 +81,7 @@ class LLMEngine:
         eos = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
         self.scheduler = Scheduler.from_config(cfg, self.num_blocks, eos_token_ids=eos,
                                                max_model_len=self.max_model_len)
+        self.scheduler.proposer = make_speculative(cfg)
         sam = self.scheduler.sam
         self.janitor = None if sam is None else SessionJanitor(sam, SessionBounds(
             cfg.session_ended_grace, cfg.session_idle_expiry, cfg.max_sessions,

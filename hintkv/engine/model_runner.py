@@ -12,6 +12,7 @@ import torch
 
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq
 from hintkv.engine.sampler import sample
+from hintkv.engine.spec.verify import verify
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.config import ModelConfig
 
@@ -21,7 +22,8 @@ class StepInputs:
     input_ids: torch.Tensor  # [num_batched_tokens]
     positions: torch.Tensor  # [num_batched_tokens]
     meta: AttentionMetadata
-    sample_rows: list[int]  # the row of each sampling sequence's last new token, in batch order
+    sample_rows: list[int]  # the row of each sampling sequence's last real token, in batch order
+    # With drafts, that row and the rows of its k drafts: [row, row + k] (verified together)
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -48,7 +50,9 @@ class ModelRunner:
         qsl, ctx, sample_rows = [0], [], []
         for s in batch:
             seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            ids.extend(seq.token_ids[c:c + n])
+            k = s.num_spec_tokens
+            ids.extend(seq.token_ids[c:c + n - k])
+            ids.extend(s.spec_token_ids)
             p = torch.arange(c, c + n)
             table = torch.tensor([b.block_id for b in seq.block_table], dtype=torch.long)
             pos.append(p)
@@ -57,7 +61,7 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
             ctx.append(c + n)
             if s.samples:
-                sample_rows.append(qsl[-1] - 1)
+                sample_rows.append(qsl[-1] - 1 - k)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slots).to(dev),
@@ -77,16 +81,30 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]) -> ModelRunnerOutput:
         """Compute KV for every scheduled token; sample a token for each sequence whose KV this
-        completes (the others, prefill chunks, get none)."""
+        completes (the others, prefill chunks, get none); a sequence with drafts gets its
+        accepted drafts and one more token (`spec/verify.py`)."""
         inputs = self.prepare_inputs(batch)
         hidden = self.forward(inputs)
-        tokens: list[int | None] = [None] * len(batch)
-        if inputs.sample_rows:
-            sampling = [s.seq for s in batch if s.samples]
-            rows = torch.tensor(inputs.sample_rows, device=self.device)
-            logits = self.model.compute_logits(hidden[rows])
-            sampled = iter(sample(logits, [q.sampling for q in sampling], [q.generator for q in sampling]))
-            for i, s in enumerate(batch):
-                if s.samples:
-                    tokens[i] = next(sampled)
-        return ModelRunnerOutput.from_tokens(tokens)
+        out: list[list[int]] = [[] for _ in batch]
+        if not inputs.sample_rows:
+            return ModelRunnerOutput(out)
+        sampling = [(i, s) for i, s in enumerate(batch) if s.samples]
+        rows: list[int] = []  # every logit row needed: one per sequence, k + 1 with drafts
+        for (_, s), r in zip(sampling, inputs.sample_rows):
+            rows.extend(range(r, r + s.num_spec_tokens + 1))
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        plain = [j for j, (_, s) in enumerate(sampling) if not s.num_spec_tokens]
+        first = [0]  # the first logit row of each sampling sequence
+        for _, s in sampling:
+            first.append(first[-1] + s.num_spec_tokens + 1)
+        if plain:
+            seqs = [sampling[j][1].seq for j in plain]
+            picked = sample(logits[[first[j] for j in plain]], [q.sampling for q in seqs],
+                            [q.generator for q in seqs])
+            for j, tok in zip(plain, picked):
+                out[sampling[j][0]] = [tok]
+        for j, (i, s) in enumerate(sampling):
+            if s.num_spec_tokens:
+                out[i] = verify(logits[first[j]:first[j + 1]], s.spec_token_ids, s.seq.sampling,
+                                s.seq.generator)
+        return ModelRunnerOutput(out)

@@ -1,4 +1,8 @@
-"""Token sampling: greedy rows batched; temperature / top-p rows with per-request seeds."""
+"""Token sampling: greedy rows batched; temperature / top-p rows with per-request seeds.
+
+`probs` is the one definition of a request's sampling distribution; plain sampling and the
+speculative verifier (`engine/spec/verify.py`) both draw from it, so speculation keeps it.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,28 @@ import torch
 from hintkv.engine.types import SamplingParams
 
 
+def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
+    """[V] logits -> the distribution `p` samples from; None when it is not one (greedy, or NaN/inf
+    logits: the caller keeps the argmax rather than fail the whole batch)."""
+    if p.greedy:
+        return None
+    pr = torch.softmax(logits.float() / p.temperature, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, idx = pr.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token
+        pr = torch.zeros_like(pr).scatter_(0, idx, sorted_p * keep)
+    total = float(pr.sum())
+    if not bool(torch.isfinite(pr).all()) or total <= 0:
+        return None
+    return pr / total if total != 1.0 else pr
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
     """logits: [N, V] float32 -> one token id per row."""
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        probs = torch.softmax(logits[i] / p.temperature, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, idx = probs.sort(descending=True)
-            keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token
-            sorted_p = sorted_p * keep
-            probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
-        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
-            continue  # NaN/inf logits: keep the argmax rather than fail the whole batch
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+        pr = probs(logits[i], p)
+        if pr is not None:
+            out[i] = int(torch.multinomial(pr, 1, generator=generators[i]).item())
     return out

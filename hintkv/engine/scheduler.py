@@ -46,6 +46,7 @@ from hintkv.engine.admission import (
 )
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.spec.proposer import Proposer
 from hintkv.engine.types import FinishReason, RequestOutput
 
 __all__ = ["ModelRunnerOutput", "ScheduledSeq", "Scheduler", "SchedulerOutput"]
@@ -80,6 +81,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # prompt tokens of added requests
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (incl. recomputes)
+        self.proposer: Proposer | None = None  # speculative decoding: drafts for decoding sequences
+        self.num_draft_tokens = 0  # drafts verified
+        self.num_accepted_tokens = 0  # of which accepted
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, num_blocks: int, *, eos_token_ids: Iterable[int] = (),
@@ -147,6 +151,8 @@ class Scheduler:
             self.waiting.remove(seq)
             self._release_queued(seq)
         self.kv.free(seq)
+        if self.proposer is not None:
+            self.proposer.on_finish(seq)
         seq.status = SeqStatus.FINISHED
         self.requests.pop(seq.request_id, None)
         self.admission.forget(seq.request_id)
@@ -183,6 +189,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            drafts = self._drafts(seq, n, budget)
+            if drafts and self.kv.can_append(seq, n + len(drafts)):
+                n += len(drafts)
+            else:
+                drafts = []
             while not self.kv.can_append(seq, n):
                 victim = self.running.pop()
                 if victim is seq:
@@ -197,7 +208,7 @@ class Scheduler:
                 out.preempted.append(victim)
             else:
                 self.kv.append(seq, n)
-                out.scheduled.append(ScheduledSeq(seq, n))
+                out.scheduled.append(ScheduledSeq(seq, n, drafts))
                 budget -= n
                 i += 1
         if not out.preempted:
@@ -254,6 +265,17 @@ class Scheduler:
             plan.reserved += max(0, blocks_to_end(seq, self.kv.block_size, self.max_model_len)
                                  - len(seq.block_table))
 
+    def _drafts(self, seq: Sequence, n: int, budget: int) -> list[int]:
+        """Drafts for a sequence whose next token this step samples; never more than its output
+        room, the model's length or the step's budget allow (each costs a KV slot)."""
+        if self.proposer is None or n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
+            return []
+        room = min(self.proposer.num_speculative_tokens, budget - 1,
+                   seq.sampling.max_tokens - seq.num_output_tokens - 1)
+        if self.max_model_len is not None:
+            room = min(room, self.max_model_len - seq.num_tokens - 1)
+        return self.proposer.propose(seq, room) if room > 0 else []
+
     # ---- update ----------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,
                            runner: ModelRunnerOutput) -> list[RequestOutput]:
@@ -287,6 +309,10 @@ class Scheduler:
                 if reason is not None:
                     break
             seq.num_computed_tokens += min(kept, max(0, len(tokens) - 1))  # accepted drafts have KV
+            if s.num_spec_tokens:  # rejected drafts: their KV is never committed; blocks go back
+                self.num_draft_tokens += s.num_spec_tokens
+                self.num_accepted_tokens += max(0, len(tokens) - 1)
+                self.kv.truncate(seq, seq.num_tokens)
             self.kv.commit(seq)
             if reason is not None:
                 outputs.append(self._finish(seq, reason))
