@@ -42,7 +42,7 @@ def test_drafts_are_scheduled_and_rejected_ones_rolled_back():
 
 
 def test_drafts_never_pass_the_output_limit():
-    s, q = make(k=8, max_tokens=3)
+    s, _ = make(k=8, max_tokens=3)
     out = s.schedule()
     assert len(out.scheduled[0].spec_token_ids) == 1  # 1 output so far, room for 2 more: 1 draft + 1
     outs = s.update_from_output(out, ModelRunnerOutput([[8, 9]]))

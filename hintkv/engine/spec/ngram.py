@@ -19,7 +19,7 @@ class NgramIndex:
     incrementally as tokens are appended. The latest occurrence of the query itself (the
     sequence's own tail) is excluded by looking up before indexing the tail."""
 
-    __slots__ = ("min_n", "max_n", "last_end", "num_indexed")
+    __slots__ = ("last_end", "max_n", "min_n", "num_indexed")
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
