@@ -45,9 +45,10 @@ from hintkv.engine.admission import (
     make_admission,
 )
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from hintkv.engine.request_metrics import request_metrics
 from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.spec.proposer import Proposer
-from hintkv.engine.types import FinishReason, RequestOutput
+from hintkv.engine.types import FinishReason, RequestMetrics, RequestOutput
 
 __all__ = ["ModelRunnerOutput", "ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
@@ -156,7 +157,7 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         self.requests.pop(seq.request_id, None)
         self.admission.forget(seq.request_id)
-        return _output(seq, finished=True)
+        return _output(seq, finished=True, metrics=request_metrics(seq, self.clock()))
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
@@ -208,6 +209,7 @@ class Scheduler:
                 out.preempted.append(victim)
             else:
                 self.kv.append(seq, n)
+                seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
                 out.scheduled.append(ScheduledSeq(seq, n, drafts))
                 budget -= n
                 i += 1
@@ -252,6 +254,7 @@ class Scheduler:
                 return
             self.kv.admit(seq, match, n)
             self._admitted(seq, SeqStatus.RUNNING, plan)
+            seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
@@ -310,9 +313,17 @@ class Scheduler:
                     break
             seq.num_computed_tokens += min(kept, max(0, len(tokens) - 1))  # accepted drafts have KV
             if s.num_spec_tokens:  # rejected drafts: their KV is never committed; blocks go back
+                accepted = max(0, len(tokens) - 1)
                 self.num_draft_tokens += s.num_spec_tokens
-                self.num_accepted_tokens += max(0, len(tokens) - 1)
+                self.num_accepted_tokens += accepted
+                seq.num_draft_tokens += s.num_spec_tokens
+                seq.num_accepted_tokens += accepted
                 self.kv.truncate(seq, seq.num_tokens)
+            if tokens:
+                now = self.clock()
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                seq.last_token_time = now
             self.kv.commit(seq)
             if reason is not None:
                 outputs.append(self._finish(seq, reason))
@@ -366,8 +377,9 @@ class Scheduler:
         assert all(s.status is not SeqStatus.FINISHED for s in self.requests.values())
 
 
-def _output(seq: Sequence, finished: bool = False) -> RequestOutput:
+def _output(seq: Sequence, finished: bool = False, metrics: RequestMetrics | None = None) -> RequestOutput:
     new = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens:]
     seq.num_sent_tokens += len(new)
     return RequestOutput(seq.request_id, new, finished, seq.finish_reason, seq.num_prompt_tokens,
-                         seq.num_cached_tokens, seq.num_output_tokens)
+                         seq.num_cached_tokens, seq.num_output_tokens, metrics=metrics)
+

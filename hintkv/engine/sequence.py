@@ -47,6 +47,12 @@ class Sequence:
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
     num_sent_tokens: int = 0  # output tokens already returned to the caller
+    # per-request metrics (scheduler clock): first / latest output token, peak blocks, drafts
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    peak_kv_blocks: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

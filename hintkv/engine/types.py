@@ -58,6 +58,24 @@ class GenerateRequest:
 
 
 @dataclass(slots=True)
+class RequestMetrics:
+    """What one request cost, measured on the engine's clock from its arrival at the scheduler
+    (tokenizing and HTTP excluded). Reported when it finishes."""
+
+    ttft_s: float | None  # arrival -> first generated token (None: aborted before one)
+    e2e_s: float  # arrival -> finish
+    itl_s: float | None  # mean gap between output tokens after the first (None: < 2 tokens)
+    decode_tokens_per_s: float | None  # output tokens after the first / time since the first
+    peak_kv_blocks: int  # most device KV blocks the request held at once
+    num_draft_tokens: int = 0  # speculative drafts verified
+    num_accepted_tokens: int = 0  # of which accepted
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """One increment of a request's result; the last one has `finished=True`."""
 
@@ -69,6 +87,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (any tier)
     num_output_tokens: int = 0
     error: str | None = None  # set when the engine could not serve the request at all
+    metrics: RequestMetrics | None = None  # on the finished output
 
 
 

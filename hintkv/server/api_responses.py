@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from hintkv.engine.types import RequestMetrics
 from hintkv.protocol import AgentHintResult
 
 
@@ -42,6 +43,29 @@ class Usage(BaseModel):
             total_tokens=num_prompt + num_output,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
         )
+
+
+class HintkvMetrics(BaseModel):
+    """Extension field `hintkv_metrics`: the request's own figures, on the engine's clock from its
+    arrival at the scheduler (docs/protocol.md)."""
+
+    ttft_s: float | None
+    e2e_s: float
+    inter_token_latency_s: float | None
+    decode_tokens_per_s: float | None
+    peak_kv_blocks: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    spec_acceptance: float | None
+
+    @classmethod
+    def of(cls, m: RequestMetrics | None) -> HintkvMetrics | None:
+        if m is None:
+            return None
+        return cls(ttft_s=m.ttft_s, e2e_s=m.e2e_s, inter_token_latency_s=m.itl_s,
+                   decode_tokens_per_s=m.decode_tokens_per_s, peak_kv_blocks=m.peak_kv_blocks,
+                   spec_draft_tokens=m.num_draft_tokens, spec_accepted_tokens=m.num_accepted_tokens,
+                   spec_acceptance=m.acceptance)
 
 
 class ToolCallFunction(BaseModel):
@@ -82,6 +106,7 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
     prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
     agent_hint_result: AgentHintResult | None = _omitted_if_none("extension: hint edits applied")
+    hintkv_metrics: HintkvMetrics | None = _omitted_if_none("extension: per-request figures (last chunk)")
 
 
 class ChatDelta(BaseModel):
@@ -107,6 +132,7 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
     agent_hint_result: AgentHintResult | None = _omitted_if_none("extension: hint edits applied")
+    hintkv_metrics: HintkvMetrics | None = _omitted_if_none("extension: per-request figures (last chunk)")
 
 
 class CompletionChoice(BaseModel):
@@ -128,6 +154,7 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = _omitted_if_none("extension: return_token_ids")
     agent_hint_result: AgentHintResult | None = _omitted_if_none("extension: hint edits applied")
+    hintkv_metrics: HintkvMetrics | None = _omitted_if_none("extension: per-request figures (last chunk)")
 
 
 def management_chat_response(request_id: str, model: str, result: AgentHintResult) -> ChatCompletionResponse:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import anyio
 
 from hintkv.engine.client import EngineClient
-from hintkv.engine.types import GenerateRequest
+from hintkv.engine.types import GenerateRequest, RequestMetrics
 from hintkv.models.tokenizer import IncrementalDetokenizer
 from hintkv.server.errors import APIError, bad_request
 from hintkv.server.metrics import ServerMetrics
@@ -36,6 +36,7 @@ class Finished:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    metrics: RequestMetrics | None = None  # the engine's figures (None: a stop string ended it first)
 
 
 async def generate_text(
@@ -68,7 +69,10 @@ async def generate_text(
                 done = out.finished
                 metrics.e2e_latency.observe(time.perf_counter() - arrival)
                 reason = "stop" if matcher.stopped else out.finish_reason or "stop"
-                yield Finished(reason, out.num_prompt_tokens, out.num_cached_tokens, num_output)
+                if out.metrics is not None:
+                    metrics.request.observe(out.metrics)
+                yield Finished(reason, out.num_prompt_tokens, out.num_cached_tokens, num_output,
+                               out.metrics)
                 return
             if text or out.new_token_ids:
                 yield TextDelta(text, list(out.new_token_ids))

@@ -14,10 +14,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from hintkv.engine.types import RequestMetrics
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _MANAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_TOK_S_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+_BLOCK_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class EngineStatsCollector:
@@ -128,6 +133,38 @@ class IntegrityCollector:
                                   value=self._violations())
 
 
+class RequestHistograms:
+    """Per-request figures from the engine (`RequestMetrics`), observed once per finished request."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.itl = Histogram("hintkv_request_inter_token_latency_seconds",
+                             "Mean gap between a request's output tokens after its first.",
+                             buckets=_ITL_BUCKETS, registry=registry)
+        self.tok_s = Histogram("hintkv_request_decode_tokens_per_second",
+                               "A request's output tokens after its first per second since its first.",
+                               buckets=_TOK_S_BUCKETS, registry=registry)
+        self.peak_blocks = Histogram("hintkv_request_peak_kv_blocks",
+                                     "Most device KV blocks a request held at once.",
+                                     buckets=_BLOCK_BUCKETS, registry=registry)
+        self.acceptance = Histogram("hintkv_request_spec_acceptance_ratio",
+                                    "Accepted / verified speculative drafts of a request (requests with drafts).",
+                                    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=registry)
+        self.drafts = Counter("hintkv_spec_draft_tokens", "Speculative draft tokens verified.", registry=registry)
+        self.accepted = Counter("hintkv_spec_accepted_tokens", "Speculative draft tokens accepted.",
+                                registry=registry)
+
+    def observe(self, m: RequestMetrics) -> None:
+        if m.itl_s is not None:
+            self.itl.observe(m.itl_s)
+        if m.decode_tokens_per_s is not None:
+            self.tok_s.observe(m.decode_tokens_per_s)
+        self.peak_blocks.observe(m.peak_kv_blocks)
+        if m.acceptance is not None:
+            self.acceptance.observe(m.acceptance)
+            self.drafts.inc(m.num_draft_tokens)
+            self.accepted.inc(m.num_accepted_tokens)
+
+
 class ServerMetrics:
     def __init__(self, engine_stats: Callable[[], Any],
                  tier_stats: Callable[[], dict] | None = None,
@@ -157,6 +194,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.request = RequestHistograms(self.registry)
         self.hint_edits = Counter(
             "hintkv_agent_hint_edits",
             "Agent Hint edits handled, by type, target and what was done.",

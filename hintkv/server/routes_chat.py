@@ -31,6 +31,7 @@ from hintkv.server.api_responses import (
     ChatCompletionResponse,
     ChatDelta,
     DeltaToolCall,
+    HintkvMetrics,
     ToolCall,
     ToolCallFunction,
     Usage,
@@ -174,6 +175,7 @@ async def _stream(
                 reason = "tool_calls" if calls else ev.finish_reason
                 last = chunk(ChatDelta(), finish_reason=reason)
                 last.agent_hint_result = await after_generation()
+                last.hintkv_metrics = HintkvMetrics.of(ev.metrics)
                 yield sse_event(last)
                 if body.include_usage:
                     usage = Usage.of(

@@ -20,6 +20,7 @@ from hintkv.server.api_responses import (
     SSE_DONE,
     CompletionChoice,
     CompletionResponse,
+    HintkvMetrics,
     Usage,
     management_completion_response,
     sse_event,
@@ -127,6 +128,7 @@ async def _stream(
                     continue
                 last = chunk("", finish_reason=ev.finish_reason)
                 last.agent_hint_result = await after_generation()
+                last.hintkv_metrics = HintkvMetrics.of(ev.metrics)
                 yield sse_event(last)
                 if body.include_usage:
                     usage = Usage.of(

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from hintkv.protocol import AgentHintResult
-from hintkv.server.api_responses import Usage
+from hintkv.server.api_responses import HintkvMetrics, Usage
 from hintkv.server.generation import Finished
 
 T = TypeVar("T")
@@ -51,6 +51,7 @@ async def final_response(
         usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
         prompt_token_ids=prompt_ids if return_token_ids else None,
         agent_hint_result=await after(),
+        hintkv_metrics=HintkvMetrics.of(fin.metrics),
     )
     return json_response(resp)
 

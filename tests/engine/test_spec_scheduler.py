@@ -49,3 +49,27 @@ def test_drafts_never_pass_the_output_limit():
     assert outs[0].finished and outs[0].finish_reason == "length"
     assert s.kv.pool.num_in_use == 0
     s.check_integrity()
+
+
+
+def test_request_metrics_on_the_schedulers_clock():
+    now = [100.0]
+    s = Scheduler.from_config(EngineConfig(block_size=BS), 32, max_model_len=64, clock=lambda: now[0])
+    s.proposer = make_proposer("ngram", 4)
+    q = Sequence("r", list(PROMPT), len(PROMPT), SamplingParams(temperature=0, max_tokens=5), ROOT)
+    s.add_request(q)
+    now[0] = 101.0
+    s.update_from_output(s.schedule(), ModelRunnerOutput([[7]]))  # first token at t=101
+    now[0] = 101.5
+    out = s.schedule()
+    assert out.scheduled[0].spec_token_ids == [8, 9, 10]  # 3 = room for 4 more outputs - 1
+    s.update_from_output(out, ModelRunnerOutput([[8, 9, 42]]))
+    now[0] = 103.0
+    out = s.schedule()
+    assert out.scheduled[0].spec_token_ids == []  # one output left: no room for a draft
+    (done,) = s.update_from_output(out, ModelRunnerOutput([[43]]))
+    m = done.metrics
+    assert done.finished and done.finish_reason == "length"
+    assert (m.ttft_s, m.e2e_s, m.itl_s, m.decode_tokens_per_s) == (1.0, 3.0, 0.5, 2.0)
+    assert m.peak_kv_blocks == 4  # 11 prompt + 1 + 3 drafts = 15 tokens of KV at once
+    assert (m.num_draft_tokens, m.num_accepted_tokens, m.acceptance) == (3, 2, 2 / 3)

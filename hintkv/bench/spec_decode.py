@@ -1,0 +1,194 @@
+"""`hintkv bench spec_decode`: speculative decoding on the agent decode workload.
+
+    hintkv bench spec_decode [--quick] [--traces DIR] [--seed 0] [--k 4]
+
+The swe-agent traces' real assistant turns: the prompt is the trajectory up to that turn
+(ChatML, SmolLM2's tokenizer), and the real SmolLM2 generates up to 128 tokens greedily (EOS
+ends a turn). Each picked trace replays its first turns in order as one session, so the suffix
+proposer has the session's earlier requests and responses. One in-process engine per mode
+(none, ngram, suffix), the same turn run in every mode back to back (load drifts hit all modes
+alike). Per mode: decode tokens/s (tokens after the first over the time from the first token to
+the last, so the shared prefill is left out), tokens per forward, draft acceptance, and whether
+the greedy output is identical to no speculation.
+
+`--quick`: 2 traces x 2 turns, prompts <= 1024 tokens; full: 6 traces x 4 turns, <= 3072.
+Goal (issue 11): speculative decode tok/s >= 1.8x no speculation, identical greedy output.
+A table goes to stdout, then one JSON line; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hintkv.bench.common import (
+    add_common_args,
+    emit_json,
+    goal,
+    log,
+    print_table,
+    ratio,
+)
+from hintkv.cache.types import SessionRef
+from hintkv.config import EngineConfig
+from hintkv.engine.llm_engine import LLMEngine
+from hintkv.engine.types import GenerateRequest, SamplingParams
+
+MODES = (None, "ngram", "suffix")
+MAX_NEW_TOKENS = 128
+
+
+@dataclass(slots=True)
+class Turn:
+    trace: str
+    index: int  # the assistant turn's index in its trace
+    prompt: list[int]
+
+
+@dataclass(slots=True)
+class ModeFigures:
+    tokens: int = 0  # decode tokens (after each turn's first)
+    decode_s: float = 0.0
+    forwards: int = 0  # decode forwards (steps after the first token)
+    drafts: int = 0
+    accepted: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float | None:
+        return self.tokens / self.decode_s if self.decode_s > 0 else None
+
+
+def agent_turns(traces: str, num_traces: int, turns_per_trace: int, max_prompt: int, seed: int) -> list[Turn]:
+    """The first `turns_per_trace` assistant turns of `num_traces` seeded swe-agent traces whose
+    prompts fit in `max_prompt` tokens."""
+    from hintkv.bench.swarm import trace_folder
+    from hintkv.workload.traces.swe_agent import load_swe_agent
+
+    runs = load_swe_agent(trace_folder(traces, "swe-agent"))
+    random.Random(seed).shuffle(runs)
+    out: list[Turn] = []
+    for run in runs:
+        calls = run.task(run.name).root.calls
+        picked = []
+        for i, c in enumerate(calls[:turns_per_trace]):
+            prompt = [t for chunk in c.prompt for t in chunk]
+            if len(prompt) > max_prompt:
+                break
+            picked.append(Turn(run.name, i, prompt))
+        if len(picked) == turns_per_trace:
+            out += picked
+        if len(out) >= num_traces * turns_per_trace:
+            break
+    if not out:
+        raise SystemExit(f"no swe-agent trace in {traces} has {turns_per_trace} turns under {max_prompt} tokens")
+    return out
+
+
+def make_engine(mode: str | None, k: int, kv_tokens: int) -> LLMEngine:
+    return LLMEngine(EngineConfig(speculative=mode, num_speculative_tokens=k, kv_cache_tokens=kv_tokens,
+                                  max_num_batched_tokens=4096, enforce_eager=True))
+
+
+def run_turn(e: LLMEngine, turn: Turn, rid: str, fig: ModeFigures) -> None:
+    """One request alone on the engine; decode time is first token -> last token."""
+    s = e.scheduler
+    drafts0, acc0 = s.num_draft_tokens, s.num_accepted_tokens
+    e.add_request(GenerateRequest(rid, turn.prompt, SamplingParams(temperature=0, max_tokens=MAX_NEW_TOKENS),
+                                  session=SessionRef("bench", turn.trace, "")))
+    tokens: list[int] = []
+    t_first = t_last = None
+    forwards = 0
+    while e.has_work():
+        outs = e.step()
+        now = time.perf_counter()
+        for o in outs:
+            if o.new_token_ids:
+                if t_first is None:
+                    t_first = now
+                else:
+                    forwards += 1
+                t_last = now
+                tokens += o.new_token_ids
+    fig.outputs.append(tokens)
+    fig.tokens += len(tokens) - 1
+    fig.decode_s += (t_last or 0) - (t_first or 0)
+    fig.forwards += forwards
+    fig.drafts += s.num_draft_tokens - drafts0
+    fig.accepted += s.num_accepted_tokens - acc0
+
+
+def measure(turns: list[Turn], k: int) -> dict[str | None, ModeFigures]:
+    kv_tokens = max(len(t.prompt) for t in turns) * 2 + 4 * MAX_NEW_TOKENS
+    engines = {m: make_engine(m, k, kv_tokens) for m in MODES}
+    figs = {m: ModeFigures() for m in MODES}
+    for n, turn in enumerate(turns):
+        log(f"turn {n + 1}/{len(turns)}: {turn.trace} #{turn.index}, {len(turn.prompt)} prompt tokens")
+        for m in MODES:
+            run_turn(engines[m], turn, f"{turn.trace}-{turn.index}", figs[m])
+    for e in engines.values():
+        e.close()
+    return figs
+
+
+def summarize(figs: dict[str | None, ModeFigures], k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    base = figs[None]
+    rows, modes = [], {}
+    for m, f in figs.items():
+        name = m or "none"
+        identical = f.outputs == base.outputs
+        speedup = ratio(f.tok_s, base.tok_s)
+        acc = f.accepted / f.drafts if f.drafts else None
+        per_fwd = f.tokens / f.forwards if f.forwards else None
+        rows.append({"mode": name, "k": k if m else 0, "decode tok/s": f.tok_s, "vs none": speedup,
+                     "tokens/forward": per_fwd, "acceptance": acc, "identical": identical})
+        modes[name] = {"tok_s": f.tok_s, "speedup": speedup, "tokens": f.tokens, "forwards": f.forwards,
+                       "tokens_per_forward": per_fwd, "drafts": f.drafts, "accepted": f.accepted,
+                       "acceptance": acc, "identical_greedy": identical}
+    return rows, modes
+
+
+def spec_goal(modes: dict[str, Any]) -> dict[str, Any]:
+    """>= 1.8x decode tok/s over no speculation with identical greedy output (the better mode)."""
+    cands = [(v["speedup"], n) for n, v in modes.items()
+             if n != "none" and v["speedup"] is not None and v["identical_greedy"]]
+    best = max(cands, default=(None, None))
+    g = goal(1.8, best[0], best[0] is not None and best[0] >= 1.8)
+    g["mode"] = best[1]
+    return g
+
+
+def run_bench(quick: bool, traces: str, seed: int, k: int) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+    n_traces, per, max_prompt = (2, 2, 1024) if quick else (6, 4, 3072)
+    turns = agent_turns(traces, n_traces, per, max_prompt, seed)
+    figs = measure(turns, k)
+    rows, modes = summarize(figs, k)
+    return rows, modes, len(turns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hintkv.bench.swarm import default_traces
+
+    p = argparse.ArgumentParser(prog="hintkv bench spec_decode", description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--traces", default=default_traces(), help="a folder with swe-agent/ in it, or the folder itself")
+    p.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    rows, modes, n = run_bench(args.quick, args.traces, args.seed, args.k)
+    print_table(rows, ["mode", "k", "decode tok/s", "vs none", "tokens/forward", "acceptance", "identical"])
+    emit_json({"bench": "spec_decode", "quick": args.quick, "turns": n, "k": args.k,
+               "elapsed_s": round(time.perf_counter() - t0, 1), "modes": modes,
+               "goals": {"speculative_agent_decode_speedup": spec_goal(modes)}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Per-request metrics: the `hintkv_metrics` extension field (whole responses and the last
+stream chunk) and the per-request histograms on /metrics."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from server_testing import BLOCK_SIZE, LiveServer
+
+
+def _post(live_server: LiveServer, path: str, body: dict) -> httpx.Response:
+    return httpx.post(live_server.base_url + path, json=body, headers=live_server.headers, timeout=60)
+
+
+def _model(live_server: LiveServer) -> str:
+    return httpx.get(live_server.base_url + "/v1/models", headers=live_server.headers).json()["data"][0]["id"]
+
+
+def test_completion_reports_its_own_figures(live_server):
+    body = {"model": _model(live_server), "prompt": "one two three four", "max_tokens": 6,
+            "temperature": 0, "ignore_eos": True}
+    r = _post(live_server, "/v1/completions", body)
+    assert r.status_code == 200
+    m = r.json()["hintkv_metrics"]
+    assert 0 < m["ttft_s"] <= m["e2e_s"]
+    assert m["inter_token_latency_s"] > 0 and m["decode_tokens_per_s"] > 0
+    # 5 gaps after the first token: tokens/s and the mean gap describe the same interval
+    assert abs(m["decode_tokens_per_s"] * m["inter_token_latency_s"] - 1) < 1e-6
+    prompt_tokens = r.json()["usage"]["prompt_tokens"]
+    assert m["peak_kv_blocks"] >= 1 and m["peak_kv_blocks"] * BLOCK_SIZE >= prompt_tokens
+    assert m["spec_draft_tokens"] == 0 and m["spec_acceptance"] is None  # no speculation here
+
+
+def test_chat_stream_carries_the_figures_on_its_last_choice_chunk(live_server):
+    body = {"model": _model(live_server), "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, "temperature": 0, "stream": True}
+    with httpx.stream("POST", live_server.base_url + "/v1/chat/completions", json=body,
+                      headers=live_server.headers, timeout=60) as r:
+        lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln.startswith("data: {")]
+    chunks = [json.loads(x) for x in lines]
+    with_metrics = [c for c in chunks if "hintkv_metrics" in c]
+    assert len(with_metrics) == 1 and with_metrics[0]["choices"][0]["finish_reason"] is not None
+    assert with_metrics[0]["hintkv_metrics"]["peak_kv_blocks"] >= 1
+
+
+def test_metrics_endpoint_has_request_histograms(live_server):
+    _post(live_server, "/v1/completions", {"model": _model(live_server), "prompt": "a b c", "max_tokens": 3,
+                                           "temperature": 0, "ignore_eos": True})
+    text = httpx.get(live_server.base_url + "/metrics", headers=live_server.headers).text
+    samples = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+               for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert samples["hintkv_request_inter_token_latency_seconds_count"] >= 1
+    assert samples["hintkv_request_decode_tokens_per_second_count"] >= 1
+    assert samples["hintkv_request_peak_kv_blocks_count"] >= 1
+    assert "hintkv_request_spec_acceptance_ratio_count" in samples
+    assert "hintkv_spec_draft_tokens_total" in samples
