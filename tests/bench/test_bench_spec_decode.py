@@ -1,0 +1,33 @@
+"""bench/spec_decode: the goal is computed from the runs (the best mode whose greedy output is
+identical), and the agent turns are real swe-agent prompts that grow turn by turn."""
+
+from pathlib import Path
+
+import pytest
+
+from hintkv.bench.spec_decode import ModeFigures, agent_turns, spec_goal, summarize
+from hintkv.bench.swarm import default_traces
+
+TRACES = Path(default_traces())
+
+
+def test_goal_reads_the_best_identical_mode():
+    base = ModeFigures(tokens=100, decode_s=10.0, forwards=100, outputs=[[1, 2, 3]])
+    fast_wrong = ModeFigures(tokens=100, decode_s=2.0, forwards=20, drafts=100, accepted=80, outputs=[[1, 2, 4]])
+    ok = ModeFigures(tokens=100, decode_s=5.0, forwards=50, drafts=80, accepted=50, outputs=[[1, 2, 3]])
+    rows, modes = summarize({None: base, "ngram": fast_wrong, "suffix": ok}, 4)
+    assert [r["identical"] for r in rows] == [True, False, True]
+    assert modes["suffix"]["speedup"] == pytest.approx(2.0)
+    assert modes["suffix"]["tokens_per_forward"] == 2.0 and modes["suffix"]["acceptance"] == 50 / 80
+    g = spec_goal(modes)
+    assert g == {"target": 1.8, "measured": pytest.approx(2.0), "met": True, "mode": "suffix"}
+    ok.decode_s = 8.0
+    assert spec_goal(summarize({None: base, "ngram": fast_wrong, "suffix": ok}, 4)[1])["met"] is False
+
+
+@pytest.mark.skipif(not (TRACES / "swe-agent").is_dir(), reason="no swe-agent traces here")
+def test_agent_turns_are_a_growing_trajectory():
+    turns = agent_turns(str(TRACES), 1, 2, 2048, seed=0)
+    assert len(turns) == 2 and turns[0].trace == turns[1].trace
+    a, b = turns[0].prompt, turns[1].prompt
+    assert len(b) > len(a) and b[:len(a) - 3] == a[:len(a) - 3]  # the next turn extends the trajectory
