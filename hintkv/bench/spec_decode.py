@@ -66,13 +66,15 @@ def agent_turns(traces: str, num_traces: int, turns_per_trace: int, max_prompt: 
     """The first `turns_per_trace` assistant turns of `num_traces` seeded swe-agent traces whose
     prompts fit in `max_prompt` tokens."""
     from hintkv.bench.swarm import trace_folder
-    from hintkv.workload.traces.swe_agent import load_swe_agent
+    from hintkv.workload.traces.swe_agent import SweAgentRun, load_swe_agent
 
     runs = load_swe_agent(trace_folder(traces, "swe-agent"))
     random.Random(seed).shuffle(runs)
     out: list[Turn] = []
     for run in runs:
-        calls = run.task(run.name).root.calls
+        asked = [i for i, t in enumerate(run.turns) if t.role == "assistant"][:turns_per_trace]
+        head = SweAgentRun(run.name, run.turns[:asked[-1] + 1])  # render only the turns needed
+        calls = head.task(run.name).root.calls
         picked = []
         for i, c in enumerate(calls[:turns_per_trace]):
             prompt = [t for chunk in c.prompt for t in chunk]
