@@ -36,12 +36,20 @@ class Sizing:
 
 
 def size_workload(wl: Workload, base: OfflineConfig, memo: dict) -> Sizing:
-    inf = replay_offline(wl, replace(base, policy="sam", hints=True, device_blocks=10**7, host_blocks=0), memo)
     bs = base.block_size
+    inf = replay_offline(wl, replace(base, policy="sam", hints=True, device_blocks=unbounded_blocks(wl, bs),
+                                     host_blocks=0), memo)
     biggest = max(math.ceil((c.num_prompt_tokens + c.max_tokens) / bs)
                   for t in wl.tasks() for a in t.agents() for c in a.calls)
     return Sizing(inf.peak_held_blocks, belady(inf.accesses, None, bs).hit_rate, biggest, inf.prompt_tokens,
                   len(inf.calls))
+
+
+def unbounded_blocks(wl: Workload, block_size: int) -> int:
+    """A device pool no replay of `wl` can fill: every call's prompt and completion blocks
+    (building a pool of 10^7 blocks cost more than the replay itself)."""
+    return 1 + sum(math.ceil((c.num_prompt_tokens + c.max_tokens) / block_size) + 1
+                   for t in wl.tasks() for a in t.agents() for c in a.calls)
 
 
 def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo: dict,

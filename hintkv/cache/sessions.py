@@ -64,6 +64,7 @@ class SessionRegistry:
         self.holders: dict[BlockHash, set[str]] = {}
         self.tool_gaps: dict[str, GapEstimator] = {}
         self.all_gaps = GapEstimator()
+        self.turnaround = GapEstimator()  # arrival -> done of a session's request: queue + run
         self.protect_budget_blocks = protect_budget_blocks
         self.ranking: ClassRanking | None = None  # told of every state and ownership change
         # sessions whose protection may still run (expired ones pruned by set_ttl): the budget
@@ -120,6 +121,8 @@ class SessionRegistry:
             return []
         s.num_inflight = max(0, s.num_inflight - 1)
         s.last_done = now
+        if s.num_inflight == 0:
+            self.turnaround.observe(now - s.last_arrival)
         if s.state is SessionState.ENDED:
             return []  # evicted while its request ran: hold nothing
         orphans = self._set_held(s, hashes)
@@ -223,6 +226,11 @@ class SessionRegistry:
         if not est.known:
             return 5.0, 60.0
         return est.expected(), est.stale_after()
+
+    def predicted_turnaround(self) -> float:
+        """Seconds from a request's arrival to its end, lately (the queue's wait plus the run):
+        how long after it asks again a session's blocks are read. 1 s until one was seen."""
+        return max(self.turnaround.expected(), 1e-3) if self.turnaround.known else 1.0
 
     # ---- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

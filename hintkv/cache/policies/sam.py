@@ -1,60 +1,103 @@
-"""`sam`: session-aware eviction order, from what the agents told us (Agent Hint).
+"""`sam`: session-aware eviction by predicted next use (Belady's rule, from what agents say).
+
+Belady evicts the block whose next use is farthest. SAM predicts when each live session's blocks
+are read again and ranks sessions by that time, on a log scale relative to the system's own
+recent turnaround Q (a request's arrival to its end: the queue's wait plus the run; see
+`SessionRegistry.predicted_turnaround`):
+
+    in flight (queued or running)  next use = its arrival + Q    (an old arrival: the queue's head)
+    waiting on a tool              next use = its last end + predicted gap + Q
+    waiting on live sub-agents     comes back after them: the farthest band
+    suspended, or idle far beyond its usual gap: presumed gone; ended: holds nothing
 
 Classes, reclaimed first to last:
-  0  blocks no live session holds (ended sessions, orphaned context);
-  1  suspended (offloaded) sessions, and waiting sessions idle far beyond their usual gap;
-  2-5  waiting sessions, by how soon they are predicted back: > 60 s, > 10 s, > 2 s, sooner;
-  6  sessions running now, prefetched, or under cache_control TTL.
-A block shared by several sessions ranks by its most protective holder. A waiting session moves
-up a band as its predicted return comes closer (`recheck_after`), not on every allocation.
+    0  UNHELD: blocks no live session holds (ended sessions, orphaned context)
+    1  GONE: suspended (offloaded), or idle far beyond its usual gap
+    2-10  by r = predicted next use - now: r > 16Q, > 8Q, > 4Q, > 2Q, > Q, > Q/2, > Q/4, > Q/8, sooner
+    11 prefetched (until the call it announced arrives), or under a cache_control TTL
+A prefetch never takes the room of a session due within one turnaround (class >= 7: that is
+every queued request, what `qlru` protects). A block shared by several sessions ranks by its most
+protective holder; a session's tail goes before its head (`ClassRanking`).
+
+Why this resists the scan that made `sam-v1` thrash like LRU: when more sessions cycle than fit,
+the session that just finished is the farthest from its next turn (every queued and waiting
+session comes first), so it lands in a low band and is reclaimed first, MRU on a cycle as Belady
+does, while sessions nearer their turn keep their blocks and hit. A session moves up a band as its
+turn comes closer (`recheck_after`: at each band crossing). Every input is the session's or the
+system's own observed history (gaps, turnaround); no constant depends on a workload.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from hintkv.cache.policies.base import EvictionPolicy, register_policy
-from hintkv.cache.sessions import SessionState
+from hintkv.cache.sessions import PREFETCH_GRACE_S, SessionState
 
 if TYPE_CHECKING:
     from hintkv.cache.sessions import Session
 
-GONE = 1  # suspended, or presumed gone
-WAIT_BANDS_S = (60.0, 10.0, 2.0)  # predicted seconds until return: beyond each, one class lower
-FIRST_WAIT = 2
-RUNNING = FIRST_WAIT + len(WAIT_BANDS_S) + 1  # 6
-MAX_RECHECK_S = 5.0  # a waiting session's prediction may drift (shared gap estimates): re-rank
+GONE = 1
+FIRST_BAND = 2
+BANDS = (16.0, 8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125)  # r / Q beyond each: one class lower
+PROTECTED = FIRST_BAND + len(BANDS) + 1  # 11: prefetched or TTL
+RUNNING = PROTECTED  # the top class (name kept for callers of sam-v1's constant)
+DUE_WITHIN_TURNAROUND = FIRST_BAND + sum(1 for t in BANDS if t >= 1.0)  # 7: r <= Q
+MAX_RECHECK_S = 5.0  # estimates drift (shared gap and turnaround means): re-rank at least this often
+_LIVE_CHILD = (SessionState.ACTIVE, SessionState.WAITING)
 
 
 @register_policy("sam")
 class SAMPolicy(EvictionPolicy):
     name = "sam"
-    num_classes = RUNNING + 1
-    protected_class = RUNNING
+    num_classes = PROTECTED + 1
+    protected_class = DUE_WITHIN_TURNAROUND
     uses_sessions = True
 
-    def _protected(self, s: Session, now: float) -> bool:
-        return s.state is SessionState.ACTIVE or s.prefetched_until > now or s.protect_until > now
+    def next_use(self, s: Session, now: float) -> float | None:
+        """Predicted seconds until `s`'s blocks are read again (math.inf: after its live
+        sub-agents); None: presumed gone."""
+        reg = self.sessions
+        if reg is None:
+            return 0.0 if s.state is SessionState.ACTIVE else None
+        q = reg.predicted_turnaround()
+        if s.state is SessionState.ACTIVE:
+            return s.last_arrival + q - now
+        if s.state is not SessionState.WAITING:
+            return None
+        if any(c in reg.sessions and reg.sessions[c].state in _LIVE_CHILD for c in s.children):
+            return math.inf
+        expected, stale = reg.predicted_gap(s)
+        if now - s.last_done > stale:
+            return None
+        return s.last_done + expected + q - now
+
+    @staticmethod
+    def prefetch_pending(s: Session, now: float) -> bool:
+        """Prefetched and its call not yet arrived: the prefetch announced that call, so once the
+        call came the session is ranked by its own state again (not protected for the grace)."""
+        return s.prefetched_until > now and s.last_arrival < s.prefetched_until - PREFETCH_GRACE_S
 
     def session_class(self, s: Session, now: float) -> int:
-        if self._protected(s, now):
-            return RUNNING
-        if s.state is not SessionState.WAITING or self.sessions is None:
+        if self.prefetch_pending(s, now) or s.protect_until > now:
+            return PROTECTED
+        r = self.next_use(s, now)
+        if r is None:
             return GONE
-        expected, stale = self.sessions.predicted_gap(s)
-        if now - s.last_done > stale:
-            return GONE
-        remaining = s.last_done + expected - now
-        return FIRST_WAIT + sum(1 for t in WAIT_BANDS_S if remaining <= t)
+        q = self.sessions.predicted_turnaround() if self.sessions is not None else 1.0
+        return FIRST_BAND + sum(1 for t in BANDS if r <= t * q)
 
     def recheck_after(self, s: Session, now: float) -> float | None:
-        times = [t - now for t in (s.prefetched_until, s.protect_until) if t > now]
-        if s.state is SessionState.WAITING and self.sessions is not None:
-            expected, stale = self.sessions.predicted_gap(s)
-            gone_at = s.last_done + stale
-            if gone_at > now:
-                times.append(gone_at - now)
-                remaining = s.last_done + expected - now
-                times += [remaining - t for t in WAIT_BANDS_S if remaining > t]
-                times.append(MAX_RECHECK_S)
+        times = [t - now for t in (s.prefetched_until if self.prefetch_pending(s, now) else 0.0, s.protect_until)
+                 if t > now]
+        r = self.next_use(s, now)
+        if r is not None and self.sessions is not None:
+            times.append(MAX_RECHECK_S)  # also: live children ending, estimates moving
+            if math.isfinite(r):
+                q = self.sessions.predicted_turnaround()
+                times += [r - t * q for t in BANDS if r > t * q]
+            if s.state is SessionState.WAITING:
+                times.append(s.last_done + self.sessions.predicted_gap(s)[1] - now)
+        times = [t for t in times if t > 0]
         return min(times) if times else None

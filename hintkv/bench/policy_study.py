@@ -1,0 +1,170 @@
+"""`hintkv bench policy_study`: where the eviction policies stand against the Belady oracle.
+
+    hintkv bench policy_study [--quick] [--kinds claude-code,swe-agent] [--seeds 0,1,2]
+                              [--users 10,32] [--fractions 0.1,0.35] [--policies sam,sam-v1]
+
+The offline half of issue 8's goals, over both trace families and several seeds: for every
+(family, seed, users, device fraction) it replays the workload (`hintkv.replay`: the real cache
+code on a virtual clock, no model) under `lru`, `qlru` and each hinted policy, device only and with
+the host tier (`--host-ratio` x device), and runs the oracle over the same accesses. Per cell:
+hit rates, the captured headroom (policy - lru) / (oracle - lru), and peak host blocks. Then one
+summary row per (family, users, fraction, tier), averaged over seeds, a table, and the JSON line
+with the goals (the first policy of `--policies` is the one judged):
+  captured_headroom  >= 0.7 in every cell where the oracle gains >= 2 points over lru;
+  beyond_queue       policy+host >= qlru+host everywhere, and >= +2 points where oracle+host is
+                     >= 3 points above qlru+host;
+  peak_host_reduction  peak host blocks >= 25% below lru+host at an equal or better hit rate.
+`--quick` cuts each agent to 12 calls and runs one seed at 10 users. Nothing here is tuned to the
+trace files: they only drive the replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from statistics import mean
+from typing import Any
+
+from hintkv.bench.common import add_common_args, emit_json, log, print_table
+from hintkv.bench.swarm import default_traces, trace_folder
+from hintkv.bench.swarm_study import captured, size_workload
+from hintkv.replay import OfflineConfig, belady, replay_offline
+from hintkv.workload.traces import Scale
+from hintkv.workload.users import build_workload
+
+GOALS = {"captured_headroom": 0.7, "beyond_queue_points": 0.02, "peak_host_reduction": 0.25}
+MIN_GAIN = 0.02  # cells where the oracle gains less than this over lru do not judge captured headroom
+BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
+COLUMNS = ["kind", "seed", "users", "fraction", "tier", "lru", "qlru", "policy", "hit_rate", "oracle",
+           "captured", "peak_host", "lru_peak_host"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hintkv bench policy_study", description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--traces", default=default_traces())
+    p.add_argument("--kinds", default="claude-code,swe-agent")
+    p.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2; --quick: 0)")
+    p.add_argument("--users", default=None, help="comma-separated (default 10,32; --quick: 10)")
+    p.add_argument("--fractions", default="0.1,0.35", help="device capacity / peak working set")
+    p.add_argument("--host-ratio", type=float, default=4.0)
+    p.add_argument("--policies", default="sam", help="hinted policies to study; the first is judged")
+    p.add_argument("--token-scale", type=float, default=1 / 16)
+    p.add_argument("--time-scale", type=float, default=4.0)
+    p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default all; --quick 12)")
+    p.add_argument("--block-size", type=int, default=16)
+    return p
+
+
+def _csv(text: str, cast=str) -> list:
+    return [cast(x) for x in text.split(",") if x.strip()]
+
+
+def study_cell(wl, base: OfflineConfig, device: int, host: int, memo: dict,
+               policies: list[str]) -> dict[str, dict[str, Any]]:
+    """Every configuration at one capacity: name -> {hit_rate, peak_host}."""
+    out: dict[str, dict[str, Any]] = {}
+    runs = [("lru", False), ("qlru", False), *((p, True) for p in policies)]
+    for with_host in (False, True):
+        for policy, hints in runs:
+            cfg = replace(base, policy=policy, hints=hints, device_blocks=device, host_blocks=host if with_host else 0)
+            r = replay_offline(wl, cfg, memo)
+            name = policy + ("+host" if with_host else "")
+            out[name] = {"hit_rate": r.hit_rate, "peak_host": r.peak_host_blocks}
+            if policy == "lru":
+                cap = device + host if with_host else device
+                out["oracle" + ("+host" if with_host else "")] = {
+                    "hit_rate": belady(r.accesses, cap, base.block_size).hit_rate}
+    return out
+
+
+def run_study(args: argparse.Namespace) -> list[dict[str, Any]]:
+    seeds = _csv(args.seeds or ("0" if args.quick else "0,1,2"), int)
+    users_list = _csv(args.users or ("10" if args.quick else "10,32"), int)
+    policies = _csv(args.policies)
+    max_calls = args.max_calls or (12 if args.quick else None)
+    base = OfflineConfig(block_size=args.block_size, time_scale=args.time_scale)
+    rows = []
+    for kind in _csv(args.kinds):
+        for seed in seeds:
+            for users in users_list:
+                t0 = time.perf_counter()
+                wl = build_workload(kind, trace_folder(args.traces, kind), users, scale=Scale(args.token_scale, max_calls),
+                                    seed=seed)
+                memo: dict = {}
+                sizing = size_workload(wl, base, memo)
+                for frac in _csv(args.fractions, float):
+                    dev = sizing.device_blocks(frac)
+                    cell = study_cell(wl, base, dev, round(dev * args.host_ratio), memo, policies)
+                    for tier, sfx in (("device", ""), ("host", "+host")):
+                        for pol in policies:
+                            lo, hi, got = (cell[n + sfx]["hit_rate"] for n in ("lru", "oracle", pol))
+                            rows.append({"kind": kind, "seed": seed, "users": users, "fraction": frac, "tier": tier,
+                                         "lru": lo, "qlru": cell["qlru" + sfx]["hit_rate"], "policy": pol,
+                                         "hit_rate": got, "oracle": hi, "captured": captured(got, lo, hi),
+                                         "peak_host": cell[pol + sfx]["peak_host"] if sfx else None,
+                                         "lru_peak_host": cell["lru+host"]["peak_host"] if sfx else None})
+                log(f"{kind} seed {seed} users {users}: {time.perf_counter() - t0:.0f}s")
+    return rows
+
+
+def summarize_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (kind, users, fraction, tier, policy): means over seeds."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["kind"], r["users"], r["fraction"], r["tier"], r["policy"]), []).append(r)
+    out = []
+    for (kind, users, frac, tier, pol), rs in groups.items():
+        row = {"kind": kind, "seed": "mean", "users": users, "fraction": frac, "tier": tier, "policy": pol}
+        for k in ("lru", "qlru", "hit_rate", "oracle", "peak_host", "lru_peak_host"):
+            vals = [r[k] for r in rs if r[k] is not None]
+            row[k] = mean(vals) if vals else None
+        row["captured"] = captured(row["hit_rate"], row["lru"], row["oracle"])
+        out.append(row)
+    return out
+
+
+def _goal(target: float, measured: float | None, met: bool) -> dict[str, Any]:
+    return {"target": target, "measured": measured, "met": bool(met and measured is not None)}
+
+
+def compute_goals(rows: list[dict[str, Any]], judged: str) -> dict[str, Any]:
+    """Goals over every (seed) cell of the judged policy; `measured` is the worst cell."""
+    mine = [r for r in rows if r["policy"] == judged]
+    caps = [captured(r["hit_rate"], r["lru"], r["oracle"]) for r in mine if r["oracle"] - r["lru"] >= MIN_GAIN]
+    host = [r for r in mine if r["tier"] == "host"]
+    beyond = [r["hit_rate"] - r["qlru"] for r in host]
+    need = [r["hit_rate"] - r["qlru"] for r in host if r["oracle"] - r["qlru"] >= BEYOND_QUEUE_GAIN]
+    equal = [1 - r["peak_host"] / r["lru_peak_host"] for r in host
+             if r["lru_peak_host"] and r["hit_rate"] >= r["lru"] - 1e-9]
+    worst_cap = min(caps, default=None)
+    return {
+        "captured_headroom": _goal(GOALS["captured_headroom"], worst_cap,
+                                   bool(caps) and worst_cap >= GOALS["captured_headroom"]),
+        "beyond_queue_everywhere": _goal(0.0, min(beyond, default=None), all(b >= -1e-9 for b in beyond)),
+        # no cell where the oracle is 3 points above qlru+host: nothing to require (met, measured null)
+        "beyond_queue_points": {"target": GOALS["beyond_queue_points"], "measured": min(need, default=None),
+                                "met": all(b >= GOALS["beyond_queue_points"] for b in need)},
+        "peak_host_reduction": _goal(GOALS["peak_host_reduction"], min(equal, default=None),
+                                     len(equal) == len(host) and all(e >= GOALS["peak_host_reduction"] for e in equal)),
+        "cells": len(mine), "cells_judged_for_headroom": len(caps),
+        "cells_needing_beyond_queue": len(need),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    rows = run_study(args)
+    summary = summarize_rows(rows)
+    print_table(rows + summary, COLUMNS)
+    judged = _csv(args.policies)[0]
+    emit_json({"bench": "policy_study", "quick": args.quick, "judged": judged,
+               "summary": summary, "wall_s": time.perf_counter() - t0,
+               "goals": compute_goals(rows, judged)})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

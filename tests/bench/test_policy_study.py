@@ -1,0 +1,43 @@
+"""`hintkv bench policy_study`: per-cell rows and goals computed from the replays, never typed in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hintkv.bench.policy_study import compute_goals, main
+from hintkv.bench.swarm_study import captured
+
+TRACES = Path("/work/shared/traces")
+pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="shared/traces not present")
+
+
+def test_study_rows_and_goals_are_consistent(capsys):
+    assert main(["--kinds", "swe-agent", "--seeds", "1", "--users", "3", "--fractions", "0.35",
+                 "--max-calls", "5", "--token-scale", "0.03125", "--policies", "sam,sam-v1",
+                 "--traces", str(TRACES)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = out["summary"]
+    assert {r["policy"] for r in rows} == {"sam", "sam-v1"} and {r["tier"] for r in rows} == {"device", "host"}
+    for r in rows:
+        assert 0 <= r["lru"] <= r["oracle"] + 1e-9 and r["hit_rate"] <= r["oracle"] + 1e-9
+        assert r["captured"] == captured(r["hit_rate"], r["lru"], r["oracle"])
+    goals = out["goals"]
+    assert goals == compute_goals([{**r, "seed": 1} for r in rows], "sam")
+    for g in ("captured_headroom", "beyond_queue_everywhere", "beyond_queue_points", "peak_host_reduction"):
+        assert set(goals[g]) == {"target", "measured", "met"}
+
+
+def test_goals_judge_every_cell_by_its_worst():
+    row = {"kind": "k", "seed": 0, "users": 10, "fraction": 0.1, "policy": "sam", "peak_host": None,
+           "lru_peak_host": None}
+    rows = [{**row, "tier": "device", "lru": 0.2, "qlru": 0.2, "hit_rate": 0.5, "oracle": 0.6},
+            {**row, "tier": "device", "lru": 0.2, "qlru": 0.2, "hit_rate": 0.3, "oracle": 0.6},
+            {**row, "tier": "host", "lru": 0.5, "qlru": 0.5, "hit_rate": 0.6, "oracle": 0.7,
+             "peak_host": 50, "lru_peak_host": 100}]
+    goals = compute_goals(rows, "sam")
+    assert goals["captured_headroom"]["measured"] == pytest.approx(0.25) and not goals["captured_headroom"]["met"]
+    assert goals["beyond_queue_points"]["measured"] == pytest.approx(0.1) and goals["beyond_queue_points"]["met"]
+    assert goals["peak_host_reduction"] == {"target": 0.25, "measured": 0.5, "met": True}

@@ -1,0 +1,78 @@
+"""The `sam` order: sessions ranked by predicted next use (Belady's rule from what agents say).
+
+A real SessionRegistry and the registered policy; times are explicit, nothing is mocked.
+"""
+
+from __future__ import annotations
+
+from hintkv.cache.policies import make_policy
+from hintkv.cache.policies.sam import FIRST_BAND, GONE, PROTECTED
+from hintkv.cache.sessions import SessionRegistry
+
+
+def _setup():
+    reg = SessionRegistry(protect_budget_blocks=100)
+    return reg, make_policy("sam", sessions=reg)
+
+
+def _cycle(reg, sid: str, t_arrive: float, t_done: float, parent: str | None = None):
+    s = reg.on_arrival("t", sid, parent or sid, t_arrive)
+    reg.on_done(s.key, [sid.encode()], t_done)
+    return s
+
+
+def test_just_finished_session_ranks_below_one_nearer_its_turn():
+    """On a cycle the session that just finished is the farthest from its next turn: MRU, as
+    Belady does, where LRU (and sam-v1's single top class) would evict the one due next."""
+    reg, pol = _setup()
+    for k in range(3):  # both sessions learn a 0.5 s gap; requests take 1 s (turnaround)
+        _cycle(reg, "a", 1.5 * k, 1.5 * k + 1.0)
+        _cycle(reg, "b", 1.5 * k + 1.0, 1.5 * k + 2.0)
+    a_earlier, b_now = reg.get("t", "a"), reg.get("t", "b")  # a done at 4.0, b at 5.0
+    assert pol.session_class(b_now, 5.0) < pol.session_class(a_earlier, 5.0)
+    assert min(pol.session_class(a_earlier, 5.0), pol.session_class(b_now, 5.0)) > FIRST_BAND
+
+
+def test_queued_request_is_protected_from_prefetch_and_outranks_a_waiting_session():
+    reg, pol = _setup()
+    _cycle(reg, "w", 0.0, 1.0)
+    waiting = _cycle(reg, "w", 6.0, 7.0)  # its tools take 5 s
+    _cycle(reg, "q", 6.0, 7.0)
+    queued = reg.on_arrival("t", "q", "q", 7.5)
+    assert pol.session_class(queued, 7.5) >= pol.protected_class  # what qlru protects, sam protects
+    assert pol.session_class(queued, 7.5) > pol.session_class(waiting, 7.5)
+
+
+def test_waiting_session_climbs_as_its_turn_comes_closer():
+    reg, pol = _setup()
+    for k in range(3):
+        _cycle(reg, "s", 10.0 * k, 10.0 * k + 1.0)  # gap 9 s, turnaround 1 s
+    s = reg.get("t", "s")
+    c0 = pol.session_class(s, 21.0)
+    after = pol.recheck_after(s, 21.0)
+    assert after is not None and after > 0
+    assert pol.session_class(s, 21.0 + after + 1e-3) > c0
+    assert pol.session_class(s, 29.9) >= pol.session_class(s, 21.0 + after + 1e-3)
+
+
+def test_leader_waiting_on_live_subagents_ranks_below_them():
+    reg, pol = _setup()
+    _cycle(reg, "lead", 0.0, 1.0)
+    child = _cycle(reg, "sub", 1.0, 2.0, parent="lead")
+    lead = reg.get("t", "lead")
+    assert pol.session_class(lead, 2.0) == FIRST_BAND < pol.session_class(child, 2.0)
+    reg.end(child.key)
+    assert pol.session_class(lead, 2.0) > FIRST_BAND  # its sub-agents are done: it is due back
+
+
+def test_prefetch_protects_until_the_announced_call_arrives():
+    reg, pol = _setup()
+    s = _cycle(reg, "p", 0.0, 1.0)
+    reg.suspend(s.key)
+    assert pol.session_class(s, 2.0) == GONE
+    reg.prefetch(s.key, 3.0)
+    assert pol.session_class(s, 3.5) == PROTECTED
+    reg.on_arrival("t", "p", "p", 4.0)
+    reg.on_done(s.key, [b"p"], 5.0)
+    assert pol.session_class(s, 5.0) < PROTECTED  # ranked by its own prediction again
+    assert pol.recheck_after(s, 5.0) is not None
