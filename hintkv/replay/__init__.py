@@ -4,6 +4,6 @@
 """
 
 from hintkv.replay.offline import OfflineConfig, OfflineResult, replay_offline
-from hintkv.replay.oracle import OracleResult, belady
+from hintkv.replay.oracle import OracleResult, belady, belady_pinned
 
-__all__ = ["OfflineConfig", "OfflineResult", "OracleResult", "belady", "replay_offline"]
+__all__ = ["OfflineConfig", "OfflineResult", "OracleResult", "belady", "belady_pinned", "replay_offline"]

@@ -79,6 +79,7 @@ class Access:
     prompt: list[bytes]
     prompt_tokens: int
     written: list[bytes]
+    ended_before: int = -1  # how many requests had been admitted when this one ended (-1: never ran)
 
 
 @dataclass(slots=True)
@@ -281,6 +282,7 @@ class OfflineEngine:
 
     def _finish(self, p: _Pending, access: Access) -> None:
         self.sam.on_step(self.loop.now)
+        access.ended_before = len(self.result.accesses)  # its blocks were pinned until here
         seq = p.seq
         base = -(1 + int(seq.request_id[1:]) * 1_000_003)
         seq.token_ids.extend(range(base, base - p.send.call.max_tokens, -1))  # tokens no prompt has

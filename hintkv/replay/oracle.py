@@ -16,6 +16,13 @@ and that admission order depends on the policy. With a host tier the bound is th
 at device + host capacity (a hit anywhere in the two levels; no two-level placement can hold
 more distinct blocks), the "documented bound" of issue 8. `capacity=None` is the ideal
 (unbounded) hit rate.
+
+`belady_pinned` is the same choice under the engine's constraint the plain oracle ignores: a
+running request's blocks stay resident from its admission to its end (`Access.ended_before`),
+so only blocks no running request holds can be evicted. When pins alone exceed the capacity it
+lets the set overflow (the engine would have made the request wait): optimistic there. It is a
+reference for what a policy can win with the replay's own schedule, not a proven optimum (with
+prefix hits and pins, farthest-next-use is a heuristic).
 """
 
 from __future__ import annotations
@@ -74,6 +81,61 @@ def belady(accesses: Sequence, capacity_blocks: int | None, block_size: int) -> 
                 neg, negd, h = heapq.heappop(heap)
                 if resident.get(h) == -neg and depth.get(h) == -negd:
                     del resident[h]
+    return OracleResult(prompt_tokens, hit_tokens)
+
+
+def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> OracleResult:
+    """Farthest-next-use eviction among blocks no running request pins (see the module doc)."""
+    n = len(accesses)
+    reads: dict[bytes, deque[int]] = defaultdict(deque)
+    ends: dict[int, list[int]] = defaultdict(list)  # admission index -> requests that ended before it
+    for i, a in enumerate(accesses):
+        for h in a.prompt:
+            reads[h].append(i)
+        if 0 <= a.ended_before < n:
+            ends[a.ended_before].append(i)
+    resident: dict[bytes, float] = {}
+    depth: dict[bytes, int] = {}
+    pins: dict[bytes, int] = defaultdict(int)
+    heap: list[tuple[float, int, bytes]] = []  # unpinned resident blocks, lazily invalidated
+    pinned_by: dict[int, list[bytes]] = {}
+    hit_tokens = prompt_tokens = 0
+
+    def next_read(h: bytes, after: int) -> float:
+        q = reads.get(h)
+        while q and q[0] <= after:
+            q.popleft()
+        return q[0] if q else NEVER
+
+    for i, a in enumerate(accesses):
+        for j in ends.pop(i, ()):
+            for h in pinned_by.pop(j, ()):
+                pins[h] -= 1
+                if not pins[h] and h in resident:
+                    heapq.heappush(heap, (-resident[h], -depth[h], h))
+        prompt_tokens += a.prompt_tokens
+        run = 0
+        for h in a.prompt:
+            if h not in resident:
+                break
+            run += 1
+        hit_tokens += run * block_size
+        blocks = _unique(a.prompt, a.written)
+        for d, h in enumerate(blocks):
+            resident[h] = next_read(h, i)
+            depth[h] = d
+            pins[h] += 1
+        if a.ended_before >= 0:
+            pinned_by[i] = blocks
+        else:  # never ran: pins nothing
+            for h in blocks:
+                pins[h] -= 1
+                if not pins[h]:
+                    heapq.heappush(heap, (-resident[h], -depth[h], h))
+        while len(resident) > capacity_blocks and heap:
+            neg, negd, h = heapq.heappop(heap)
+            if resident.get(h) == -neg and depth.get(h) == -negd and not pins[h]:
+                del resident[h]
     return OracleResult(prompt_tokens, hit_tokens)
 
 

@@ -33,11 +33,15 @@ def test_study_rows_and_goals_are_consistent(capsys):
 def test_goals_judge_every_cell_by_its_worst():
     row = {"kind": "k", "seed": 0, "users": 10, "fraction": 0.1, "policy": "sam", "peak_host": None,
            "lru_peak_host": None}
-    rows = [{**row, "tier": "device", "lru": 0.2, "qlru": 0.2, "hit_rate": 0.5, "oracle": 0.6},
-            {**row, "tier": "device", "lru": 0.2, "qlru": 0.2, "hit_rate": 0.3, "oracle": 0.6},
+    rows = [{**row, "tier": "device", "lru": 0.2, "qlru": 0.2, "hit_rate": 0.5, "oracle": 0.6, "pinned": 0.5},
+            {**row, "tier": "device", "lru": 0.2, "qlru": 0.2, "hit_rate": 0.3, "oracle": 0.6, "pinned": 0.4},
             {**row, "tier": "host", "lru": 0.5, "qlru": 0.5, "hit_rate": 0.6, "oracle": 0.7,
-             "peak_host": 50, "lru_peak_host": 100}]
+             "peak_host": 50, "lru_peak_host": 100, "pinned": 0.65}]
     goals = compute_goals(rows, "sam")
     assert goals["captured_headroom"]["measured"] == pytest.approx(0.25) and not goals["captured_headroom"]["met"]
     assert goals["beyond_queue_points"]["measured"] == pytest.approx(0.1) and goals["beyond_queue_points"]["met"]
-    assert goals["peak_host_reduction"] == {"target": 0.25, "measured": 0.5, "met": True}
+    # the host cell has headroom (oracle 10 points above lru+host): peak bytes are not judged there
+    assert goals["cells_judged_for_peak_host"] == 0 and goals["peak_host_reduction_min_all_cells"] == 0.5
+    assert goals["captured_pinned_min"] == pytest.approx(0.5)  # (0.3 - 0.2) / (0.4 - 0.2)
+    roomy = [{**rows[2], "oracle": 0.51, "hit_rate": 0.498}]  # within half a point of lru+host: equal
+    assert compute_goals(roomy, "sam")["peak_host_reduction"] == {"target": 0.25, "measured": 0.5, "met": True}

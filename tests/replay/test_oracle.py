@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hintkv.replay import OfflineConfig, belady, replay_offline
+from hintkv.replay import OfflineConfig, belady, belady_pinned, replay_offline
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import build_workload
 
@@ -20,6 +20,7 @@ if not TRACES.exists():
 class A:
     prompt: list
     written: list = field(default_factory=list)
+    ended_before: int = -1
 
     @property
     def prompt_tokens(self) -> int:
@@ -57,6 +58,29 @@ def test_belady_cuts_chains_from_the_tail():
     assert r.hit_tokens == 20  # x1, x2: the leading run
 
 
+def test_pinned_oracle_keeps_running_requests_blocks():
+    # capacity 2: a (runs until c is admitted), b, a, c, b.
+    #   plain: at b, a is read at 2, b at 4: both fit; at c: c never read again -> goes; b hits.
+    #   3 reads of a/b after their first: a hit, b hit -> 20 tokens.
+    #   pinned: a runs until c's admission (ended_before 3) and b until a's (2); at c (a's pin
+    #   released first) c itself is pinned by its run (until the end), so a or b must go: b (read
+    #   at 4) is kept over a (never read again) -> b hits; a at 2 hits too -> 20 tokens.
+    seq = [A([b"a"], [b"a"], 3), A([b"b"], [b"b"], 2), A([b"a"], [b"a"], 3), A([b"c"], [b"c"], 5),
+           A([b"b"], [b"b"], 5)]
+    assert belady(seq, 2, 10).hit_tokens == 20
+    assert belady_pinned(seq, 2, 10).hit_tokens == 20
+    # capacity 1: a runs while b runs (overflow: both pinned) and b is still running at a's
+    # second read; the plain oracle drops b at once (never read again) and hits a.
+    seq = [A([b"a"], [b"a"], 3), A([b"b"], [b"b"], 3), A([b"a"], [b"a"], 3)]
+    assert belady(seq, 1, 10).hit_tokens == 10
+    assert belady_pinned(seq, 1, 10).hit_tokens == 10  # overflow is allowed: a stays
+    # capacity 1, b pinned past a's re-read and admitted after a ended: a is the only unpinned
+    # block when b arrives, so it goes, and its re-read misses (the plain oracle keeps a).
+    seq = [A([b"a"], [b"a"], 1), A([b"b"], [b"b"], 3), A([b"a"], [b"a"], 3)]
+    assert belady(seq, 1, 10).hit_tokens == 10
+    assert belady_pinned(seq, 1, 10).hit_tokens == 0
+
+
 @pytest.fixture(scope="module")
 def small():
     return build_workload("swe-agent", TRACES / "swe-agent", 3, scale=Scale(0.0625, max_calls=8), seed=3)
@@ -78,4 +102,7 @@ def test_oracle_never_below_lru_or_sam(small, frac):
             run = replay_offline(small, cfg, memo, check_every=25)
             oracle = belady(run.accesses, device + host, 16)
             assert oracle.prompt_tokens == run.prompt_tokens
+            assert all(a.ended_before >= i + 1 or not a.prompt for i, a in enumerate(run.accesses))
+            pinned = belady_pinned(run.accesses, device + host, 16)
+            assert pinned.prompt_tokens == run.prompt_tokens and pinned.hit_tokens <= ideal.hit_tokens
             assert run.hit_tokens <= oracle.hit_tokens <= ideal.hit_tokens, (policy, host)
