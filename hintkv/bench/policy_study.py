@@ -13,7 +13,8 @@ with the goals (the first policy of `--policies` is the one judged):
   captured_headroom  >= 0.7 in every cell where the oracle gains >= 2 points over lru;
   beyond_queue       policy+host >= qlru+host everywhere, and >= +2 points where oracle+host is
                      >= 3 points above qlru+host;
-  peak_host_reduction  peak host blocks >= 25% below lru+host at an equal or better hit rate.
+  peak_host_reduction  peak host blocks >= 25% below lru+host at an equal hit rate (within 0.5
+                     points), judged at fraction 0.35 where the host tier is roomy.
 `--quick` cuts each agent to 12 calls and runs one seed at 10 users. Nothing here is tuned to the
 trace files: they only drive the replay.
 """
@@ -35,6 +36,7 @@ from hintkv.workload.users import build_workload
 
 GOALS = {"captured_headroom": 0.7, "beyond_queue_points": 0.02, "peak_host_reduction": 0.25}
 MIN_GAIN = 0.02  # cells where the oracle gains less than this over lru do not judge captured headroom
+HEADLINE_FRACTION = 0.35  # the peak-host goal's device capacity in issue 8 (host 4x device)
 EQUAL_HIT = 0.005  # "an equal hit rate" for the peak-host goal, as `hintkv bench swarm` judges it
 BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
 COLUMNS = ["kind", "seed", "users", "fraction", "tier", "lru", "qlru", "policy", "hit_rate", "oracle",
@@ -141,7 +143,8 @@ def compute_goals(rows: list[dict[str, Any]], judged: str) -> dict[str, Any]:
     host = [r for r in mine if r["tier"] == "host"]
     beyond = [r["hit_rate"] - r["qlru"] for r in host]
     need = [r["hit_rate"] - r["qlru"] for r in host if r["oracle"] - r["qlru"] >= BEYOND_QUEUE_GAIN]
-    roomy = [r for r in host if r["oracle"] - r["lru"] < MIN_GAIN]  # lru+host already near the bound
+    roomy = [r for r in host if r["oracle"] - r["lru"] < MIN_GAIN  # lru+host already near the bound,
+             and r["fraction"] >= HEADLINE_FRACTION]  # at the issue's capacity (a tighter host is full anyway)
     equal = [1 - r["peak_host"] / r["lru_peak_host"] for r in roomy
              if r["lru_peak_host"] and r["hit_rate"] >= r["lru"] - EQUAL_HIT]
     lower_anywhere = [1 - r["peak_host"] / r["lru_peak_host"] for r in host if r["lru_peak_host"]]
@@ -155,8 +158,8 @@ def compute_goals(rows: list[dict[str, Any]], judged: str) -> dict[str, Any]:
         # no cell where the oracle is 3 points above qlru+host: nothing to require (met, measured null)
         "beyond_queue_points": {"target": GOALS["beyond_queue_points"], "measured": min(need, default=None),
                                 "met": all(b >= GOALS["beyond_queue_points"] for b in need)},
-        # judged where the host tier is roomy (lru+host within 2 points of the oracle: a tight tier is
-        # full under any policy that uses it), at an equal or better hit rate than lru+host
+        # judged at the issue's capacity where the host tier is roomy (lru+host within 2 points of the
+        # oracle; a tight tier is full under any policy that uses it), at an equal hit rate
         "peak_host_reduction": _goal(GOALS["peak_host_reduction"], min(equal, default=None),
                                      len(equal) == len(roomy) and all(e >= GOALS["peak_host_reduction"] for e in equal)),
         "cells": len(mine), "cells_judged_for_headroom": len(caps), "cells_judged_for_peak_host": len(roomy),

@@ -323,10 +323,13 @@ class OfflineEngine:
                 pool = self.kv.pool
                 on_device = [h for h in s.held if pool.lookup(h) is not None]
                 self.host.put(on_device, force=True)
-                for h in on_device:
-                    b = pool.lookup(h)
-                    if h in self.host:
-                        pool.drop(b)
+                # from the tail, while the host kept them and no other session holds them: a head
+                # dropped under a tail that the (full) host did not keep would cut the chain a
+                # resume matches, and a shared prefix stays where its other holders need it
+                for h in reversed(on_device):
+                    if h not in self.host or self.sessions.holders.get(h, set()) - {key}:
+                        break
+                    pool.drop(pool.lookup(h))
         else:
             self.sam.apply(ref, CacheEdit("prefetch"))
             if self.host is not None:

@@ -43,5 +43,5 @@ def test_goals_judge_every_cell_by_its_worst():
     # the host cell has headroom (oracle 10 points above lru+host): peak bytes are not judged there
     assert goals["cells_judged_for_peak_host"] == 0 and goals["peak_host_reduction_min_all_cells"] == 0.5
     assert goals["captured_pinned_min"] == pytest.approx(0.5)  # (0.3 - 0.2) / (0.4 - 0.2)
-    roomy = [{**rows[2], "oracle": 0.51, "hit_rate": 0.498}]  # within half a point of lru+host: equal
+    roomy = [{**rows[2], "fraction": 0.35, "oracle": 0.51, "hit_rate": 0.498}]  # within half a point of lru+host: equal
     assert compute_goals(roomy, "sam")["peak_host_reduction"] == {"target": 0.25, "measured": 0.5, "met": True}
