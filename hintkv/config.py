@@ -76,6 +76,11 @@ class EngineConfig:
     scheduling_policy: str = _opt(
         "fcfs", "admission order: fcfs (vLLM) | cache-aware (resident prefix first, room reserved to the end)"
     )
+    offload_mode: str = _opt(
+        "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "
+        "copy as a cached block that is evicted with no write when room is needed) | eager (drop "
+        "the device copy at once)"
+    )
     seed: int = _opt(0, "random seed of the engine (and of dummy weights)")
     served_model_name: str | None = _opt(None, "model id clients must send")
     host_cache_memory: str | None = _opt(None, "host KV tier size (e.g. 4GiB); none: no host tier")

@@ -31,7 +31,7 @@ def test_predicted_prefetches_respect_the_step_budget():
     kv = KVCacheManager(NUM_BLOCKS, BS, make_policy("sam", sessions=sessions))
     io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2) for _ in range(2)])
     stack = TierStack([HostTier(io.layout, 64 * io.layout.nbytes)])
-    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=True)
+    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=True, offload_mode="eager")
     now = 100.0
     sam = SessionAwareManager(kv, sessions, clock=lambda: now)
     sam.predict_budget_blocks = 2 * PER  # two sessions a step

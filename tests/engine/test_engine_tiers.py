@@ -94,7 +94,7 @@ def test_greedy_output_and_kv_identical_wherever_the_prefix_came_from(where, tmp
 
 @pytest.mark.parametrize("where", ["host", "disk"])
 def test_offload_then_prefetch_round_trips_exact_bytes(where, tmp_path):
-    engine = tiny_engine(**_tier_config(where, tmp_path))
+    engine = tiny_engine(**_tier_config(where, tmp_path), offload_mode="eager")
     engine.sam.predict_resume = False
     generate(engine, A, "a")
     held = engine.sessions.get("t", "a").held
@@ -116,6 +116,32 @@ def test_offload_then_prefetch_round_trips_exact_bytes(where, tmp_path):
     io.read([engine.kv.pool.lookup(h).block_id for h in held], after)
     assert torch.equal(before, after)
     assert engine.tier_stats()["num_prefetched"] == 4
+    engine.check_integrity()
+    engine.close()
+
+
+@pytest.mark.parametrize("where", ["host", "disk"])
+def test_lazy_offload_keeps_the_device_copy_and_evicts_it_without_a_write(where, tmp_path):
+    engine = tiny_engine(**_tier_config(where, tmp_path))  # offload_mode="lazy", the default
+    engine.sam.predict_resume = False
+    generate(engine, A, "a")
+    held = engine.sessions.get("t", "a").held
+    off, = engine.manage(session("a"), [CacheEdit("offload")])
+    assert off.action == "offloaded" and off.tiers[where] == (4, 64)
+    settle(engine)
+    engine.tiers.stack.flush()
+    assert engine.tiers.where(held) == {"device": 4, where: 0}  # still on the device ...
+    assert all(w is not None for w in engine.tiers.stack.lookup(held))  # ... and written below
+    assert engine.tier_stats()["num_offload_dropped"] == 0
+    written = engine.tier_stats()["num_written_down"]
+    push_out(engine)  # pressure: the offloaded copies are reused with no second write
+    settle(engine)
+    assert engine.tiers.where(held)["device"] < 4
+    stats = engine.tier_stats()
+    assert stats["num_written_down"] - written <= sum(len(engine.sessions.get("t", f"fill{i}").held)
+                                                       for i in range(len(FILL)))
+    generate(engine, A, "a")  # the resume reads the written-down copies back
+    assert engine.tier_stats()["num_loaded"] >= 1
     engine.check_integrity()
     engine.close()
 

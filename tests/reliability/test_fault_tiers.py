@@ -70,7 +70,8 @@ def test_host_tier_full_cascades_or_recomputes(tmp_path):
 def test_slow_tier_falls_back_to_recompute():
     with _serving() as (_, client):
         reference = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
-    with _serving(host_cache_memory="8MiB") as (engine, client):
+    # eager offload: the device copies go, so the resumes must load (and meet the stall)
+    with _serving(host_cache_memory="8MiB", offload_mode="eager") as (engine, client):
         assert [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)] == reference
         _offload_all(engine, client)
         assert engine.tier_stats()["tiers"]["host"]["num_blocks"] >= 4 * len(PROMPTS)
