@@ -219,17 +219,18 @@ def measure_ops(w: World, samples: int) -> dict[str, list[float]]:
                 kv.admit(s, m, s.num_tokens)
         out["admit"].append(_time(admit))
         w.kv.flush_write_downs()
-        s.num_computed_tokens = s.num_tokens - 1
-        kv.commit(s)
-        for _ in range(3):  # decode tokens
-            s.token_ids.append(5)
+        if s.block_table:  # admitted: a pool held by running/protected blocks may refuse it
+            s.num_computed_tokens = s.num_tokens - 1
+            kv.commit(s)
+            for _ in range(3):  # decode tokens
+                s.token_ids.append(5)
 
-            def append(s=s) -> None:
-                if kv.can_append(s, 1):
-                    kv.append(s, 1)
-            out["append"].append(_time(append))
-            s.num_computed_tokens += 1
-            out["commit"].append(_time(lambda s=s: kv.commit(s)))
+                def append(s=s) -> None:
+                    if kv.can_append(s, 1):
+                        kv.append(s, 1)
+                out["append"].append(_time(append))
+                s.num_computed_tokens += 1
+                out["commit"].append(_time(lambda s=s: kv.commit(s)))
         kv.free(s)
         # free a finished 2K-token sequence (its session's context, admitted from the device)
         s = w.seq(w.contexts[i] + [9], w.hashes[i])
