@@ -57,22 +57,11 @@ def belady(accesses: Sequence, capacity_blocks: int | None, block_size: int) -> 
     heap: list[tuple[float, int, bytes]] = []  # (-next read, -depth, hash), lazily invalidated
     hit_tokens = prompt_tokens = 0
 
-    def next_read(h: bytes, after: int) -> float:
-        q = reads.get(h)
-        while q and q[0] <= after:
-            q.popleft()
-        return q[0] if q else NEVER
-
     for i, a in enumerate(accesses):
         prompt_tokens += a.prompt_tokens
-        run = 0
-        for h in a.prompt:
-            if h not in resident:
-                break
-            run += 1
-        hit_tokens += run * block_size
+        hit_tokens += _resident_run(a.prompt, resident) * block_size
         for d, h in enumerate(_unique(a.prompt, a.written)):
-            nxt = next_read(h, i)
+            nxt = _next_read(reads, h, i)
             resident[h] = nxt
             depth[h] = d
             heapq.heappush(heap, (-nxt, -d, h))
@@ -101,12 +90,6 @@ def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> 
     pinned_by: dict[int, list[bytes]] = {}
     hit_tokens = prompt_tokens = 0
 
-    def next_read(h: bytes, after: int) -> float:
-        q = reads.get(h)
-        while q and q[0] <= after:
-            q.popleft()
-        return q[0] if q else NEVER
-
     for i, a in enumerate(accesses):
         for j in ends.pop(i, ()):
             for h in pinned_by.pop(j, ()):
@@ -114,15 +97,10 @@ def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> 
                 if not pins[h] and h in resident:
                     heapq.heappush(heap, (-resident[h], -depth[h], h))
         prompt_tokens += a.prompt_tokens
-        run = 0
-        for h in a.prompt:
-            if h not in resident:
-                break
-            run += 1
-        hit_tokens += run * block_size
+        hit_tokens += _resident_run(a.prompt, resident) * block_size
         blocks = _unique(a.prompt, a.written)
         for d, h in enumerate(blocks):
-            resident[h] = next_read(h, i)
+            resident[h] = _next_read(reads, h, i)
             depth[h] = d
             pins[h] += 1
         if a.ended_before >= 0:
@@ -137,6 +115,24 @@ def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> 
             if resident.get(h) == -neg and depth.get(h) == -negd and not pins[h]:
                 del resident[h]
     return OracleResult(prompt_tokens, hit_tokens)
+
+
+def _next_read(reads: dict[bytes, deque[int]], h: bytes, after: int) -> float:
+    """The first read of `h` after access `after` (consumes the earlier ones)."""
+    q = reads.get(h)
+    while q and q[0] <= after:
+        q.popleft()
+    return q[0] if q else NEVER
+
+
+def _resident_run(prompt: list[bytes], resident: dict[bytes, float]) -> int:
+    """How many of the prompt's chain blocks, from its head, are resident."""
+    run = 0
+    for h in prompt:
+        if h not in resident:
+            break
+        run += 1
+    return run
 
 
 def _unique(*lists: list[bytes]) -> list[bytes]:

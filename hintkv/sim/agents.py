@@ -27,6 +27,7 @@ from hintkv.engine.types import CacheEdit, RequestOutput, SessionRef
 from hintkv.replay.offline import Access
 from hintkv.sim.engine import SimEngine
 from hintkv.workload.agent import Manage, Program, Run, Send, Sleep
+from hintkv.workload.traces.claude_code import common_prefix
 
 TENANT = "sim"
 
@@ -56,20 +57,6 @@ def flatten(prompt) -> list[int]:
     if prompt and isinstance(prompt[0], (tuple, list)):
         return list(itertools.chain.from_iterable(prompt))
     return list(prompt)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class ProgramDriver:
@@ -177,7 +164,7 @@ class ProgramDriver:
 
     def _hashes(self, prompt: list[int], memo: _Memo) -> list[BlockHash]:
         bs = self._bs
-        same = _common(memo.tokens, prompt) // bs
+        same = common_prefix(memo.tokens, prompt) // bs
         keep = memo.hashes[:same]
         more = hash_blocks(self.engine.root, prompt, bs, start=same, parent=keep[-1] if keep else None)
         memo.tokens, memo.hashes = prompt, keep + more

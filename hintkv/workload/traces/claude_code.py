@@ -98,7 +98,7 @@ def _agent(session_id: str, local_id: str, task_id: str, requests: list[dict], b
     for k, c in enumerate(calls):
         r = c["req"]
         ids = r["hash_ids"]
-        common = _common_prefix(prev_ids, ids)
+        common = common_prefix(prev_ids, ids)
         stale_from = None
         if k and common < len(prev_ids) - 1:  # more than the (partial) last block changed
             stale_from = common * blocks.size
@@ -128,7 +128,8 @@ def _cut(chunks: list[tuple[int, ...]], size: int, n: int) -> tuple[tuple[int, .
     return tuple(out)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (binary search on slices)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
