@@ -1,12 +1,13 @@
 """The workload's agent programs (`hintkv.workload.agent`), carried out on the event clock.
 
-    driver = ProgramDriver(engine, hints=True, time_scale=1.0)
+    driver = ProgramDriver(cluster, hints=True, time_scale=1.0)     # one SimEngine or a SimCluster
     driver.start(workload_programs(workload, HintPlan(hints=True)))
     while clock.run_next(): ...
     driver.calls, driver.accesses                    # per call; the oracle's access sequence
 
 The programs are the same the live replay and the offline replay run (same requests, same hints,
-same order). Here a `Send` is a request to the `SimEngine` (the program resumes when it finishes),
+same order). Here a `Send` is a request to the `SimEngine` (placed by the cluster's router code; the
+program resumes when it finishes),
 a `Manage` applies at once through the engine's real SAM (the server's management path does not
 queue behind inference), `Sleep` and `Run` are clock events (times / `time_scale`).
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from hintkv.cache.hashing import BlockHash, hash_blocks
 from hintkv.engine.types import CacheEdit, RequestOutput, SessionRef
 from hintkv.replay.offline import Access
+from hintkv.sim.cluster import SimCluster
 from hintkv.sim.engine import SimEngine
 from hintkv.workload.agent import Manage, Program, Run, Send, Sleep
 from hintkv.workload.traces.claude_code import common_prefix
@@ -43,6 +45,7 @@ class CallRecord:
     e2e_s: float | None = None
     cached_tokens: int = 0
     output_tokens: int = 0
+    instance: int = 0  # which simulated instance served it (the router's placement)
 
 
 @dataclass(slots=True)
@@ -60,9 +63,11 @@ def flatten(prompt) -> list[int]:
 
 
 class ProgramDriver:
-    def __init__(self, engine: SimEngine, hints: bool, time_scale: float = 1.0,
+    def __init__(self, cluster: SimCluster | SimEngine, hints: bool, time_scale: float = 1.0,
                  on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True) -> None:
-        self.engine = engine
+        self.cluster = cluster if isinstance(cluster, SimCluster) else SimCluster([cluster])
+        engine = self.cluster.engines[0]
+        self.root = engine.root  # the same on every instance: content keys
         self.clock = engine.clock
         self.hints = hints
         self.time_scale = time_scale
@@ -129,7 +134,7 @@ class ProgramDriver:
         if not self.hints or (eff.token_start is not None and not self.range_evicts):
             return None
         self.num_edits[eff.action] += 1
-        return self.engine.manage(self._ref(eff.session), [CacheEdit(eff.action, eff.token_start)])
+        return self.cluster.manage(self._ref(eff.session), [CacheEdit(eff.action, eff.token_start)])
 
     def _send(self, eff: Send, then: Callable[[RequestOutput], None]) -> None:
         prompt = flatten(eff.call.prompt)
@@ -158,14 +163,21 @@ class ProgramDriver:
                 self.on_call(rec)
             then(out)
 
-        ref = self._ref(eff.session) if self.hints else None
-        self.engine.submit(f"r{self._n}", prompt, eff.call.max_tokens, ref, first, done,
-                           block_hashes=list(hashes))
+        ref = self._ref(eff.session)
+        engine, backend = self.cluster.place(ref)  # every config is routed by session
+        rec.instance = self.cluster.index[backend.url]
+
+        def finished(out: RequestOutput, written: list[BlockHash]) -> None:
+            self.cluster.finished(backend)
+            done(out, written)
+
+        engine.submit(f"r{self._n}", prompt, eff.call.max_tokens, ref if self.hints else None, first,
+                      finished, block_hashes=list(hashes))
 
     def _hashes(self, prompt: list[int], memo: _Memo) -> list[BlockHash]:
         bs = self._bs
         same = common_prefix(memo.tokens, prompt) // bs
         keep = memo.hashes[:same]
-        more = hash_blocks(self.engine.root, prompt, bs, start=same, parent=keep[-1] if keep else None)
+        more = hash_blocks(self.root, prompt, bs, start=same, parent=keep[-1] if keep else None)
         memo.tokens, memo.hashes = prompt, keep + more
         return memo.hashes

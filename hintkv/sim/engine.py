@@ -37,6 +37,7 @@ from hintkv.engine.types import (
 )
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
+from hintkv.sim.pool import SimPool
 from hintkv.sim.tiers import sim_tiers
 
 SIM_TOKEN = 1000  # every sampled token (content is irrelevant to the cache: prompts come from traces)
@@ -63,13 +64,14 @@ class StepStats:
 
 class SimEngine:
     def __init__(self, cfg: EngineConfig, costs: CostModel, clock: EventClock, num_blocks: int,
-                 host_blocks: int = 0, model_name: str = "sim") -> None:
+                 host_blocks: int = 0, model_name: str = "sim", pool: SimPool | None = None) -> None:
         self.cfg = cfg
         self.costs = costs
         self.clock = clock
         self.scheduler = Scheduler.from_config(cfg, num_blocks, clock=clock)
         if host_blocks:
-            self.scheduler.kv.tiers = sim_tiers(self.scheduler.kv, cfg.hints, host_blocks, clock, costs)
+            self.scheduler.kv.tiers = sim_tiers(self.scheduler.kv, cfg.hints, host_blocks, clock, costs,
+                                                pool)
         self.root = namespace_root(model_name, "sim", cfg.block_size, None)
         self.stats = StepStats()
         self._pending: dict[str, _Pending] = {}

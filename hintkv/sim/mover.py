@@ -75,6 +75,17 @@ class VirtualMover(Mover):
         nbytes = num_blocks * self._block_bytes
         return (nbytes / (link.gbps * 1e9)) + (link.latency_ms / 1e3 if idle else 0.0)
 
+    def book(self, direction: str, num_blocks: int) -> float:
+        """Reserve the link for one batched call of `num_blocks` (each call pays the link's
+        latency: a round trip, as a pool's get / put is); returns when it completes."""
+        now = self._clock()
+        done = max(now, self._free_at[direction]) + self.transfer_s(direction, num_blocks, idle=True)
+        if num_blocks:
+            self._free_at[direction] = done
+            self._bytes[direction] += num_blocks * self._block_bytes
+            self._blocks[direction] += num_blocks
+        return done
+
     def run(self, direction: str | None, fn: Callable[[], bool], num_blocks: int, nbytes: int,
             after: Future | None = None) -> Future[bool]:
         out: Future[bool] = _SimFuture()

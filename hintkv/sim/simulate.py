@@ -19,8 +19,10 @@ from hintkv.config import EngineConfig
 from hintkv.replay.offline import Access
 from hintkv.sim.agents import CallRecord, ProgramDriver
 from hintkv.sim.clock import EventClock
+from hintkv.sim.cluster import SimCluster
 from hintkv.sim.costs import CostModel
 from hintkv.sim.engine import SimEngine
+from hintkv.sim.pool import SimPool
 from hintkv.sim.tiers import real_block_bytes
 from hintkv.workload.agent import HintPlan, workload_programs
 from hintkv.workload.program import Workload
@@ -32,14 +34,19 @@ class SimConfig:
     policy: str  # eviction policy by name (cache.policies registry)
     hints: bool
     host: bool = False  # a host tier of HOST_FACTOR x the device pool
+    pool: str | None = None  # the cluster's shared pool below the host: "spm" or "lru" (plain)
 
 
 HOST_FACTOR = 4  # host tier size / device pool (bench swarm's setting)
+POOL_FACTOR = 4  # pool blocks each instance may keep there / its device pool
 CONFIGS = {
     "lru": SimConfig("lru", "lru", hints=False),
     "lru+host": SimConfig("lru+host", "lru", hints=False, host=True),
     "sam+hints": SimConfig("sam+hints", "sam", hints=True),
     "sam+hints+host": SimConfig("sam+hints+host", "sam", hints=True, host=True),
+    # many instances: the shared pool (Mooncake-like) under each host tier
+    "lru+pool": SimConfig("lru+pool", "lru", hints=False, host=True, pool="lru"),
+    "sam+hints+pool": SimConfig("sam+hints+pool", "sam", hints=True, host=True, pool="spm"),
 }
 
 
@@ -75,6 +82,12 @@ class SimResult:
     bytes_moved: dict[str, int] = field(default_factory=dict)  # real bytes per direction
     host_hit_tokens: int = 0
     accesses: list[Access] = field(default_factory=list)
+    instances: int = 1
+    pool_hit_tokens: int = 0
+    peak_pool_bytes: int = 0  # the shared pool's footprint (real bytes), cluster-wide
+    mean_pool_bytes: float = 0.0
+    pool_stats: dict[str, int] = field(default_factory=dict)
+    router: dict[str, int] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -120,14 +133,21 @@ def _whole(run):
 def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tokens: int,
              block_size: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
              time_scale: float = 1.0, progress: bool = False,
-             on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True) -> SimResult:
+             on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True,
+             instances: int = 1, max_inflight: int = 8) -> SimResult:
+    """`instances` SimEngines of `device_tokens` each on one clock, placed by the router's code
+    (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool."""
     cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        eviction_policy=config.policy, hints=config.hints)
     clock = EventClock()
     num_blocks = device_tokens // block_size
     host_blocks = HOST_FACTOR * num_blocks if config.host else 0
-    engine = SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks)
+    pool = (SimPool(config.pool, POOL_FACTOR * num_blocks, real_block_bytes(costs, block_size))
+            if config.pool else None)
+    engines = [SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks, pool=pool)
+               for _ in range(instances)]
+    cluster = SimCluster(engines, max_inflight)
     total = workload.num_calls
     bar = _Progress(config.name, total) if progress else None
 
@@ -137,7 +157,7 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
         if on_call is not None:
             on_call(rec)
 
-    driver = ProgramDriver(engine, config.hints, time_scale, on_call=seen, range_evicts=range_evicts)
+    driver = ProgramDriver(cluster, config.hints, time_scale, on_call=seen, range_evicts=range_evicts)
     t0 = time.perf_counter()
     driver.start(_whole(workload_programs(workload, HintPlan(hints=config.hints))))
     while clock.run_next():
@@ -145,22 +165,35 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close()
-    sch = engine.scheduler
-    if sch.has_work() or len(driver.calls) != total or not driver.done:
+    if any(e.scheduler.has_work() for e in engines) or len(driver.calls) != total or not driver.done:
         raise RuntimeError(f"{config.name}: the simulation stopped with {len(driver.calls)} of {total} "
                            "calls done")
-    sch.check_integrity()
-    res = SimResult(config.name, driver.calls, _spans(driver.calls), engine.stats.num_steps,
-                    engine.stats.busy_s, clock(), wall, clock.num_events, sch.num_preemptions,
-                    sch.num_prompt_tokens, sch.num_prompt_tokens_computed, dict(driver.num_edits),
-                    device_tokens, host_blocks * block_size, accesses=driver.accesses)
-    tiers = sch.kv.tiers
-    if tiers is not None:
+    cluster.check_integrity()
+    schs = [e.scheduler for e in engines]
+    edits = dict(driver.num_edits)
+    res = SimResult(config.name, driver.calls, _spans(driver.calls),
+                    sum(e.stats.num_steps for e in engines), sum(e.stats.busy_s for e in engines),
+                    clock(), wall, clock.num_events, sum(s.num_preemptions for s in schs),
+                    sum(s.num_prompt_tokens for s in schs), sum(s.num_prompt_tokens_computed for s in schs),
+                    edits, device_tokens, host_blocks * block_size, accesses=driver.accesses,
+                    instances=instances, router=cluster.stats())
+    if config.host:
         block = real_block_bytes(costs, block_size)
-        res.peak_host_bytes = engine.stats.peak_host_blocks * block
-        res.mean_host_bytes = engine.stats.host_block_seconds / max(clock(), 1e-9) * block
-        res.bytes_moved = dict(tiers.stack.mover.stats().bytes_moved)
-        res.host_hit_tokens = sch.kv.hit_tokens_by_tier.get("host", 0)
+        res.peak_host_bytes = sum(e.stats.peak_host_blocks for e in engines) * block
+        res.mean_host_bytes = sum(e.stats.host_block_seconds for e in engines) / max(clock(), 1e-9) * block
+        moved: dict[str, int] = {}
+        for s in schs:
+            for k, v in s.kv.tiers.stack.mover.stats().bytes_moved.items():
+                moved[k] = moved.get(k, 0) + v
+        res.bytes_moved = moved
+        res.host_hit_tokens = sum(s.kv.hit_tokens_by_tier.get("host", 0) for s in schs)
+        res.pool_hit_tokens = sum(s.kv.hit_tokens_by_tier.get("pool", 0) for s in schs)
+    if pool is not None:
+        for t in pool.tiers:
+            t.check_integrity()
+        res.peak_pool_bytes = pool.meter.peak_bytes
+        res.mean_pool_bytes = pool.meter.mean_bytes(clock())
+        res.pool_stats = pool.stats()
     return res
 
 

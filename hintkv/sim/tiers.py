@@ -1,5 +1,5 @@
 """Lower tiers in the simulator: the real `HostTier`, `TierStack` and `TierConnector` on a small
-payload, with the `VirtualMover` for time.
+payload, with the `VirtualMover` for time; with `pool`, the cluster's shared pool below the host.
 
     kv.tiers = sim_tiers(kv, hints=True, host_blocks=4 * num_blocks, clock=clock, costs=costs)
 
@@ -18,6 +18,7 @@ from hintkv.cache.tier_connector import TierConnector
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.mover import VirtualMover
+from hintkv.sim.pool import SimPool
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.stack import TierStack
@@ -28,12 +29,16 @@ def real_block_bytes(costs: CostModel, block_size: int) -> int:
 
 
 def sim_tiers(kv: KVCacheManager, hints: bool, host_blocks: int, clock: EventClock,
-              costs: CostModel) -> TierConnector:
+              costs: CostModel, pool: SimPool | None = None) -> TierConnector:
+    """`pool`: the cluster's shared pool, below the host tier (a `SimPoolTier` per instance)."""
     bs = kv.block_size
     num_blocks = kv.pool.num_blocks
     device = [torch.zeros((2, num_blocks, bs, 1, 1), dtype=torch.uint8)]
     io = DeviceBlockIO(device)
     mover = VirtualMover(clock, costs, real_block_bytes(costs, bs))
     host = HostTier(io.layout, host_blocks * io.layout.nbytes, mover=mover)
-    stack = TierStack([host], mover=mover)
+    tiers = [host]
+    if pool is not None:
+        tiers.append(pool.tier(io.layout, clock, mover))
+    stack = TierStack(tiers, mover=mover)
     return TierConnector(kv.pool, bs, stack, io, kv.ranking, hints, clock=clock)

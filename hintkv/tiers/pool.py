@@ -131,8 +131,13 @@ class PoolTier(Tier):
         self._calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pool-call")
         self._calls_running = 0  # backend calls not finished (a timed-out one may still run)
         self._calls_cv = threading.Condition()
-        self._worker = threading.Thread(target=self._run, name="pool-worker", daemon=True)
-        self._worker.start()
+        self._worker = self._start_worker()
+
+    def _start_worker(self) -> threading.Thread | None:
+        """The thread that runs queued ops (the simulator runs them on its event clock instead)."""
+        worker = threading.Thread(target=self._run, name="pool-worker", daemon=True)
+        worker.start()
+        return worker
 
     # -- keys and frames --------------------------------------------------------------------
     def pool_key(self, key: bytes) -> str:

@@ -41,3 +41,38 @@ def test_host_tier_puts_and_loads_take_profile_time():
     assert clock() - t0 == pytest.approx(h2d.latency_ms / 1e3 + real / (h2d.gbps * 1e9))
     assert mover.stats().bytes_moved == {"device->host": 4 * real, "host->device": real}
     host.check_integrity()
+
+
+def test_pool_puts_and_gets_take_profile_time_and_return_checked_bytes():
+    """The shared pool's batched calls: one round trip (the link's latency) + the real bytes at its
+    bandwidth; a second instance reads what the first stored (content keys), payload intact."""
+    from hintkv.sim.pool import SimPool
+
+    costs = CostModel(load_profile("h200-llama3-8b"))
+    clock = EventClock()
+    real = costs.profile.kv_bytes_per_token * 16
+    layout = BlockLayout(1, 16, 1, 1, torch.uint8)
+    pool = SimPool("spm", 16, real)
+    movers = [VirtualMover(clock, costs, real) for _ in range(2)]
+    a, b = (pool.tier(layout, clock, m) for m in movers)
+    src = [torch.full(layout.shape, 7 + i, dtype=torch.uint8) for i in range(3)]
+    futs = a.put([(bytes([i]) * 16, src[i]) for i in range(3)])
+    assert not any(f.done() for f in futs)
+    while clock.run_next():
+        pass
+    assert all(f.result() for f in futs)
+    up = costs.profile.link("host", "pool")
+    assert clock() == pytest.approx(up.latency_ms / 1e3 + 3 * real / (up.gbps * 1e9))
+    t0 = clock()
+    dst = torch.zeros(layout.shape, dtype=torch.uint8)
+    assert b.contains(bytes([1]) * 16) and not b.contains(bytes([9]) * 16)
+    got = b.get(bytes([1]) * 16, dst)
+    while clock.run_next():
+        pass
+    down = costs.profile.link("pool", "host")
+    assert got.result() and torch.equal(dst, src[1])
+    assert clock() - t0 == pytest.approx(down.latency_ms / 1e3 + real / (down.gbps * 1e9))
+    assert pool.meter.peak_bytes == 3 * real
+    assert pool.stats()["remote_hits"] == 1
+    a.check_integrity()
+    b.check_integrity()

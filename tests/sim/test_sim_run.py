@@ -12,6 +12,7 @@ from hintkv.replay import belady
 from hintkv.sim.agents import flatten
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile
+from hintkv.sim.run import ONE_INSTANCE_CONFIGS
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
 from hintkv.sim.workload import DEFAULT_TRACES, build_workload
 
@@ -94,7 +95,7 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert out[1].startswith("config")
     last = json.loads(out[-1])
-    assert set(last["results"]) == set(CONFIGS) | {"oracle", "oracle+host"}
+    assert set(last["results"]) == set(ONE_INSTANCE_CONFIGS)
     assert set(last["oracles"]) == {"oracle", "oracle+host"}
     for g in last["goals"].values():
         assert set(g) == {"target", "measured", "met"}
