@@ -123,15 +123,19 @@ class BlockPool:
     def touch(self, blocks: list[Block]) -> None:
         """Blocks matched by a new sequence: referenced again (leaving the cached-free set)."""
         now = time.monotonic()
+        cached = [b.block_id for b in blocks if b.ref_cnt == 0]
+        if cached:
+            self._cached.remove_many(cached)
         for b in blocks:
-            if b.ref_cnt == 0:
-                self._cached.remove(b.block_id)
             b.ref_cnt += 1
             b.last_access = now
 
     def release(self, blocks: list[Block]) -> None:
         """A sequence lets go of its blocks; the last block first so prefixes outlive suffixes."""
         now = time.monotonic()
+        group_of = self.ranking.group_of
+        run: list[tuple[int, Block]] = []  # consecutive cached blocks of one group: one filing
+        run_group = 0
         for b in reversed(blocks):
             assert b.ref_cnt > 0, f"block {b.block_id} released twice"
             b.ref_cnt -= 1
@@ -139,8 +143,15 @@ class BlockPool:
             if b.ref_cnt == 0:
                 if b.hash is None:
                     self._empty.append(b.block_id)
-                else:
-                    self._file(b, self.ranking.group_of(b.hash))
+                    continue
+                g = group_of(b.hash)
+                if run and g != run_group:
+                    self._file_run(run, run_group)
+                    run = []
+                run_group = g
+                run.append((b.block_id, b))
+        if run:
+            self._file_run(run, run_group)
 
     def register(self, block: Block, h: BlockHash) -> bool:
         """Index a full in-use block under its hash; False if another block already has it."""
@@ -166,6 +177,10 @@ class BlockPool:
         """File `b` in its group's node (one node for all under a policy without sessions)."""
         self._cached.add(b.block_id, b, group if self._grouped else 0,
                          self.ranking.group_class(group), front)
+
+    def _file_run(self, run: list[tuple[int, Block]], group: int) -> None:
+        """`_file` of consecutive blocks of one group, in order, as one filing."""
+        self._cached.add_run(run, group if self._grouped else 0, self.ranking.group_class(group))
 
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None:
         """Ranking listener: the block holding `h` (if cached here) joins another group (at its

@@ -150,6 +150,32 @@ class KVCacheManager:
         if need:
             seq.block_table.extend(self.pool.allocate(need))
 
+    def append_many(self, seqs: list[KVSequence], num_new_tokens: int = 1) -> int:
+        """`can_append` then `append` for each of `seqs` in order, as ONE pass: a sequence that
+        stays inside its last block costs an integer test; the ones crossing a block boundary
+        take their blocks in one allocation (the same blocks, victims and write-down queue as
+        one call each). Stops before the first sequence that does not fit and returns how many
+        were served: the caller preempts and calls again with the rest."""
+        bs = self.block_size
+        room = self.pool.num_free
+        total = served = 0
+        crossing: list[tuple[KVSequence, int]] = []
+        for seq in seqs:
+            need = -(-(seq.num_computed_tokens + num_new_tokens) // bs) - len(seq.block_table)
+            if need > 0:
+                if total + need > room:
+                    break
+                total += need
+                crossing.append((seq, need))
+            served += 1
+        if total:
+            blocks = self.pool.allocate(total)
+            i = 0
+            for seq, need in crossing:
+                seq.block_table.extend(blocks[i:i + need])
+                i += need
+        return served
+
     def truncate(self, seq: KVSequence, num_tokens: int) -> None:
         """Give back the blocks past the first `num_tokens` tokens (speculative drafts that were
         rejected). Such blocks were never committed, so no hash ever names their KV."""
@@ -171,6 +197,14 @@ class KVCacheManager:
             if b.hash is None:
                 self.pool.register(b, hashes[i])  # a duplicate stays private to this sequence
         seq.num_registered_blocks = n_full
+
+    def commit_many(self, seqs: list[KVSequence]) -> None:
+        """`commit` for each of `seqs` in one pass: only sequences with a newly full block (one
+        in `block_size` decode steps) do block work; the others cost an integer test."""
+        bs = self.block_size
+        for seq in seqs:
+            if seq.num_computed_tokens // bs > seq.num_registered_blocks:
+                self.commit(seq)
 
     def flush_write_downs(self) -> int:
         """Write down the blocks evicted since the last flush (a no-op without tiers). The engine

@@ -89,6 +89,21 @@ class HostTier(IndexedTier):
                               after=self._after(slot))
         return slot, slot, raw
 
+    batched_put = True  # a write-down batch is one gather into the buffer, one future
+
+    def _write_many(self, keys: list[bytes], srcs: list[torch.Tensor]
+                    ) -> tuple[list[int], Future[bool]]:
+        slots = [self._free.pop() for _ in keys]
+        afters = [f for s in slots if (f := self._after(s)) is not None]  # reads of old content
+        rows = torch.tensor(slots)
+
+        def copy() -> bool:
+            self._buf.index_copy_(0, rows, torch.stack(srcs))
+            return True
+        raw = self.mover.run(f"{self.upper}->{self.name}", copy, len(keys),
+                             len(keys) * self.layout.nbytes, gather(afters) if afters else None)
+        return slots, raw
+
     def _read(self, key: bytes, entry: Entry, dst: torch.Tensor) -> tuple[int, Future[bool]]:
         raw = self.mover.copy(f"{self.name}->{self.upper}", dst, self._buf[entry.slot],
                               after=self._after(entry.slot))

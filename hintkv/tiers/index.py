@@ -82,6 +82,8 @@ class IndexedTier(Tier):
                 if entry is not None:
                     self._touch(key, entry)
             fit = self._make_room(len({k for k, _ in items if k not in self._entries}))
+            if self.batched_put and fit > 1:
+                return self._put_batch(items, fit)
             futures: list[Future[bool]] = []
             for key, src in items:
                 entry = self._entries.get(key)
@@ -97,6 +99,60 @@ class IndexedTier(Tier):
                     self._add_entry(key, entry)
                     futures.append(self._finish_put(unit, key, entry, raw))
             return futures
+
+    batched_put = False  # the subclass writes many blocks in one transfer (`_write_many`)
+
+    def _put_batch(self, items: list[tuple[bytes, torch.Tensor]], fit: int) -> list[Future[bool]]:
+        """`put` as ONE transfer and ONE future for the `fit` first new blocks (a write-down
+        batch), instead of a mover submission and futures per block. Lock held."""
+        futures: list[Future[bool] | None] = []
+        keys: list[bytes] = []
+        srcs: list[torch.Tensor] = []
+        seen: set[bytes] = set()
+        for key, src in items:
+            entry = self._entries.get(key)
+            if entry is not None:  # already held or being written: no-op success
+                futures.append(entry.write)
+            elif key in seen:  # twice in this batch: the batch's future
+                futures.append(None)
+            elif len(keys) == fit:
+                self._stats.num_put_failed += 1
+                futures.append(resolved(False))
+            else:
+                keys.append(key)
+                seen.add(key)
+                srcs.append(src)
+                futures.append(None)
+        units, raw = self._write_many(keys, srcs)
+        out: Future[bool] = Future()
+        entries = []
+        for key, unit in zip(keys, units):
+            entry = Entry(unit, self._tick(), out)
+            self._add_entry(key, entry)
+            entries.append(entry)
+            self._last_op[unit] = out
+
+        def done(f: Future[bool]) -> None:
+            try:
+                ok = bool(f.result())
+            except Exception:
+                log.exception("%s: a batched write failed", self.name)
+                ok = False
+            with self._lock:
+                if ok:
+                    self._stats.num_puts += len(keys)
+                else:
+                    self._stats.num_put_failed += len(keys)
+                    for key, entry in zip(keys, entries):
+                        if self._entries.get(key) is entry:
+                            self._drop(key, evicted=False)
+                for unit in units:
+                    if self._last_op.get(unit) is out:
+                        del self._last_op[unit]
+            out.set_result(ok)
+
+        raw.add_done_callback(done)
+        return [out if f is None else f for f in futures]
 
     def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
         self.layout.check_payload(dst)
@@ -133,6 +189,12 @@ class IndexedTier(Tier):
     @abstractmethod
     def _write(self, key: bytes, src: torch.Tensor) -> tuple[Hashable, int, Future[bool]]:
         """Claim storage for a new block and start writing it: (storage unit, slot, future)."""
+
+    def _write_many(self, keys: list[bytes], srcs: list[torch.Tensor]
+                    ) -> tuple[list[int], Future[bool]]:
+        """Claim storage for new blocks and start writing them in one transfer (`batched_put`
+        tiers): (storage unit of each, one future for all)."""
+        raise NotImplementedError
 
     @abstractmethod
     def _read(self, key: bytes, entry: Entry, dst: torch.Tensor) -> tuple[Hashable, Future[bool]]:

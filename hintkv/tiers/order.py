@@ -76,6 +76,36 @@ class ClassedLRU(Generic[K, V]):
         self._counts[cls] -= 1
         return value
 
+    def remove_many(self, keys: list[K]) -> None:
+        """`remove` of each key, in one call (a sequence re-referencing its cached prefix)."""
+        node_of, node_cls, buckets, counts = self._node_of, self._node_cls, self._buckets, self._counts
+        for key in keys:
+            node = node_of.pop(key)
+            cls = node_cls[node]
+            items = buckets[cls][node]
+            del items[key]
+            if not items:
+                del buckets[cls][node]
+                del node_cls[node]
+            counts[cls] -= 1
+
+    def add_run(self, pairs: list[tuple[K, V]], node: Hashable, cls: int) -> None:
+        """`add` of each (key, value) to the back of one node, in order, in one call: the same
+        order as one `add` each (a sequence releasing its blocks, tail first)."""
+        have = self._node_cls.get(node)
+        if have is None:
+            self._node_cls[node] = have = cls
+            items: OrderedDict[K, V] = OrderedDict()
+        else:
+            items = self._buckets[have].pop(node)
+        node_of = self._node_of
+        for key, value in pairs:
+            assert key not in node_of, "an item is filed twice"
+            items[key] = value
+            node_of[key] = node
+        self._buckets.setdefault(have, {})[node] = items
+        self._counts[have] = self._counts.get(have, 0) + len(pairs)
+
     def touch(self, key: K) -> None:
         """A use: `key` newest in its node, its node newest in its class."""
         node = self._node_of[key]
