@@ -7,6 +7,7 @@ the group's holders, kept from per-class holder counts. So:
 
     session event (arrival, done, hint, TTL)  ─▶ session_changed(s): O(groups s is in), usually
     a predicted return coming closer          ─▶ tick(now): due rechecks (a heap), same path   1-3
+                                                 (an event's recheck is computed at the next tick)
     held list replaced (request done, evict)  ─▶ held_changed(s, removed, added): O(changed blocks)
 
 A group's id is the XOR of random 64-bit tokens of its holders (Zobrist hashing): adding or
@@ -67,6 +68,10 @@ class ClassRanking:
         self._delta_blocks: dict[BlockHash, int | None] = {}
         self._delta_groups: dict[int, int | None] = {}
         self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
+        # sessions with an event since the last tick: their recheck is computed and pushed there,
+        # once per session per step (an event costs a dict store, not the policy's band times
+        # and a heap push; a session with two events in a step is scheduled once)
+        self._unscheduled: dict[str, tuple[Session, float]] = {}
         self._version: dict[str, int] = {}
         self.listeners: list[ClassListener] = []
         self.num_moves = 0  # class changes reported (of a regrouped block or of a whole group)
@@ -140,6 +145,7 @@ class ClassRanking:
         """A session that holds nothing and is gone for good."""
         self._session_cls.pop(key, None)
         self._version.pop(key, None)
+        self._unscheduled.pop(key, None)
         if not self._groups_in.get(key):
             self._groups_in.pop(key, None)
             self._token.pop(key, None)
@@ -147,6 +153,7 @@ class ClassRanking:
     def tick(self, now: float, sessions: Mapping[str, Session]) -> int:
         """Re-rank sessions whose recheck is due (a predicted return came closer, a TTL ran
         out). Returns how many were re-ranked."""
+        self._push_rechecks()
         n = 0
         while self._rechecks and self._rechecks[0][0] <= now:
             _, version, key = heapq.heappop(self._rechecks)
@@ -159,11 +166,20 @@ class ClassRanking:
 
     # ---- internals -------------------------------------------------------------------------
     def _schedule(self, s: Session, now: float) -> None:
-        version = self._version.get(s.key, 0) + 1
-        self._version[s.key] = version
-        after = self.policy.recheck_after(s, now) if self.policy.uses_sessions else None
-        if after is not None:
-            heapq.heappush(self._rechecks, (now + max(after, 0.0) + 1e-3, version, s.key))
+        self._version[s.key] = self._version.get(s.key, 0) + 1  # older rechecks are void
+        if self.policy.uses_sessions:
+            self._unscheduled[s.key] = (s, now)  # its recheck is computed at the next tick
+
+    def _push_rechecks(self) -> None:
+        """Schedule the recheck of each session changed since the last tick, as of its latest
+        event (the due time is the one computed at the event; only the registry's shared
+        estimates may have moved since, within one step)."""
+        for key, (s, at) in self._unscheduled.items():
+            after = self.policy.recheck_after(s, at)
+            if after is not None:
+                heapq.heappush(self._rechecks, (at + max(after, 0.0) + 1e-3,
+                                                self._version[key], key))
+        self._unscheduled.clear()
 
     def _recount(self, gid: int, old: int, new: int) -> None:
         """One holder of group `gid` moved from class `old` to `new`."""
