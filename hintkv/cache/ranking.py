@@ -94,6 +94,11 @@ class ClassRanking:
     def is_held(self, h: BlockHash) -> bool:
         return h in self._group_of
 
+    def num_holders(self, h: BlockHash) -> int:
+        """Live sessions holding `h` (0: nobody)."""
+        g = self._group_of.get(h)
+        return 0 if g is None else len(self._groups[g].holders)
+
     def session_class(self, key: str) -> int | None:
         return self._session_cls.get(key)
 

@@ -45,6 +45,7 @@ from hintkv.cache.ranking import ClassRanking
 from hintkv.cache.spm import SessionPoolManager
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.mover import resolved
 from hintkv.tiers.pool import PoolTier
 from hintkv.tiers.ranks import RankBoard
 from hintkv.tiers.stack import TierStack
@@ -209,15 +210,12 @@ class TierConnector:
         on_device = [(h, b) for h in hashes if (b := self.pool.lookup(h)) is not None]
         where = self.stack.lookup([h for h, _ in on_device])
         fresh = [(h, b) for (h, b), w in zip(on_device, where) if w is None]
-        below = [h for (h, _), w in zip(on_device, where) if w is not None]
-        futures = self._write_down([h for h, _ in fresh], [b.block_id for _, b in fresh]) if fresh else []
-        done: list[Future[bool]] = []
-        for _ in below:
-            f: Future[bool] = Future()
-            f.set_result(True)
-            done.append(f)
-        self._offloads.append(PendingOffload([h for h, _ in fresh] + below, futures + done))
-        return len(fresh), len(below)
+        written = iter(self._write_down([h for h, _ in fresh], [b.block_id for _, b in fresh])
+                       if fresh else [])
+        futures = [next(written) if w is None else resolved(True) for w in where]
+        # in the order given (the session's chain, head first): `poll` drops from the tail
+        self._offloads.append(PendingOffload([h for h, _ in on_device], futures))
+        return len(fresh), len(on_device) - len(fresh)
 
     def publish_to_pool(self, hashes: list[BlockHash]) -> int:
         """A request finished: write its blocks through to the shared pool (if any)."""
@@ -355,15 +353,25 @@ class TierConnector:
                 continue
             if self.offload_mode == "lazy":  # written down: the device copy stays, free to evict
                 continue
-            for h, f in zip(o.hashes, o.futures):
-                b = self.pool.lookup(h)
-                if f.result() and b is not None \
-                        and self.ranking.block_class(h) < self.protected_class \
-                        and self.pool.drop(b):
-                    self.counters.num_offload_dropped += 1
+            self._drop_offloaded(o)
         self._offloads = keep_offloads
         if self.spm is not None:
             self.spm.tick(now)
+
+    def _drop_offloaded(self, o: PendingOffload) -> None:
+        """Eager offload: drop the device copies from the tail of the chain while each is
+        stored below, held by no other session (a shared prefix stays where its other holders
+        match it), ranked below the protected class and not in use. The first block that must
+        stay ends the drop: a head dropped under a device tail would cut the chain a resume
+        matches (the replay's rule too)."""
+        for h, f in zip(reversed(o.hashes), reversed(o.futures)):
+            b = self.pool.lookup(h)
+            if b is None:
+                continue  # gone already (evicted, written below)
+            if not f.result() or self.ranking.num_holders(h) > 1 \
+                    or self.ranking.block_class(h) >= self.protected_class or not self.pool.drop(b):
+                return
+            self.counters.num_offload_dropped += 1
 
     def pending_futures(self) -> list[Future]:
         return [p.batch for p in [*self._loads.values(), *self._prefetches] if not p.batch.done()]

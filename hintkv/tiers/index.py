@@ -30,7 +30,7 @@ from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
 from hintkv.tiers.order import ClassedLRU
-from hintkv.tiers.ranks import Delta, RankBoard
+from hintkv.tiers.ranks import UNHELD_GROUP, Delta, RankBoard
 
 log = logging.getLogger(__name__)
 
@@ -225,14 +225,16 @@ class IndexedTier(Tier):
 
     def _reclassify(self, delta: Delta) -> None:
         """Board listener: regrouped entries move one by one (O(blocks that changed group));
-        a group whose class changed moves as one node (O(1))."""
+        a group whose class changed moves as one node (O(1)). As in the device pool, a block
+        joining a held group goes to its FRONT (the delta lists a session's blocks head first,
+        so the group ends up tail first, and its new tail goes before the blocks it held)."""
         with self._lock:
             if self._ranks is None:
                 return
             for key in delta.blocks:
                 entry = self._entries.get(key)
                 if entry is not None:
-                    self._refile(key, entry)
+                    self._refile(key, entry, regrouped=True)
             if self._ranks.grouped:
                 for group in delta.groups:
                     if self._order.node_class(group) is not None:
@@ -293,11 +295,12 @@ class IndexedTier(Tier):
         entry.last_access = self._tick()
         self._order.touch(key)
 
-    def _refile(self, key: bytes, entry: Entry) -> None:
+    def _refile(self, key: bytes, entry: Entry, regrouped: bool = False) -> None:
         node, cls = self._place(key)
         if node != self._order.node_of(key) or self._order.class_of(key) != cls:
             self._order.remove(key)
-            self._order.add(key, None, node, cls)
+            held = self._ranks is not None and self._ranks.grouped and node != UNHELD_GROUP
+            self._order.add(key, None, node, cls, front=regrouped and held)
 
     def _victims(self, n: int) -> list[bytes]:
         """Up to `n` ready keys: lowest class first, least recently used node first, least

@@ -153,3 +153,23 @@ def test_rejects_payloads_of_another_layout(layout, key):
     with pytest.raises(ValueError):
         host.put([(key(0), torch.zeros(3))])
     host.close()
+
+
+def test_blocks_joining_a_group_go_to_its_front_tail_first(layout, key, payload):
+    """As in the device pool: a delta lists a session's regrouped blocks head first; each goes
+    to the FRONT of its new group, so the group is reclaimed tail first, and its new blocks
+    before the ones it held already (a head never goes before its own tail)."""
+    from hintkv.tiers.ranks import RankDelta
+    evicted: list[bytes] = []
+    board = RankBoard()
+    host = HostTier(layout, 4 * layout.nbytes, ranks=board,
+                    on_evict=lambda k, _view: evicted.append(k))
+    board.publish(RankDelta({key(9): "g"}, {"g": 1}))
+    assert host.put([(key(9), payload(9))])[0].result()
+    assert all(f.result() for f in host.put([(key(i), payload(i)) for i in range(3)]))  # unheld
+    board.publish(RankDelta({key(0): "g", key(1): "g", key(2): "g"}))  # head first
+    host.put([(key(10 + i), payload(i)) for i in range(4)])  # evicts all four of group g
+    host.flush()
+    assert evicted == [key(2), key(1), key(0), key(9)]
+    host.check_integrity()
+    host.close()
