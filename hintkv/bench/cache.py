@@ -142,6 +142,7 @@ class World:
                 self._settle()
         self._fixed = start
         self.sam.catch_up(start)  # the predicted returns the histories left behind
+        self.kv.ranking.tick(start, self.sessions.sessions)  # and their re-ranks, all of them
         self._settle()
         self.stack.flush()
         self._base, self._wall, self._fixed = start, time.monotonic(), None

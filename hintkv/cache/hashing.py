@@ -25,12 +25,15 @@ def hash_block(parent: BlockHash, token_ids: list[int]) -> BlockHash:
 
 
 def hash_blocks(root: BlockHash, token_ids: list[int], block_size: int,
-                start: int = 0, parent: BlockHash | None = None) -> list[BlockHash]:
-    """Hashes of the full blocks of `token_ids`, from block index `start` (chained on `parent`)."""
+                start: int = 0, parent: BlockHash | None = None,
+                end: int | None = None) -> list[BlockHash]:
+    """Hashes of the full blocks of `token_ids`, from block index `start` (chained on `parent`)
+    up to block index `end` (default: every full block)."""
     out: list[BlockHash] = []
     prev = root if start == 0 else parent
     assert prev is not None, "a parent hash is needed to continue a chain"
-    for i in range(start, len(token_ids) // block_size):
+    full = len(token_ids) // block_size
+    for i in range(start, full if end is None else min(end, full)):
         prev = hash_block(prev, token_ids[i * block_size:(i + 1) * block_size])
         out.append(prev)
     return out

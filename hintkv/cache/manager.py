@@ -56,8 +56,8 @@ class KVCacheManager:
         have = len(seq.block_hashes)
         if n_full > have:
             parent = seq.block_hashes[-1] if have else None
-            seq.block_hashes.extend(hash_blocks(seq.root_hash, seq.token_ids[:n_full * self.block_size],
-                                                self.block_size, start=have, parent=parent))
+            seq.block_hashes.extend(hash_blocks(seq.root_hash, seq.token_ids, self.block_size,
+                                                start=have, parent=parent, end=n_full))
         return seq.block_hashes
 
     # ---- admission -----------------------------------------------------------------------

@@ -155,12 +155,13 @@ class ClassRanking:
             self._groups_in.pop(key, None)
             self._token.pop(key, None)
 
-    def tick(self, now: float, sessions: Mapping[str, Session]) -> int:
+    def tick(self, now: float, sessions: Mapping[str, Session], budget: int | None = None) -> int:
         """Re-rank sessions whose recheck is due (a predicted return came closer, a TTL ran
-        out). Returns how many were re-ranked."""
+        out), at most `budget` of them (the rest stay due: the next tick). Returns how many
+        were re-ranked."""
         self._push_rechecks()
         n = 0
-        while self._rechecks and self._rechecks[0][0] <= now:
+        while self._rechecks and self._rechecks[0][0] <= now and (budget is None or n < budget):
             _, version, key = heapq.heappop(self._rechecks)
             s = sessions.get(key)
             if s is None or self._version.get(key) != version:
