@@ -142,12 +142,13 @@ class KVCacheManager:
 
     # ---- running -------------------------------------------------------------------------
     def can_append(self, seq: KVSequence, num_new_tokens: int) -> bool:
-        need = self._blocks_needed(seq, seq.num_computed_tokens + num_new_tokens, len(seq.block_table))
-        return need <= self.pool.num_free
+        # inline arithmetic: a decode step inside the last block costs one integer test
+        need = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        return need <= 0 or need <= self.pool.num_free
 
     def append(self, seq: KVSequence, num_new_tokens: int) -> None:
-        need = self._blocks_needed(seq, seq.num_computed_tokens + num_new_tokens, len(seq.block_table))
-        if need:
+        need = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        if need > 0:
             seq.block_table.extend(self.pool.allocate(need))
 
     def append_many(self, seqs: list[KVSequence], num_new_tokens: int = 1) -> int:
