@@ -1,17 +1,14 @@
 """Bookkeeping shared by the tiers that hold blocks in storage of their own (host, disk).
 
 `IndexedTier` keeps key -> `Entry`, a logical access clock, the victim order, the eviction
-listener, the event counters, and the per-storage ordering of I/O. Victim order follows the
+listener and the event counters (the futures it hands out and the per-storage ordering of its
+I/O: `index_io.TierIO`). Victim order follows the
 engine's `RankBoard`: one bucket per eviction class; inside it one node per group of blocks
 (the blocks the same sessions hold: usually one session's context), least recently used node
 first, least recently used entry first inside a node. A put on a full tier pops victims instead
 of scanning, and a session changing class moves ONE node (O(1)), not its blocks. Subclasses own the
-storage itself (a buffer slot, a file) through three hooks (`_write`, `_read`, `_drop`) and
-`check_integrity`.
-
-Why per-storage ordering: a slot or file can be reused or unlinked while a read of its old
-content is still in flight. Every I/O on one storage unit is started `after` the previous one
-(see `Mover.run`), so a read always sees the bytes that were there when it was asked for.
+storage itself (a buffer slot, a file) through three hooks (`_write`, `_read`, `_drop`; with
+`batched_put`, `_write_many`: a batch in one transfer) and `check_integrity`.
 """
 
 from __future__ import annotations
@@ -20,13 +17,13 @@ import logging
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 
 from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage
+from hintkv.tiers.index_io import Entry, TierIO
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
 from hintkv.tiers.order import ClassedLRU
@@ -35,19 +32,7 @@ from hintkv.tiers.ranks import UNHELD_GROUP, Delta, RankBoard
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Entry:
-    slot: int  # host: row of the preallocated buffer; disk: -1 (the file is named by the key)
-    last_access: int  # logical clock of the last put or get
-    write: Future[bool]  # the put that stores it (handed again to duplicate puts)
-
-    @property
-    def ready(self) -> bool:
-        """The write succeeded: the bytes can be read, and the block may be evicted."""
-        return self.write.done() and self.write.result()
-
-
-class IndexedTier(Tier):
+class IndexedTier(TierIO, Tier):
     """Index, access clock, victim choice and counters; storage is the subclass's business."""
 
     def __init__(self, layout: BlockLayout, capacity_blocks: int, mover: Mover | None,
@@ -130,28 +115,7 @@ class IndexedTier(Tier):
             entry = Entry(unit, self._tick(), out)
             self._add_entry(key, entry)
             entries.append(entry)
-            self._last_op[unit] = out
-
-        def done(f: Future[bool]) -> None:
-            try:
-                ok = bool(f.result())
-            except Exception:
-                log.exception("%s: a batched write failed", self.name)
-                ok = False
-            with self._lock:
-                if ok:
-                    self._stats.num_puts += len(keys)
-                else:
-                    self._stats.num_put_failed += len(keys)
-                    for key, entry in zip(keys, entries):
-                        if self._entries.get(key) is entry:
-                            self._drop(key, evicted=False)
-                for unit in units:
-                    if self._last_op.get(unit) is out:
-                        del self._last_op[unit]
-            out.set_result(ok)
-
-        raw.add_done_callback(done)
+        self._finish_put_many(units, keys, entries, raw, out)
         return [out if f is None else f for f in futures]
 
     def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
@@ -327,91 +291,6 @@ class IndexedTier(Tier):
         self._stats.num_evicted += 1
         self._drop(key, evicted=True)
 
-    def _after(self, unit: Hashable) -> Future | None:
-        return self._last_op.get(unit)
-
-    def _finish_put(self, unit: Hashable, key: bytes, entry: Entry,
-                    raw: Future[bool]) -> Future[bool]:
-        """Make `entry.write` the put's public future, the latest I/O on `unit`; it resolves
-        after the outcome is recorded, so whoever saw it resolve sees stats and index updated."""
-        def record(ok: bool) -> bool:
-            with self._lock:
-                if ok:
-                    self._stats.num_puts += 1
-                else:
-                    self._stats.num_put_failed += 1
-                    if self._entries.get(key) is entry:
-                        self._drop(key, evicted=False)
-            return ok
-        entry.write = self._finish(unit, raw, record)
-        return entry.write
-
-    def _finish_get(self, unit: Hashable, raw: Future[bool]) -> Future[bool]:
-        """The get's public future, the latest I/O on `unit`: resolves after the hit or miss
-        is counted."""
-        def record(ok: bool) -> bool:
-            with self._lock:
-                if ok:
-                    self._stats.num_hits += 1
-                else:
-                    self._stats.num_misses += 1
-            return ok
-        return self._finish(unit, raw, record)
-
-    def _finish_many(self, units: list[Hashable], raw: Future[bool], n: int) -> Future[bool]:
-        """`_finish_get` for one transfer that reads `n` blocks from `units` at once: the latest
-        I/O on each of them; counts n hits or n misses."""
-        out: Future[bool] = Future()
-        for unit in units:
-            self._last_op[unit] = out
-
-        def done(f: Future[bool]) -> None:
-            try:
-                ok = bool(f.result())
-            except Exception:
-                log.exception("%s: a batched read failed", self.name)
-                ok = False
-            with self._lock:
-                if ok:
-                    self._stats.num_hits += n
-                else:
-                    self._stats.num_misses += n
-                for unit in units:
-                    if self._last_op.get(unit) is out:
-                        del self._last_op[unit]
-            out.set_result(ok)
-
-        raw.add_done_callback(done)
-        return out
-
-    def _finish(self, unit: Hashable, raw: Future[bool],
-                record: Callable[[bool], bool]) -> Future[bool]:
-        out: Future[bool] = Future()
-        self._track(unit, out)  # before `record` can run: it may queue newer I/O on `unit`
-
-        def done(f: Future[bool]) -> None:
-            try:
-                ok = record(f.result())
-            except Exception:
-                log.exception("%s: recording a transfer failed", self.name)
-                ok = False
-            out.set_result(ok)
-
-        raw.add_done_callback(done)
-        return out
-
-    def _track(self, unit: Hashable, fut: Future) -> Future:
-        """Record `fut` as the latest I/O on `unit` (until it finishes)."""
-        self._last_op[unit] = fut
-
-        def done(_: Future) -> None:
-            with self._lock:
-                if self._last_op.get(unit) is fut:
-                    del self._last_op[unit]
-
-        fut.add_done_callback(done)
-        return fut
-
     def _check_entries(self) -> None:
         assert len(self._entries) <= self.capacity_blocks, (
             f"{self.name}: {len(self._entries)} blocks exceed capacity {self.capacity_blocks}")
@@ -423,26 +302,6 @@ class IndexedTier(Tier):
                 f"{self.name}: an entry sits in a node or class the board no longer gives it")
         assert all(e.last_access <= self._clock for e in self._entries.values()), (
             f"{self.name}: an entry is newer than the clock")
-
-    def _when_written(self, entry: Entry, retry: Callable[[], Future[bool]]) -> Future[bool]:
-        """For a get of a block still being written: wait for the write, then `retry` the get
-        (a failed write is a miss)."""
-        out: Future[bool] = Future()
-
-        def written(w: Future[bool]) -> None:
-            if not w.result():
-                with self._lock:
-                    self._stats.num_misses += 1
-                out.set_result(False)
-                return
-            try:
-                retry().add_done_callback(lambda f: out.set_result(f.result()))
-            except Exception:
-                log.exception("%s: get after write failed", self.name)
-                out.set_result(False)
-
-        entry.write.add_done_callback(written)
-        return out
 
     def _safe_on_evict(self, key: bytes, payload) -> None:
         if self._on_evict is None:
