@@ -99,6 +99,7 @@ class CostModel:
         if missing:
             raise ValueError(f"decode points must form a full batch x context grid; missing {missing}")
         self._decode = table
+        self._rows = [[table[b, x] for x in self._ctxs] for b in self._batches]  # per batch, by context
         bmax = self._batches[-1]
         if len(self._ctxs) > 1:
             c0, c1 = self._ctxs[-2], self._ctxs[-1]
@@ -116,7 +117,7 @@ class CostModel:
             return 0.0
         bs, cs = self._batches, self._ctxs
         c = min(max(context, cs[0]), cs[-1])
-        rows = [_interp(cs, [self._decode[b, x] for x in cs], c) for b in bs]
+        rows = [_interp(cs, row, c) for row in self._rows]
         ms = _interp(bs, rows, batch)
         if context > cs[-1]:
             ms += batch * self.kv_read_ms(context - cs[-1])

@@ -9,6 +9,7 @@ One engine step is what `LLMEngine.step` does, with the forward pass replaced:
     sched = scheduler.schedule()                                   # real
     kv.flush_write_downs()                                         # real (copies: virtual mover)
     ms = cost_model.step_ms(chunks, decode contexts)               # instead of the model
+         (+ the profile's idle_wakeup_ms when the step starts an idle engine)
     ... the clock advances by ms ...
     scheduler.update_from_output(sched, ModelRunnerOutput(...))    # real
 
@@ -76,6 +77,7 @@ class SimEngine:
         self.stats = StepStats()
         self._pending: dict[str, _Pending] = {}
         self._busy = False  # a step is in flight (its completion is queued on the clock)
+        self._last_end = -1.0  # when the last forward finished (a later start: woken from idle)
 
     @property
     def kv(self):
@@ -125,6 +127,8 @@ class SimEngine:
             return
         self.scheduler.kv.flush_write_downs()  # as LLMEngine.step: victims are written down first
         ms = self.step_ms(sched)
+        if self.clock() > self._last_end:  # the engine slept: the live thread pays a wake-up
+            ms += self.costs.profile.idle_wakeup_ms
         self.stats.num_steps += 1
         self.stats.busy_s += ms / 1e3
         self.stats.num_batched_tokens += sched.num_batched_tokens
@@ -151,6 +155,7 @@ class SimEngine:
         st.peak_host_blocks = max(st.peak_host_blocks, n)
 
     def _finish_step(self, sched: SchedulerOutput, forward_s: float) -> None:
+        self._last_end = self.clock()
         self._track_host()
         tokens = [[SIM_TOKEN] if s.samples else [] for s in sched.scheduled]
         outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput(tokens, forward_s))

@@ -60,6 +60,7 @@ class Profile:
     step_overhead_ms: float = 0.0  # per engine step outside the forward (scheduler, sampling)
     device_kv_tokens: int = 0  # KV tokens the device holds beside the weights (the default pool)
     extra: dict = field(default_factory=dict)  # free-form notes kept with the figures
+    idle_wakeup_ms: float = 0.0  # extra for a step an idle engine starts (its thread was asleep)
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:
@@ -91,6 +92,7 @@ class Profile:
                    copy_overlap=float(d.get("copy_overlap", 0.0)),
                    step_overhead_ms=float(d.get("step_overhead_ms", 0.0)),
                    device_kv_tokens=int(d.get("device_kv_tokens", 0)),
+                   idle_wakeup_ms=float(d.get("idle_wakeup_ms", 0.0)),
                    extra=dict(d.get("extra", {})))
 
     def save(self, path: Path) -> None:

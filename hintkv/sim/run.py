@@ -93,7 +93,7 @@ def goals(results: dict[str, SimResult], oracles: dict[str, float], users: int) 
             0.3, _reduction(get(lru_host, "mean_ttft_s"), get(hinted, "mean_ttft_s"))),
         "task_e2e_reduction_vs_lru": goal_at_least(
             0.3, _reduction(get(lru, "mean_task_s"), get(hinted, "mean_task_s"))),
-        "hit_rate_ratio_vs_lru": goal_at_least(1.33, None if not hl else hh / hl),
+        "hit_rate_ratio_vs_lru": goal_at_least(1.33, None if not hl or hh is None else hh / hl),
         "peak_host_bytes_reduction_vs_lru_host": goal_at_least(
             0.25, _reduction(_peak_below(lru_host), _peak_below(hinted))),
         "captured_headroom_vs_oracle": goal_at_least(0.7, headroom),

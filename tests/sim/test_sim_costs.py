@@ -81,3 +81,49 @@ def test_sim_profiles_command_prints_every_builtin(capsys):
     assert main(["sim", "profiles"]) == 0
     out = capsys.readouterr().out
     assert "h200-llama3-8b" in out and "h200-llama3-70b" in out
+
+
+def test_idle_wakeup_is_charged_once_per_wake_and_never_to_a_busy_engine():
+    """A lone request on an idle engine pays the profile's wake-up on its first step only; a
+    request that arrives while the engine steps another pays none."""
+    from dataclasses import replace
+
+    from hintkv.config import EngineConfig
+    from hintkv.sim.clock import EventClock
+    from hintkv.sim.engine import SimEngine
+
+    def run(wakeup_ms: float) -> dict[str, tuple[float, float]]:
+        base = load_profile("h200-llama3-8b")
+        cm = CostModel(replace(base, idle_wakeup_ms=wakeup_ms, extra=dict(base.extra)))
+        clock = EventClock()
+        eng = SimEngine(EngineConfig(model="sim", block_size=16, kv_cache_tokens=8192), cm, clock, 512)
+        out: dict[str, list[float]] = {}
+
+        def send(rid: str, n: int) -> None:
+            t0 = clock()
+            out[rid] = []
+            eng.submit(rid, list(range(7, 7 + n)), 8, None, lambda t: out[rid].append(t - t0),
+                       lambda o, w: out[rid].append(clock() - t0))
+
+        send("lone", 300)
+        clock.at(1.0, lambda: send("first", 2000))
+        clock.at(1.0 + 1e-6, lambda: send("busy", 300))  # arrives while "first" is stepping
+        while clock.run_next():
+            pass
+        return {k: tuple(v) for k, v in out.items()}
+
+    plain, woken = run(0.0), run(40.0)
+    assert woken["lone"][0] - plain["lone"][0] == pytest.approx(0.040)  # TTFT: the first step
+    assert woken["lone"][1] - plain["lone"][1] == pytest.approx(0.040)  # and no later step
+    assert woken["first"][1] - plain["first"][1] == pytest.approx(0.040)
+    assert woken["busy"][0] - plain["busy"][0] == pytest.approx(0.040)  # only the wait behind "first"
+
+
+def test_idle_wakeup_round_trips_and_defaults_to_zero(tmp_path):
+    p = load_profile("h200-llama3-8b")
+    assert p.idle_wakeup_ms == 0.0
+    d = p.to_json()
+    d["idle_wakeup_ms"] = 12.5
+    assert Profile.from_json(d).idle_wakeup_ms == 12.5
+    d.pop("idle_wakeup_ms")
+    assert Profile.from_json(d).idle_wakeup_ms == 0.0

@@ -1,0 +1,26 @@
+"""The driver's prefix sharing: comparing prompts chunk by chunk gives exactly the token-level
+common prefix (which the block hashes continued from the previous prompt rely on)."""
+
+from __future__ import annotations
+
+import random
+
+from hintkv.sim.agents import _Memo, flatten, shared_prefix
+from hintkv.workload.traces.claude_code import common_prefix
+
+
+def test_chunkwise_prefix_equals_tokenwise():
+    rng = random.Random(5)
+    for _ in range(300):
+        base = [tuple(rng.randrange(4) for _ in range(rng.randrange(1, 6))) for _ in range(rng.randrange(0, 6))]
+        other = list(base[:rng.randrange(0, len(base) + 1)])
+        if other and rng.random() < 0.5:  # edit inside a chunk, keeping or changing its length
+            i = rng.randrange(len(other))
+            c = list(other[i])
+            c[rng.randrange(len(c))] = rng.randrange(4)
+            other[i] = tuple(c) if rng.random() < 0.5 else tuple(c[:rng.randrange(len(c) + 1)])
+        other += [tuple(rng.randrange(4) for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(3))]
+        old = _Memo(flatten(base) if base else [], [], tuple(base))
+        new = tuple(other)
+        assert shared_prefix(old, new, flatten(new) if new else []) == common_prefix(
+            old.tokens, flatten(new) if new else [])
