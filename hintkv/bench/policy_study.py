@@ -15,8 +15,11 @@ with the goals (the first policy of `--policies` is the one judged):
                      >= 3 points above qlru+host;
   peak_host_reduction  peak host blocks >= 25% below lru+host at an equal hit rate (within 0.5
                      points), judged at fraction 0.35 where the host tier is roomy.
-`--quick` cuts each agent to 12 calls and runs one seed at 10 users. Nothing here is tuned to the
-trace files: they only drive the replay.
+`--quick` cuts each agent to 12 calls and runs one seed at 10 users. `--audit` adds the eviction
+audit (`hintkv.replay.audit`) of the judged policy in every device-only cell: each victim it chose
+against the block Belady would have taken at that moment, wrong victims aggregated by cause (a
+second table, and `audit` in the JSON). Nothing here is tuned to the trace files: they only drive
+the replay.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from hintkv.bench.common import add_common_args, emit_json, log, print_table
 from hintkv.bench.swarm import default_traces, trace_folder
 from hintkv.bench.swarm_study import captured, size_workload
 from hintkv.replay import OfflineConfig, belady, belady_pinned, replay_offline
+from hintkv.replay.audit import audit_evictions
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import build_workload
 
@@ -41,6 +45,8 @@ EQUAL_HIT = 0.005  # "an equal hit rate" for the peak-host goal, as `hintkv benc
 BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
 COLUMNS = ["kind", "seed", "users", "fraction", "tier", "lru", "qlru", "policy", "hit_rate", "oracle",
            "captured", "pinned", "captured_pinned", "peak_host", "lru_peak_host"]
+AUDIT_COLUMNS = ["kind", "seed", "users", "fraction", "policy", "hit_rate", "evicted", "wrong", "wrong_hit_rate",
+                 "cause", "cause_wrong", "cause_share"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default all; --quick 12)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--audit", action="store_true", help="also audit the judged policy's evictions (device only)")
     return p
 
 
@@ -84,7 +91,17 @@ def study_cell(wl, base: OfflineConfig, device: int, host: int, memo: dict,
     return out
 
 
-def run_study(args: argparse.Namespace) -> list[dict[str, Any]]:
+def audit_rows(kind: str, seed: int, users: int, frac: float, policy: str, audit) -> list[dict[str, Any]]:
+    """One row per cause of the eviction audit (the first carries the cell's totals)."""
+    head = {"kind": kind, "seed": seed, "users": users, "fraction": frac, "policy": policy,
+            "hit_rate": audit.hit_rate, "evicted": audit.evicted, "wrong": audit.wrong,
+            "wrong_hit_rate": audit.summary()["wrong_hit_rate"]}
+    causes = audit.rows() or [{"cause": "-", "wrong": 0, "share": 0.0}]
+    return [{**(head if n == 0 else {}), "cause": c["cause"], "cause_wrong": c["wrong"], "cause_share": c["share"]}
+            for n, c in enumerate(causes)]
+
+
+def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict[str, Any]]:
     seeds = _csv(args.seeds or ("0" if args.quick else "0,1,2"), int)
     users_list = _csv(args.users or ("10" if args.quick else "10,32"), int)
     policies = _csv(args.policies)
@@ -102,6 +119,11 @@ def run_study(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for frac in _csv(args.fractions, float):
                     dev = sizing.device_blocks(frac)
                     cell = study_cell(wl, base, dev, round(dev * args.host_ratio), memo, policies)
+                    if audits is not None:
+                        a = audit_evictions(wl, replace(base, policy=policies[0], hints=True, device_blocks=dev), memo)
+                        audits.append(({"kind": kind, "seed": seed, "users": users, "fraction": frac,
+                                        "policy": policies[0], **a.summary()},
+                                       audit_rows(kind, seed, users, frac, policies[0], a)))
                     for tier, sfx in (("device", ""), ("host", "+host")):
                         for pol in policies:
                             lo, hi, got, pin = (cell[n + sfx]["hit_rate"] for n in ("lru", "oracle", pol, "pinned"))
@@ -172,13 +194,17 @@ def compute_goals(rows: list[dict[str, Any]], judged: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.perf_counter()
-    rows = run_study(args)
+    audits: list | None = [] if args.audit else None
+    rows = run_study(args, audits)
     summary = summarize_rows(rows)
     print_table(rows + summary, COLUMNS)
     judged = _csv(args.policies)[0]
-    emit_json({"bench": "policy_study", "quick": args.quick, "judged": judged,
-               "summary": summary, "wall_s": time.perf_counter() - t0,
-               "goals": compute_goals(rows, judged)})
+    out = {"bench": "policy_study", "quick": args.quick, "judged": judged, "summary": summary}
+    if audits is not None:
+        print()
+        print_table([r for _, rs in audits for r in rs], AUDIT_COLUMNS)
+        out["audit"] = [a for a, _ in audits]
+    emit_json({**out, "wall_s": time.perf_counter() - t0, "goals": compute_goals(rows, judged)})
     return 0
 
 

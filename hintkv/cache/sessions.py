@@ -220,12 +220,18 @@ class SessionRegistry:
     # ---- prediction (read by the `sam` policy and SAM's resume prefetch) --------------------
     def predicted_gap(self, s: Session) -> tuple[float, float]:
         """(expected gap, gap after which the session is presumed gone) for a waiting session."""
-        est = s.gaps if s.gaps.n >= 2 else self.tool_gaps.get(s.last_tool or "", None)
-        if est is None or not est.known:
-            est = s.gaps if s.gaps.known else self.all_gaps
+        est = self.gap_estimator(s)
         if not est.known:
             return 5.0, 60.0
         return est.expected(), est.stale_after()
+
+    def gap_estimator(self, s: Session) -> GapEstimator:
+        """The best-informed gap history for `s`: its own (two gaps or more), else its last
+        tool's, else its own single gap, else everyone's (may be empty: `known` False)."""
+        est = s.gaps if s.gaps.n >= 2 else self.tool_gaps.get(s.last_tool or "", None)
+        if est is None or not est.known:
+            est = s.gaps if s.gaps.known else self.all_gaps
+        return est
 
     def predicted_turnaround(self) -> float:
         """Seconds from a request's arrival to its end, lately (the queue's wait plus the run):

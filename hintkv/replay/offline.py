@@ -80,6 +80,8 @@ class Access:
     prompt_tokens: int
     written: list[bytes]
     ended_before: int = -1  # how many requests had been admitted when this one ended (-1: never ran)
+    admitted_s: float = 0.0  # virtual time of its admission (the eviction audit's clock)
+    session_id: str = ""  # the session that sent it (the eviction audit: who reads a block next)
 
 
 @dataclass(slots=True)
@@ -219,7 +221,8 @@ class OfflineEngine:
                         self.sessions.end(session_key(TENANT, f"queued:{seq.request_id}"))
                     self.result.num_unservable += 1
                     self.result.calls.append(p.stat)
-                    self.result.accesses.append(Access([], seq.num_prompt_tokens, []))  # no policy hits it
+                    self.result.accesses.append(Access([], seq.num_prompt_tokens, [], -1, self.loop.now,
+                                                        p.stat.session_id))  # no hits
                     p.done(p.stat)
                     continue
                 return
@@ -241,7 +244,7 @@ class OfflineEngine:
             seq.num_computed_tokens = hit
             self.result.host_loaded += n_host
             p.stat.hit_tokens, p.stat.host_tokens = hit, n_host * bs
-            self.result.accesses.append(Access(hashes, seq.num_prompt_tokens, []))
+            self.result.accesses.append(Access(hashes, seq.num_prompt_tokens, [], -1, self.loop.now, p.stat.session_id))
             self._running[seq.request_id] = seq
             start = self.loop.now
             prefill = (seq.num_prompt_tokens - hit) * self.cfg.prefill_s_per_token + n_host * self.cfg.load_s_per_block
@@ -375,11 +378,14 @@ class OfflineEngine:
 
 
 def replay_offline(workload: Workload, cfg: OfflineConfig, hash_memo: dict | None = None,
-                   check_every: int = 0) -> OfflineResult:
+                   check_every: int = 0, observe=None) -> OfflineResult:
     """Run `workload` to the end under `cfg`; `hash_memo` (call -> block hashes) may be shared
-    between runs of one workload to skip re-hashing."""
+    between runs of one workload to skip re-hashing. `observe(engine)`, if given, is called once
+    the engine is built (the eviction audit hooks the pool there; it must change nothing)."""
     loop = EventLoop(cfg.time_scale)
     engine = OfflineEngine(cfg, loop, hash_memo)
+    if observe is not None:
+        observe(engine)
     plan = HintPlan(hints=cfg.hints, offload_after_s=cfg.offload_after_s)
     loop.start(workload_programs(workload, plan), engine.send, engine.manage)
     if check_every:
