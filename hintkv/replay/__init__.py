@@ -4,6 +4,7 @@
 """
 
 from hintkv.replay.offline import OfflineConfig, OfflineResult, replay_offline
-from hintkv.replay.oracle import OracleResult, belady, belady_pinned
+from hintkv.replay.oracle import OracleResult, belady, belady_pinned, peak_live_blocks
 
-__all__ = ["OfflineConfig", "OfflineResult", "OracleResult", "belady", "belady_pinned", "replay_offline"]
+__all__ = ["OfflineConfig", "OfflineResult", "OracleResult", "belady", "belady_pinned", "peak_live_blocks",
+           "replay_offline"]

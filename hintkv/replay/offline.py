@@ -37,6 +37,8 @@ from hintkv.workload.agent import HintPlan, Manage, Send, workload_programs
 from hintkv.workload.program import Workload
 
 TENANT = "replay"
+OFFLOAD_MODES = ("eager", "lazy", "deferred")
+HOST_MODES = ("inclusive", "exclusive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +54,23 @@ class OfflineConfig:
     load_s_per_block: float = 2e-4
     offload_after_s: float = 2.0
     scheduling: str = "fcfs"  # the engine's admission policy by name (`hintkv.engine.admission`)
+    # what an offload hint does with a host tier: `eager` writes the blocks down and drops the
+    # device copies; `lazy` (the live engine's default) writes them down and keeps the copies;
+    # `deferred` writes nothing: the session sinks in the ranking and its blocks are written down
+    # only if the device evicts them (the host then holds only what the device could not)
+    offload_mode: str = "eager"
+    # `inclusive`: a block loaded back from the host stays there too (as the live tiers do);
+    # `exclusive`: it leaves the host when it lands on the device (a held block is written down
+    # again if the device evicts it): the host holds only what the device does not
+    host_mode: str = "inclusive"
 
     def __post_init__(self) -> None:
         if self.device_blocks < 1 or self.host_blocks < 0:
             raise ValueError("device_blocks must be >= 1 and host_blocks >= 0")
+        if self.host_mode not in HOST_MODES:
+            raise ValueError(f"host_mode must be one of {HOST_MODES}, got {self.host_mode!r}")
+        if self.offload_mode not in OFFLOAD_MODES:
+            raise ValueError(f"offload_mode must be one of {OFFLOAD_MODES}, got {self.offload_mode!r}")
 
 
 @dataclass(slots=True)
@@ -236,7 +251,7 @@ class OfflineEngine:
                 if hashes[i] not in self.host:  # one the allocation just pushed out is recomputed
                     break
                 self.kv.pool.register(seq.block_table[i], hashes[i])
-                self.host.touch(hashes[i])
+                self._landed(hashes[i])
                 landed += 1
             n_host = landed
             seq.num_registered_blocks = n_dev + n_host
@@ -322,10 +337,13 @@ class OfflineEngine:
                 self.host.remove([h for h in before if h not in self.sessions.holders])
         elif m.action == "offload":
             self.sam.apply(ref, CacheEdit("offload"))
-            if self.host is not None:  # write the session's device blocks down, drop the copies
+            if self.host is not None and self.cfg.offload_mode != "deferred":  # write the blocks down
                 pool = self.kv.pool
                 on_device = [h for h in s.held if pool.lookup(h) is not None]
                 self.host.put(on_device, force=True)
+                if self.cfg.offload_mode == "lazy":
+                    self._sample()
+                    return
                 # from the tail, while the host kept them and no other session holds them: a head
                 # dropped under a tail that the (full) host did not keep would cut the chain a
                 # resume matches, and a shared prefix stays where its other holders need it
@@ -358,9 +376,15 @@ class OfflineEngine:
         blocks = pool.allocate(len(run))
         for b, h in zip(blocks, run):
             pool.register(b, h)
-            self.host.touch(h)
+            self._landed(h)
         pool.release(blocks)
         self.result.host_loaded += len(run)
+
+    def _landed(self, h: bytes) -> None:
+        """A host block was read into the device: an exclusive host lets go of it."""
+        self.host.touch(h)
+        if self.cfg.host_mode == "exclusive":
+            self.host.remove([h])
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _sample(self) -> None:

@@ -117,6 +117,31 @@ def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> 
     return OracleResult(prompt_tokens, hit_tokens)
 
 
+def peak_live_blocks(accesses: Sequence) -> int:
+    """The most blocks that are, at one moment, already computed and read again later: what any
+    two-level placement must hold somewhere (device or host) to reach the ideal hit rate. So
+    `max(0, peak_live_blocks - device_blocks)` bounds from below the peak host blocks of ANY
+    policy at the ideal hit rate (the peak-host goal's reachable reduction)."""
+    first: dict[bytes, int] = {}
+    last: dict[bytes, int] = {}
+    for i, a in enumerate(accesses):
+        for h in a.prompt:
+            if h in first:
+                last[h] = i
+        for h in _unique(a.prompt, a.written):
+            first.setdefault(h, i)
+    delta: dict[int, int] = defaultdict(int)  # live from its first appearance until its last read
+    for h, j in last.items():
+        if j > first[h]:
+            delta[first[h]] += 1
+            delta[j] -= 1
+    live = peak = 0
+    for i in sorted(delta):
+        live += delta[i]
+        peak = max(peak, live)
+    return peak
+
+
 def _next_read(reads: dict[bytes, deque[int]], h: bytes, after: int) -> float:
     """The first read of `h` after access `after` (consumes the earlier ones)."""
     q = reads.get(h)

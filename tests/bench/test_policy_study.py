@@ -45,3 +45,5 @@ def test_goals_judge_every_cell_by_its_worst():
     assert goals["captured_pinned_min"] == pytest.approx(0.5)  # (0.3 - 0.2) / (0.4 - 0.2)
     roomy = [{**rows[2], "fraction": 0.35, "oracle": 0.51, "hit_rate": 0.498}]  # within half a point of lru+host: equal
     assert compute_goals(roomy, "sam")["peak_host_reduction"] == {"target": 0.25, "measured": 0.5, "met": True}
+    bounded = [{**roomy[0], "host_bound": 80}]  # any placement needs 80 host blocks: 20% is all that is reachable
+    assert compute_goals(bounded, "sam")["peak_host_reduction_reachable_min"] == pytest.approx(0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,17 @@ def test_same_calls_hints_on_or_off(team):
     off = replay_offline(team, OfflineConfig(policy="lru", hints=False, device_blocks=300))
     key = lambda r: sorted((c.session_id, c.index, c.prompt_tokens) for c in r.calls)
     assert key(on) == key(off)
+
+
+def test_deferred_offload_and_exclusive_host_keep_fewer_host_blocks(team):
+    """The host holds only what the device could not: an offload writes nothing until the device
+    evicts the blocks, and a block read back leaves the host. Same hits, a lower peak, more writes."""
+    base = OfflineConfig(policy="sam", hints=True, device_blocks=300, host_blocks=1200)
+    inclusive = replay_offline(team, base)
+    exclusive = replay_offline(team, replace(base, offload_mode="deferred", host_mode="exclusive"))
+    assert exclusive.hit_rate >= inclusive.hit_rate - 0.01
+    assert exclusive.peak_host_blocks < inclusive.peak_host_blocks
+    with pytest.raises(ValueError, match="host_mode"):
+        OfflineConfig(host_mode="both")
+    with pytest.raises(ValueError, match="offload_mode"):
+        OfflineConfig(offload_mode="later")

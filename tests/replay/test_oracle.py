@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hintkv.replay import OfflineConfig, belady, belady_pinned, replay_offline
+from hintkv.replay.oracle import peak_live_blocks
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import build_workload
 
@@ -45,6 +46,18 @@ def test_belady_hand_checked():
     assert belady(_seq("a", "b", "a", "b"), 1, 10).hit_tokens == 10
     # unbounded: every read after the first of its block hits
     assert belady(_seq("a", "b", "a", "c", "a", "b"), None, 10).hit_tokens == 30
+
+
+def test_peak_live_blocks_hand_checked():
+    # a b a c b a: a is live 0..5, b 1..4, c never read again -> at most 2 live at once
+    assert peak_live_blocks(_seq("a", "b", "a", "c", "b", "a")) == 2
+    # a b c a b c: all three are computed and read again at index 2 -> 3
+    assert peak_live_blocks(_seq("a", "b", "c", "a", "b", "c")) == 3
+    # nothing read twice: nothing has to be kept anywhere
+    assert peak_live_blocks(_seq("a", "b", "c")) == 0
+    # it bounds the oracle: at a capacity of the peak, Belady reaches the ideal hit rate
+    seq = _seq("a", "b", "c", "a", "d", "b", "c", "a")
+    assert belady(seq, peak_live_blocks(seq), 10).hit_tokens == belady(seq, None, 10).hit_tokens
 
 
 def test_belady_cuts_chains_from_the_tail():
