@@ -18,21 +18,32 @@ from collections.abc import Callable
 class EventClock:
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
-        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._queue: list[tuple[float, int, Callable[[], None], object]] = []
+        self._waiters: dict[object, Callable[[], None]] = {}  # owner -> run after its next event
         self._seq = 0
         self.num_events = 0
 
     def __call__(self) -> float:
         return self.now
 
-    def at(self, t: float, fn: Callable[[], None]) -> None:
+    def at(self, t: float, fn: Callable[[], None], owner: object = None) -> None:
+        """`owner`: whose event this is (an instance's mover): see `wait`."""
         if t < self.now:
             raise ValueError(f"cannot schedule in the past ({t} < {self.now})")
-        heapq.heappush(self._queue, (t, self._seq, fn))
+        heapq.heappush(self._queue, (t, self._seq, fn, owner))
         self._seq += 1
 
-    def after(self, dt: float, fn: Callable[[], None]) -> None:
-        self.at(self.now + max(0.0, dt), fn)
+    def after(self, dt: float, fn: Callable[[], None], owner: object = None) -> None:
+        self.at(self.now + max(0.0, dt), fn, owner)
+
+    def wait(self, owner: object, fn: Callable[[], None]) -> None:
+        """Run `fn` right after the next event of `owner` (an engine waiting on its own copies:
+        with many instances on one clock, re-checking at every event of every instance made
+        instances waiting on each other's re-checks spin at one instant)."""
+        self._waiters[owner] = fn
+
+    def unwait(self, owner: object) -> bool:
+        return self._waiters.pop(owner, None) is not None
 
     def next_time(self) -> float | None:
         return self._queue[0][0] if self._queue else None
@@ -44,10 +55,12 @@ class EventClock:
         """Advance to the earliest event and run it; False when none is left."""
         if not self._queue:
             return False
-        t, _, fn = heapq.heappop(self._queue)
+        t, _, fn, owner = heapq.heappop(self._queue)
         self.now = t
         self.num_events += 1
         fn()
+        if owner is not None and (w := self._waiters.pop(owner, None)) is not None:
+            w()
         return True
 
     def run_until(self, t: float) -> None:

@@ -77,6 +77,7 @@ class SimEngine:
         self.stats = StepStats()
         self._pending: dict[str, _Pending] = {}
         self._busy = False  # a step is in flight (its completion is queued on the clock)
+        self._waiting = False  # nothing to schedule until one of our copies lands (clock.wait)
         self._last_end = -1.0  # when the last forward finished (a later start: woken from idle)
 
     @property
@@ -106,7 +107,13 @@ class SimEngine:
         return out
 
     # ---- the step loop -------------------------------------------------------------------
+    def _resume(self) -> None:
+        self._waiting = False
+        self._step()
+
     def _wake(self) -> None:
+        if self._waiting and self.clock.unwait(self.scheduler.kv.tiers.stack.mover):
+            self._waiting = self._busy = False  # new work: look now, not after the next copy
         if not self._busy and self.scheduler.has_work():
             self._busy = True
             self.clock.after(0.0, self._step)
@@ -117,13 +124,13 @@ class SimEngine:
             outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput())
             self._deliver(outputs)
             self._busy = False
-            if self.scheduler.has_work():  # only loads in flight: look again at the next event
-                nxt = self.clock.next_time()
-                if nxt is None:
+            if self.scheduler.has_work():  # only copies in flight: look again after the next one
+                tiers = self.scheduler.kv.tiers
+                if tiers is None or self.clock.next_time() is None:
                     raise RuntimeError("the scheduler has work but schedules nothing, and no event "
                                        "can change that")
-                self._busy = True
-                self.clock.at(nxt, self._step)
+                self._busy = self._waiting = True
+                self.clock.wait(tiers.stack.mover, self._resume)
             return
         self.scheduler.kv.flush_write_downs()  # as LLMEngine.step: victims are written down first
         ms = self.step_ms(sched)

@@ -106,13 +106,13 @@ class VirtualMover(Mover):
         def launch(_: Future | None = None) -> None:
             now = self._clock()
             if direction is None:  # housekeeping (a file removal): no link time
-                self._clock.at(now, finish)
+                self._clock.at(now, finish, self)
                 return
             free = self._free_at[direction]
             start = max(now, free)
             done = start + self.transfer_s(direction, num_blocks, idle=free <= now)
             self._free_at[direction] = done
-            self._clock.at(done, finish)
+            self._clock.at(done, finish, self)
 
         if after is None or after.done():
             launch()

@@ -71,7 +71,7 @@ class SimPoolTier(PoolTier):
 
     def _queue(self, op: tuple) -> None:
         if not self._batch:
-            self._sim_clock.after(0.0, self._drain)  # what this event queues: one worker pass
+            self._sim_clock.after(0.0, self._drain, self._sim_mover)  # this event's ops: one pass
         self._batch.append(op)
 
     def _drain(self) -> None:
@@ -84,7 +84,7 @@ class SimPoolTier(PoolTier):
             kind, run = ops[start][0], ops[start:end]
             blocks = len(run) if kind in _COST_LINK else 0
             done = self._sim_mover.book(_COST_LINK.get(kind, "host->pool"), blocks)
-            self._sim_clock.at(done, lambda k=kind, r=run: self._finish(k, r))
+            self._sim_clock.at(done, lambda k=kind, r=run: self._finish(k, r), self._sim_mover)
             start = end
 
     def _finish(self, kind: str, ops: list[tuple]) -> None:
