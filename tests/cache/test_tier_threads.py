@@ -1,4 +1,5 @@
-"""Tier and mover threads never read the session registry; write-downs never copy in `allocate`.
+"""Tier and mover threads never read the session registry (nor the engine-side live ranking);
+write-downs never copy in `allocate`.
 
 A registry that records the thread of every attribute access drives real host + disk tiers
 (small, so blocks cascade and promote on the mover's threads) through the tier connector.
@@ -15,6 +16,7 @@ import torch
 from hintkv.cache.hashing import hash_blocks, namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
+from hintkv.cache.ranking import ClassRanking
 from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.tiers.device import DeviceBlockIO
@@ -39,10 +41,23 @@ class RecordingRegistry(SessionRegistry):
         return object.__getattribute__(self, name)
 
 
+class RecordingRanking(ClassRanking):
+    """The real ranking (the engine-side live classes), noting which threads read it: tier
+    threads must read the published board instead."""
+
+    def __getattribute__(self, name):
+        threads = object.__getattribute__(self, "__dict__").get("threads")
+        if threads is not None:
+            threads.add(threading.current_thread().name)
+        return object.__getattribute__(self, name)
+
+
 def _connector(tmp_path, policy: str):
     sessions = RecordingRegistry()
     sessions.threads = set()
     kv = KVCacheManager(NUM_BLOCKS, BS, make_policy(policy, sessions=sessions))
+    kv.ranking.__class__ = RecordingRanking  # the same object, now recording its readers
+    kv.ranking.threads = sessions.threads
     io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2) for _ in range(2)])
     mover = Mover(num_workers=2)
     host = HostTier(io.layout, 3 * io.layout.nbytes, mover=mover)
@@ -64,13 +79,19 @@ def _cache_session(sessions, kv, name: str, start: int, n: int = 4) -> list[byte
     return hashes
 
 
-def test_the_recording_registry_sees_other_threads():
+def test_the_recording_registry_sees_other_threads(tmp_path):
     sessions = RecordingRegistry()
     sessions.threads = set()
     t = threading.Thread(target=lambda: sessions.is_held(b"x"), name="probe")
     t.start()
     t.join()
     assert "probe" in sessions.threads  # the check below can fail
+    _, kv, _, stack = _connector(tmp_path, "sam")
+    t = threading.Thread(target=lambda: kv.ranking.is_held(b"x"), name="probe-ranking")
+    t.start()
+    t.join()
+    assert "probe-ranking" in kv.ranking.threads  # a tier thread reading live classes is seen
+    stack.close()
 
 
 def test_tier_threads_never_touch_the_session_registry(tmp_path):
