@@ -1,10 +1,13 @@
 """Accuracy of a fast path against float32: top-1 agreement and perplexity on a fixed text set.
 
-    python -m hintkv.bench.accuracy [--model SPEC] [--quantization w8a8]
+    python -m hintkv.bench.accuracy [--model SPEC] [--quantization w8a8 | --kv-cache-dtype int8]
 
 `OneSequence` runs one sequence on a contiguous paged cache (the same `AttentionMetadata` the
 serving path builds), so a model can be checked without an engine; `greedy` decodes with it.
-Used by `hintkv bench engine` (the w8a8 row's accuracy columns) and by the exactness tests.
+Used by `hintkv bench engine` (the w8a8 and kv int8 / fp8 rows' accuracy columns) and by the
+exactness tests. A quantised KV cache is only read back by attention over a cached context, so
+`compare` feeds each text as its first token, then the rest as one chunk over it: every position
+then attends over KV read from the cache (cold prefill would attend over the fresh float K/V).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import torch
 
 from hintkv.models.attention import AttentionMetadata
+from hintkv.models.kv_quant import CHOICES, cache_row
 
 BLOCK = 16
 
@@ -41,12 +45,13 @@ FIXED_TEXTS = (
 class OneSequence:
     """One sequence's KV on a contiguous block table; `step(ids)` appends tokens, returns their logits."""
 
-    def __init__(self, model, max_tokens: int) -> None:
+    def __init__(self, model, max_tokens: int, kv_cache_dtype: str = "auto") -> None:
         cfg = model.config
         self.model = model
         num_blocks = -(-max_tokens // BLOCK)
-        shape = (2, num_blocks, BLOCK, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=model.dtype, device=model.device)
+        row, storage = cache_row(cfg.head_dim, model.dtype, kv_cache_dtype)
+        shape = (2, num_blocks, BLOCK, cfg.num_key_value_heads, row)
+        self.kv_caches = [torch.zeros(shape, dtype=storage, device=model.device)
                           for _ in range(cfg.num_hidden_layers)]
         self.table = torch.arange(num_blocks, device=model.device)
         self.num_tokens = 0
@@ -63,22 +68,29 @@ class OneSequence:
         return self.model.compute_logits(hidden)
 
 
-def greedy(model, prompt: list[int], n: int) -> list[int]:
+def greedy(model, prompt: list[int], n: int, kv_cache_dtype: str = "auto") -> list[int]:
     """n greedy tokens after `prompt` (no stop tokens)."""
-    seq = OneSequence(model, len(prompt) + n + 1)
+    seq = OneSequence(model, len(prompt) + n + 1, kv_cache_dtype)
     out = [int(seq.step(prompt)[-1].argmax())]
     while len(out) < n:
         out.append(int(seq.step([out[-1]])[-1].argmax()))
     return out
 
 
-def compare(reference, candidate, token_lists: list[list[int]]) -> dict[str, float]:
-    """Teacher-forced next-token top-1 agreement of `candidate` with `reference`, and both perplexities."""
+def _logits_over_cache(model, ids: list[int], kv_cache_dtype: str) -> torch.Tensor:
+    """Logits of every position, all but the first attending over KV read back from the cache."""
+    seq = OneSequence(model, len(ids), kv_cache_dtype)
+    return torch.cat([seq.step(ids[:1]), seq.step(ids[1:])])
+
+
+def compare(reference, candidate, token_lists: list[list[int]], kv_cache_dtype: str = "auto") -> dict[str, float]:
+    """Teacher-forced next-token top-1 agreement of `candidate` (its KV cache in `kv_cache_dtype`)
+    with `reference` (float KV), and both perplexities."""
     agree = total = 0
     nll = {"reference": 0.0, "candidate": 0.0}
     for ids in token_lists:
-        logits = {"reference": OneSequence(reference, len(ids)).step(ids),
-                  "candidate": OneSequence(candidate, len(ids)).step(ids)}
+        logits = {"reference": _logits_over_cache(reference, ids, "auto"),
+                  "candidate": _logits_over_cache(candidate, ids, kv_cache_dtype)}
         agree += int((logits["reference"].argmax(-1) == logits["candidate"].argmax(-1)).sum())
         total += len(ids)
         target = torch.tensor(ids[1:])
@@ -98,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m hintkv.bench.accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--quantization", default="w8a8")
+    p.add_argument("--quantization", default=None, choices=["w8a8"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=CHOICES)
     args = p.parse_args(argv)
     ref = load_model(args.model, torch.float32, "cpu")
-    cand = load_model(args.model, torch.float32, "cpu", quantization=args.quantization)
-    print(json.dumps(compare(ref.model, cand.model, fixed_token_lists(ref.tokenizer))))
+    cand = (ref if args.quantization is None
+            else load_model(args.model, torch.float32, "cpu", quantization=args.quantization))
+    print(json.dumps(compare(ref.model, cand.model, fixed_token_lists(ref.tokenizer), args.kv_cache_dtype)))
     return 0
 
 

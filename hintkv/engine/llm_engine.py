@@ -90,11 +90,12 @@ class LLMEngine:
         # requests apply within milliseconds even while a long prefill runs.
         self.lock = threading.Lock()
         self.runner = ModelRunner(loaded.model, loaded.config, self.num_blocks, cfg.block_size,
-                                  self.dtype, self.device)
+                                  self.dtype, self.device, cfg.kv_cache_dtype)
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
-        log.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d (%d tokens)",
-                 self.model_name, self.device, self._dtype_name, self.num_blocks, self.num_kv_tokens)
+        log.info("engine ready: model=%s device=%s dtype=%s kv=%s kv_blocks=%d (%d tokens)",
+                 self.model_name, self.device, self._dtype_name, cfg.kv_cache_dtype, self.num_blocks,
+                 self.num_kv_tokens)
 
     # The scheduler owns these; they are named here for callers that inspect a whole engine.
     @property
@@ -120,7 +121,8 @@ class LLMEngine:
     def _num_blocks(self) -> int:
         if self.cfg.kv_cache_tokens is not None:
             return self.cfg.kv_cache_tokens // self.cfg.block_size
-        per_block = kv_bytes_per_block(self.model_config, self.cfg.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.model_config, self.cfg.block_size, self.dtype,
+                                       self.cfg.kv_cache_dtype)
         if self.cfg.kv_cache_memory is not None:
             budget = parse_bytes(self.cfg.kv_cache_memory)
         elif self.device.type == "cuda":

@@ -1,7 +1,9 @@
 """The model runner: owns the KV tensors, turns a scheduled batch into tensors, runs the model.
 
 This is the only engine file that touches tensors. KV per layer is one tensor
-`[2, num_blocks, block_size, num_kv_heads, head_dim]`; attention reads it through block tables.
+`[2, num_blocks, block_size, num_kv_heads, head_dim]` (with `--kv-cache-dtype int8 | fp8`, rows of
+head_dim + 4 bytes that carry their scale: `models/kv_quant.py`); attention reads it through block
+tables.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from hintkv.engine.sampler import sample
 from hintkv.engine.spec.verify import verify
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.config import ModelConfig
+from hintkv.models.kv_quant import cache_row
 
 
 @dataclass(slots=True)
@@ -26,20 +29,22 @@ class StepInputs:
     # With drafts, that row and the rows of its k drafts: [row, row + k] (verified together)
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return cfg.num_hidden_layers * 2 * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one block, all layers, K and V; `kv_cache_dtype` int8 / fp8 rows carry their scale."""
+    row, storage = cache_row(cfg.head_dim, dtype, kv_cache_dtype)
+    return cfg.num_hidden_layers * 2 * block_size * cfg.num_key_value_heads * row * storage.itemsize
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
-        shape = (2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device)
+        row, storage = cache_row(cfg.head_dim, dtype, kv_cache_dtype)  # int8 / fp8: kv_quant.py
+        shape = (2, num_blocks, block_size, cfg.num_key_value_heads, row)
+        self.kv_caches = [torch.zeros(shape, dtype=storage, device=device)
                           for _ in range(cfg.num_hidden_layers)]
 
     def prepare_inputs(self, batch: list[ScheduledSeq]) -> StepInputs:

@@ -11,11 +11,13 @@ Rows of a step's `q/k/v` are the sequences' new tokens, concatenated:
     seq i:  | cached (context_lens[i] - q_len) | new (q_len) |  positions 0 .. context_lens[i]-1
 
 Three paths, picked per step (a paged kernel may replace this module later, same signature):
+  * short queries, every sequence bringing at most SHORT_QUERY_MAX tokens on top of a cached
+    context (decodes; speculative verifies of k drafts): one batched SDPA over padded contexts,
+    the GQA group folded into the query rows, a causal mask per (sequence, token) row;
   * cold prefill (the whole context is new): SDPA on the fresh k/v with `is_causal=True`;
   * prefill on top of a cached prefix: gather the context through the block table, causal mask
-    offset by the cached length;
-  * decode-only batch: one batched SDPA over padded contexts with a length mask; the GQA group
-    is folded into the query length (q_len is 1, so no causal mask is needed inside a group).
+    offset by the cached length.
+An int8 / fp8 cache (`kv_quant.py`) is quantised on write and dequantised on read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+
+from hintkv.models.kv_quant import is_quantised, quantise, read_kv
+
+SHORT_QUERY_MAX = 33  # new tokens per sequence that still take the batched path (1 + 32 drafts)
 
 
 @dataclass(slots=True)
@@ -58,19 +64,25 @@ class AttentionMetadata:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter the step's new K/V rows into their slots."""
+    """Scatter the step's new K/V rows into their slots (quantised first for an int8 / fp8 cache)."""
     _, num_blocks, block_size, hkv, d = kv_cache.shape
     flat = kv_cache.view(2, num_blocks * block_size, hkv, d)
+    if is_quantised(kv_cache):
+        k, v = quantise(k, kv_cache.dtype), quantise(v, kv_cache.dtype)
     flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
     flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
-def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of one sequence's first `context_len` tokens, each [context_len, Hkv, D]."""
+def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int,
+                   dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of one sequence's first `context_len` tokens, each [context_len, Hkv, D] of `dtype`
+    (default: the cache's, float32 for a quantised cache)."""
+    if dtype is None:
+        dtype = torch.float32 if is_quantised(kv_cache) else kv_cache.dtype
     _, _, block_size, hkv, d = kv_cache.shape
     num_blocks = -(-context_len // block_size)
     blocks = kv_cache.index_select(1, block_table[:num_blocks])  # [2, nb, bs, Hkv, D]
-    kv = blocks.reshape(2, num_blocks * block_size, hkv, d)[:, :context_len]
+    kv = read_kv(blocks.reshape(2, num_blocks * block_size, hkv, d)[:, :context_len], dtype)
     return kv[0], kv[1]
 
 
@@ -81,8 +93,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     q: [T, Hq, D]; k, v: [T, Hkv, D]. Exact causal attention over each sequence's whole context.
     """
     write_kv(k, v, kv_cache, meta.slot_mapping)
-    if meta.is_decode_only:
-        return _decode_batch(q, kv_cache, meta, scale)
+    if _short_queries(meta):
+        return _short_batch(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
     qsl = meta.query_start_loc
     for i in range(meta.num_seqs):
@@ -91,17 +103,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
         if end - start == ctx:  # cold prefill: everything is in the fresh k/v already
             out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], scale, causal=True)
             continue
-        kc, vc = gather_context(kv_cache, meta.block_tables[i], ctx)
+        kc, vc = gather_context(kv_cache, meta.block_tables[i], ctx, q.dtype)
         # query j sits at position ctx - q_len + j and sees keys 0 .. ctx - q_len + j: a causal
         # mask aligned to the bottom right (a bias object, not a boolean tensor, so SDPA keeps
         # its fused kernel instead of the math fallback: 1.4-1.8x faster on CPU)
         mask = causal_lower_right(end - start, ctx)
-        out[start:end] = _sdpa(q[start:end], kc.to(q.dtype), vc.to(q.dtype), scale, mask=mask)
+        out[start:end] = _sdpa(q[start:end], kc, vc, scale, mask=mask)
     return out
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
-          causal: bool = False, mask: "torch.Tensor | object | None" = None) -> torch.Tensor:
+          causal: bool = False, mask: torch.Tensor | object | None = None) -> torch.Tensor:
     """SDPA of one sequence in [L, H, D] row layout. GQA by repeating K/V heads: on CPU that beats
     `enable_gqa=True` (242 vs 381 ms for a causal 2048 x 2048, 9 query / 3 KV heads)."""
     group = q.shape[1] // k.shape[1]
@@ -113,29 +125,77 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
     return o.squeeze(0).transpose(0, 1)
 
 
-def _decode_batch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One SDPA for B single-token queries over padded contexts [B, Hkv, L, D]."""
-    b, hq, d = q.shape
+def _short_queries(meta: AttentionMetadata) -> bool:
+    """Whether every sequence brings at most SHORT_QUERY_MAX new tokens on top of a cached context
+    (decodes, speculative verifies): then one batched SDPA serves the whole step."""
+    if meta.is_decode_only:
+        return True
+    qsl, ctx = meta.query_start_loc, meta.context_lens
+    return all(qsl[i + 1] - qsl[i] <= SHORT_QUERY_MAX and qsl[i + 1] - qsl[i] < ctx[i]
+               for i in range(len(ctx)))
+
+
+def _short_batch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One SDPA for B sequences of Q <= SHORT_QUERY_MAX new tokens each, over padded contexts.
+
+    GQA is folded into the query rows: the `group` query heads sharing a KV head become `group`
+    rows, so a KV head is read once. Rows of the padded query, per (sequence, KV head):
+
+        | token 0: group heads | token 1: group heads | ... | token Q-1 |     (Q * group rows)
+
+    query token j of sequence i sits at position ctx_i - q_i + j and sees keys 0 .. that position
+    (a boolean mask [B, 1, Q * group, L]); pad tokens (j >= q_i) see the whole context and are dropped.
+    """
+    _, hq, d = q.shape
     _, _, block_size, hkv, _ = kv_cache.shape
     group = hq // hkv
+    b = meta.num_seqs
+    derived = meta.derived
+    if "short_table" not in derived:
+        _derive_short(meta, block_size, group, q.device)
+    table, rows = derived["short_table"], derived.get("short_rows")
+    q_max = int(derived["short_q_max"])
     ctx_max = max(meta.context_lens)
-    if "decode_block_table" not in meta.derived:
-        num_blocks = -(-ctx_max // block_size)
-        table = torch.zeros(b, num_blocks, dtype=torch.long, device=q.device)
-        for i, bt in enumerate(meta.block_tables):
-            n = min(num_blocks, bt.numel())
-            table[i, :n] = bt[:n]
-        meta.derived["decode_block_table"] = table
-        if b > 1 and min(meta.context_lens) != ctx_max:
-            lens = torch.tensor(meta.context_lens, device=q.device)
-            valid = torch.arange(ctx_max, device=q.device)[None, :] < lens[:, None]
-            meta.derived["decode_mask"] = valid[:, None, None, :]  # [B, 1, 1, L]
-    table = meta.derived["decode_block_table"]
     # index_select, not kv_cache[:, table]: advanced indexing is ~5x slower on CPU here
-    kv = kv_cache.index_select(1, table.view(-1))  # [2, B*nb, bs, Hkv, D]
-    kv = kv.view(2, b, -1, hkv, d)[:, :, :ctx_max].transpose(2, 3)  # [2, B, Hkv, L, D]
-    # GQA folded: the `group` query heads sharing a KV head become `group` query rows.
-    qg = q.view(b, hkv, group, d)
-    o = F.scaled_dot_product_attention(qg, kv[0].to(q.dtype), kv[1].to(q.dtype),
-                                       attn_mask=meta.derived.get("decode_mask"), scale=scale)
-    return o.reshape(b, hq, d)
+    kv = kv_cache.index_select(1, table.view(-1))  # [2, B*nb, bs, Hkv, D']
+    kv = read_kv(kv.view(2, b, -1, hkv, kv.shape[-1])[:, :, :ctx_max], q.dtype).transpose(2, 3)  # [2, B, Hkv, L, D]
+    if rows is None:  # one token per sequence: no padding
+        qg = q.view(b, hkv, group, d)
+    else:
+        qp = q.new_zeros(b * q_max, hq, d)
+        qp.index_copy_(0, rows, q)
+        qg = qp.view(b, q_max, hkv, group, d).transpose(1, 2).reshape(b, hkv, q_max * group, d)
+    o = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=derived.get("short_mask"), scale=scale)
+    if rows is None:
+        return o.reshape(b, hq, d)
+    o = o.view(b, hkv, q_max, group, d).transpose(1, 2).reshape(b * q_max, hq, d)
+    return o.index_select(0, rows)
+
+
+def _derive_short(meta: AttentionMetadata, block_size: int, group: int, device: torch.device) -> None:
+    """The padded block table, the query rows' places and the mask of `_short_batch` (per step,
+    shared by every layer)."""
+    b, ctx, qsl = meta.num_seqs, meta.context_lens, meta.query_start_loc
+    q_lens = [qsl[i + 1] - qsl[i] for i in range(b)]
+    q_max, ctx_max = max(q_lens), max(ctx)
+    num_blocks = -(-ctx_max // block_size)
+    table = torch.zeros(b, num_blocks, dtype=torch.long, device=device)
+    for i, bt in enumerate(meta.block_tables):
+        n = min(num_blocks, bt.numel())
+        table[i, :n] = bt[:n]
+    meta.derived["short_table"] = table
+    meta.derived["short_q_max"] = torch.tensor(q_max)
+    if q_max == 1:
+        if b > 1 and min(ctx) != ctx_max:
+            lens = torch.tensor(ctx, device=device)
+            valid = torch.arange(ctx_max, device=device)[None, :] < lens[:, None]
+            meta.derived["short_mask"] = valid[:, None, None, :]  # [B, 1, 1, L]
+        return
+    meta.derived["short_rows"] = torch.tensor(
+        [i * q_max + j for i in range(b) for j in range(q_lens[i])], dtype=torch.long, device=device)
+    lens = torch.tensor(ctx, device=device)[:, None]
+    first = lens - torch.tensor(q_lens, device=device)[:, None]  # position of each sequence's token 0
+    limit = torch.minimum(first + torch.arange(q_max, device=device)[None, :] + 1, lens)  # [B, Q]
+    valid = torch.arange(ctx_max, device=device)[None, None, :] < limit[:, :, None]  # [B, Q, L]
+    meta.derived["short_mask"] = (valid[:, None, :, None, :].expand(b, 1, q_max, group, ctx_max)
+                                  .reshape(b, 1, q_max * group, ctx_max))

@@ -5,8 +5,9 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
 
     name    when                               kernel
     dense   default (any device / dtype)       F.linear
-    mkl     CPU, float32, MKL present          weight packed once for MKL (torch.ops.mkl._mkl_linear):
-                                               1.3-3x faster than F.linear at 1-128 rows on this CPU
+    mkl     CPU, float32, MKL present          weight packed for MKL (torch.ops.mkl._mkl_linear) per row
+                                               bucket (1, 8, 16; rows padded up): 1.3-3x faster than
+                                               F.linear at those rows; more rows run F.linear
     w8a8    --quantization w8a8                int8 weight (per output channel scale), activations
                                                quantized per token at run time, torch._int_mm
                                                (int8 x int8 -> int32), rescaled to the input dtype
@@ -49,24 +50,44 @@ class LinearKernel:
 
 
 class MklPackedKernel(LinearKernel):
-    """CPU float32: the weight packed once in MKL's GEMM layout (what inductor's freezing does)."""
+    """CPU float32: the weight packed in MKL's GEMM layout (what inductor's freezing does).
+
+    A packed copy serves exactly the row count it was packed for (`_mkl_linear` runs any other
+    count as a plain GEMM on the unpacked weight), and a plain GEMM of 2-16 rows costs 2-3x one
+    packed row here (SmolLM2 shapes, 1 thread), so rows are padded up to a bucket with its own
+    copy: a speculative verify of 1 + k tokens and a decode batch of up to 16 sequences then cost
+    about one packed row. Each bucket's copy is one more weight's worth of memory, packed on first
+    use (a process that never batches never pays for it)."""
 
     name = "mkl"
-    _HINT_ROWS = 1  # the packing takes a batch-size hint; any row count runs on the packed copy
+    BUCKETS = (1, 8, 16)
 
     @staticmethod
     def available(weight: torch.Tensor) -> bool:
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch._C.has_mkl
 
     def prepare(self) -> None:
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), self._HINT_ROWS)
+        self.packed: dict[int, torch.Tensor] = {}
+
+    def _pack(self, rows: int) -> torch.Tensor:
+        packed = self.packed.get(rows)
+        if packed is None:
+            packed = self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), rows)
+        return packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
-        y = torch.ops.mkl._mkl_linear(x2, self.packed, self.weight, self.bias, self._HINT_ROWS)
+        m = x2.shape[0]
+        bucket = next((b for b in self.BUCKETS if b >= m), None)
+        if bucket is None:
+            y = F.linear(x2, self.weight, self.bias)
+        else:
+            if m != bucket:
+                x2 = F.pad(x2, (0, 0, 0, bucket - m))
+            elif not x2.is_contiguous():
+                x2 = x2.contiguous()
+            y = torch.ops.mkl._mkl_linear(x2, self._pack(bucket), self.weight, self.bias, bucket)[:m]
         return y.view(*shape[:-1], y.shape[-1])
 
 

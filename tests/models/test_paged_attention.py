@@ -1,4 +1,6 @@
-"""paged_attention against a dense reference, with scattered block ids and GQA."""
+"""paged_attention against a dense reference, with scattered block ids and GQA, on every path: cold
+prefill, prefill over a cached prefix, and the batched short queries (decodes; speculative verifies
+of several tokens per sequence, padded to the longest)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ def _dense_reference(q, k, v, scale):
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("steps", [[(12, 12), (5, 5)], [(7, 19), (1, 4)], [(1, 30), (1, 3), (1, 17)]])
+@pytest.mark.parametrize("steps", [[(12, 12), (5, 5)], [(7, 19), (1, 4)], [(1, 30), (1, 3), (1, 17)],
+                                   [(5, 23), (2, 6), (1, 11)], [(5, 5), (3, 9)]])
 def test_matches_dense_reference(dtype, atol, steps):
     """steps: per sequence (new tokens, total context); sequences own scattered, shuffled blocks."""
     gen = torch.Generator().manual_seed(0)
