@@ -4,14 +4,16 @@
 
 The swe-agent traces' real assistant turns: the prompt is the trajectory up to that turn
 (ChatML, SmolLM2's tokenizer), and the real SmolLM2 generates up to 128 tokens greedily (EOS
-ends a turn). Each picked trace replays its first turns in order as one session, so the suffix
-proposer has the session's earlier requests and responses. One in-process engine per mode
+ends a turn). Per trace, the turns are spread evenly over those whose prompt fits the length cap,
+ending with the last that fits (`spread`: the same rule for every trace, later turns included:
+they have the session's file contents, diffs and commands to copy from); they run in order as one
+session, so the suffix proposer has the session's earlier requests and responses. One in-process engine per mode
 (none, ngram, suffix), the same turn run in every mode back to back (load drifts hit all modes
 alike). Per mode: decode tokens/s (tokens after the first over the time from the first token to
 the last, so the shared prefill is left out), tokens per forward, draft acceptance, and whether
 the greedy output is identical to no speculation.
 
-`--quick`: 2 traces x 2 turns, prompts <= 1024 tokens; full: 6 traces x 4 turns, <= 3072.
+`--quick`: 2 traces x 2 turns, prompts <= 2048 tokens; full: 6 traces x 4 turns, <= 4096.
 Goal (issue 11): speculative decode tok/s >= 1.8x no speculation, identical greedy output.
 A table goes to stdout, then one JSON line; progress goes to stderr.
 """
@@ -62,27 +64,31 @@ class ModeFigures:
         return self.tokens / self.decode_s if self.decode_s > 0 else None
 
 
+def spread(n: int, per: int) -> list[int]:
+    """`per` indices evenly spread over 0..n-1, ending with the last: the later turns of a trajectory
+    (the one selection rule, the same for every trace)."""
+    return sorted({(j + 1) * n // per - 1 for j in range(per)}) if n >= per else []
+
+
 def agent_turns(traces: str, num_traces: int, turns_per_trace: int, max_prompt: int, seed: int) -> list[Turn]:
-    """The first `turns_per_trace` assistant turns of `num_traces` seeded swe-agent traces whose
-    prompts fit in `max_prompt` tokens."""
+    """`turns_per_trace` assistant turns of each of `num_traces` seeded swe-agent traces, evenly
+    spread over the turns whose prompts fit in `max_prompt` tokens and ending with the last of
+    them (later turns have more of the session's own text to copy from); traces with fewer such
+    turns are skipped."""
     from hintkv.bench.swarm import trace_folder
-    from hintkv.workload.traces.swe_agent import SweAgentRun, load_swe_agent
+    from hintkv.workload.traces.swe_agent import load_swe_agent
 
     runs = load_swe_agent(trace_folder(traces, "swe-agent"))
     random.Random(seed).shuffle(runs)
     out: list[Turn] = []
     for run in runs:
-        asked = [i for i, t in enumerate(run.turns) if t.role == "assistant"][:turns_per_trace]
-        head = SweAgentRun(run.name, run.turns[:asked[-1] + 1])  # render only the turns needed
-        calls = head.task(run.name).root.calls
-        picked = []
-        for i, c in enumerate(calls[:turns_per_trace]):
-            prompt = [t for chunk in c.prompt for t in chunk]
-            if len(prompt) > max_prompt:
-                break
-            picked.append(Turn(run.name, i, prompt))
-        if len(picked) == turns_per_trace:
-            out += picked
+        calls = run.task(run.name).root.calls
+        prompts = [[t for chunk in c.prompt for t in chunk] for c in calls]
+        fits = [i for i, p in enumerate(prompts) if len(p) <= max_prompt]
+        picked = spread(len(fits), turns_per_trace)
+        if len(picked) < turns_per_trace:
+            continue
+        out += [Turn(run.name, fits[i], prompts[fits[i]]) for i in picked]
         if len(out) >= num_traces * turns_per_trace:
             break
     if not out:
@@ -164,7 +170,7 @@ def spec_goal(modes: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_bench(quick: bool, traces: str, seed: int, k: int) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
-    n_traces, per, max_prompt = (2, 2, 1024) if quick else (6, 4, 3072)
+    n_traces, per, max_prompt = (2, 2, 2048) if quick else (6, 4, 4096)
     turns = agent_turns(traces, n_traces, per, max_prompt, seed)
     figs = measure(turns, k)
     rows, modes = summarize(figs, k)

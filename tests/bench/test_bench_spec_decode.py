@@ -5,7 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from hintkv.bench.spec_decode import ModeFigures, agent_turns, spec_goal, summarize
+from hintkv.bench.spec_decode import (
+    ModeFigures,
+    agent_turns,
+    spec_goal,
+    spread,
+    summarize,
+)
 from hintkv.bench.swarm import default_traces
 
 TRACES = Path(default_traces())
@@ -31,3 +37,19 @@ def test_agent_turns_are_a_growing_trajectory():
     assert len(turns) == 2 and turns[0].trace == turns[1].trace
     a, b = turns[0].prompt, turns[1].prompt
     assert len(b) > len(a) and b[:len(a) - 3] == a[:len(a) - 3]  # the next turn extends the trajectory
+
+
+def test_spread_picks_evenly_and_ends_with_the_last():
+    assert spread(10, 2) == [4, 9]
+    assert spread(8, 4) == [1, 3, 5, 7]
+    assert spread(3, 3) == [0, 1, 2]
+    assert spread(2, 3) == []
+
+
+@pytest.mark.skipif(not (TRACES / "swe-agent").is_dir(), reason="no swe-agent traces here")
+def test_agent_turns_end_with_the_last_turn_that_fits():
+    turns = agent_turns(str(TRACES), 2, 2, 2048, seed=1)
+    for name in {t.trace for t in turns}:
+        mine = [t for t in turns if t.trace == name]
+        assert len(mine) == 2 and all(len(t.prompt) <= 2048 for t in mine)
+        assert mine[1].index > mine[0].index > 0  # later turns, not the first two
