@@ -3,7 +3,8 @@
 #
 #   OUT=/tmp/gpu_out bash scripts/gpu_check.sh
 #
-# 1. the CUDA tests (every test that skips without CUDA runs here: compiled step, w8a8 on CUDA);
+# 1. the CUDA tests (every test that skips without CUDA runs here: compiled step, w8a8, int8 / fp8
+#    KV cache and the batched speculative verify on CUDA);
 # 2. hintkv bench engine --device cuda --quick (dummy:llama3-8b, bf16, against the plain-SDPA H200
 #    calibration in shared/calibration/h200-llama3-8b-shape.json; plus the compiled variant);
 # 3. hintkv bench tiers --device cuda --quick.

@@ -3,7 +3,10 @@
 The device cache keeps, per layer, one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]`;
 a block leaving the device is gathered across layers into `[num_layers, 2, block_size,
 num_kv_heads, head_dim]` (see `device.py`). Every tier stores exactly this payload, so a block's
-bytes are identical on every tier and a checksum taken on one holds on all.
+bytes are identical on every tier and a checksum taken on one holds on all. With
+`--kv-cache-dtype int8 | fp8` a row is head_dim value bytes + a float32 scale (`models/kv_quant.py`):
+`head_dim` here is then the row's width and `dtype` int8 / uint8, so the scales travel inside the
+payload and the fingerprint tells the formats apart (a block of another format is a miss).
 """
 
 from __future__ import annotations

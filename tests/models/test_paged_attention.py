@@ -73,3 +73,18 @@ def test_check_rejects_inconsistent_metadata():
                              block_tables=[torch.tensor([0])], is_decode_only=True)
     with pytest.raises(ValueError):
         meta.check()
+
+
+def test_a_verify_step_gives_the_logits_of_one_token_decodes():
+    """A 5-token step over a cached prefix (the batched short-query path a speculative verify takes)
+    gives the logits of five one-token decodes, on the real model code (dummy:tiny)."""
+    from hintkv.bench.accuracy import OneSequence
+    from hintkv.models.loader import load_model
+
+    lm = load_model("dummy:tiny", torch.float32, "cpu", seed=4)
+    prompt, nxt = list(range(400, 440)), list(range(500, 505))
+    one, five = OneSequence(lm.model, 64), OneSequence(lm.model, 64)
+    one.step(prompt)
+    five.step(prompt)
+    singles = torch.cat([one.step([t]) for t in nxt])
+    torch.testing.assert_close(five.step(nxt), singles, atol=1e-4, rtol=1e-4)
