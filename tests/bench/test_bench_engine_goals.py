@@ -1,0 +1,23 @@
+"""bench/engine: the KV format goals are computed from the measured rows, never typed in."""
+
+from __future__ import annotations
+
+from hintkv.bench.engine import KV_FORMATS, Workload, compute_goals, kv_quant_rows
+
+
+def test_kv_goals_follow_the_rows():
+    rows = [{"kv": "int8", "capacity vs float32": 3.76, "capacity vs bfloat16": 1.88, "top-1 agreement": 0.99},
+            {"kv": "fp8", "capacity vs float32": 1.5, "capacity vs bfloat16": 0.75, "top-1 agreement": 0.9}]
+    g = compute_goals({}, Workload.for_run(True), None, None, rows, "float32")
+    assert g["kv_int8_capacity_vs_float32"] == {"target": 2.0, "measured": 3.76, "met": True, "vs_bfloat16": 1.88}
+    assert g["kv_int8_top1_agreement"]["met"] is True
+    assert g["kv_fp8_capacity_vs_float32"]["met"] is False and g["kv_fp8_top1_agreement"]["met"] is False
+    missing = compute_goals({}, Workload.for_run(True), None, None, None, "float32")
+    assert all(missing[f"kv_{k}_top1_agreement"] == {"target": 0.97, "measured": None, "met": False}
+               for k in KV_FORMATS)
+
+
+def test_kv_rows_measure_capacity_from_the_block_sizes():
+    rows = {r["kv"]: r for r in kv_quant_rows("bfloat16")}
+    # SmolLM2: head_dim 64 -> 68-byte rows against 128 bytes of bfloat16
+    assert rows["int8"]["capacity vs bfloat16"] == 128 / 68 and rows["fp8"]["top-1 agreement"] > 0.9
