@@ -78,7 +78,8 @@ class EngineConfig:
     max_num_batched_tokens: int = _opt(2048, "per-step token budget (chunked prefill)")
     eviction_policy: str = _opt("sam", "device pool eviction policy (sam | lru | qlru)")
     scheduling_policy: str = _opt(
-        "fcfs", "admission order: fcfs (vLLM) | cache-aware (resident prefix first, room reserved to the end)"
+        "fcfs", "admission order: fcfs (vLLM) | cache-aware (resident prefix first, room reserved to the end) "
+        "| short-first (least uncached prefill first, aged; long prefills share the step with waiting ones)"
     )
     offload_mode: str = _opt(
         "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "

@@ -18,6 +18,15 @@
   and goes first, in arrival order, and nothing is admitted past it until it fits (no starvation).
   With nothing running at all a candidate is admitted on the plain chunk rule, so one request
   larger than the reservation allows still runs.
+- `short-first` (shortest remaining prefill first, aged; `cache-aware`'s room rule): a sequence's
+  key is a deadline in steps, `first seen + tokens it still has to compute / step budget` (a
+  waiting one's resident prefix counts as computed, so a resumed session whose context is on the
+  device is short). Running decodes go first; then running prefills and waiting candidates compete
+  by key: a running prefill whose key is later than the best waiting candidate's yields the step
+  to it and gets what budget is left. So a 100K-token prefill no longer holds the whole budget
+  for tens of steps while short prefills queue behind it (head-of-line blocking), and because
+  keys only age, a long one is overtaken only by sequences that arrived before its own deadline:
+  it waits at most about as long again as it computes (no starvation).
 
 The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
 and sizes. New policies register with `@register_admission("name")`.
@@ -73,6 +82,19 @@ class AdmissionPolicy:
 
     def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
         raise NotImplementedError
+
+    def order_running(self, running: list[Sequence], budget: int) -> None:
+        """Sort `running` in place into the order the step's budget is handed out (and the
+        reverse of preemption's): default FCFS, as admitted."""
+
+    def yields(self, seq: Sequence, waiting: Iterable[Sequence], kv: KVCacheManager, budget: int) -> bool:
+        """True: running prefill `seq` waits until the waiting candidates had their turn."""
+        return False
+
+    def cap(self, seq: Sequence, n: int, budget: int, others_wait: bool) -> int:
+        """The tokens running `seq` takes now out of `n` (the rest of the budget, `budget`, may
+        come back to it once the waiting candidates had theirs)."""
+        return n
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         """True: admitting `seq` to the end takes no block anyone ahead of it needs."""
@@ -161,3 +183,72 @@ class CacheAwareAdmission(AdmissionPolicy):
 
     def forget(self, request_id: str) -> None:
         self.skips.pop(request_id, None)
+
+
+@register_admission("short-first")
+class ShortFirstAdmission(CacheAwareAdmission):
+    REFRESH_STEPS = 8  # a waiting sequence's resident prefix is looked up again after this many steps
+
+    def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
+        super().__init__(max_skips, max_scan, max_model_len)
+        self.step = 0
+        self.seen: dict[str, int] = {}  # request id -> step first seen
+        self.resident: dict[str, tuple[int, int]] = {}  # request id -> (resident tokens, step looked up)
+        self._best: tuple[int, float] | None = None  # (step, best waiting key) cache
+        self._budget = 1  # this step's token budget (set by order_running)
+
+    def _deadline(self, seq: Sequence, todo: int, budget: int) -> float:
+        return self.seen.setdefault(seq.request_id, self.step) + todo / max(1, budget)
+
+    def _waiting_key(self, seq: Sequence, kv: KVCacheManager, budget: int) -> float:
+        got = self.resident.get(seq.request_id)
+        if got is None or self.step - got[1] >= self.REFRESH_STEPS:
+            got = (resident_blocks(seq, kv) * kv.block_size, self.step)
+            self.resident[seq.request_id] = got
+        return self._deadline(seq, seq.num_tokens - got[0], budget)
+
+    def order_running(self, running: list[Sequence], budget: int) -> None:
+        self.step += 1
+        self._budget = budget
+
+        def key(s: Sequence) -> tuple[int, float]:
+            todo = s.num_tokens - s.num_computed_tokens
+            return (0, 0.0) if todo <= 1 else (1, self._deadline(s, todo, budget))
+        running.sort(key=key)  # stable: decodes keep their admission order
+
+    def yields(self, seq: Sequence, waiting: Iterable[Sequence], kv: KVCacheManager, budget: int) -> bool:
+        todo = seq.num_tokens - seq.num_computed_tokens
+        if todo <= 1:
+            return False
+        if self._best is None or self._best[0] != self.step:
+            head = list(waiting)[:self.max_scan]
+            best = min((self._waiting_key(s, kv, budget) for s in head), default=float("inf"))
+            self._best = (self.step, best)
+        return self._best[1] < self._deadline(seq, todo, budget)
+
+    def cap(self, seq: Sequence, n: int, budget: int, others_wait: bool) -> int:
+        if others_wait and n > 1 and n > budget // 2:
+            return max(1, budget // 2)  # an aged long prefill shares the step (processor sharing)
+        return n
+
+    def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
+        seqs = list(waiting)
+        head, tail = seqs[:self.max_scan], seqs[self.max_scan:]
+        budget = self._budget
+        starving = [s for s in head if self.skips.get(s.request_id, 0) >= self.max_skips]
+        rest = [s for s in head if self.skips.get(s.request_id, 0) < self.max_skips]
+        keys = {s.request_id: (self._waiting_key(s, kv, budget), i) for i, s in enumerate(rest)}
+        rest.sort(key=lambda s: keys[s.request_id])
+        return starving + rest + tail
+
+    def admitted(self, seq: Sequence, plan: StepPlan) -> None:
+        super().admitted(seq, plan)
+        self.resident.pop(seq.request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        super().forget(request_id)
+        self.seen.pop(request_id, None)
+        self.resident.pop(request_id, None)
+
+    def check_integrity(self) -> None:
+        assert all(v <= self.step for v in self.seen.values()), "a sequence seen in a future step"

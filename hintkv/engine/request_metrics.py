@@ -20,4 +20,5 @@ def request_metrics(seq: Sequence, now: float) -> RequestMetrics:
         peak_kv_blocks=seq.peak_kv_blocks,
         num_draft_tokens=seq.num_draft_tokens,
         num_accepted_tokens=seq.num_accepted_tokens,
+        ttft_parts=None if first is None else seq.ttft,
     )

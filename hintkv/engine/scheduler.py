@@ -3,9 +3,12 @@
 One engine step is `schedule()` -> the model runner -> `update_from_output()`:
 
 - `schedule()` does the step's housekeeping (landed tier loads, predicted resumes), then batches:
-  running sequences first (decodes and unfinished prefill chunks, FCFS), preempting the newest
-  running sequence when blocks run out (its KV is freed and recomputed later); then waiting
-  sequences in arrival order while budget, sequence slots and blocks allow (FCFS: no skipping).
+  running sequences first (decodes and unfinished prefill chunks, in the admission policy's
+  order: FCFS for `fcfs`), preempting the last running sequence when blocks run out (its KV is
+  freed and recomputed later); then waiting sequences in the policy's order while budget,
+  sequence slots and blocks allow. A policy may have a running prefill yield to a better waiting
+  candidate or take only part of its chunk (`short-first`); what the admissions leave goes back
+  to those prefills. Each transition adds to the request's TTFT parts (`engine.ttft`).
 - `update_from_output()` takes what the runner sampled: advances each sequence over the KV it
   computed, commits newly full blocks to the prefix index, appends the tokens, checks stop
   conditions, and finishes sequences (their session now holds their blocks).
@@ -38,6 +41,7 @@ from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 from hintkv.config import EngineConfig
+from hintkv.engine import ttft
 from hintkv.engine.admission import (
     AdmissionPolicy,
     StepPlan,
@@ -112,6 +116,7 @@ class Scheduler:
         if seq.session is not None and self.hints:
             seq.session_key = self.sam.on_arrival(seq.session, seq.session.tool)
         seq.arrival = self.clock()
+        ttft.arrived(seq)
         if self.queue_sessions:
             self._hold_queued(seq)
         self.requests[seq.request_id] = seq
@@ -160,6 +165,7 @@ class Scheduler:
         return _output(seq, finished=True, metrics=request_metrics(seq, self.clock()))
 
     def _preempt(self, seq: Sequence) -> None:
+        ttft.preempted(seq, self.clock())
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SeqStatus.WAITING
@@ -175,21 +181,49 @@ class Scheduler:
 
     # ---- schedule --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        now = self.clock()
+        out = SchedulerOutput(started=now)
         if self.sam is not None:
-            self.sam.on_step(self.clock())  # re-rank by the clock; predicted resumes
+            self.sam.on_step(now)  # re-rank by the clock; predicted resumes
         if self.kv.tiers is not None:
             self.kv.tiers.poll()  # publish class changes to the tiers; land prefetches
         budget = self.max_num_batched_tokens
         for seq in [s for s in self.loading if self.kv.load_ready(s)]:
             self.kv.finish_load(seq)
+            ttft.loaded(seq, now)
             self.loading.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-        i = 0
+        self.admission.order_running(self.running, budget)
+        capped: list[ScheduledSeq] = []  # running prefills that left part of their chunk to others
+        budget, i = self._schedule_running(out, budget, 0, capped)
+        if not out.preempted:
+            yielded = len(self.running) - i  # prefills behind a better waiting candidate (or no budget)
+            budget = self._admit_waiting(out, budget, at=i)
+            for s in capped:  # what the admissions left goes back to the capped prefills
+                extra = min(s.seq.num_tokens - s.seq.num_computed_tokens - s.num_new_tokens, budget)
+                if extra > 0 and self.kv.can_append(s.seq, s.num_new_tokens + extra):
+                    s.num_new_tokens += extra
+                    self.kv.append(s.seq, s.num_new_tokens)
+                    budget -= extra
+            if yielded and budget > 0:  # and then to the prefills that yielded
+                self._schedule_running(out, budget, len(self.running) - yielded, None)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, i: int,
+                          capped: list[ScheduledSeq] | None) -> tuple[int, int]:
+        """Running sequences from index `i`, in order, while the budget lasts, preempting from the
+        end of the list for room; returns (budget left, index of the first one not scheduled).
+        `capped` (the first pass; None after the admissions): the policy may have a prefill yield
+        to waiting candidates or take part of its chunk (noted there)."""
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if capped is not None and self.waiting and self.admission.yields(seq, self.waiting, self.kv, budget):
+                break  # this prefill and the ones after it go after the admissions
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            full = n
+            if capped is not None:
+                n = self.admission.cap(seq, n, budget, bool(self.waiting))
             drafts = self._drafts(seq, n, budget)
             if drafts and self.kv.can_append(seq, n + len(drafts)):
                 n += len(drafts)
@@ -211,17 +245,18 @@ class Scheduler:
                 self.kv.append(seq, n)
                 seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
                 out.scheduled.append(ScheduledSeq(seq, n, drafts))
+                if n < full and not drafts:
+                    capped.append(out.scheduled[-1])
                 budget -= n
                 i += 1
-        if not out.preempted:
-            self._admit_waiting(out, budget)
-        return out
+        return budget, i
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, at: int) -> int:
         """Start waiting sequences in the admission policy's order while budget, sequence slots
-        and blocks allow (`hintkv.engine.admission`)."""
+        and blocks allow (`hintkv.engine.admission`), into the running list from index `at`;
+        returns the budget left."""
         if not self.waiting:
-            return
+            return budget
         policy = self.admission
         plan = StepPlan()
         if policy.reserves:
@@ -230,7 +265,7 @@ class Scheduler:
                                 for s in [*self.running, *self.loading])
         for seq in policy.order(self.waiting, self.kv):
             if budget <= 0 or len(self.running) + len(self.loading) >= self.max_num_seqs:
-                return
+                return budget
             alone = not self.running and not out.scheduled and not self._others_hold_blocks()
             match = self.kv.match_prefix(seq)
             fits = alone or policy.room(seq, match, self.kv, plan)
@@ -239,7 +274,7 @@ class Scheduler:
                     match.lower, match.lower_tiers = [], []  # no room to load into: compute it
                 else:
                     self.kv.admit(seq, match, 0)
-                    self._admitted(seq, SeqStatus.LOADING, plan)
+                    self._admitted(seq, SeqStatus.LOADING, plan, out.started)
                     self.loading.append(seq)
                     continue
             n = min(seq.num_tokens - match.num_tokens, budget)
@@ -248,18 +283,21 @@ class Scheduler:
                     self.waiting.remove(seq)
                     self._release_queued(seq)
                     out.out_of_room.append(seq)
-                    return
+                    return budget
                 if policy.skipped(seq, match, plan):
                     continue
-                return
+                return budget
             self.kv.admit(seq, match, n)
-            self._admitted(seq, SeqStatus.RUNNING, plan)
+            self._admitted(seq, SeqStatus.RUNNING, plan, out.started)
             seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
-            self.running.append(seq)
+            self.running.insert(at, seq)
+            at += 1
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+        return budget
 
-    def _admitted(self, seq: Sequence, status: SeqStatus, plan: StepPlan) -> None:
+    def _admitted(self, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:
+        ttft.admitted(seq, now)
         self.waiting.remove(seq)
         self._release_queued(seq)
         seq.status = status
@@ -292,6 +330,7 @@ class Scheduler:
                              f"{len(sched.scheduled)} scheduled sequences")
         outputs = [self._finish(seq, "length") for seq in sched.out_of_room
                    if seq.status is not SeqStatus.FINISHED]  # (unless aborted meanwhile)
+        ttft.stepped(sched, self.clock())
         tiers = self.kv.tiers
         if tiers is not None and runner.forward_s is not None and sched.scheduled:
             tiers.costs.observe_prefill(sched.num_batched_tokens, runner.forward_s)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
-from hintkv.engine.types import FinishReason, SamplingParams, SessionRef
+from hintkv.engine.types import FinishReason, SamplingParams, SessionRef, TtftParts
 
 if TYPE_CHECKING:  # the scheduler side never needs torch; only the runner reads the generator
     import torch
@@ -53,6 +53,8 @@ class Sequence:
     peak_kv_blocks: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    ttft: TtftParts = field(default_factory=TtftParts)  # where the time to first token goes
+    ttft_mark: float = 0.0  # the clock up to which `ttft` has accounted
 
     @property
     def num_tokens(self) -> int:

@@ -58,6 +58,23 @@ class GenerateRequest:
 
 
 @dataclass(slots=True)
+class TtftParts:
+    """Where a request's time to first token went, on the engine's clock; the parts sum to its
+    `ttft_s`. A step's forward time is split among the sequences in it by their new tokens."""
+
+    queue_s: float = 0.0  # waiting for admission (also after a preemption)
+    load_s: float = 0.0  # admitted, its prefix KV arriving from a lower tier
+    blocked_s: float = 0.0  # admitted, not in the forward pass: the steps went to others (+ the loop)
+    shared_s: float = 0.0  # in a forward pass: the other sequences' share of it
+    compute_s: float = 0.0  # in a forward pass: its own tokens' share (its uncached prefill)
+
+    FIELDS = ("queue_s", "load_s", "blocked_s", "shared_s", "compute_s")
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+
+@dataclass(slots=True)
 class RequestMetrics:
     """What one request cost, measured on the engine's clock from its arrival at the scheduler
     (tokenizing and HTTP excluded). Reported when it finishes."""
@@ -69,6 +86,7 @@ class RequestMetrics:
     peak_kv_blocks: int  # most device KV blocks the request held at once
     num_draft_tokens: int = 0  # speculative drafts verified
     num_accepted_tokens: int = 0  # of which accepted
+    ttft_parts: TtftParts | None = None  # where the TTFT went (None: no first token)
 
     @property
     def acceptance(self) -> float | None:

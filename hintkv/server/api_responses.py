@@ -57,6 +57,7 @@ class HintkvMetrics(BaseModel):
     spec_draft_tokens: int
     spec_accepted_tokens: int
     spec_acceptance: float | None
+    ttft_parts: dict[str, float] | None = None  # queue_s, load_s, blocked_s, shared_s, compute_s
 
     @classmethod
     def of(cls, m: RequestMetrics | None) -> HintkvMetrics | None:
@@ -65,7 +66,8 @@ class HintkvMetrics(BaseModel):
         return cls(ttft_s=m.ttft_s, e2e_s=m.e2e_s, inter_token_latency_s=m.itl_s,
                    decode_tokens_per_s=m.decode_tokens_per_s, peak_kv_blocks=m.peak_kv_blocks,
                    spec_draft_tokens=m.num_draft_tokens, spec_accepted_tokens=m.num_accepted_tokens,
-                   spec_acceptance=m.acceptance)
+                   spec_acceptance=m.acceptance,
+                   ttft_parts=None if m.ttft_parts is None else m.ttft_parts.as_dict())
 
 
 class ToolCallFunction(BaseModel):

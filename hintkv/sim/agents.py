@@ -46,6 +46,7 @@ class CallRecord:
     cached_tokens: int = 0
     output_tokens: int = 0
     instance: int = 0  # which simulated instance served it (the router's placement)
+    ttft_parts: dict[str, float] | None = None  # the scheduler's split of its TTFT
 
 
 @dataclass(slots=True)
@@ -179,6 +180,8 @@ class ProgramDriver:
             rec.e2e_s = self.clock() - t0
             rec.cached_tokens = out.num_cached_tokens
             rec.output_tokens = out.num_output_tokens
+            if out.metrics is not None and out.metrics.ttft_parts is not None:
+                rec.ttft_parts = out.metrics.ttft_parts.as_dict()
             access.written = written
             self.calls.append(rec)
             if self.on_call is not None:

@@ -24,6 +24,7 @@ instance compares sam+hints+host with lru+host. Peak host / pool bytes are clust
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -35,10 +36,19 @@ from hintkv.bench.common import (
     percentile,
     print_table,
 )
+from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
+from hintkv.engine.admission import admission_names
 from hintkv.replay import belady
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile, profile_names
-from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, POOL_FACTOR, SimResult, simulate
+from hintkv.sim.simulate import (
+    CONFIGS,
+    HOST_FACTOR,
+    POOL_FACTOR,
+    SimConfig,
+    SimResult,
+    simulate,
+)
 from hintkv.sim.workload import DEFAULT_TRACES, build_workload
 
 ORACLES = ("oracle", "oracle+host", "oracle+pool")
@@ -46,12 +56,37 @@ ONE_INSTANCE_CONFIGS = ("lru", "lru+host", "sam+hints", "sam+hints+host", "oracl
 CLUSTER_CONFIGS = ("lru", "lru+pool", "sam+hints+pool", "oracle", "oracle+pool")
 QUICK = {"token_scale": 0.25, "max_calls": 12, "max_tasks": 20}
 WALL_GOAL_S = 300.0  # 10 users, whole trace set, one configuration
+SCHEDULING = "short-first"  # hintkv's scheduler for the hinted configurations (lru runs keep fcfs)
 
 
-def _row(r: SimResult) -> dict:
+def resolve(name: str, scheduling: str) -> SimConfig:
+    """A configuration by name: lru ones run fcfs (vLLM); hinted ones run `scheduling`;
+    `NAME/POLICY` runs NAME under POLICY (`lru+host/short-first`: the scheduler without hints, to
+    separate what it gives every policy from what hints give)."""
+    base, _, pol = name.partition("/")
+    cfg = CONFIGS[base]
+    if pol:
+        return dataclasses.replace(cfg, name=name, scheduling=pol)
+    return dataclasses.replace(cfg, scheduling=scheduling) if cfg.hints else cfg
+
+
+def default_configs(defaults: tuple[str, ...], scheduling: str) -> list[str]:
+    """`defaults`, plus each non-hinted lru configuration under `scheduling` (when not fcfs)."""
+    names = [n for n in defaults if n not in ORACLES]
+    if scheduling != "fcfs":
+        names += [f"{n}/{scheduling}" for n in names if not CONFIGS[n].hints]
+    return [*names, *(n for n in defaults if n in ORACLES)]
+
+
+def known(name: str) -> bool:
+    base, _, pol = name.partition("/")
+    return name in ORACLES or (base in CONFIGS and pol in ("", *admission_names()))
+
+
+def _row(r: SimResult, scheduling: str) -> dict:
     ttft = [c.ttft_s for c in r.calls if c.ttft_s is not None]
     e2e = [c.e2e_s for c in r.calls if c.e2e_s is not None]
-    return {"config": r.config, "calls": len(r.calls),
+    return {"config": r.config, "scheduling": scheduling, "calls": len(r.calls),
             "ttft_mean_s": r.mean_ttft_s, "ttft_p50_s": percentile(ttft, 50),
             "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
             "e2e_call_mean_s": sum(e2e) / len(e2e), "task_mean_s": r.mean_task_s,
@@ -101,6 +136,19 @@ def goals(results: dict[str, SimResult], oracles: dict[str, float], users: int) 
     }
 
 
+def separation(results: dict[str, SimResult], scheduling: str) -> dict:
+    """Hints vs the same scheduler without hints: mean TTFT and task reductions of each hinted
+    run vs `lru[+host|+pool]/<scheduling>` (what hints give beyond the scheduler)."""
+    out = {}
+    for hinted, base in (("sam+hints+host", "lru+host"), ("sam+hints+host", "lru"), ("sam+hints+pool", "lru+pool")):
+        h, same = results.get(hinted), results.get(f"{base}/{scheduling}")
+        if h is not None and same is not None:
+            out[f"{hinted}_vs_{base}/{scheduling}"] = {
+                "ttft_reduction": _reduction(same.mean_ttft_s, h.mean_ttft_s),
+                "task_e2e_reduction": _reduction(same.mean_task_s, h.mean_task_s)}
+    return out
+
+
 def _peak_below(r: SimResult | None) -> int | None:
     """Peak bytes held below the device: host tiers (summed peaks) + the shared pool."""
     return None if r is None else r.peak_host_bytes + r.peak_pool_bytes
@@ -140,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-inflight", type=int, default=8, help="the router's room for a sub-agent")
     p.add_argument("--traces", nargs="+", default=list(DEFAULT_TRACES))
     p.add_argument("--configs", default=None, help="default: lru, lru+host, sam+hints, sam+hints+host and "
-                   f"the oracles on one instance; {','.join(CLUSTER_CONFIGS)} with --instances > 1")
+                   f"the oracles on one instance; {','.join(CLUSTER_CONFIGS)} with --instances > 1; and the lru "
+                   "ones again under the hinted runs' scheduler S as NAME/S")
+    p.add_argument("--scheduling-policy", default=SCHEDULING, choices=admission_names(),
+                   help="the hinted configurations' scheduler (lru configurations keep fcfs = vLLM)")
     p.add_argument("--device-tokens", type=int, default=None)
     p.add_argument("--token-scale", type=float, default=1.0)
     p.add_argument("--max-calls", type=int, default=None, help="cut each agent to its first N calls")
@@ -166,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         print("hintkv sim: --instances must be >= 1", file=sys.stderr)
         return 2
     default = CLUSTER_CONFIGS if args.instances > 1 else ONE_INSTANCE_CONFIGS
-    names = [n.strip() for n in (args.configs or ",".join(default)).split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS and n not in ORACLES]
+    names = ([n.strip() for n in args.configs.split(",") if n.strip()] if args.configs
+             else default_configs(default, args.scheduling_policy))
+    unknown = [n for n in names if not known(n)]
     if unknown:
         print(f"hintkv sim: unknown configs {unknown}; known: {[*CONFIGS, *ORACLES]}", file=sys.stderr)
         return 2
@@ -181,15 +233,18 @@ def main(argv: list[str] | None = None) -> int:
           f"prompt tokens, {args.users} users on {args.instances} instance(s); profile {profile.name}; device "
           f"{device_tokens} tokens; loaded in {load_s:.1f}s", file=sys.stderr, flush=True)
     results: dict[str, SimResult] = {}
+    scheduling: dict[str, str] = {}
     for name in names:
-        if name in CONFIGS:
-            results[name] = simulate(wl, CONFIGS[name], costs, device_tokens,
+        if name not in ORACLES:
+            cfg = resolve(name, args.scheduling_policy)
+            scheduling[name] = cfg.scheduling
+            results[name] = simulate(wl, cfg, costs, device_tokens,
                                      max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens,
                                      progress=not args.no_progress, instances=args.instances,
                                      max_inflight=args.max_inflight)
     oracles: dict[str, float] = {}
-    rows = [_row(r) for r in results.values()]
+    rows = [_row(r, scheduling[n]) for n, r in results.items()]
     blocks = device_tokens // 16
     for name in names:
         if name in ORACLES:
@@ -202,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
           f"device {device_tokens} tokens, seed {args.seed}")
     print_table(rows, list(rows[0]))
+    breakdown = [b for n, r in results.items() for b in breakdown_rows(n, r.calls)]
+    print("\nwhere the TTFT went (mean seconds per call; the parts sum to ttft_mean_s):")
+    print_table(breakdown, BREAKDOWN_COLUMNS)
     plots = _plots(results, args.plots, f"{profile.name}, {args.users} users") if args.plots else []
     emit_json({"bench": "sim", "profile": profile.name, "users": args.users, "instances": args.instances,
                "router": {n: r.router for n, r in results.items()},
@@ -209,5 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                "seed": args.seed, "token_scale": args.token_scale, "device_tokens": device_tokens,
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
-               "oracles": oracles, "plots": plots, "goals": goals(results, oracles, args.users)})
+               "oracles": oracles, "plots": plots, "scheduling": args.scheduling_policy,
+               "ttft_breakdown": breakdown, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
+               "goals": goals(results, oracles, args.users)})
     return 0

@@ -35,6 +35,7 @@ class SimConfig:
     hints: bool
     host: bool = False  # a host tier of HOST_FACTOR x the device pool
     pool: str | None = None  # the cluster's shared pool below the host: "spm" or "lru" (plain)
+    scheduling: str = "fcfs"  # the scheduler's admission policy by name (`hintkv.engine.admission`)
 
 
 HOST_FACTOR = 4  # host tier size / device pool (bench swarm's setting)
@@ -139,7 +140,7 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
     (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool."""
     cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                       eviction_policy=config.policy, hints=config.hints)
+                       eviction_policy=config.policy, hints=config.hints, scheduling_policy=config.scheduling)
     clock = EventClock()
     num_blocks = device_tokens // block_size
     host_blocks = HOST_FACTOR * num_blocks if config.host else 0

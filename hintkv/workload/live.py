@@ -159,6 +159,8 @@ class _LiveDriver:
                         rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
                         rec.completion_tokens = usage.get("completion_tokens")
                         rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                    if chunk.get("hintkv_metrics"):
+                        rec.ttft_parts = chunk["hintkv_metrics"].get("ttft_parts")
             rec.e2e_s = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001 - a failed call (any cause) is data, not the end of the replay
             rec.error = f"{type(exc).__name__}: {exc}"[:300]

@@ -21,6 +21,7 @@ class CallRecord:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     completion_tokens: int | None = None
     error: str | None = None
+    ttft_parts: dict[str, float] | None = None  # the engine's split of its TTFT (hintkv_metrics)
 
     @property
     def ok(self) -> bool:
