@@ -9,12 +9,15 @@ set (blocks held by live sessions, measured by the offline replay), the host tie
 times the device. Live runs, each against a fresh `hintkv serve` (real HTTP, real model):
   1 lru         `--eviction-policy lru --scheduling-policy fcfs`, no hints (vLLM + prefix caching)
   2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
-  3 sam         `--eviction-policy sam --scheduling-policy cache-aware`, the protocol's hints sent
+  3 sam         `--eviction-policy sam --scheduling-policy short-first`, the protocol's hints sent
   4 sam+host    the same with the host tier
-  5 qlru+host   `--eviction-policy qlru --scheduling-policy cache-aware`, no hints, host tier: the
-                engine's own knowledge (its queue) with sam's admission, so neither the queue nor
+  5 qlru+host   `--eviction-policy qlru --scheduling-policy short-first`, no hints, host tier: the
+                engine's own knowledge (its queue) with sam's scheduler, so neither the queue nor
                 the scheduler is credited to hints
-  (+ `--peer URL`: any OpenAI-compatible server, no hints; `--runs` picks live runs)
+  (+ `--peer URL`: any OpenAI-compatible server, no hints; `--runs` picks live runs, among them
+  `lru+host/sf`: lru + host tier under short-first, no hints: what the scheduler gives lru)
+Each live run also prints where its TTFT went (the engine's `ttft_parts`: queue, load, blocked,
+shared, compute; `other_s` is HTTP and tokenizing), for every call and for the p90+ tail.
 Offline (`hintkv.replay`: the real cache code, virtual clock, no model, same admission per run):
 the same plus qlru, `lru/ca` (lru with cache-aware admission: what the scheduler gives alone)
 and the Belady oracle at these capacities, the ideal hit
@@ -47,6 +50,7 @@ from hintkv.bench.common import (
 )
 from hintkv.bench.sessions import parse_metrics
 from hintkv.bench.swarm_study import ADMISSION, captured, run_configs, size_workload
+from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.replay import OfflineConfig
 from hintkv.workload.agent import HintPlan
 from hintkv.workload.live import LiveResult, replay_live
@@ -60,7 +64,11 @@ SWEEP = (0.2, 0.35, 0.5, 1.0)
 SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")  # what the goals and plots read
 GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
 LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
-        ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True))  # admission: ADMISSION[name]
+        ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True),
+        ("lru+host/sf", "lru", False, True))
+LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": "short-first", "sam+host": "short-first",
+                  "qlru+host": "short-first", "lru+host/sf": "short-first"}  # offline: ADMISSION
+DEFAULT_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")
 COLUMNS = ["run", "where", "admission", "calls", "errors", "hit_rate", "host_hit_rate", "recomputed_tokens",
            "computed_tokens", "preemptions", "queue_mean", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
            "e2e_call_mean_s", "e2e_task_mean_s", "peak_host_mib", "mean_host_mib", "moved_mib"]
@@ -96,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", default=None, help="an OpenAI-compatible server to replay against too")
     p.add_argument("--plots", default=None, help="folder for PNG plots")
     p.add_argument("--skip-live", action="store_true", help="offline replay and oracle only")
-    p.add_argument("--runs", default=",".join(r[0] for r in LIVE), help="live runs to do (comma-separated)")
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS),
+                   help=f"live runs to do (comma-separated, of {[r[0] for r in LIVE]})")
     p.add_argument("--server-arg", action="append", default=[], help="extra `hintkv serve` argument (repeat)")
     return p
 
@@ -136,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             srv.stop()
     rows = table_rows(live, offline, args)
     print_table(rows, COLUMNS)
+    breakdown = [b for k, r in live_results.items() for b in breakdown_rows(k, [c for c in r.calls if c.ok])]
+    if breakdown:
+        print("\nwhere the live TTFT went (mean seconds per call; other_s: HTTP and tokenizing):")
+        print_table(breakdown, BREAKDOWN_COLUMNS)
     goals = compute_goals(live, offline, sweep, grid)
     plots = make_plots(args.plots, live_results, sweep, offline) if args.plots else []
     emit_json({"bench": "swarm", "quick": args.quick, "seed": args.seed, "model": args.model,
@@ -146,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
                "live": live, "offline": _strip(offline),
                "sweep": {str(f): {k: v["hit_rate"] for k, v in runs.items() if isinstance(v, dict)}
                          for f, runs in sweep.items()},
-               "headroom_grid": grid, "plots": plots,
+               "headroom_grid": grid, "plots": plots, "ttft_breakdown": breakdown,
+               "hints_vs_same_scheduler": {
+                   k: {"ttft_reduction": _reduction(_get(live, "sam+host", "ttft_mean_s"), _get(live, k, "ttft_mean_s")),
+                       "task_e2e_reduction": _reduction(_get(live, "sam+host", "e2e_task_mean_s"),
+                                                        _get(live, k, "e2e_task_mean_s"))}
+                   for k in ("qlru+host", "lru+host/sf") if k in live},
                "wall_s": time.perf_counter() - t0, "goals": goals})
     return 0
 
@@ -204,7 +222,7 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int) -
         if name not in chosen:
             continue
         server = ["--kv-cache-tokens", str(device * args.block_size), "--block-size", str(args.block_size),
-                  "--eviction-policy", policy, "--scheduling-policy", ADMISSION[name],
+                  "--eviction-policy", policy, "--scheduling-policy", LIVE_ADMISSION[name],
                   *([] if hints else ["--ignore-hints"]),
                   *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
         out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name}", extra_args=server)).launch(), hints)
@@ -303,7 +321,7 @@ def live_row(r: LiveResult, samples: list, bpb: int) -> dict[str, Any]:
 
 
 def table_rows(live: dict, offline: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = [{"run": k, "where": "live", "admission": ADMISSION.get(k, "-"), **v} for k, v in live.items()]
+    rows = [{"run": k, "where": "live", "admission": LIVE_ADMISSION.get(k, "-"), **v} for k, v in live.items()]
     mib = block_bytes(args.model, args.block_size) / 2**20
     for k, v in offline.items():
         if k.startswith("_"):

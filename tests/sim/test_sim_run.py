@@ -82,6 +82,7 @@ def test_no_configuration_hits_more_than_the_oracle(workload, costs):
         for c in res.calls:
             assert 0 <= c.cached_tokens < c.prompt_tokens
             assert 0 < c.ttft_s <= c.e2e_s
+            assert sum(c.ttft_parts.values()) == pytest.approx(c.ttft_s, abs=1e-6)  # the parts are the whole
         if cfg.host:
             assert res.peak_host_bytes > 0 and res.bytes_moved.get("device->host", 0) > 0, name
 
@@ -95,7 +96,13 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert out[1].startswith("config")
     last = json.loads(out[-1])
-    assert set(last["results"]) == set(ONE_INSTANCE_CONFIGS)
+    sched = last["scheduling"]
+    assert sched == "short-first"  # the hinted runs' scheduler; lru runs keep fcfs, plus lru under it
+    assert set(last["results"]) == set(ONE_INSTANCE_CONFIGS) | {f"lru/{sched}", f"lru+host/{sched}"}
+    assert last["results"]["lru"]["scheduling"] == "fcfs" and last["results"]["sam+hints"]["scheduling"] == sched
+    assert set(last["hints_vs_same_scheduler"]) == {f"sam+hints+host_vs_lru/{sched}", f"sam+hints+host_vs_lru+host/{sched}"}
+    for row in last["ttft_breakdown"]:
+        assert row["other_s"] == pytest.approx(0, abs=1e-6)  # the simulator's clock sees all of it
     assert set(last["oracles"]) == {"oracle", "oracle+host"}
     for g in last["goals"].values():
         assert set(g) == {"target", "measured", "met"}
