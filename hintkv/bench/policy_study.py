@@ -18,7 +18,10 @@ with the goals (the first policy of `--policies` is the one judged):
 `--quick` cuts each agent to 12 calls and runs one seed at 10 users. `--audit` adds the eviction
 audit (`hintkv.replay.audit`) of the judged policy in every device-only cell: each victim it chose
 against the block Belady would have taken at that moment, wrong victims aggregated by cause (a
-second table, and `audit` in the JSON). Nothing here is tuned to the trace files: they only drive
+second table, and `audit` in the JSON). `--admission cache-aware` runs qlru and the hinted policies
+with cache-aware admission as `hintkv bench swarm` does (lru stays fcfs, the baseline), adds an
+`lru_ca` column (what admission alone gives every policy) and `pinned_own`/`captured_own` (the
+pinned oracle over the policy's own accesses: admission changes the schedule the oracle replays). Nothing here is tuned to the trace files: they only drive
 the replay.
 """
 
@@ -33,6 +36,7 @@ from typing import Any
 from hintkv.bench.common import add_common_args, emit_json, log, print_table
 from hintkv.bench.swarm import default_traces, trace_folder
 from hintkv.bench.swarm_study import captured, size_workload
+from hintkv.engine.admission import admission_names
 from hintkv.replay import OfflineConfig, belady, belady_pinned, replay_offline
 from hintkv.replay.audit import audit_evictions
 from hintkv.replay.offline import HOST_MODES, OFFLOAD_MODES
@@ -45,8 +49,8 @@ MIN_GAIN = 0.02  # cells where the oracle gains less than this over lru do not j
 HEADLINE_FRACTION = 0.35  # the peak-host goal's device capacity in issue 8 (host 4x device)
 EQUAL_HIT = 0.005  # "an equal hit rate" for the peak-host goal, as `hintkv bench swarm` judges it
 BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
-COLUMNS = ["kind", "seed", "users", "fraction", "tier", "lru", "qlru", "policy", "hit_rate", "oracle",
-           "captured", "pinned", "captured_pinned", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
+COLUMNS = ["kind", "seed", "users", "fraction", "tier", "lru", "lru_ca", "qlru", "policy", "hit_rate", "oracle",
+           "captured", "pinned", "captured_pinned", "pinned_own", "captured_own", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
 AUDIT_COLUMNS = ["kind", "seed", "users", "fraction", "policy", "hit_rate", "evicted", "wrong", "wrong_hit_rate",
                  "cause", "cause_wrong", "cause_share"]
 
@@ -69,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what an offload hint does with the host tier (`OfflineConfig.offload_mode`)")
     p.add_argument("--host-mode", default="inclusive", choices=HOST_MODES,
                    help="whether a block loaded from the host stays there (`OfflineConfig.host_mode`)")
+    p.add_argument("--admission", default="fcfs", choices=admission_names(),
+                   help="admission of qlru and the hinted policies (lru stays fcfs; non-fcfs adds an lru/ca column)")
     p.add_argument("--audit", action="store_true", help="also audit the judged policy's evictions (device only)")
     return p
 
@@ -78,18 +84,27 @@ def _csv(text: str, cast=str) -> list:
 
 
 def study_cell(wl, base: OfflineConfig, device: int, host: int, memo: dict,
-               policies: list[str]) -> dict[str, dict[str, Any]]:
+               policies: list[str], admission: str = "fcfs") -> dict[str, dict[str, Any]]:
     """Every configuration at one capacity: name -> {hit_rate, peak_host}."""
     out: dict[str, dict[str, Any]] = {}
-    runs = [("lru", False), ("qlru", False), *((p, True) for p in policies)]
+    # lru is the baseline (vLLM: fcfs); qlru and the hinted policies run under `admission`, and
+    # with cache-aware admission an `lru/ca` run separates what admission gives every policy
+    runs = [("lru", False, "fcfs"), ("qlru", False, admission), *((p, True, admission) for p in policies)]
+    if admission != "fcfs":
+        runs.append(("lru/ca", False, admission))
     for with_host in (False, True):
-        for policy, hints in runs:
-            cfg = replace(base, policy=policy, hints=hints, device_blocks=device, host_blocks=host if with_host else 0)
+        for name0, hints, sched in runs:
+            policy = name0.split("/")[0]
+            cfg = replace(base, policy=policy, hints=hints, device_blocks=device, host_blocks=host if with_host else 0,
+                          scheduling=sched)
             r = replay_offline(wl, cfg, memo)
-            name = policy + ("+host" if with_host else "")
-            out[name] = {"hit_rate": r.hit_rate, "peak_host": r.peak_host_blocks, "host_written": r.host_written}
-            if policy == "lru":
-                cap = device + host if with_host else device
+            name = name0 + ("+host" if with_host else "")
+            cap = device + host if with_host else device
+            out[name] = {"hit_rate": r.hit_rate, "peak_host": r.peak_host_blocks, "host_written": r.host_written,
+                         # the pinned oracle over this run's own accesses (its schedule, not lru's)
+                         "pinned_own": belady_pinned(r.accesses, cap, base.block_size).hit_rate
+                         if hints else None}
+            if name0 == "lru":
                 out["oracle" + ("+host" if with_host else "")] = {
                     "hit_rate": belady(r.accesses, cap, base.block_size).hit_rate}
                 out["pinned" + ("+host" if with_host else "")] = {
@@ -127,9 +142,10 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
                 sizing = size_workload(wl, base, memo)
                 for frac in _csv(args.fractions, float):
                     dev = sizing.device_blocks(frac)
-                    cell = study_cell(wl, base, dev, round(dev * args.host_ratio), memo, policies)
+                    cell = study_cell(wl, base, dev, round(dev * args.host_ratio), memo, policies, args.admission)
                     if audits is not None:
-                        a = audit_evictions(wl, replace(base, policy=policies[0], hints=True, device_blocks=dev), memo)
+                        a = audit_evictions(wl, replace(base, policy=policies[0], hints=True, device_blocks=dev,
+                                                        scheduling=args.admission), memo)
                         audits.append(({"kind": kind, "seed": seed, "users": users, "fraction": frac,
                                         "policy": policies[0], **a.summary()},
                                        audit_rows(kind, seed, users, frac, policies[0], a)))
@@ -140,6 +156,9 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
                                          "lru": lo, "qlru": cell["qlru" + sfx]["hit_rate"], "policy": pol,
                                          "hit_rate": got, "oracle": hi, "captured": captured(got, lo, hi),
                                          "pinned": pin, "captured_pinned": captured(got, lo, pin),
+                                         "lru_ca": cell["lru/ca" + sfx]["hit_rate"] if "lru/ca" in cell else None,
+                                         "pinned_own": cell[pol + sfx]["pinned_own"],
+                                         "captured_own": captured(got, lo, cell[pol + sfx]["pinned_own"]),
                                          "peak_host": cell[pol + sfx]["peak_host"] if sfx else None,
                                          "lru_peak_host": cell["lru+host"]["peak_host"] if sfx else None,
                                          "host_bound": cell["lru+host"]["host_bound"] if sfx else None,
@@ -157,12 +176,13 @@ def summarize_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (kind, users, frac, tier, pol), rs in groups.items():
         row = {"kind": kind, "seed": "mean", "users": users, "fraction": frac, "tier": tier, "policy": pol}
-        for k in ("lru", "qlru", "hit_rate", "oracle", "pinned", "peak_host", "lru_peak_host", "host_bound",
+        for k in ("lru", "lru_ca", "qlru", "hit_rate", "oracle", "pinned", "pinned_own", "peak_host", "lru_peak_host", "host_bound",
                   "host_written", "lru_host_written"):
             vals = [r[k] for r in rs if r[k] is not None]
             row[k] = mean(vals) if vals else None
         row["captured"] = captured(row["hit_rate"], row["lru"], row["oracle"])
         row["captured_pinned"] = captured(row["hit_rate"], row["lru"], row["pinned"])
+        row["captured_own"] = captured(row["hit_rate"], row["lru"], row["pinned_own"])
         out.append(row)
     return out
 

@@ -47,3 +47,17 @@ def test_goals_judge_every_cell_by_its_worst():
     assert compute_goals(roomy, "sam")["peak_host_reduction"] == {"target": 0.25, "measured": 0.5, "met": True}
     bounded = [{**roomy[0], "host_bound": 80}]  # any placement needs 80 host blocks: 20% is all that is reachable
     assert compute_goals(bounded, "sam")["peak_host_reduction_reachable_min"] == pytest.approx(0.2)
+
+
+def test_cache_aware_admission_adds_lru_ca_and_own_oracle(capsys):
+    """With --admission cache-aware the hinted policy and qlru run cache-aware, lru stays fcfs, an
+    lru/ca column separates what admission alone gives, and captured_own is computed from the
+    pinned oracle over the policy's own accesses."""
+    assert main(["--kinds", "swe-agent", "--seeds", "1", "--users", "3", "--fractions", "0.35",
+                 "--max-calls", "5", "--token-scale", "0.03125", "--admission", "cache-aware",
+                 "--traces", str(TRACES)]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    for r in rows:
+        assert r["lru_ca"] is not None and 0 <= r["lru_ca"] <= 1
+        assert r["hit_rate"] <= r["pinned_own"] + 0.05  # the own-schedule oracle is a (heuristic) bound
+        assert r["captured_own"] == captured(r["hit_rate"], r["lru"], r["pinned_own"])
