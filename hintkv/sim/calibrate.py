@@ -189,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         from hintkv.models.presets import PRESETS
         from hintkv.sim.calibrate_server import calibrate_server
 
-        if args.model not in PRESETS:
-            print(f"hintkv sim calibrate: --server needs a preset --model (one of {sorted(PRESETS)})",
+        preset = args.model.removeprefix("dummy:")  # the server's name for it: dummy:<preset>
+        if preset not in PRESETS:
+            print(f"hintkv sim calibrate: --server needs a preset --model (dummy:<one of {sorted(PRESETS)}>)",
                   file=sys.stderr)
             return 2
         import torch
 
-        kv = kv_bytes_per_block(PRESETS[args.model], 1, torch.float32)
+        kv = kv_bytes_per_block(PRESETS[preset], 1, torch.float32)
         prof = calibrate_server(args.server, args.model, kv, QUICK if args.quick else FULL, args.seed, progress=say)
     else:
         prof = calibrate(args.model, args.quick, args.seed, progress=say)

@@ -52,7 +52,7 @@ def test_sim_agrees_with_live_server(tmp_path):
                         stagger_s=2.0)
     spec = hintkv_server("dummy:tiny", extra_args=["--kv-cache-tokens", str(KV_TOKENS), "--dtype", "float32",
                                                    "--device", "cpu"])
-    kv = kv_bytes_per_block(PRESETS["dummy:tiny"], 1, torch.float32)
+    kv = kv_bytes_per_block(PRESETS["tiny"], 1, torch.float32)
     with ServerProcess(spec) as server:
         profile = calibrate_server(server.base_url, "dummy:tiny", kv, GRID)
         live = asyncio.run(replay_live(wl, server.base_url, "dummy:tiny", HintPlan(hints=True),
