@@ -225,7 +225,7 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int) -
                   "--eviction-policy", policy, "--scheduling-policy", LIVE_ADMISSION[name],
                   *([] if hints else ["--ignore-hints"]),
                   *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
-        out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name}", extra_args=server)).launch(), hints)
+        out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name.replace('/', '-')}", extra_args=server)).launch(), hints)
     return out
 
 
