@@ -126,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{sizing.prompt_tokens} prompt tokens; working set {sizing.working_set_blocks} blocks; "
         f"device {device} blocks, host {host}; ideal hit rate {sizing.ideal_hit_rate:.3f}")
     bpb = block_bytes(args.model, args.block_size)
-    servers = {} if args.skip_live else launch_servers(args, device, host, bpb)  # start up while offline runs
+    servers: dict[str, tuple[ServerProcess, bool]] = {}
     live: dict[str, dict[str, Any]] = {}
     live_results: dict[str, LiveResult] = {}
     try:
+        if not args.skip_live:
+            launch_servers(args, device, host, bpb, servers)  # they start up while the offline part runs
         offline = run_configs(wl, base, device, host, memo)
         sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio),
                                 memo, names=SWEEP_RUNS) for f in SWEEP}
@@ -214,9 +216,9 @@ def block_bytes(model: str, block_size: int) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4 * block_size
 
 
-def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int) -> dict[str, tuple[ServerProcess, bool]]:
+def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int,
+                   out: dict[str, tuple[ServerProcess, bool]]) -> None:
     """One `hintkv serve` per chosen live run, launched (not waited for) so they start up together."""
-    out = {}
     chosen = set(args.runs.split(","))
     for name, policy, hints, with_host in LIVE:
         if name not in chosen:
@@ -226,7 +228,6 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int) -
                   *([] if hints else ["--ignore-hints"]),
                   *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
         out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name.replace('/', '-')}", extra_args=server)).launch(), hints)
-    return out
 
 
 def run_live(name: str, wl, args: argparse.Namespace, hints: bool, srv: ServerProcess | None,
