@@ -10,7 +10,13 @@ from tiny_hf_checkpoints import write_hf_checkpoint
 from hintkv.models.config import ModelConfig
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.loader import load_model
-from hintkv.models.presets import PRESETS, init_random_, preset_config, preset_hf_config
+from hintkv.models.presets import (
+    PRESETS,
+    fill_tiled_normal_,
+    init_random_,
+    preset_config,
+    preset_hf_config,
+)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -40,6 +46,17 @@ def test_init_random_is_seeded():
     assert 0.015 < float(w.std()) < 0.025
     assert float(models[0].norm.weight.min()) == 1.0
     assert float(models[0].layers[0].self_attn.qkv_proj.bias.abs().max()) == 0.0
+
+
+def test_tiled_fill_is_seeded_normal_and_rows_differ():
+    """The fast fill of 8B-sized matrices: same seed same values, N(0, std), no repeated rows."""
+    shape, small_base = (512, 1024), 1 << 12  # a base far smaller than the matrix, as in an 8B preset
+    a, b, c = torch.empty(shape), torch.empty(shape), torch.empty(shape, dtype=torch.bfloat16)
+    for t, seed in ((a, 0), (b, 0), (c, 1)):
+        fill_tiled_normal_(t, torch.Generator().manual_seed(seed), 0.02, small_base)
+    assert torch.equal(a, b) and not torch.equal(a.bfloat16(), c)
+    assert abs(float(a.mean())) < 2e-3 and 0.018 < float(a.std()) < 0.022
+    assert len({tuple(r.tolist()) for r in a[:, :16]}) == shape[0]
 
 
 def test_dummy_tiny_runs_in_both_dtypes():
