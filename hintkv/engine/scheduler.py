@@ -8,10 +8,11 @@ One engine step is `schedule()` -> the model runner -> `update_from_output()`:
   freed and recomputed later); then waiting sequences in the policy's order while budget,
   sequence slots and blocks allow. A policy may have a running prefill yield to a better waiting
   candidate or take only part of its chunk (`short-first`); what the admissions leave goes back
-  to those prefills. Each transition adds to the request's TTFT parts (`engine.ttft`).
-- `update_from_output()` takes what the runner sampled: advances each sequence over the KV it
-  computed, commits newly full blocks to the prefix index, appends the tokens, checks stop
-  conditions, and finishes sequences (their session now holds their blocks).
+  to those prefills. Each transition adds to the request's TTFT parts (`engine.ttft`). The two
+  passes are `engine.batching`.
+- `update_from_output()` (`engine.step_update`) takes what the runner sampled: advances each
+  sequence over the KV it computed, commits newly full blocks to the prefix index, appends the
+  tokens, checks stop conditions, and finishes sequences (their session now holds their blocks).
 
 Nothing here reads a tensor or the wall clock directly: time comes from `clock` (default
 `time.monotonic`), so a simulator can drive the real scheduler with made-up runner output
@@ -41,18 +42,13 @@ from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 from hintkv.config import EngineConfig
-from hintkv.engine import ttft
-from hintkv.engine.admission import (
-    AdmissionPolicy,
-    StepPlan,
-    blocks_to_end,
-    make_admission,
-)
+from hintkv.engine import batching, step_update, ttft
+from hintkv.engine.admission import AdmissionPolicy, make_admission
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from hintkv.engine.request_metrics import request_metrics
 from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.spec.proposer import Proposer
-from hintkv.engine.types import FinishReason, RequestMetrics, RequestOutput
+from hintkv.engine.types import FinishReason, RequestOutput
 
 __all__ = ["ModelRunnerOutput", "ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
@@ -128,7 +124,7 @@ class Scheduler:
         hashes = self.kv.update_hashes(seq, seq.num_tokens - 1)
         self.sam.on_done(self.sam.on_arrival(ref), list(hashes))
 
-    def _release_queued(self, seq: Sequence) -> None:
+    def release_queued(self, seq: Sequence) -> None:
         if self.queue_sessions:
             self.sam.sessions.end(session_key(QUEUE_TENANT, seq.request_id))
 
@@ -137,13 +133,13 @@ class Scheduler:
         seq = self.requests.get(request_id)
         if seq is None:
             return False
-        self._finish(seq, "abort")
+        self.finish(seq, "abort")
         return True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.loading)
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> RequestOutput:
+    def finish(self, seq: Sequence, reason: FinishReason) -> RequestOutput:
         """A sequence leaves: its session now holds its computed blocks; its block refs go."""
         seq.finish_reason = reason
         if seq.session_key is not None and self.sam is not None:
@@ -155,16 +151,16 @@ class Scheduler:
             self.loading.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-            self._release_queued(seq)
+            self.release_queued(seq)
         self.kv.free(seq)
         if self.proposer is not None:
             self.proposer.on_finish(seq)
         seq.status = SeqStatus.FINISHED
         self.requests.pop(seq.request_id, None)
         self.admission.forget(seq.request_id)
-        return _output(seq, finished=True, metrics=request_metrics(seq, self.clock()))
+        return step_update.request_output(seq, finished=True, metrics=request_metrics(seq, self.clock()))
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence) -> None:
         ttft.preempted(seq, self.clock())
         self.kv.free(seq)
         seq.num_computed_tokens = 0
@@ -175,7 +171,7 @@ class Scheduler:
         if self.queue_sessions:
             self._hold_queued(seq)
 
-    def _others_hold_blocks(self) -> bool:
+    def others_hold_blocks(self) -> bool:
         """Blocks will come free without finishing anyone: loads or prefetches in flight."""
         return bool(self.loading) or self.kv.num_prefetching_blocks > 0
 
@@ -196,10 +192,10 @@ class Scheduler:
             self.running.append(seq)
         self.admission.order_running(self.running, budget)
         capped: list[ScheduledSeq] = []  # running prefills that left part of their chunk to others
-        budget, i = self._schedule_running(out, budget, 0, capped)
+        budget, i = batching.schedule_running(self, out, budget, 0, capped)
         if not out.preempted:
             yielded = len(self.running) - i  # prefills behind a better waiting candidate (or no budget)
-            budget = self._admit_waiting(out, budget, at=i)
+            budget = batching.admit_waiting(self, out, budget, at=i)
             for s in capped:  # what the admissions left goes back to the capped prefills
                 extra = min(s.seq.num_tokens - s.seq.num_computed_tokens - s.num_new_tokens, budget)
                 if extra > 0 and self.kv.can_append(s.seq, s.num_new_tokens + extra):
@@ -207,180 +203,15 @@ class Scheduler:
                     self.kv.append(s.seq, s.num_new_tokens)
                     budget -= extra
             if yielded and budget > 0:  # and then to the prefills that yielded
-                self._schedule_running(out, budget, len(self.running) - yielded, None)
+                batching.schedule_running(self, out, budget, len(self.running) - yielded, None)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, i: int,
-                          capped: list[ScheduledSeq] | None) -> tuple[int, int]:
-        """Running sequences from index `i`, in order, while the budget lasts, preempting from the
-        end of the list for room; returns (budget left, index of the first one not scheduled).
-        `capped` (the first pass; None after the admissions): the policy may have a prefill yield
-        to waiting candidates or take part of its chunk (noted there)."""
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if capped is not None and self.waiting and self.admission.yields(seq, self.waiting, self.kv, budget):
-                break  # this prefill and the ones after it go after the admissions
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            full = n
-            if capped is not None:
-                n = self.admission.cap(seq, n, budget, bool(self.waiting))
-            drafts = self._drafts(seq, n, budget)
-            if drafts and self.kv.can_append(seq, n + len(drafts)):
-                n += len(drafts)
-            else:
-                drafts = []
-            while not self.kv.can_append(seq, n):
-                victim = self.running.pop()
-                if victim is seq:
-                    if not self.running and not out.scheduled and not self._others_hold_blocks():
-                        out.out_of_room.append(seq)  # needs more than the whole pool
-                        seq.status = SeqStatus.WAITING  # in no queue: update_from_output finishes it
-                    else:
-                        self._preempt(seq)
-                        out.preempted.append(seq)
-                    break
-                self._preempt(victim)
-                out.preempted.append(victim)
-            else:
-                self.kv.append(seq, n)
-                seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
-                out.scheduled.append(ScheduledSeq(seq, n, drafts))
-                if n < full and not drafts:
-                    capped.append(out.scheduled[-1])
-                budget -= n
-                i += 1
-        return budget, i
-
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, at: int) -> int:
-        """Start waiting sequences in the admission policy's order while budget, sequence slots
-        and blocks allow (`hintkv.engine.admission`), into the running list from index `at`;
-        returns the budget left."""
-        if not self.waiting:
-            return budget
-        policy = self.admission
-        plan = StepPlan()
-        if policy.reserves:
-            bs, mml = self.kv.block_size, self.max_model_len
-            plan.reserved = sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table))
-                                for s in [*self.running, *self.loading])
-        for seq in policy.order(self.waiting, self.kv):
-            if budget <= 0 or len(self.running) + len(self.loading) >= self.max_num_seqs:
-                return budget
-            alone = not self.running and not out.scheduled and not self._others_hold_blocks()
-            match = self.kv.match_prefix(seq)
-            fits = alone or policy.room(seq, match, self.kv, plan)
-            if match.lower and fits:  # load first (no budget now); computes once the blocks land
-                if not self.kv.can_admit(seq, match, 0):
-                    match.lower, match.lower_tiers = [], []  # no room to load into: compute it
-                else:
-                    self.kv.admit(seq, match, 0)
-                    self._admitted(seq, SeqStatus.LOADING, plan, out.started)
-                    self.loading.append(seq)
-                    continue
-            n = min(seq.num_tokens - match.num_tokens, budget)
-            if not fits or not self.kv.can_admit(seq, match, n):
-                if alone and not self.kv.can_admit(seq, match, 1):
-                    self.waiting.remove(seq)
-                    self._release_queued(seq)
-                    out.out_of_room.append(seq)
-                    return budget
-                if policy.skipped(seq, match, plan):
-                    continue
-                return budget
-            self.kv.admit(seq, match, n)
-            self._admitted(seq, SeqStatus.RUNNING, plan, out.started)
-            seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
-            self.running.insert(at, seq)
-            at += 1
-            out.scheduled.append(ScheduledSeq(seq, n))
-            budget -= n
-        return budget
-
-    def _admitted(self, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:
-        ttft.admitted(seq, now)
-        self.waiting.remove(seq)
-        self._release_queued(seq)
-        seq.status = status
-        self.admission.admitted(seq, plan)
-        if self.admission.reserves:
-            plan.reserved += max(0, blocks_to_end(seq, self.kv.block_size, self.max_model_len)
-                                 - len(seq.block_table))
-
-    def _drafts(self, seq: Sequence, n: int, budget: int) -> list[int]:
-        """Drafts for a sequence whose next token this step samples; never more than its output
-        room, the model's length or the step's budget allow (each costs a KV slot)."""
-        if self.proposer is None or n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
-            return []
-        room = min(self.proposer.num_speculative_tokens, budget - 1,
-                   seq.sampling.max_tokens - seq.num_output_tokens - 1)
-        if self.max_model_len is not None:
-            room = min(room, self.max_model_len - seq.num_tokens - 1)
-        return self.proposer.propose(seq, room) if room > 0 else []
-
-    # ---- update ----------------------------------------------------------------------------
+    # ---- update (hintkv.engine.step_update) ------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,
                            runner: ModelRunnerOutput) -> list[RequestOutput]:
-        """Apply one step's results; returns what each touched request produced.
-
-        For each scheduled sequence: KV is computed for its real new tokens and for the drafts
-        the runner accepted; the sampled tokens are appended until a stop condition holds.
-        """
-        if len(runner.sampled_token_ids) != len(sched.scheduled):
-            raise ValueError(f"runner output has {len(runner.sampled_token_ids)} entries for "
-                             f"{len(sched.scheduled)} scheduled sequences")
-        outputs = [self._finish(seq, "length") for seq in sched.out_of_room
-                   if seq.status is not SeqStatus.FINISHED]  # (unless aborted meanwhile)
-        ttft.stepped(sched, self.clock())
-        tiers = self.kv.tiers
-        if tiers is not None and runner.forward_s is not None and sched.scheduled:
-            tiers.costs.observe_prefill(sched.num_batched_tokens, runner.forward_s)
-        for s, tokens in zip(sched.scheduled, runner.sampled_token_ids):
-            seq = s.seq
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # aborted while the forward ran
-            c = seq.num_computed_tokens
-            real = s.num_new_tokens - s.num_spec_tokens
-            self.num_prompt_tokens_computed += max(0, min(seq.num_prompt_tokens, c + real) - c)
-            seq.num_computed_tokens = c + real
-            reason = None
-            kept = 0
-            for tok in tokens:
-                seq.token_ids.append(tok)
-                kept += 1
-                reason = self._stop_reason(seq, tok)
-                if reason is not None:
-                    break
-            seq.num_computed_tokens += min(kept, max(0, len(tokens) - 1))  # accepted drafts have KV
-            if s.num_spec_tokens:  # rejected drafts: their KV is never committed; blocks go back
-                accepted = max(0, len(tokens) - 1)
-                self.num_draft_tokens += s.num_spec_tokens
-                self.num_accepted_tokens += accepted
-                seq.num_draft_tokens += s.num_spec_tokens
-                seq.num_accepted_tokens += accepted
-                self.kv.truncate(seq, seq.num_tokens)
-            if tokens:
-                now = self.clock()
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                seq.last_token_time = now
-            self.kv.commit(seq)
-            if reason is not None:
-                outputs.append(self._finish(seq, reason))
-            elif tokens:
-                outputs.append(_output(seq))
-        return outputs
-
-    def _stop_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
-        p = seq.sampling
-        if not p.ignore_eos and tok in self.eos_token_ids:
-            return "stop"
-        if tok in p.stop_token_ids:
-            return "stop"
-        if seq.num_output_tokens >= p.max_tokens:
-            return "length"
-        if self.max_model_len is not None and seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        """Apply one step's results; returns what each touched request produced
+        (`hintkv.engine.step_update`)."""
+        return step_update.update_from_output(self, sched, runner)
 
     # ---- tiers: waiting for loads while idle -----------------------------------------------
     def pending_loads(self) -> list[Future[bool]]:
@@ -414,11 +245,4 @@ class Scheduler:
         queued = {*map(id, self.waiting), *map(id, self.running), *map(id, self.loading)}
         assert queued == set(map(id, self.requests.values())), "a request in no queue, or twice"
         assert all(s.status is not SeqStatus.FINISHED for s in self.requests.values())
-
-
-def _output(seq: Sequence, finished: bool = False, metrics: RequestMetrics | None = None) -> RequestOutput:
-    new = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens:]
-    seq.num_sent_tokens += len(new)
-    return RequestOutput(seq.request_id, new, finished, seq.finish_reason, seq.num_prompt_tokens,
-                         seq.num_cached_tokens, seq.num_output_tokens, metrics=metrics)
 

@@ -1,0 +1,136 @@
+"""The first half of a step: which sequences run, with how many tokens (`Scheduler.schedule`).
+
+Two passes over the scheduler's queues, both called from `Scheduler.schedule`:
+
+- `schedule_running`: running sequences in order while the budget lasts, each given blocks for
+  its new tokens (`KVCacheManager.can_append`/`append`), preempting from the end of the running
+  list when blocks run out; a prefill may yield to a better waiting candidate or take part of
+  its chunk (the admission policy's `yields`/`cap`).
+- `admit_waiting`: waiting sequences in the admission policy's order while budget, sequence
+  slots and blocks allow; a prefix that continues in a lower tier is loaded first (LOADING).
+
+Each transition adds to the request's TTFT parts (`engine.ttft`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hintkv.engine import ttft
+from hintkv.engine.admission import StepPlan, blocks_to_end
+from hintkv.engine.outputs import ScheduledSeq, SchedulerOutput
+from hintkv.engine.sequence import SeqStatus, Sequence
+
+if TYPE_CHECKING:
+    from hintkv.engine.scheduler import Scheduler
+
+
+def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
+                     capped: list[ScheduledSeq] | None) -> tuple[int, int]:
+    """Running sequences from index `i`, in order, while the budget lasts, preempting from the
+    end of the list for room; returns (budget left, index of the first one not scheduled).
+    `capped` (the first pass; None after the admissions): the policy may have a prefill yield
+    to waiting candidates or take part of its chunk (noted there)."""
+    while i < len(sch.running) and budget > 0:
+        seq = sch.running[i]
+        if capped is not None and sch.waiting and sch.admission.yields(seq, sch.waiting, sch.kv, budget):
+            break  # this prefill and the ones after it go after the admissions
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        full = n
+        if capped is not None:
+            n = sch.admission.cap(seq, n, budget, bool(sch.waiting))
+        drafts = drafts_for(sch, seq, n, budget)
+        if drafts and sch.kv.can_append(seq, n + len(drafts)):
+            n += len(drafts)
+        else:
+            drafts = []
+        while not sch.kv.can_append(seq, n):
+            victim = sch.running.pop()
+            if victim is seq:
+                if not sch.running and not out.scheduled and not sch.others_hold_blocks():
+                    out.out_of_room.append(seq)  # needs more than the whole pool
+                    seq.status = SeqStatus.WAITING  # in no queue: update_from_output finishes it
+                else:
+                    sch.preempt(seq)
+                    out.preempted.append(seq)
+                break
+            sch.preempt(victim)
+            out.preempted.append(victim)
+        else:
+            sch.kv.append(seq, n)
+            seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+            out.scheduled.append(ScheduledSeq(seq, n, drafts))
+            if n < full and not drafts:
+                capped.append(out.scheduled[-1])
+            budget -= n
+            i += 1
+    return budget, i
+
+
+def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) -> int:
+    """Start waiting sequences in the admission policy's order while budget, sequence slots
+    and blocks allow (`hintkv.engine.admission`), into the running list from index `at`;
+    returns the budget left."""
+    if not sch.waiting:
+        return budget
+    policy = sch.admission
+    plan = StepPlan()
+    if policy.reserves:
+        bs, mml = sch.kv.block_size, sch.max_model_len
+        plan.reserved = sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table))
+                            for s in [*sch.running, *sch.loading])
+    for seq in policy.order(sch.waiting, sch.kv):
+        if budget <= 0 or len(sch.running) + len(sch.loading) >= sch.max_num_seqs:
+            return budget
+        alone = not sch.running and not out.scheduled and not sch.others_hold_blocks()
+        match = sch.kv.match_prefix(seq)
+        fits = alone or policy.room(seq, match, sch.kv, plan)
+        if match.lower and fits:  # load first (no budget now); computes once the blocks land
+            if not sch.kv.can_admit(seq, match, 0):
+                match.lower, match.lower_tiers = [], []  # no room to load into: compute it
+            else:
+                sch.kv.admit(seq, match, 0)
+                _admitted(sch, seq, SeqStatus.LOADING, plan, out.started)
+                sch.loading.append(seq)
+                continue
+        n = min(seq.num_tokens - match.num_tokens, budget)
+        if not fits or not sch.kv.can_admit(seq, match, n):
+            if alone and not sch.kv.can_admit(seq, match, 1):
+                sch.waiting.remove(seq)
+                sch.release_queued(seq)
+                out.out_of_room.append(seq)
+                return budget
+            if policy.skipped(seq, match, plan):
+                continue
+            return budget
+        sch.kv.admit(seq, match, n)
+        _admitted(sch, seq, SeqStatus.RUNNING, plan, out.started)
+        seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+        sch.running.insert(at, seq)
+        at += 1
+        out.scheduled.append(ScheduledSeq(seq, n))
+        budget -= n
+    return budget
+
+
+def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:
+    ttft.admitted(seq, now)
+    sch.waiting.remove(seq)
+    sch.release_queued(seq)
+    seq.status = status
+    sch.admission.admitted(seq, plan)
+    if sch.admission.reserves:
+        plan.reserved += max(0, blocks_to_end(seq, sch.kv.block_size, sch.max_model_len)
+                             - len(seq.block_table))
+
+
+def drafts_for(sch: Scheduler, seq: Sequence, n: int, budget: int) -> list[int]:
+    """Drafts for a sequence whose next token this step samples; never more than its output
+    room, the model's length or the step's budget allow (each costs a KV slot)."""
+    if sch.proposer is None or n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
+        return []
+    room = min(sch.proposer.num_speculative_tokens, budget - 1,
+               seq.sampling.max_tokens - seq.num_output_tokens - 1)
+    if sch.max_model_len is not None:
+        room = min(room, sch.max_model_len - seq.num_tokens - 1)
+    return sch.proposer.propose(seq, room) if room > 0 else []

@@ -1,0 +1,94 @@
+"""The second half of a step: what the runner's output does to the scheduler's sequences.
+
+`update_from_output` (called as `Scheduler.update_from_output`) takes what the runner sampled
+for each scheduled sequence: advances it over the KV it computed (real tokens, then the drafts
+the runner accepted; rejected drafts give their blocks back), appends the tokens until a stop
+condition holds, indexes its newly full blocks (`KVCacheManager.commit`) and finishes it
+when it stopped (its session then holds its blocks). No tensors: a simulator or a test hands
+in made-up `ModelRunnerOutput`s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hintkv.engine import ttft
+from hintkv.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.types import FinishReason, RequestMetrics, RequestOutput
+
+if TYPE_CHECKING:
+    from hintkv.engine.scheduler import Scheduler
+
+
+def update_from_output(sch: Scheduler, sched: SchedulerOutput,
+                       runner: ModelRunnerOutput) -> list[RequestOutput]:
+    """Apply one step's results to `sch`; returns what each touched request produced."""
+    if len(runner.sampled_token_ids) != len(sched.scheduled):
+        raise ValueError(f"runner output has {len(runner.sampled_token_ids)} entries for "
+                         f"{len(sched.scheduled)} scheduled sequences")
+    outputs = [sch.finish(seq, "length") for seq in sched.out_of_room
+               if seq.status is not SeqStatus.FINISHED]  # (unless aborted meanwhile)
+    ttft.stepped(sched, sch.clock())
+    kv = sch.kv
+    if kv.tiers is not None and runner.forward_s is not None and sched.scheduled:
+        kv.tiers.costs.observe_prefill(sched.num_batched_tokens, runner.forward_s)
+    for s, tokens in zip(sched.scheduled, runner.sampled_token_ids):
+        seq = s.seq
+        if seq.status is not SeqStatus.RUNNING:
+            continue  # aborted while the forward ran
+        c = seq.num_computed_tokens
+        real = s.num_new_tokens - s.num_spec_tokens
+        sch.num_prompt_tokens_computed += max(0, min(seq.num_prompt_tokens, c + real) - c)
+        seq.num_computed_tokens = c + real
+        reason = None
+        kept = 0
+        for tok in tokens:
+            seq.token_ids.append(tok)
+            kept += 1
+            reason = stop_reason(seq, tok, sch.eos_token_ids, sch.max_model_len)
+            if reason is not None:
+                break
+        seq.num_computed_tokens += min(kept, max(0, len(tokens) - 1))  # accepted drafts have KV
+        if s.num_spec_tokens:  # rejected drafts: their KV is never committed; blocks go back
+            accepted = max(0, len(tokens) - 1)
+            sch.num_draft_tokens += s.num_spec_tokens
+            sch.num_accepted_tokens += accepted
+            seq.num_draft_tokens += s.num_spec_tokens
+            seq.num_accepted_tokens += accepted
+            kv.truncate(seq, seq.num_tokens)
+        if tokens:
+            now = sch.clock()
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.last_token_time = now
+        kv.commit(seq)
+        if reason is not None:
+            outputs.append(sch.finish(seq, reason))
+        elif tokens:
+            outputs.append(request_output(seq))
+    return outputs
+
+
+def stop_reason(seq: Sequence, tok: int, eos_token_ids: frozenset[int],
+                max_model_len: int | None) -> FinishReason | None:
+    """Why `seq` stops after appending `tok`, or None: it goes on."""
+    p = seq.sampling
+    if not p.ignore_eos and tok in eos_token_ids:
+        return "stop"
+    if tok in p.stop_token_ids:
+        return "stop"
+    if seq.num_output_tokens >= p.max_tokens:
+        return "length"
+    if max_model_len is not None and seq.num_tokens >= max_model_len:
+        return "length"
+    return None
+
+
+def request_output(seq: Sequence, finished: bool = False,
+                   metrics: RequestMetrics | None = None) -> RequestOutput:
+    """The tokens of `seq` not sent yet, as one `RequestOutput` (marks them sent)."""
+    new = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens:]
+    seq.num_sent_tokens += len(new)
+    return RequestOutput(seq.request_id, new, finished, seq.finish_reason, seq.num_prompt_tokens,
+                         seq.num_cached_tokens, seq.num_output_tokens, metrics=metrics)
