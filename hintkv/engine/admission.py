@@ -88,12 +88,14 @@ class AdmissionPolicy:
         reverse of preemption's): default FCFS, as admitted."""
 
     def yields(self, seq: Sequence, waiting: Iterable[Sequence], kv: KVCacheManager, budget: int) -> bool:
-        """True: running prefill `seq` waits until the waiting candidates had their turn."""
+        """True: running prefill `seq` waits until the waiting candidates had their turn. Never
+        True for a decode (one token to go): the scheduler batches decodes without asking."""
         return False
 
     def cap(self, seq: Sequence, n: int, budget: int, others_wait: bool) -> int:
         """The tokens running `seq` takes now out of `n` (the rest of the budget, `budget`, may
-        come back to it once the waiting candidates had theirs)."""
+        come back to it once the waiting candidates had theirs). A decode (`n == 1`) keeps its
+        token: the scheduler batches decodes without asking."""
         return n
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:

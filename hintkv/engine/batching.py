@@ -3,7 +3,8 @@
 Two passes over the scheduler's queues, both called from `Scheduler.schedule`:
 
 - `schedule_running`: running sequences in order while the budget lasts, each given blocks for
-  its new tokens (`KVCacheManager.can_append`/`append`), preempting from the end of the running
+  its new tokens (`KVCacheManager.can_append`/`append`; a run of decodes in one `append_many`
+  pass), preempting from the end of the running
   list when blocks run out; a prefill may yield to a better waiting candidate or take part of
   its chunk (the admission policy's `yields`/`cap`).
 - `admit_waiting`: waiting sequences in the admission policy's order while budget, sequence
@@ -32,6 +33,12 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
     `capped` (the first pass; None after the admissions): the policy may have a prefill yield
     to waiting candidates or take part of its chunk (noted there)."""
     while i < len(sch.running) and budget > 0:
+        if sch.proposer is None:
+            served = _decodes(sch, out, i, budget)
+            if served:
+                budget -= served
+                i += served
+                continue  # (a decode that did not fit comes next: the path below preempts)
         seq = sch.running[i]
         if capped is not None and sch.waiting and sch.admission.yields(seq, sch.waiting, sch.kv, budget):
             break  # this prefill and the ones after it go after the admissions
@@ -65,6 +72,26 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
             budget -= n
             i += 1
     return budget, i
+
+
+def _decodes(sch: Scheduler, out: SchedulerOutput, i: int, budget: int) -> int:
+    """The run of decodes (one token to go, no drafts) from running index `i`, at most `budget`
+    of them, given their blocks in one `KVCacheManager.append_many` pass; returns how many were
+    scheduled (the run stops before the first that does not fit). A decode never yields and is
+    never capped (`AdmissionPolicy.yields`/`cap`), so this is the per-sequence path's outcome."""
+    running = sch.running
+    j, end = i, min(len(running), i + budget)
+    while j < end and running[j].num_tokens - running[j].num_computed_tokens == 1:
+        j += 1
+    if j == i:
+        return 0
+    run = running[i:j]
+    served = sch.kv.append_many(run, 1)
+    scheduled = out.scheduled
+    for seq in run[:served]:
+        seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+        scheduled.append(ScheduledSeq(seq, 1))
+    return served
 
 
 def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) -> int:
