@@ -5,8 +5,13 @@ A real SessionRegistry and the registered policy; times are explicit, nothing is
 
 from __future__ import annotations
 
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hintkv.cache.policies import make_policy
-from hintkv.cache.policies.sam import FIRST_BAND, GONE, PROTECTED
+from hintkv.cache.policies.sam import BANDS, FIRST_BAND, GONE, PROTECTED, band_class
 from hintkv.cache.sessions import SessionRegistry
 
 
@@ -76,3 +81,11 @@ def test_prefetch_protects_until_the_announced_call_arrives():
     reg.on_done(s.key, [b"p"], 5.0)
     assert pol.session_class(s, 5.0) < PROTECTED  # ranked by its own prediction again
     assert pol.recheck_after(s, 5.0) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(r=st.one_of(st.floats(-10, 1e4, allow_nan=False), st.just(math.inf)),
+       q=st.floats(1e-3, 100, allow_nan=False))
+def test_band_class_counts_the_bands_a_return_is_within(r: float, q: float) -> None:
+    """The early-exit band count is the plain count over every band (BANDS descend)."""
+    assert band_class(r, q) == FIRST_BAND + sum(1 for t in BANDS if r <= t * q)

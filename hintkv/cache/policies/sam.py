@@ -55,23 +55,44 @@ class SAMPolicy(EvictionPolicy):
     protected_class = DUE_WITHIN_TURNAROUND
     uses_sessions = True
 
+    # a waiting or (sam-dist) suspended session is ranked by its predicted return; a subclass
+    # widens these and predicts the wait in `_waiting_next_use`
+    away_states: tuple[SessionState, ...] = (SessionState.WAITING,)
+    live_child_states: tuple[SessionState, ...] = _LIVE_CHILD
+
     def next_use(self, s: Session, now: float) -> float | None:
         """Predicted seconds until `s`'s blocks are read again (math.inf: after its live
         sub-agents); None: presumed gone."""
         reg = self.sessions
         if reg is None:
             return 0.0 if s.state is SessionState.ACTIVE else None
-        q = reg.predicted_turnaround()
+        return self._next_use(s, now, reg.predicted_turnaround())
+
+    def _next_use(self, s: Session, now: float, q: float) -> float | None:
+        """`next_use` with the registry's turnaround `q` already read (the class needs it too)."""
         if s.state is SessionState.ACTIVE:
             return s.last_arrival + q - now
-        if s.state is not SessionState.WAITING:
+        if s.state not in self.away_states:
             return None
-        if any(c in reg.sessions and reg.sessions[c].state in _LIVE_CHILD for c in s.children):
+        reg = self.sessions
+        if s.children and any(c in reg.sessions and reg.sessions[c].state in self.live_child_states
+                              for c in s.children):
             return math.inf
-        expected, stale = reg.predicted_gap(s)
+        return self._waiting_next_use(s, now, q)
+
+    def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
+        """Predicted return of a session away between calls (no live sub-agents)."""
+        expected, stale = self.sessions.predicted_gap(s)
         if now - s.last_done > stale:
             return None
         return s.last_done + expected + q - now
+
+    def _gone_after(self, s: Session, now: float) -> float | None:
+        """Seconds until an away session is presumed gone (a class change of its own); None:
+        never."""
+        if s.state is SessionState.WAITING:
+            return s.last_done + self.sessions.predicted_gap(s)[1] - now
+        return None
 
     @staticmethod
     def prefetch_pending(s: Session, now: float) -> bool:
@@ -80,13 +101,16 @@ class SAMPolicy(EvictionPolicy):
         return s.prefetched_until > now and s.last_arrival < s.prefetched_until - PREFETCH_GRACE_S
 
     def session_class(self, s: Session, now: float) -> int:
-        if self.prefetch_pending(s, now) or s.protect_until > now:
+        if s.protect_until > now or (s.prefetched_until > now and self.prefetch_pending(s, now)):
             return PROTECTED
-        r = self.next_use(s, now)
+        reg = self.sessions
+        if reg is None:
+            return FIRST_BAND + len(BANDS) if s.state is SessionState.ACTIVE else GONE
+        q = reg.predicted_turnaround()
+        r = self._next_use(s, now, q)
         if r is None:
             return GONE
-        q = self.sessions.predicted_turnaround() if self.sessions is not None else 1.0
-        return FIRST_BAND + sum(1 for t in BANDS if r <= t * q)
+        return band_class(r, q)
 
     def recheck_after(self, s: Session, now: float) -> float | None:
         times = [t - now for t in (s.prefetched_until if self.prefetch_pending(s, now) else 0.0, s.protect_until)
@@ -97,7 +121,19 @@ class SAMPolicy(EvictionPolicy):
             if math.isfinite(r):
                 q = self.sessions.predicted_turnaround()
                 times += [r - t * q for t in BANDS if r > t * q]
-            if s.state is SessionState.WAITING:
-                times.append(s.last_done + self.sessions.predicted_gap(s)[1] - now)
+            gone = self._gone_after(s, now)
+            if gone is not None:
+                times.append(gone)
         times = [t for t in times if t > 0]
         return min(times) if times else None
+
+
+def band_class(r: float, q: float) -> int:
+    """The class of a session predicted back in `r` seconds, turnaround `q`: one band per
+    threshold of BANDS it is within (BANDS descend, so those are a prefix of them)."""
+    n = 0
+    for t in BANDS:
+        if r > t * q:
+            break
+        n += 1
+    return FIRST_BAND + n

@@ -23,11 +23,10 @@ are the session's and the system's own observed gaps and turnaround.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from hintkv.cache.policies.base import register_policy
-from hintkv.cache.policies.sam import BANDS, MAX_RECHECK_S, SAMPolicy
+from hintkv.cache.policies.sam import SAMPolicy
 from hintkv.cache.sessions import SessionState
 
 if TYPE_CHECKING:
@@ -42,32 +41,16 @@ DEFAULT_GAP_S = 5.0  # before any gap was observed anywhere (the first minutes o
 class SAMDistPolicy(SAMPolicy):
     name = "sam-dist"
 
-    def next_use(self, s: Session, now: float) -> float | None:
-        reg = self.sessions
-        if reg is None:
-            return 0.0 if s.state is SessionState.ACTIVE else None
-        q = reg.predicted_turnaround()
-        if s.state is SessionState.ACTIVE:
-            return s.last_arrival + q - now
-        if s.state not in _AWAY:
-            return None
-        if any(c in reg.sessions and reg.sessions[c].state in _LIVE_CHILD for c in s.children):
-            return math.inf
-        est = reg.gap_estimator(s)
+    away_states = _AWAY
+    live_child_states = _LIVE_CHILD
+
+    def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
+        est = self.sessions.gap_estimator(s)
         elapsed = now - s.last_done
         remaining = est.residual(elapsed) if est.known else max(DEFAULT_GAP_S - elapsed, elapsed)
         return remaining + q
 
-    def recheck_after(self, s: Session, now: float) -> float | None:
-        """As `sam` (band crossings, a bounded re-rank period), without the presumed-gone time:
-        the residual moves with the wait, so the period bound re-ranks it."""
-        times = [t - now for t in (s.prefetched_until if self.prefetch_pending(s, now) else 0.0, s.protect_until)
-                 if t > now]
-        r = self.next_use(s, now)
-        if r is not None and self.sessions is not None:
-            times.append(MAX_RECHECK_S)
-            if math.isfinite(r):
-                q = self.sessions.predicted_turnaround()
-                times += [r - t * q for t in BANDS if r > t * q]
-        times = [t for t in times if t > 0]
-        return min(times) if times else None
+    def _gone_after(self, s: Session, now: float) -> float | None:
+        """Never presumed gone: the residual moves with the wait, so the period bound
+        (MAX_RECHECK_S) re-ranks it."""
+        return None
