@@ -118,17 +118,38 @@ class ClassRanking:
 
     # ---- events (from SessionRegistry) -----------------------------------------------------
     def session_changed(self, s: Session, now: float | None = None) -> None:
-        now = self.clock() if now is None else now
-        old = self._session_cls.get(s.key)
-        new = self.policy.session_class(s, now) if self.policy.uses_sessions else UNHELD
-        self._session_cls[s.key] = new
+        if now is None:
+            now = self.clock()
+        key = s.key
+        self._version[key] = self._version.get(key, 0) + 1  # older rechecks are void
+        if not self.grouped:
+            self._session_cls[key] = UNHELD
+            return
+        old = self._session_cls.get(key)
+        new = self._session_cls[key] = self.policy.session_class(s, now)
         if old is not None and new != old:
-            # tail before head: a session's own group first, then the prefixes it shares with
-            # more and more sessions (holder sets nest along a prefix: fewer holders = deeper)
-            for gid in sorted(self._groups_in.get(s.key, ()),
-                              key=lambda g: len(self._groups[g].holders)):
-                self._recount(gid, old, new)
-        self._schedule(s, now)
+            gids = self._groups_in.get(key)
+            if gids:
+                groups = self._groups
+                if len(gids) == 2:  # the usual case: its own context and one shared prefix
+                    a, b = gids
+                    gids = (b, a) if len(groups[b].holders) < len(groups[a].holders) else (a, b)
+                elif len(gids) > 2:
+                    # tail before head: a session's own group first, then the prefixes it shares
+                    # with more and more sessions (holder sets nest along a prefix: fewer holders
+                    # = deeper)
+                    gids = sorted(gids, key=lambda gid: len(groups[gid].holders))
+                for gid in gids:  # one holder moves old -> new: the class moves only past the top
+                    g = groups[gid]
+                    counts = g.counts
+                    counts[old] -= 1
+                    counts[new] += 1
+                    top = g.top
+                    if new > top:
+                        self._class_moved(gid, g, new)
+                    elif old == top and not counts[old]:
+                        self._class_moved(gid, g, next(c for c in range(old - 1, -1, -1) if counts[c]))
+        self._unscheduled[key] = (s, now)  # its recheck is computed at the next tick
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
                      added: Iterable[BlockHash]) -> None:
@@ -171,11 +192,6 @@ class ClassRanking:
         return n
 
     # ---- internals -------------------------------------------------------------------------
-    def _schedule(self, s: Session, now: float) -> None:
-        self._version[s.key] = self._version.get(s.key, 0) + 1  # older rechecks are void
-        if self.policy.uses_sessions:
-            self._unscheduled[s.key] = (s, now)  # its recheck is computed at the next tick
-
     def _push_rechecks(self) -> None:
         """Schedule the recheck of each session changed since the last tick, as of its latest
         event (the due time is the one computed at the event; only the registry's shared
@@ -187,22 +203,13 @@ class ClassRanking:
                                                 self._version[key], key))
         self._unscheduled.clear()
 
-    def _recount(self, gid: int, old: int, new: int) -> None:
-        """One holder of group `gid` moved from class `old` to `new`."""
-        g = self._groups[gid]
-        g.counts[old] -= 1
-        g.counts[new] += 1
-        top = g.top
-        if new > top:
-            top = new
-        elif old == top and not g.counts[old]:
-            top = next(c for c in range(old - 1, -1, -1) if g.counts[c])
-        if top != g.top:
-            g.top = top
-            self._delta_groups[gid] = top
-            self.num_moves += 1
-            for listener in self.listeners:
-                listener.group_moved(gid, top)
+    def _class_moved(self, gid: int, g: _Group, top: int) -> None:
+        """Group `gid`'s class is now `top` (the highest class with a holder)."""
+        g.top = top
+        self._delta_groups[gid] = top
+        self.num_moves += 1
+        for listener in self.listeners:
+            listener.group_moved(gid, top)
 
     def _regroup(self, h: BlockHash, key: str, token: int, cls: int, joining: bool) -> None:
         """Session `key` (class `cls`) starts or stops holding `h`: `h` changes group."""

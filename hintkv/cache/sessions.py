@@ -65,6 +65,7 @@ class SessionRegistry:
         self.tool_gaps: dict[str, GapEstimator] = {}
         self.all_gaps = GapEstimator()
         self.turnaround = GapEstimator()  # arrival -> done of a session's request: queue + run
+        self._turnaround_q = 1.0  # predicted_turnaround(), updated where turnaround observes
         self.protect_budget_blocks = protect_budget_blocks
         self.ranking: ClassRanking | None = None  # told of every state and ownership change
         # sessions whose protection may still run (expired ones pruned by set_ttl): the budget
@@ -123,6 +124,7 @@ class SessionRegistry:
         s.last_done = now
         if s.num_inflight == 0:
             self.turnaround.observe(now - s.last_arrival)
+            self._turnaround_q = max(self.turnaround.expected(), 1e-3)
         if s.state is SessionState.ENDED:
             return []  # evicted while its request ran: hold nothing
         orphans = self._set_held(s, hashes)
@@ -236,7 +238,7 @@ class SessionRegistry:
     def predicted_turnaround(self) -> float:
         """Seconds from a request's arrival to its end, lately (the queue's wait plus the run):
         how long after it asks again a session's blocks are read. 1 s until one was seen."""
-        return max(self.turnaround.expected(), 1e-3) if self.turnaround.known else 1.0
+        return self._turnaround_q  # read per class computation: kept, not derived, on each call
 
     # ---- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -107,6 +107,8 @@ class SAMPolicy(EvictionPolicy):
         if reg is None:
             return FIRST_BAND + len(BANDS) if s.state is SessionState.ACTIVE else GONE
         q = reg.predicted_turnaround()
+        if s.state is SessionState.ACTIVE:  # (`_next_use`'s first case, inline: every arrival)
+            return band_class(s.last_arrival + q - now, q)
         r = self._next_use(s, now, q)
         if r is None:
             return GONE
