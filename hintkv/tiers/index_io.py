@@ -71,26 +71,13 @@ class TierIO:
         """`_finish_get` for one transfer that reads `n` blocks from `units` at once: the latest
         I/O on each of them; counts n hits or n misses."""
         out: Future[bool] = Future()
-        for unit in units:
-            self._last_op[unit] = out
 
-        def done(f: Future[bool]) -> None:
-            try:
-                ok = bool(f.result())
-            except Exception:
-                log.exception("%s: a batched read failed", self.name)
-                ok = False
-            with self._lock:
-                if ok:
-                    self._stats.num_hits += n
-                else:
-                    self._stats.num_misses += n
-                for unit in units:
-                    if self._last_op.get(unit) is out:
-                        del self._last_op[unit]
-            out.set_result(ok)
-
-        raw.add_done_callback(done)
+        def record(ok: bool) -> None:
+            if ok:
+                self._stats.num_hits += n
+            else:
+                self._stats.num_misses += n
+        self._finish_batch(units, raw, out, "a batched read", record)
         return out
 
     def _finish(self, unit: Hashable, raw: Future[bool],
@@ -99,8 +86,9 @@ class TierIO:
         self._track(unit, out)  # before `record` can run: it may queue newer I/O on `unit`
 
         def done(f: Future[bool]) -> None:
+            ok = self._outcome(f, "a transfer")
             try:
-                ok = record(f.result())
+                ok = record(ok)
             except Exception:
                 log.exception("%s: recording a transfer failed", self.name)
                 ok = False
@@ -108,6 +96,32 @@ class TierIO:
 
         raw.add_done_callback(done)
         return out
+
+    def _finish_batch(self, units: list[Hashable], raw: Future[bool], out: Future[bool],
+                      what: str, record: Callable[[bool], None]) -> None:
+        """One transfer for many units: `out` is the latest I/O on each of them until `raw`
+        finishes; then `record(ok)` runs under the tier lock and `out` resolves."""
+        for unit in units:
+            self._last_op[unit] = out
+
+        def done(f: Future[bool]) -> None:
+            ok = self._outcome(f, what)
+            with self._lock:
+                record(ok)
+                for unit in units:
+                    if self._last_op.get(unit) is out:
+                        del self._last_op[unit]
+            out.set_result(ok)
+
+        raw.add_done_callback(done)
+
+    def _outcome(self, f: Future[bool], what: str) -> bool:
+        """A finished transfer's result; False (logged) when it raised."""
+        try:
+            return bool(f.result())
+        except Exception:
+            log.exception("%s: %s failed", self.name, what)
+            return False
 
     def _track(self, unit: Hashable, fut: Future) -> Future:
         """Record `fut` as the latest I/O on `unit` (until it finishes)."""
@@ -146,26 +160,12 @@ class TierIO:
         """`_finish_put` for a batch written in one transfer: `out` (every entry's `write`) is
         the latest I/O on each unit and resolves once n puts (or n failures, the entries
         dropped) are recorded."""
-        for unit in units:
-            self._last_op[unit] = out
-
-        def done(f: Future[bool]) -> None:
-            try:
-                ok = bool(f.result())
-            except Exception:
-                log.exception("%s: a batched write failed", self.name)
-                ok = False
-            with self._lock:
-                if ok:
-                    self._stats.num_puts += len(keys)
-                else:
-                    self._stats.num_put_failed += len(keys)
-                    for key, entry in zip(keys, entries):
-                        if self._entries.get(key) is entry:
-                            self._drop(key, evicted=False)
-                for unit in units:
-                    if self._last_op.get(unit) is out:
-                        del self._last_op[unit]
-            out.set_result(ok)
-
-        raw.add_done_callback(done)
+        def record(ok: bool) -> None:
+            if ok:
+                self._stats.num_puts += len(keys)
+                return
+            self._stats.num_put_failed += len(keys)
+            for key, entry in zip(keys, entries):
+                if self._entries.get(key) is entry:
+                    self._drop(key, evicted=False)
+        self._finish_batch(units, raw, out, "a batched write", record)
