@@ -52,18 +52,22 @@ class ClassedLRU(Generic[K, V]):
         at the back of its class. A node that exists keeps its class (only `move_node` moves
         it to another)."""
         assert key not in self._node_of, "an item is filed twice"
-        have = self._node_cls.get(node)
-        if have is None:
-            self._node_cls[node] = have = cls
-            items: OrderedDict[K, V] = OrderedDict()
-        else:
-            items = self._buckets[have].pop(node)
+        have, items = self._take_node(node, cls)
         items[key] = value
         if front:
             items.move_to_end(key, last=False)
         self._buckets.setdefault(have, {})[node] = items
         self._node_of[key] = node
         self._counts[have] = self._counts.get(have, 0) + 1
+
+    def _take_node(self, node: Hashable, cls: int) -> tuple[int, OrderedDict[K, V]]:
+        """(class, items) of `node`, taken out of its bucket to be filed again at its back; a
+        new node gets class `cls` and no items."""
+        have = self._node_cls.get(node)
+        if have is None:
+            self._node_cls[node] = cls
+            return cls, OrderedDict()
+        return have, self._buckets[have].pop(node)
 
     def remove(self, key: K) -> V:
         node = self._node_of.pop(key)
@@ -92,12 +96,7 @@ class ClassedLRU(Generic[K, V]):
     def add_run(self, pairs: list[tuple[K, V]], node: Hashable, cls: int) -> None:
         """`add` of each (key, value) to the back of one node, in order, in one call: the same
         order as one `add` each (a sequence releasing its blocks, tail first)."""
-        have = self._node_cls.get(node)
-        if have is None:
-            self._node_cls[node] = have = cls
-            items: OrderedDict[K, V] = OrderedDict()
-        else:
-            items = self._buckets[have].pop(node)
+        have, items = self._take_node(node, cls)
         node_of = self._node_of
         for key, value in pairs:
             assert key not in node_of, "an item is filed twice"
