@@ -5,39 +5,20 @@ whole capacity, the pool holds only checked frames, and the same seed gives the 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
 from hintkv.replay import belady
-from hintkv.sim.costs import CostModel
-from hintkv.sim.profile import load_profile
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, POOL_FACTOR, simulate
-from hintkv.sim.workload import DEFAULT_TRACES, build_workload
+from hintkv.sim.workload import build_workload
 
-CLAUDE = Path(DEFAULT_TRACES[0])
-FILES = ["trace_0291", "trace_0277", "trace_0460", "trace_0615", "trace_0638"]  # two with sub-agents
 INSTANCES = 3
-pytestmark = pytest.mark.skipif(not CLAUDE.is_dir(), reason="the shared traces are not on this machine")
-
-
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("traces")
-    for name in FILES:
-        (d / f"{name}.json.gz").write_bytes((CLAUDE / f"{name}.json.gz").read_bytes())
-    return str(d)
 
 
 def _workload(traces: str):
     # 6 users over 3 instances, traces reused under fresh salts: 10 distinct tasks
     return build_workload([traces], users=6, seed=2, token_scale=0.05, max_calls=6, max_tasks=10,
                           stagger_s=5.0)
-
-
-@pytest.fixture(scope="module")
-def costs():
-    return CostModel(load_profile("h200-llama3-8b"))
 
 
 def _room(wl) -> int:

@@ -9,14 +9,24 @@ import torch
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.mover import VirtualMover
-from hintkv.sim.profile import load_profile
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.stack import TierStack
 
 
-def test_host_tier_puts_and_loads_take_profile_time():
-    costs = CostModel(load_profile("h200-llama3-8b"))
+def _drain(clock: EventClock) -> None:
+    """Run every scheduled event (the transfers complete in virtual time)."""
+    while clock.run_next():
+        pass
+
+
+def _link_s(costs: CostModel, src: str, dst: str, nbytes: int) -> float:
+    """One transfer of `nbytes` over the profile's link: its latency + the bytes at its bandwidth."""
+    link = costs.profile.link(src, dst)
+    return link.latency_ms / 1e3 + nbytes / (link.gbps * 1e9)
+
+
+def test_host_tier_puts_and_loads_take_profile_time(costs):
     clock = EventClock()
     real = costs.profile.kv_bytes_per_token * 16  # 2 MiB: one Llama-3-8B block
     mover = VirtualMover(clock, costs, real)
@@ -26,29 +36,24 @@ def test_host_tier_puts_and_loads_take_profile_time():
     src = [torch.full(layout.shape, i, dtype=torch.uint8) for i in range(4)]
     futs = host.put([(bytes([i]) * 16, src[i]) for i in range(4)])
     assert not any(f.done() for f in futs)  # nothing moves until the clock does
-    while clock.run_next():
-        pass
+    _drain(clock)
     assert all(f.result() for f in futs)
-    d2h = costs.profile.link("device", "host")
-    assert clock() == pytest.approx(d2h.latency_ms / 1e3 + 4 * real / (d2h.gbps * 1e9))
+    assert clock() == pytest.approx(_link_s(costs, "device", "host", 4 * real))
     t0 = clock()
     dst = torch.zeros(layout.shape, dtype=torch.uint8)
     got = stack.load(bytes([2]) * 16, dst)
-    while clock.run_next():
-        pass
+    _drain(clock)
     assert got.result() and torch.equal(dst, src[2])
-    h2d = costs.profile.link("host", "device")
-    assert clock() - t0 == pytest.approx(h2d.latency_ms / 1e3 + real / (h2d.gbps * 1e9))
+    assert clock() - t0 == pytest.approx(_link_s(costs, "host", "device", real))
     assert mover.stats().bytes_moved == {"device->host": 4 * real, "host->device": real}
     host.check_integrity()
 
 
-def test_pool_puts_and_gets_take_profile_time_and_return_checked_bytes():
+def test_pool_puts_and_gets_take_profile_time_and_return_checked_bytes(costs):
     """The shared pool's batched calls: one round trip (the link's latency) + the real bytes at its
     bandwidth; a second instance reads what the first stored (content keys), payload intact."""
     from hintkv.sim.pool import SimPool
 
-    costs = CostModel(load_profile("h200-llama3-8b"))
     clock = EventClock()
     real = costs.profile.kv_bytes_per_token * 16
     layout = BlockLayout(1, 16, 1, 1, torch.uint8)
@@ -58,20 +63,16 @@ def test_pool_puts_and_gets_take_profile_time_and_return_checked_bytes():
     src = [torch.full(layout.shape, 7 + i, dtype=torch.uint8) for i in range(3)]
     futs = a.put([(bytes([i]) * 16, src[i]) for i in range(3)])
     assert not any(f.done() for f in futs)
-    while clock.run_next():
-        pass
+    _drain(clock)
     assert all(f.result() for f in futs)
-    up = costs.profile.link("host", "pool")
-    assert clock() == pytest.approx(up.latency_ms / 1e3 + 3 * real / (up.gbps * 1e9))
+    assert clock() == pytest.approx(_link_s(costs, "host", "pool", 3 * real))
     t0 = clock()
     dst = torch.zeros(layout.shape, dtype=torch.uint8)
     assert b.contains(bytes([1]) * 16) and not b.contains(bytes([9]) * 16)
     got = b.get(bytes([1]) * 16, dst)
-    while clock.run_next():
-        pass
-    down = costs.profile.link("pool", "host")
+    _drain(clock)
     assert got.result() and torch.equal(dst, src[1])
-    assert clock() - t0 == pytest.approx(down.latency_ms / 1e3 + real / (down.gbps * 1e9))
+    assert clock() - t0 == pytest.approx(_link_s(costs, "pool", "host", real))
     assert pool.meter.peak_bytes == 3 * real
     assert pool.stats()["remote_hits"] == 1
     a.check_integrity()

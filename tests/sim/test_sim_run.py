@@ -4,30 +4,14 @@ real cache stack stays consistent (every run ends with `check_integrity()` on th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from hintkv.replay import belady
 from hintkv.sim.agents import flatten
-from hintkv.sim.costs import CostModel
-from hintkv.sim.profile import load_profile
 from hintkv.sim.run import ONE_INSTANCE_CONFIGS
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
-from hintkv.sim.workload import DEFAULT_TRACES, build_workload
-
-CLAUDE = Path(DEFAULT_TRACES[0])
-# small real sessions, two of them with sub-agents
-FILES = ["trace_0291", "trace_0277", "trace_0460", "trace_0615", "trace_0638"]
-pytestmark = pytest.mark.skipif(not CLAUDE.is_dir(), reason="the shared traces are not on this machine")
-
-
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("traces")
-    for name in FILES:
-        (d / f"{name}.json.gz").write_bytes((CLAUDE / f"{name}.json.gz").read_bytes())
-    return str(d)
+from hintkv.sim.workload import build_workload
 
 
 def _workload(traces: str):
@@ -38,11 +22,6 @@ def _workload(traces: str):
 @pytest.fixture(scope="module")
 def workload(traces):
     return _workload(traces)
-
-
-@pytest.fixture(scope="module")
-def costs():
-    return CostModel(load_profile("h200-llama3-8b"))
 
 
 def _fingerprint(res):
