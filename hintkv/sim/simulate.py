@@ -10,9 +10,11 @@ them), and whether a host tier sits below the device (`host_factor` x the device
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hintkv.config import EngineConfig
@@ -126,6 +128,32 @@ def _spans(calls: list[CallRecord]) -> list[TaskSpan]:
     return list(spans.values())
 
 
+GC_EVERY_EVENTS = 1_000_000  # the one cyclic collection a run makes per this many clock events
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """The simulation's loop without Python's automatic cyclic collector.
+
+    Measured (10 tasks of the whole trace set, 905 calls, lru and sam+hints+host): the automatic
+    collector took about half the simulation's wall time (39.6 -> 19.5 s and 111 -> 54 s) while the
+    peak RSS stayed the same (990 MB either way: the loop makes almost no cyclic garbage); its
+    collections kept re-scanning the workload's millions of long-lived objects (token lists, block
+    hashes). What exists before the loop is frozen out of the collector; the loop collects once
+    every `GC_EVERY_EVENTS` events, so a leak of cycles stays bounded; the previous state comes back
+    afterwards."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
 def _whole(run):
     """The workload's `Run` (every user after its start delay) as one program."""
     yield run
@@ -160,9 +188,11 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
 
     driver = ProgramDriver(cluster, config.hints, time_scale, on_call=seen, range_evicts=range_evicts)
     t0 = time.perf_counter()
-    driver.start(_whole(workload_programs(workload, HintPlan(hints=config.hints))))
-    while clock.run_next():
-        pass
+    with no_cyclic_gc():
+        driver.start(_whole(workload_programs(workload, HintPlan(hints=config.hints))))
+        while clock.run_next():
+            if clock.num_events % GC_EVERY_EVENTS == 0:
+                gc.collect()
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close()

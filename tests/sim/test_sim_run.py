@@ -3,6 +3,7 @@ real cache stack stays consistent (every run ends with `check_integrity()` on th
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from hintkv.replay import belady
 from hintkv.sim.agents import flatten
 from hintkv.sim.run import ONE_INSTANCE_CONFIGS
-from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
+from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, no_cyclic_gc, simulate
 from hintkv.sim.workload import build_workload
 
 
@@ -86,3 +87,18 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     for g in last["goals"].values():
         assert set(g) == {"target", "measured", "met"}
     assert last["goals"]["sim_wall_s_per_config"]["measured"] > 0
+
+
+def test_the_loop_runs_without_the_cyclic_collector_and_gives_it_back(workload, costs):
+    """The loop turns the automatic collector off (it cost half the wall time) and restores it,
+    even when the run fails; the collector state during the run is what a call sees."""
+    seen: list[bool] = []
+    assert gc.isenabled()
+    simulate(workload, CONFIGS["lru"], costs, device_tokens=_room(workload),
+             on_call=lambda rec: seen.append(gc.isenabled()))
+    assert seen and not any(seen)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError), no_cyclic_gc():
+        assert not gc.isenabled()
+        raise RuntimeError("a failing run")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
