@@ -98,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 def _engine(model: str, ctx: int, new: int, args, **tiers) -> LLMEngine:
     model_arg = None if model == "SmolLM2-135M-Instruct" else model
     pool = -(-(ctx + 3 * new + 64) // 16) * 16
+    # eager: an offload drops the device copies once written down, so the next resume reads
+    # the tier the row names (the default, lazy, keeps them cached: the resume hit the device)
     cfg = EngineConfig(model=model_arg, device=args.device, dtype=args.dtype,
-                       kv_cache_tokens=pool, max_num_batched_tokens=max(2048, new), **tiers)
+                       kv_cache_tokens=pool, max_num_batched_tokens=max(2048, new),
+                       offload_mode="eager", **tiers)
     engine = LLMEngine(cfg)
     engine.sam.predict_resume = False  # the resume must find its KV where the row says
     return engine
