@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_case import PagedCase
 
 from hintkv.bench.accuracy import compare, fixed_token_lists, greedy
-from hintkv.models.attention import AttentionMetadata, paged_attention, write_kv
 from hintkv.models.kv_quant import cache_row, dequantise, is_quantised, quantise
 from hintkv.models.loader import load_model
 
@@ -39,43 +39,12 @@ def test_cache_row_names_the_storage():
 @pytest.mark.parametrize("name,atol", [("int8", 0.03), ("fp8", 0.12)])
 @pytest.mark.parametrize("steps", [[(12, 12), (5, 5)], [(7, 19), (1, 4)], [(1, 30), (1, 3)], [(5, 23), (2, 6), (1, 11)]])
 def test_attention_over_a_quantised_cache_is_close_to_exact(name, atol, steps):
-    gen = torch.Generator().manual_seed(1)
-    hq, hkv, d, bs, nblocks = 6, 2, 16, 4, 40
-    float_cache = torch.zeros(2, nblocks, bs, hkv, d)
-    q_cache = torch.zeros(2, nblocks, bs, hkv, d + 4, dtype=DTYPES[name])
-    perm = torch.randperm(nblocks, generator=gen)
-    tables, slots, qsl, qs, ks, vs, cached_slots, cached_k, cached_v = [], [], [0], [], [], [], [], [], []
-    used = 0
-    for new, ctx in steps:
-        nb = -(-ctx // bs)
-        table = perm[used:used + nb]
-        used += nb
-        tables.append(table)
-        k_all, v_all = torch.randn(ctx, hkv, d, generator=gen), torch.randn(ctx, hkv, d, generator=gen)
-        pos = [int(table[p // bs]) * bs + p % bs for p in range(ctx)]
-        cached_slots += pos[:ctx - new]
-        cached_k.append(k_all[:ctx - new])
-        cached_v.append(v_all[:ctx - new])
-        slots += pos[ctx - new:]
-        qs.append(torch.randn(new, hq, d, generator=gen))
-        ks.append(k_all[ctx - new:])
-        vs.append(v_all[ctx - new:])
-        qsl.append(qsl[-1] + new)
-    # the cached part goes in through the same write path as a step would
-    for cache in (float_cache, q_cache):
-        if cached_slots:
-            pre = AttentionMetadata(torch.tensor(cached_slots), [0, len(cached_slots)], [len(cached_slots)],
-                                    [torch.arange(nblocks)], False)
-            write_kv(torch.cat(cached_k), torch.cat(cached_v), cache, pre.slot_mapping)
-
-    def run(cache):
-        meta = AttentionMetadata(torch.tensor(slots), list(qsl), [c for _, c in steps], tables,
-                                 all(n == 1 for n, _ in steps))
-        meta.check()
-        return paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), cache, meta, d ** -0.5)
-
-    exact, approx = run(float_cache), run(q_cache)
-    torch.testing.assert_close(approx, exact, atol=atol, rtol=0)
+    case = PagedCase.build(steps, seed=1, d=16)
+    float_cache = torch.zeros(2, case.nblocks, 4, 2, 16)
+    q_cache = torch.zeros(2, case.nblocks, 4, 2, 16 + 4, dtype=DTYPES[name])
+    for cache in (float_cache, q_cache):  # the cached part goes in through the same write path as a step's
+        case.fill(cache)
+    torch.testing.assert_close(case.attend(q_cache), case.attend(float_cache), atol=atol, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_case import PagedCase
 
-from hintkv.models.attention import AttentionMetadata, gather_context, paged_attention
+from hintkv.models.attention import AttentionMetadata, gather_context
 
 
 def _dense_reference(q, k, v, scale):
@@ -26,42 +27,17 @@ def _dense_reference(q, k, v, scale):
                                    [(5, 23), (2, 6), (1, 11)], [(5, 5), (3, 9)]])
 def test_matches_dense_reference(dtype, atol, steps):
     """steps: per sequence (new tokens, total context); sequences own scattered, shuffled blocks."""
-    gen = torch.Generator().manual_seed(0)
-    hq, hkv, d, bs, nblocks = 6, 2, 8, 4, 40
-    kv_cache = torch.zeros(2, nblocks, bs, hkv, d, dtype=dtype)
-    perm = torch.randperm(nblocks, generator=gen)
-    tables, full_k, full_v, slots, qsl = [], [], [], [], [0]
-    qs, ks, vs = [], [], []
-    used = 0
-    for new, ctx in steps:
-        nb = -(-ctx // bs)
-        table = perm[used:used + nb]
-        used += nb
-        tables.append(table)
-        k_all = torch.randn(ctx, hkv, d, generator=gen).to(dtype)
-        v_all = torch.randn(ctx, hkv, d, generator=gen).to(dtype)
-        # the cached part is already in the cache; the new part arrives as k/v
-        for p in range(ctx - new):
-            kv_cache[0, table[p // bs], p % bs] = k_all[p]
-            kv_cache[1, table[p // bs], p % bs] = v_all[p]
-        slots.extend(int(table[p // bs]) * bs + p % bs for p in range(ctx - new, ctx))
-        qs.append(torch.randn(new, hq, d, generator=gen).to(dtype))
-        ks.append(k_all[ctx - new:])
-        vs.append(v_all[ctx - new:])
-        full_k.append(k_all)
-        full_v.append(v_all)
-        qsl.append(qsl[-1] + new)
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), query_start_loc=qsl,
-                             context_lens=[c for _, c in steps], block_tables=tables,
-                             is_decode_only=all(n == 1 for n, _ in steps))
-    meta.check()
-    out = paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), kv_cache, meta, scale=d ** -0.5)
-    assert out.shape == (qsl[-1], hq, d) and out.dtype == dtype
+    case = PagedCase.build(steps, seed=0, d=8, dtype=dtype)
+    kv_cache = torch.zeros(2, case.nblocks, 4, 2, 8, dtype=dtype)
+    case.fill(kv_cache)  # the cached part is already in the cache; the new part arrives as k/v
+    out = case.attend(kv_cache)
+    qsl = case.qsl
+    assert out.shape == (qsl[-1], 6, 8) and out.dtype == dtype
     for i, (new, ctx) in enumerate(steps):
-        ref = _dense_reference(qs[i], full_k[i], full_v[i], d ** -0.5)
+        ref = _dense_reference(case.qs[i], case.full_k[i], case.full_v[i], 8 ** -0.5)
         torch.testing.assert_close(out[qsl[i]:qsl[i + 1]].float(), ref, atol=atol, rtol=0)
-        k_back, v_back = gather_context(kv_cache, tables[i], ctx)  # new K/V landed in their slots
-        assert torch.equal(k_back, full_k[i]) and torch.equal(v_back, full_v[i])
+        k_back, v_back = gather_context(kv_cache, case.tables[i], ctx)  # new K/V landed in their slots
+        assert torch.equal(k_back, case.full_k[i]) and torch.equal(v_back, case.full_v[i])
 
 
 def test_check_rejects_inconsistent_metadata():
