@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from hintkv.bench.common import (
     add_common_args,
     emit_json,
@@ -169,10 +171,21 @@ def spec_goal(modes: dict[str, Any]) -> dict[str, Any]:
     return g
 
 
+# The stage's torch threads. One: on a shared 2-core machine with one other busy process, SmolLM2's
+# decode took 493 ms/token with 2 intra-op threads and 153 ms with 1 (the second thread waits at every
+# op's barrier for a core it does not get); the stage compares modes with each other, all on 1 thread.
+STAGE_THREADS = 1
+
+
 def run_bench(quick: bool, traces: str, seed: int, k: int) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
     n_traces, per, max_prompt = (2, 2, 2048) if quick else (6, 4, 4096)
     turns = agent_turns(traces, n_traces, per, max_prompt, seed)
-    figs = measure(turns, k)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(STAGE_THREADS)
+    try:
+        figs = measure(turns, k)
+    finally:
+        torch.set_num_threads(threads)
     rows, modes = summarize(figs, k)
     return rows, modes, len(turns)
 
