@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hintkv.cache.policies import make_policy
-from hintkv.cache.policies.sam import BANDS, FIRST_BAND, GONE, PROTECTED, band_class
+from hintkv.cache.policies.sam import (
+    BANDS,
+    DUE_WITHIN_TURNAROUND,
+    FIRST_BAND,
+    GONE,
+    PROTECTED,
+    band_class,
+)
 from hintkv.cache.sessions import SessionRegistry
 
 
@@ -89,3 +96,15 @@ def test_prefetch_protects_until_the_announced_call_arrives():
 def test_band_class_counts_the_bands_a_return_is_within(r: float, q: float) -> None:
     """The early-exit band count is the plain count over every band (BANDS descend)."""
     assert band_class(r, q) == FIRST_BAND + sum(1 for t in BANDS if r <= t * q)
+
+
+@settings(max_examples=200, deadline=None)
+@given(t=st.floats(1.0, 2e6, allow_nan=False))
+def test_a_session_that_just_arrived_is_due_within_its_turnaround(t: float) -> None:
+    """At its arrival a session's predicted use is its turnaround, exactly: it ranks in the
+    protected-from-prefetch class whatever the clock reads (was: (a + q) - a rounding above q
+    put about half of the arrivals one class lower)."""
+    reg, pol = _setup()
+    _cycle(reg, "warm", 0.0, 0.3)  # a finished call: the registry has a turnaround (not a binary fraction)
+    s = reg.on_arrival("t", "s", "s", t)
+    assert pol.session_class(s, t) == DUE_WITHIN_TURNAROUND

@@ -71,7 +71,7 @@ class SAMPolicy(EvictionPolicy):
     def _next_use(self, s: Session, now: float, q: float) -> float | None:
         """`next_use` with the registry's turnaround `q` already read (the class needs it too)."""
         if s.state is SessionState.ACTIVE:
-            return s.last_arrival + q - now
+            return q - (now - s.last_arrival)  # exactly q at arrival ((a + q) - a rounds past q half the time)
         if s.state not in self.away_states:
             return None
         reg = self.sessions
@@ -85,7 +85,7 @@ class SAMPolicy(EvictionPolicy):
         expected, stale = self.sessions.predicted_gap(s)
         if now - s.last_done > stale:
             return None
-        return s.last_done + expected + q - now
+        return expected + q - (now - s.last_done)
 
     def _gone_after(self, s: Session, now: float) -> float | None:
         """Seconds until an away session is presumed gone (a class change of its own); None:
@@ -108,7 +108,7 @@ class SAMPolicy(EvictionPolicy):
             return FIRST_BAND + len(BANDS) if s.state is SessionState.ACTIVE else GONE
         q = reg.predicted_turnaround()
         if s.state is SessionState.ACTIVE:  # (`_next_use`'s first case, inline: every arrival)
-            return band_class(s.last_arrival + q - now, q)
+            return band_class(q - (now - s.last_arrival), q)
         r = self._next_use(s, now, q)
         if r is None:
             return GONE
