@@ -68,6 +68,7 @@ def smollm2_tokenizer():  # -> Tokenizer; cached on disk, since reading the GGUF
 # on the parameter's device: drawing 8e9 normals one by one on a CPU takes over two minutes per
 # server start (measured: 1.0 s per 4096 x 14336 matrix), a lent GPU's whole budget. Values are
 # still N(0, std) per element, seeded and the same on any device; smaller presets draw every value.
+# The hash is a GPU win only: on a CPU it costs more than the draw (2.8 s for that matrix).
 _TILE_ABOVE = 1 << 25
 _TILE_BASE = 1 << 22
 
@@ -94,11 +95,11 @@ def fill_tiled_normal_(p: torch.Tensor, gen: torch.Generator, std: float, base_s
     """Fill `p` with values of a seeded N(0, std) base (drawn on CPU), element i taking base[h(i)]
     for a multiplicative hash h that also mixes in i's block of base_size (so no row repeats
     another at a fixed stride). Integer math only: identical on every device."""
-    base = torch.empty(base_size).normal_(0.0, std, generator=gen).to(p.device)
-    flat = p.view(-1)
     bits = base_size.bit_length() - 1
     if base_size != 1 << bits:
         raise ValueError(f"base_size must be a power of two, got {base_size}")
+    base = torch.empty(base_size).normal_(0.0, std, generator=gen).to(p.device)
+    flat = p.view(-1)
     step = 1 << 24
     for start in range(0, flat.numel(), step):
         i = torch.arange(start, min(start + step, flat.numel()), device=p.device, dtype=torch.int64)
