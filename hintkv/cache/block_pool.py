@@ -75,6 +75,10 @@ class BlockPool:
     def lookup(self, h: BlockHash) -> Block | None:
         return self._index.get(h)
 
+    def lookup_many(self, hashes: list[BlockHash]) -> list[Block | None]:
+        """`lookup` of each hash, in one pass."""
+        return list(map(self._index.get, hashes))
+
     def class_of(self, b: Block) -> int:
         """The class of the bucket a cached unreferenced block sits in."""
         return self._cached.class_of(b.block_id)

@@ -168,7 +168,7 @@ class SessionAwareManager:
                            num_not_freed=max(0, len(orphans) - gone))
 
     def _device_blocks(self, hashes: list[BlockHash]) -> int:
-        return sum(1 for h in hashes if self.kv.pool.lookup(h) is not None)
+        return sum(1 for b in self.kv.pool.lookup_many(hashes) if b is not None)
 
     # ---- introspection -------------------------------------------------------------------
     def describe(self, tenant: str, session_id: str) -> SessionDescription | None:

@@ -75,8 +75,14 @@ class PendingLoad:
 
 @dataclass(slots=True)
 class PendingOffload:
+    """An offload's blocks (the session's chain, head first) and a future per block. `left`
+    counts its distinct futures not done yet: each one's done-callback counts down, and the
+    last queues the offload for `poll` (no per-step walk over every future)."""
+
+    seq: int  # offload order: `poll` handles the landed ones in it
     hashes: list[BlockHash]
     futures: list[Future[bool]]
+    left: int = 0
 
 
 @dataclass(slots=True)
@@ -121,7 +127,12 @@ class TierConnector:
         self.counters = TierCounters()
         self._loads: dict[str, PendingLoad] = {}  # request id -> its prefix load
         self._prefetches: list[PendingLoad] = []
-        self._offloads: list[PendingOffload] = []
+        # offloads: counted until `poll` consumed them; the landed ones queued by done-callbacks
+        # (mover threads) under `_landed_lock`
+        self._num_offloads = 0
+        self._offload_seq = 0
+        self._landed: list[PendingOffload] = []
+        self._landed_lock = threading.Lock()
         # evicted (hash, block id) not yet gathered: flushed before the device reuses the blocks
         self._write_queue: list[tuple[BlockHash, int]] = []
         self._queue_lock = threading.Lock()  # the queue is flushed outside the state lock
@@ -207,7 +218,8 @@ class TierConnector:
     def offload(self, hashes: list[BlockHash]) -> tuple[int, int]:
         """Write the device-resident blocks among `hashes` down now; their device copies are
         dropped by `poll` once stored. Returns (blocks written, blocks already below)."""
-        on_device = [(h, b) for h in hashes if (b := self.pool.lookup(h)) is not None]
+        on_device = [(h, b) for h, b in zip(hashes, self.pool.lookup_many(hashes))
+                     if b is not None]
         where = self.stack.lookup([h for h, _ in on_device])
         fresh = [(h, b) for (h, b), w in zip(on_device, where) if w is None]
         written = iter(self._write_down([h for h, _ in fresh], [b.block_id for _, b in fresh])
@@ -216,7 +228,24 @@ class TierConnector:
         #                         was 60% of a full-scale simulation's wall time: py-spy)
         futures = [next(written) if w is None else below for w in where]
         # in the order given (the session's chain, head first): `poll` drops from the tail
-        self._offloads.append(PendingOffload([h for h, _ in on_device], futures))
+        self._offload_seq += 1
+        o = PendingOffload(self._offload_seq, [h for h, _ in on_device], futures)
+        self._num_offloads += 1
+        # distinct futures first (a write-down batch shares one; blocks below share `below`)
+        pending = [f for f in {id(f): f for f in futures}.values() if not f.done()]
+        if not pending:
+            with self._landed_lock:
+                self._landed.append(o)
+            return len(fresh), len(on_device) - len(fresh)
+        o.left = len(pending)  # before any callback can count down
+
+        def landed(_: Future, o: PendingOffload = o) -> None:
+            with self._landed_lock:
+                o.left -= 1
+                if o.left == 0:
+                    self._landed.append(o)
+        for f in pending:
+            f.add_done_callback(landed)
         return len(fresh), len(on_device) - len(fresh)
 
     def publish_to_pool(self, hashes: list[BlockHash]) -> int:
@@ -225,18 +254,14 @@ class TierConnector:
 
     def remove_below(self, hashes: list[BlockHash]) -> dict[str, int]:
         """Forget blocks nobody holds from every lower tier; blocks removed per tier."""
-        removed = {t.name: 0 for t in self.stack.tiers}
-        for h in hashes:
-            for t in self.stack.tiers:
-                removed[t.name] += int(t.remove(h))
-        return removed
+        return {t.name: t.remove_many(hashes) for t in self.stack.tiers}
 
     # ---- up ------------------------------------------------------------------------------
     def plan(self, hashes: list[BlockHash]) -> list[str]:
         """Tiers of the leading run of `hashes` held below and worth loading (may be empty)."""
         out: list[str] = []
-        for tier in self.stack.lookup(hashes):
-            if tier is None or not self.costs.worth_loading(tier):
+        for tier in self.stack.lookup_run(hashes):
+            if not self.costs.worth_loading(tier):
                 break
             out.append(tier)
         return out
@@ -267,17 +292,13 @@ class TierConnector:
         on_device = 0
         todo: list[BlockHash] = []
         in_flight = self._in_flight()
-        for h in hashes:
-            if self.pool.lookup(h) is not None:
+        for h, b in zip(hashes, self.pool.lookup_many(hashes)):
+            if b is not None:
                 on_device += 1
             elif h not in in_flight:
                 todo.append(h)
         room = self.room_below_protected()
-        tiers = []
-        for t in self.stack.lookup(todo[:room]):
-            if t is None:
-                break
-            tiers.append(t)
+        tiers = self.stack.lookup_run(todo[:room])
         n = len(tiers)
         if n == 0:
             return 0, on_device
@@ -348,15 +369,12 @@ class TierConnector:
                         self.spm.counters.num_pool_prefetched += 1
             self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty
         self._prefetches = still
-        keep_offloads = []
-        for o in self._offloads:
-            if not all(f.done() for f in o.futures):
-                keep_offloads.append(o)
-                continue
-            if self.offload_mode == "lazy":  # written down: the device copy stays, free to evict
-                continue
-            self._drop_offloaded(o)
-        self._offloads = keep_offloads
+        with self._landed_lock:
+            landed, self._landed = self._landed, []
+        self._num_offloads -= len(landed)
+        if self.offload_mode == "eager":  # lazy: written down, the device copy stays, free to evict
+            for o in sorted(landed, key=lambda o: o.seq):
+                self._drop_offloaded(o)
         if self.spm is not None:
             self.spm.tick(now)
 
@@ -387,19 +405,15 @@ class TierConnector:
             self.counters.load_wait_s += time.perf_counter() - t0
 
     def idle(self) -> bool:
-        return not (self._loads or self._prefetches or self._offloads or self._write_queue
+        return not (self._loads or self._prefetches or self._num_offloads or self._write_queue
                     or any(not f.done() for f in self._async_writes))
 
     # ---- reporting -----------------------------------------------------------------------
     def where(self, hashes: list[BlockHash]) -> dict[str, int]:
         """Blocks of `hashes` per tier (device first; a block counts in its highest tier)."""
         out = {"device": 0, **{t.name: 0 for t in self.stack.tiers}}
-        lower = []
-        for h in hashes:
-            if self.pool.lookup(h) is not None:
-                out["device"] += 1
-            else:
-                lower.append(h)
+        lower = [h for h, b in zip(hashes, self.pool.lookup_many(hashes)) if b is None]
+        out["device"] = len(hashes) - len(lower)
         for t in self.stack.lookup(lower):
             if t is not None:
                 out[t] += 1

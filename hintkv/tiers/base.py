@@ -85,6 +85,10 @@ class Tier(ABC):
     @abstractmethod
     def remove(self, key: bytes) -> bool: ...
 
+    def remove_many(self, keys: list[bytes]) -> int:
+        """`remove` for many keys; how many were removed."""
+        return sum(self.remove(k) for k in keys)
+
     @abstractmethod
     def usage(self) -> TierUsage: ...
 

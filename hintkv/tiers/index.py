@@ -139,6 +139,18 @@ class IndexedTier(TierIO, Tier):
             self._drop(key, evicted=False)
             return True
 
+    def remove_many(self, keys: list[bytes]) -> int:
+        """`remove` for many keys under ONE lock acquisition; how many were removed."""
+        with self._lock:
+            entries = self._entries
+            n = 0
+            for k in keys:
+                if k in entries:  # a key listed twice is removed once
+                    self._stats.num_removed += 1
+                    self._drop(k, evicted=False)
+                    n += 1
+            return n
+
     def usage(self) -> TierUsage:
         with self._lock:
             n = len(self._entries)
@@ -173,6 +185,12 @@ class IndexedTier(TierIO, Tier):
     def contains(self, key: bytes) -> bool:
         with self._lock:
             return key in self._entries
+
+    def contains_many(self, keys: list[bytes]) -> list[bool]:
+        """`contains` for many keys under ONE lock acquisition (not one per key)."""
+        with self._lock:
+            entries = self._entries
+            return [k in entries for k in keys]
 
     def last_access(self, key: bytes) -> int:
         with self._lock:

@@ -92,6 +92,19 @@ class TierStack:
             todo = [i for i, ok in zip(todo, found) if not ok]
         return out
 
+    def lookup_run(self, keys: list[bytes], first: int = 16) -> list[str]:
+        """The tiers of the leading run of `keys` some tier holds (`lookup` up to the first
+        miss), asked in doubling chunks so a long cold tail costs about the run's length."""
+        out: list[str] = []
+        start, size = 0, first
+        while start < len(keys):
+            for tier in self.lookup(keys[start:start + size]):
+                if tier is None:
+                    return out
+                out.append(tier)
+            start, size = start + size, size * 2
+        return out
+
     def store(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
         """Offload blocks into the top tier (see `Tier.put`: keep sources intact until done).
         Blocks a tier refuses at once (no evictable room: e.g. a batch larger than the tier)

@@ -8,6 +8,8 @@ must drop a's own blocks and keep the shared head on the device, where b's resum
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from hintkv.cache.hashing import hash_blocks, namespace_root
@@ -88,5 +90,32 @@ def test_an_eager_offload_stops_at_a_tail_in_use():
     assert w.on_device("a") == [True] * 4  # nothing dropped before the tail that must stay
     assert w.kv.tiers.counters.num_offload_dropped == 0
     w.kv.pool.release([tail])
+    w.kv.check_integrity()
+    w.stack.close()
+
+
+def test_an_offload_is_handled_once_when_its_writes_land_not_before():
+    """The completion queue: `poll` drops an offload's device copies only once every write of it
+    landed (done-callbacks queue it; nothing walks the futures), exactly once, and the
+    connector is idle only after that `poll`."""
+    w = World()
+    mover = w.stack.tiers[0].mover
+    gate = threading.Event()
+    busy = [mover.run(None, lambda: gate.wait(30) or True, 0, 0)
+            for _ in range(mover._pool._max_workers)]  # every mover worker busy: writes queue
+    written, below = w.kv.tiers.offload(w.held["a"])
+    assert (written, below) == (4, 0)
+    w.kv.tiers.poll()
+    assert w.on_device("a") == [True] * 4  # nothing landed: nothing dropped
+    assert not w.kv.tiers.idle()
+    gate.set()
+    assert all(f.result(30) for f in busy)
+    w.stack.flush()
+    assert not w.kv.tiers.idle()  # landed, not yet handled by a poll
+    w.kv.tiers.poll()
+    assert w.on_device("a") == [True, True, False, False]
+    assert w.kv.tiers.idle()
+    w.kv.tiers.poll()  # handled once
+    assert w.kv.tiers.counters.num_offload_dropped == 2
     w.kv.check_integrity()
     w.stack.close()

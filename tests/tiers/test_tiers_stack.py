@@ -183,3 +183,29 @@ def test_host_get_many_reads_ready_blocks_into_their_rows(layout, key, payload):
     assert host.stats().num_hits == 3
     host.check_integrity()
     host.close()
+
+
+def test_batched_probes_and_removals_match_the_one_by_one_ones(layout, key, payload, tmp_path):
+    """`contains_many` / `remove_many` (one lock per call) answer as `contains` / `remove` do,
+    and `lookup_run` is `lookup` up to its first miss, across chunk boundaries."""
+    stack = _stack(layout, tmp_path, host_blocks=40, disk_blocks=8)
+    for f in stack.store([(key(i), payload(i)) for i in range(40)]):
+        assert f.result()
+    for f in stack.tiers[1].put([(key(i), payload(i)) for i in range(40, 45)]):
+        assert f.result()
+    probe = [key(i) for i in (3, 50, 41, 0, 3)]
+    for t in stack.tiers:
+        assert t.contains_many(probe) == [t.contains(k) for k in probe]
+    keys = [key(i) for i in range(45)] + [key(99)] + [key(1)]
+    assert stack.lookup_run(keys) == ["host"] * 40 + ["disk"] * 5
+    assert stack.lookup_run(keys, first=1) == stack.lookup_run(keys, first=7)
+    assert stack.lookup_run([key(99), key(0)]) == []
+    assert stack.lookup_run([]) == []
+    host = stack.tiers[0]
+    before = host.stats().num_removed
+    assert host.remove_many([key(5), key(5), key(99), key(6)]) == 2  # a repeat is removed once
+    assert host.stats().num_removed == before + 2
+    assert host.contains_many([key(5), key(6), key(7)]) == [False, False, True]
+    assert stack.lookup_run(keys) == ["host"] * 5
+    stack.check_integrity()
+    stack.close()
