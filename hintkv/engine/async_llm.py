@@ -111,8 +111,11 @@ class AsyncLLM:
                 return
             try:
                 fut.set_result(fn(self.engine))
-            except BaseException as e:  # handed back to the caller
+            except Exception as e:  # noqa: BLE001 - not swallowed: the caller's future raises it
                 fut.set_exception(e)
+            except BaseException as e:  # SystemExit, KeyboardInterrupt: the caller hears of it
+                fut.set_exception(e)  # too, and the engine thread stops
+                raise
         self._inbox.put(job)
         self._wake.set()
         return fut
