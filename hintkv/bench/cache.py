@@ -45,7 +45,8 @@ import heapq
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import zip_longest
 
 import torch
@@ -67,6 +68,7 @@ from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.cache.types import SessionRef
+from hintkv.engine.gc_tuning import freeze_startup_heap
 from hintkv.engine.sequence import Sequence
 from hintkv.engine.types import SamplingParams
 from hintkv.tiers.device import DeviceBlockIO
@@ -147,7 +149,17 @@ class World:
         self.kv.ranking.tick(start, self.sessions.sessions)  # and their re-ranks, all of them
         self._settle()
         self.stack.flush()
-        self._base, self._wall, self._fixed = start, time.monotonic(), None
+        self._fixed = start  # paused until measured
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The world's clock runs at wall speed inside, and stands still outside (other worlds
+        are measured meanwhile)."""
+        self._base, self._wall, self._fixed = self._fixed, time.monotonic(), None
+        try:
+            yield
+        finally:
+            self._fixed = self.clock()
 
     def clock(self) -> float:
         if self._fixed is not None:
@@ -204,59 +216,56 @@ def _time(fn: Callable[[], object]) -> float:
     return (time.perf_counter_ns() - t0) / 1e3  # microseconds
 
 
-def measure_ops(w: World, samples: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {op: [] for op in OPS}
-    kv, pool, n_sessions = w.kv, w.kv.pool, len(w.contexts)
-    for _ in range(samples):
-        w.stack.flush()  # no backlog of copies competing for the GIL while one call is timed
-        i = w.rng.randrange(n_sessions)
-        # match: a resumed session's context + one new token
-        s = w.seq(w.contexts[i] + [7], w.hashes[i])
-        out["match"].append(_time(lambda s=s: kv.match_prefix(s)))
-        # admit a 4-block prompt into the full pool, then compute, finish and free it
-        s = w.fresh_seq(4)
-        m = kv.match_prefix(s)
+def ops_once(w: World, out: dict[str, list[float]]) -> None:
+    """One sample of every operation (single calls, each timed on its own) into `out`."""
+    kv, pool = w.kv, w.kv.pool
+    w.stack.flush()  # no backlog of copies competing for the GIL while one call is timed
+    i = w.rng.randrange(len(w.contexts))
+    # match: a resumed session's context + one new token
+    s = w.seq(w.contexts[i] + [7], w.hashes[i])
+    out["match"].append(_time(lambda s=s: kv.match_prefix(s)))
+    # admit a 4-block prompt into the full pool, then compute, finish and free it
+    s = w.fresh_seq(4)
+    m = kv.match_prefix(s)
 
-        def admit(s=s, m=m) -> None:
-            if kv.can_admit(s, m, s.num_tokens):
-                kv.admit(s, m, s.num_tokens)
-        out["admit"].append(_time(admit))
+    def admit(s=s, m=m) -> None:
+        if kv.can_admit(s, m, s.num_tokens):
+            kv.admit(s, m, s.num_tokens)
+    out["admit"].append(_time(admit))
+    w.kv.flush_write_downs()
+    if s.block_table:  # admitted: a pool held by running/protected blocks may refuse it
+        s.num_computed_tokens = s.num_tokens - 1
+        kv.commit(s)
+        for _ in range(3):  # decode tokens
+            s.token_ids.append(5)
+
+            def append(s=s) -> None:
+                if kv.can_append(s, 1):
+                    kv.append(s, 1)
+            out["append"].append(_time(append))
+            s.num_computed_tokens += 1
+            out["commit"].append(_time(lambda s=s: kv.commit(s)))
+    kv.free(s)
+    # free a finished 2K-token sequence (its session's context, admitted from the device)
+    s = w.seq(w.contexts[i] + [9], w.hashes[i])
+    m = kv.match_prefix(s)
+    if not m.lower and kv.can_admit(s, m, s.num_tokens - m.num_tokens):
+        kv.admit(s, m, s.num_tokens - m.num_tokens)
+        s.num_computed_tokens = s.num_tokens
+        kv.commit(s)
         w.kv.flush_write_downs()
-        if s.block_table:  # admitted: a pool held by running/protected blocks may refuse it
-            s.num_computed_tokens = s.num_tokens - 1
-            kv.commit(s)
-            for _ in range(3):  # decode tokens
-                s.token_ids.append(5)
-
-                def append(s=s) -> None:
-                    if kv.can_append(s, 1):
-                        kv.append(s, 1)
-                out["append"].append(_time(append))
-                s.num_computed_tokens += 1
-                out["commit"].append(_time(lambda s=s: kv.commit(s)))
-        kv.free(s)
-        # free a finished 2K-token sequence (its session's context, admitted from the device)
-        s = w.seq(w.contexts[i] + [9], w.hashes[i])
-        m = kv.match_prefix(s)
-        if not m.lower and kv.can_admit(s, m, s.num_tokens - m.num_tokens):
-            kv.admit(s, m, s.num_tokens - m.num_tokens)
-            s.num_computed_tokens = s.num_tokens
-            kv.commit(s)
-            w.kv.flush_write_downs()
-            out["free"].append(_time(lambda s=s: kv.free(s)))
-        # a session's state changes (its held blocks change class)
-        keys: list[str] = []
-        ref = w._ref(i)
-        out["arrive"].append(_time(lambda r=ref, ks=keys: ks.append(w.sam.on_arrival(r))))
-        out["done"].append(_time(lambda k=keys[0], hs=w.hashes[i]: w.sam.on_done(k, hs)))
-        out["victims"].append(_time(lambda: pool.choose_victims(16)))
-        h = w.rng.randbytes(16)
-        w.stack.flush()  # the write-downs above are not competing for the GIL either
-        out["tier_put"].append(_time(lambda h=h: w.stack.store([(h, w.payload)])))
-        out["tier_lookup"].append(_time(lambda hs=w.hashes[i]: w.stack.lookup(hs)))
-        w.kv.tiers.poll()
-    w.stack.flush()
-    return out
+        out["free"].append(_time(lambda s=s: kv.free(s)))
+    # a session's state changes (its held blocks change class)
+    keys: list[str] = []
+    ref = w._ref(i)
+    out["arrive"].append(_time(lambda r=ref, ks=keys: ks.append(w.sam.on_arrival(r))))
+    out["done"].append(_time(lambda k=keys[0], hs=w.hashes[i]: w.sam.on_done(k, hs)))
+    out["victims"].append(_time(lambda: pool.choose_victims(16)))
+    h = w.rng.randbytes(16)
+    w.stack.flush()  # the write-downs above are not competing for the GIL either
+    out["tier_put"].append(_time(lambda h=h: w.stack.store([(h, w.payload)])))
+    out["tier_lookup"].append(_time(lambda hs=w.hashes[i]: w.stack.lookup(hs)))
+    w.kv.tiers.poll()
 
 
 class _Laps:
@@ -271,37 +280,41 @@ class _Laps:
         self.mark = t
 
 
-def measure_steps(w: World, steps: int
-                  ) -> tuple[list[float], list[float], int, dict[str, list[float]]]:
-    """Per-step bookkeeping (ms), write-down flush (ms) and each part of the step (ms) with
-    RUNNING sequences decoding."""
-    kv = w.kv
-    per_seq = 8 + 2  # a running sequence's blocks: 8-block prompt + room to decode
-    running_target = min(RUNNING, max(1, (w.num_blocks // 2) // per_seq))
-    running: list[Sequence] = []
-    for _ in range(running_target):
-        s = w.fresh_seq(8)
-        m = kv.match_prefix(s)
-        kv.admit(s, m, s.num_tokens)
-        s.num_computed_tokens = s.num_tokens
-        kv.commit(s)
+class StepLoop:
+    """One world's scheduler steps with RUNNING sequences decoding: per step its bookkeeping
+    (`step_ms`), the write-down flush after it (`flush_ms`) and each part (`parts`, ms)."""
+
+    def __init__(self, w: World) -> None:
+        self.w = w
+        kv = w.kv
+        per_seq = 8 + 2  # a running sequence's blocks: 8-block prompt + room to decode
+        self.running_target = min(RUNNING, max(1, (w.num_blocks // 2) // per_seq))
+        self.running: list[Sequence] = []
+        for _ in range(self.running_target):
+            s = w.fresh_seq(8)
+            m = kv.match_prefix(s)
+            kv.admit(s, m, s.num_tokens)
+            s.num_computed_tokens = s.num_tokens
+            kv.commit(s)
+            w.kv.flush_write_downs()
+            self.running.append(s)
+        # the ops phase ran events but no steps: settle the re-ranks, rechecks and predicted
+        # prefetches it left due, so the steps measure the steady state, not that backlog
+        w.kv.ranking.tick(w.clock(), w.sessions.sessions)
+        w.sam.catch_up(w.clock())
+        w.kv.tiers.poll()
         w.kv.flush_write_downs()
-        running.append(s)
-    # the ops phase ran events but no steps: settle the re-ranks, rechecks and predicted
-    # prefetches it left due, so the steps measure the steady state, not that backlog
-    w.kv.ranking.tick(w.clock(), w.sessions.sessions)
-    w.sam.catch_up(w.clock())
-    w.kv.tiers.poll()
-    w.kv.flush_write_downs()
-    w.stack.flush()
-    loading: list[Sequence] = []
-    step_ms, flush_ms = [], []
-    parts: dict[str, list[float]] = {p: [] for p in PARTS}
-    cpu_ms: list[float] = []
-    for _ in range(steps):
+        w.stack.flush()
+        self.loading: list[Sequence] = []
+        self.step_ms: list[float] = []
+        self.flush_ms: list[float] = []
+        self.parts: dict[str, list[float]] = {p: [] for p in [*PARTS, "cpu"]}
+
+    def step(self) -> None:
+        w, kv, running, loading = self.w, self.w.kv, self.running, self.loading
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
-        lap = _Laps(parts, t0)
+        lap = _Laps(self.parts, t0)
         w.sam.on_step(w.clock())
         lap("sam")
         w.kv.tiers.poll()
@@ -346,11 +359,11 @@ def measure_steps(w: World, steps: int
         kv.commit_many(running)
         lap("commit")
         t1 = time.perf_counter_ns()
-        cpu_ms.append((time.thread_time_ns() - c0) / 1e6)
+        self.parts["cpu"].append((time.thread_time_ns() - c0) / 1e6)
         kv.flush_write_downs()
         t2 = time.perf_counter_ns()
-        step_ms.append((t1 - t0) / 1e6)
-        flush_ms.append((t2 - t1) / 1e6)
+        self.step_ms.append((t1 - t0) / 1e6)
+        self.flush_ms.append((t2 - t1) / 1e6)
         fresh = w.fresh_seq(8)  # keep the batch at its size (not timed: a new request's prefill)
         m = kv.match_prefix(fresh)
         if kv.can_admit(fresh, m, fresh.num_tokens):
@@ -359,12 +372,43 @@ def measure_steps(w: World, steps: int
             kv.commit(fresh)
             kv.flush_write_downs()
             running.append(fresh)
-    for s in running + loading:
-        kv.free(s)
-    kv.check_integrity()
-    w.sessions.check_integrity()
-    parts["cpu"] = cpu_ms
-    return step_ms, flush_ms, running_target, parts
+
+    def close(self) -> None:
+        for s in self.running + self.loading:
+            self.w.kv.free(s)
+        self.w.kv.check_integrity()
+        self.w.sessions.check_integrity()
+
+
+def _rotated(xs: list, r: int) -> list:
+    """`xs` starting at position r (mod its length): each one leads equally often."""
+    k = r % len(xs)
+    return xs[k:] + xs[:k]
+
+
+def measure(worlds: list[World], samples: int, steps: int
+            ) -> tuple[list[dict[str, list[float]]], list[StepLoop]]:
+    """Interleaved, so that drift of a shared machine hits every world alike: round r runs one
+    sample of each world's operations (in an order rotating with r), then the same for steps.
+    A world's clock runs only while it is measured (`World.resume` / `pause`)."""
+    ops: list[dict[str, list[float]]] = [{op: [] for op in OPS} for _ in worlds]
+    order = list(range(len(worlds)))
+    for r in range(samples):
+        for k in _rotated(order, r):
+            with worlds[k].running():
+                ops_once(worlds[k], ops[k])
+    loops = []
+    for w in worlds:
+        w.stack.flush()
+        with w.running():
+            loops.append(StepLoop(w))
+    for r in range(steps):
+        for k in _rotated(order, r):
+            with worlds[k].running():
+                loops[k].step()
+    for loop in loops:
+        loop.close()
+    return ops, loops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,40 +425,47 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     sizes = [10_000, 1_000_000] if args.quick else [10_000, 100_000, 1_000_000]
     session_counts = [1000] if args.quick else [10, 100, 1000]
-    samples, steps = (150, 300) if args.quick else (400, 300)  # p99 of 300 steps, not the max of 100
+    samples, steps = 300, 1000  # per world, interleaved: p99 of 1000 steps is the 10th-worst
     rows, results = [], {}
-    for tokens in sizes:
-        for n_sessions in session_counts:
+    for n_sessions in session_counts:
+        worlds, keys = [], []
+        for tokens in sizes:
             for policy in ("lru", "sam"):
                 t0 = time.perf_counter()
-                w = World(policy, tokens, n_sessions, args.seed, gaps)
-                setup_s = time.perf_counter() - t0
-                gc.collect()
-                gc.disable()  # a collection pause is not the cache's cost
-                try:
-                    ops = measure_ops(w, samples)
-                    step_ms, flush_ms, n_running, parts = measure_steps(w, steps)
-                finally:
-                    gc.enable()
-                row = {"policy": policy, "device_tokens": tokens,
-                       "host_tokens": HOST_FACTOR * tokens, "sessions": n_sessions,
-                       "running": n_running, "host_fill": round(w.host_fill, 3),
-                       "step_ms_p50": median(step_ms), "step_ms_p99": percentile(step_ms, 99),
-                       "step_cpu_ms_p50": median(parts["cpu"]),
-                       "step_cpu_ms_p99": percentile(parts["cpu"], 99),
-                       "flush_ms_p50": median(flush_ms), "setup_s": setup_s,
-                       "predicted_prefetches": w.sam.num_predicted_prefetches}
-                for part, xs in parts.items():
-                    row[f"{part}_ms"] = median(xs)
-                    row[f"{part}_ms_p99"] = percentile(xs, 99)
-                for op, xs in ops.items():
-                    row[f"{op}_us"] = median(xs) if xs else None
-                    row[f"{op}_us_p99"] = percentile(xs, 99) if xs else None
-                rows.append(row)
-                results[(policy, tokens, n_sessions)] = row
-                log(f"{policy} {tokens} tokens {n_sessions} sessions: step "
-                    f"{row['step_ms_p50']:.3f} ms p50, setup {setup_s:.1f}s")
-                w.kv.tiers.close()
+                worlds.append(World(policy, tokens, n_sessions, args.seed, gaps))
+                worlds[-1].setup_s = time.perf_counter() - t0
+                keys.append((policy, tokens, n_sessions))
+        # as `serve` runs: the start-up heap frozen (`engine.async_llm.freeze_startup_heap`),
+        # the collector on while measuring (its pauses are part of a step's cost)
+        freeze_startup_heap()
+        gc0 = sum(st["collections"] for st in gc.get_stats())
+        ops, loops = measure(worlds, samples, steps)
+        n_gc = sum(st["collections"] for st in gc.get_stats()) - gc0
+        gc.unfreeze()
+        for (policy, tokens, _), w, op_xs, loop in zip(keys, worlds, ops, loops):
+            parts = loop.parts
+            row = {"policy": policy, "device_tokens": tokens,
+                   "host_tokens": HOST_FACTOR * tokens, "sessions": n_sessions,
+                   "running": loop.running_target, "host_fill": round(w.host_fill, 3),
+                   "steps": len(loop.step_ms), "samples": samples,
+                   "step_ms_p50": median(loop.step_ms),
+                   "step_ms_p99": percentile(loop.step_ms, 99),
+                   "step_cpu_ms_p50": median(parts["cpu"]),
+                   "step_cpu_ms_p99": percentile(parts["cpu"], 99),
+                   "flush_ms_p50": median(loop.flush_ms), "setup_s": w.setup_s,
+                   "gc_collections": n_gc,
+                   "predicted_prefetches": w.sam.num_predicted_prefetches}
+            for part, xs in parts.items():
+                row[f"{part}_ms"] = median(xs)
+                row[f"{part}_ms_p99"] = percentile(xs, 99)
+            for op, xs in op_xs.items():
+                row[f"{op}_us"] = median(xs) if xs else None
+                row[f"{op}_us_p99"] = percentile(xs, 99) if xs else None
+            rows.append(row)
+            results[(policy, tokens, n_sessions)] = row
+            log(f"{policy} {tokens} tokens {n_sessions} sessions: step "
+                f"{row['step_ms_p50']:.3f} ms p50, setup {w.setup_s:.1f}s")
+            w.kv.tiers.close()
     print_table(rows, ["policy", "device_tokens", "sessions", "running", "host_fill",
                        "step_ms_p50", "step_ms_p99", "step_cpu_ms_p99", "flush_ms_p50"]
                 + [f"{op}_us" for op in OPS])
@@ -431,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
               / results[("lru", tokens, n)][f"{op}_us"]
               for tokens in sizes for n in session_counts for op in OPS
               if results[("sam", tokens, n)][f"{op}_us"] and results[("lru", tokens, n)][f"{op}_us"]}
+    # samples interleaved (`measure`): a ratio compares calls made side by side in time
     worst_flat = max(flat, key=flat.get)
     worst_vs = max(vs_lru, key=vs_lru.get)
     goals = {

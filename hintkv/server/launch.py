@@ -39,8 +39,10 @@ async def _serve(
     options: ServerOptions | None,
 ) -> None:
     from hintkv.engine.async_llm import AsyncLLM  # heavy: torch and the model
+    from hintkv.engine.gc_tuning import freeze_startup_heap
 
     engine = AsyncLLM.from_config(engine_cfg)
+    freeze_startup_heap()  # the collector no longer walks the start-up heap in a step
     logger.info(
         "serving %s on http://%s:%d (max_model_len %d, KV pool %d tokens)",
         engine.model_name,
