@@ -32,6 +32,15 @@ write-down flush (outside the state lock, before the forward pass) is timed sepa
 the step's wall time, the engine thread's CPU time (`step_cpu_ms_*`): a wall p99 far above the
 CPU p99 is time spent waiting (other processes on a loaded machine, the GIL held by a mover).
 
+How it is measured: the worlds of one session count (lru and sam at every pool size) are built
+first, then measured interleaved: round r takes one sample of every world's operations, in an
+order rotating with r, then the steps the same way (`measure`), so drift of a shared machine
+hits every world alike and each ratio compares calls made side by side in time. A world's clock
+stands still while the others run. 300 samples of each operation and 1000 steps per world (the
+p99 is the 10th-worst step). As `serve` runs: the start-up heap is frozen
+(`engine.gc_tuning`) and the collector stays on (its pauses count); between steps, where the
+forward pass runs, the bench waits for the mover's copies (untimed), as the forward would.
+
 Goals (issue 7): step bookkeeping at 1M device + 10M host tokens, 1000 sessions, 256 running
 < 1 ms median and < 5 ms p99; each operation's median flat within 2x from 10K to 1M tokens;
 `sam` within 1.5x of `lru` per operation.
@@ -364,6 +373,10 @@ class StepLoop:
         t2 = time.perf_counter_ns()
         self.step_ms.append((t1 - t0) / 1e6)
         self.flush_ms.append((t2 - t1) / 1e6)
+        # the forward pass, not timed: in `serve` the mover threads run the copies this step
+        # started (write-downs, loads) while the model computes; without a model they would
+        # take the GIL inside the next step's bookkeeping instead
+        w.stack.flush()
         fresh = w.fresh_seq(8)  # keep the batch at its size (not timed: a new request's prefill)
         m = kv.match_prefix(fresh)
         if kv.can_admit(fresh, m, fresh.num_tokens):
