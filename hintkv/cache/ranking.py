@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, KeysView, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
@@ -93,6 +93,10 @@ class ClassRanking:
 
     def is_held(self, h: BlockHash) -> bool:
         return h in self._group_of
+
+    def held(self) -> KeysView[BlockHash]:
+        """Every held hash (a live view: read it on the engine thread, do not keep it)."""
+        return self._group_of.keys()
 
     def num_holders(self, h: BlockHash) -> int:
         """Live sessions holding `h` (0: nobody)."""

@@ -61,7 +61,11 @@ class SessionPoolManager:
 
     def publish(self, hashes: list[BlockHash]) -> int:
         """Write the device blocks among `hashes` that the pool does not know yet through to
-        it (asynchronous; a copy is taken now, so the device blocks may be reused at once)."""
+        it (asynchronous; a copy is taken now, so the device blocks may be reused at once).
+        With the pool's `write_through` off nothing is published: blocks reach the pool only
+        when the host tier evicts them (a live session's, as to any lower tier)."""
+        if not self.pool.write_through:
+            return 0
         fresh = [(h, b) for h in hashes if not self.pool.known(h)
                  and (b := self.device.lookup(h)) is not None]
         if not fresh:
@@ -74,7 +78,7 @@ class SessionPoolManager:
 
     def live_keys(self) -> list[BlockHash]:
         """Blocks any live (not ended) session holds that the pool knows."""
-        return [h for h in self.held() if self.pool.known(h)]
+        return self.pool.known_among(self.held())
 
     def tick(self, now: float) -> None:
         """Once per engine step; does work every KEEPALIVE_EVERY_S."""

@@ -145,7 +145,7 @@ class TierConnector:
             tier.set_ranks(self.board)
         self.pool_tier = pool_tier = next((t for t in stack.tiers if isinstance(t, PoolTier)),
                                           None)
-        self.spm = (SessionPoolManager(pool_tier, pool, io, lambda: ranking.snapshot().keys(),
+        self.spm = (SessionPoolManager(pool_tier, pool, io, ranking.held,
                                        self._staging)
                     if pool_tier is not None and hints else None)  # session semantics (SPM)
 

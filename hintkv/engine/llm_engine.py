@@ -140,7 +140,7 @@ class LLMEngine:
         io = DeviceBlockIO(self.runner.kv_caches)
         pool = None if cfg.pool is None else build_pool_tier(
             io.layout, cfg.pool, cfg.pool_size, cfg.pool_policy, cfg.pool_dir, cfg.pool_master,
-            cfg.pool_metadata, cfg.pool_timeout_s)
+            cfg.pool_metadata, cfg.pool_timeout_s, write_through=cfg.pool_write_through)
         stack = build_tier_stack(io.layout, cfg.host_cache_memory, cfg.disk_cache_dir,
                                  cfg.disk_cache_size, reuse_disk=cfg.disk_cache_reuse,
                                  cuda=self.device.type == "cuda", pool=pool)

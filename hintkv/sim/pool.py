@@ -105,11 +105,13 @@ class SimPool:
     a `SimPoolTier` per instance (`capacity_blocks` each: what one instance may keep there).
     `policy`: "spm" (session-aware, SPM on when the engine takes hints) or "lru" (a plain store)."""
 
-    def __init__(self, policy: str, capacity_blocks: int, real_block_bytes: int) -> None:
+    def __init__(self, policy: str, capacity_blocks: int, real_block_bytes: int,
+                 write_through: bool = True) -> None:
         if policy not in ("spm", "lru"):
             raise ValueError(f"pool policy must be spm or lru, not {policy!r}")
         self.policy = policy
         self.capacity_blocks = capacity_blocks
+        self.write_through = write_through  # SPM's publish of each finished request
         self.meter = PoolMeter(real_block_bytes)
         self.backend: EmbeddedBackend | None = None
         self.tiers: list[SimPoolTier] = []
@@ -120,7 +122,7 @@ class SimPool:
             self.backend = EmbeddedBackend(frame)
         t = SimPoolTier(layout, self.backend, self.capacity_blocks * frame,
                         session_aware=self.policy == "spm", clock=clock, mover=mover,
-                        meter=self.meter)
+                        meter=self.meter, write_through=self.write_through)
         self.tiers.append(t)
         return t
 

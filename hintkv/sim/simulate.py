@@ -38,6 +38,7 @@ class SimConfig:
     host: bool = False  # a host tier of HOST_FACTOR x the device pool
     pool: str | None = None  # the cluster's shared pool below the host: "spm" or "lru" (plain)
     scheduling: str = "fcfs"  # the scheduler's admission policy by name (`hintkv.engine.admission`)
+    pool_write_through: bool = True  # SPM publishes each finished request (off: host evictions only)
 
 
 HOST_FACTOR = 4  # host tier size / device pool (bench swarm's setting)
@@ -50,6 +51,11 @@ CONFIGS = {
     # many instances: the shared pool (Mooncake-like) under each host tier
     "lru+pool": SimConfig("lru+pool", "lru", hints=False, host=True, pool="lru"),
     "sam+hints+pool": SimConfig("sam+hints+pool", "sam", hints=True, host=True, pool="spm"),
+    # SPM with its write-through on / off, whatever the default
+    "sam+hints+pool+wt": SimConfig("sam+hints+pool+wt", "sam", hints=True, host=True, pool="spm",
+                                   pool_write_through=True),
+    "sam+hints+pool-wt": SimConfig("sam+hints+pool-wt", "sam", hints=True, host=True, pool="spm",
+                                   pool_write_through=False),
 }
 
 
@@ -172,8 +178,8 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
     clock = EventClock()
     num_blocks = device_tokens // block_size
     host_blocks = HOST_FACTOR * num_blocks if config.host else 0
-    pool = (SimPool(config.pool, POOL_FACTOR * num_blocks, real_block_bytes(costs, block_size))
-            if config.pool else None)
+    pool = (SimPool(config.pool, POOL_FACTOR * num_blocks, real_block_bytes(costs, block_size),
+                    write_through=config.pool_write_through) if config.pool else None)
     engines = [SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks, pool=pool)
                for _ in range(instances)]
     cluster = SimCluster(engines, max_inflight)

@@ -57,7 +57,8 @@ def build_tier_stack(layout: BlockLayout, host_cache_memory: str | int | None = 
 
 def build_pool_tier(layout: BlockLayout, backend: str, size: str | int, policy: str = "spm",
                     directory: str | None = None, master: str | None = None,
-                    metadata: str | None = None, timeout_s: float = 1.0) -> PoolTier:
+                    metadata: str | None = None, timeout_s: float = 1.0,
+                    write_through: bool = True) -> PoolTier:
     """The shared pool tier `--pool` asks for (`embedded` or `mooncake`), `size` bytes of it for
     this instance. A Mooncake instance mounts a segment a quarter larger than its share, so the
     master's own eviction (at its high watermark) rarely acts before ours does."""
@@ -73,4 +74,5 @@ def build_pool_tier(layout: BlockLayout, backend: str, size: str | int, policy: 
                        segment_bytes=max(MIN_SEGMENT_BYTES, nbytes + nbytes // 4))
     secret = os.environ.get("HINTKV_POOL_SECRET", "").encode()
     return PoolTier(layout, make_backend(backend, frame, **options), nbytes,
-                    session_aware=policy == "spm", timeout_s=timeout_s, secret=secret)
+                    session_aware=policy == "spm", timeout_s=timeout_s, secret=secret,
+                    write_through=write_through)

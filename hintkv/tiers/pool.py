@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -104,12 +105,13 @@ class PoolTier(Tier):
                  session_aware: bool = True, timeout_s: float = 1.0,
                  breaker: CircuitBreaker | None = None, key_prefix: str = "hkv",
                  secret: bytes = b"",
-                 on_evict: OnEvict | None = None) -> None:
+                 on_evict: OnEvict | None = None, write_through: bool = True) -> None:
         self.layout = layout
         self.backend = backend
         self.frame_nbytes = HEADER_SIZE + layout.nbytes
         self.capacity_blocks = max(0, capacity_bytes) // self.frame_nbytes
         self.session_aware = session_aware
+        self.write_through = write_through  # SPM publishes each finished request's blocks (cache/spm.py)
         self.timeout_s = timeout_s
         self.breaker = breaker or CircuitBreaker()
         self.key_prefix = key_prefix
@@ -192,6 +194,12 @@ class PoolTier(Tier):
         """Known here without asking the pool (no round trip)."""
         with self._lock:
             return key in self._entries
+
+    def known_among(self, keys: Iterable[bytes]) -> list[bytes]:
+        """The keys known here, in their order (one lock, no round trip)."""
+        with self._lock:
+            entries = self._entries
+            return [k for k in keys if k in entries]
 
     def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
         for key, src in items:

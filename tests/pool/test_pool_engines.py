@@ -50,6 +50,22 @@ def test_a_session_moves_to_another_instance_and_loads_its_prefix(pool_options):
             e.close()
 
 
+def test_without_write_through_a_finished_request_leaves_the_pool_alone(tmp_path):
+    a = tiny_engine(pool_size="4MiB", pool="embedded", pool_dir=str(tmp_path / "pool"),
+                    pool_write_through=False)
+    try:
+        first = prompt(1, 4 * BLOCK)
+        out, _ = generate(a, first, sid="s1")
+        a.tiers.stack.flush()
+        assert a.tier_stats()["pool"]["published"] == 0
+        assert a.tiers.pool_tier.usage().num_blocks == 0
+        _, cached = generate(a, first + out + prompt(2, BLOCK), sid="s1")
+        assert cached >= 4 * BLOCK  # served from the device as before
+        a.tiers.check_integrity()
+    finally:
+        a.close()
+
+
 def test_evict_removes_the_session_blocks_nobody_else_holds(pool_options):
     a = tiny_engine(pool_size="4MiB", **pool_options)
     try:
