@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import takewhile
 
 from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
@@ -86,6 +87,12 @@ class BlockPool:
     def cached_free_blocks(self) -> list[Block]:
         """Every cached unreferenced block, in victim order."""
         return [b for _, b in self._cached.victims()]
+
+    def leading_run(self, hashes: list[BlockHash]) -> list[Block]:
+        """The blocks of the longest prefix of `hashes` in the index (a prefix match). Runs in C:
+        a waiting 100K-token prompt is re-matched every step it waits (a Python loop over its
+        6K hashes took 80% of a 100-user full-scale simulation, py-spy)."""
+        return list(takewhile(bool, map(self._index.get, hashes)))  # a Block is always truthy
 
     # ---- ask-then-act --------------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:

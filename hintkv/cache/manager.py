@@ -67,12 +67,7 @@ class KVCacheManager:
         At most num_tokens - 1 tokens can hit: the last prompt token must run to give logits.
         """
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
-        blocks: list[Block] = []
-        for h in hashes:
-            b = self.pool.lookup(h)
-            if b is None:
-                break
-            blocks.append(b)
+        blocks = self.pool.leading_run(hashes)
         match = PrefixMatch(blocks, len(blocks) * self.block_size)
         if self.tiers is not None and len(blocks) < len(hashes):
             match.lower_tiers = self.tiers.plan(hashes[len(blocks):])
