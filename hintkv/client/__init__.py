@@ -7,7 +7,7 @@
                 never raise (they return an `ActionResult`)
 """
 
-from hintkv.client.hints import hint, manage_hint, messages_edit, session_edit, tools_edit
+from hintkv.client.hints import hint, manage_hint, messages_edit, session_edit, tokens_edit, tools_edit
 from hintkv.client.identity import (
     Session,
     compressor,
@@ -35,5 +35,6 @@ __all__ = [
     "sub_agent_id",
     "team_member",
     "team_member_id",
+    "tokens_edit",
     "tools_edit",
 ]

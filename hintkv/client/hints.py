@@ -9,7 +9,7 @@ range checks mirror the server's so a bad edit fails here, before it is sent.
 from __future__ import annotations
 
 EDIT_TYPES = ("evict", "offload", "prefetch")
-RANGE_TARGETS = ("messages", "tools")
+RANGE_TARGETS = ("messages", "tools", "tokens")
 
 
 def hint(session_id: str, parent_session_id: str | None = None, *, ttl: float | None = None) -> dict:
@@ -47,6 +47,12 @@ def messages_edit(action: str, start: int, end: int) -> dict:
 def tools_edit(action: str, start: int, end: int) -> dict:
     """An action on tools [start, end) of the window sent with it."""
     return _range_edit(action, "tools", start, end)
+
+
+def tokens_edit(action: str, start: int, end: int) -> dict:
+    """An action on token positions [start, end) of the session's old window (our extension, for
+    `/v1/completions`, whose prompt is token ids: from `start` on the context is stale)."""
+    return _range_edit(action, "tokens", start, end)
 
 
 def _range_edit(action: str, target: str, start: int, end: int) -> dict:

@@ -15,7 +15,9 @@ docs/protocol.md; this module accepts all of it and rejects what is malformed wi
 Invariants of a parsed hint (checked here, relied on downstream):
 - both ids are non-empty strings;
 - a `session` edit has no range; a `messages`/`tools` edit has integers 0 <= start < end <= the
-  number of messages/tools sent in that same request;
+  number of messages/tools sent in that same request; a `tokens` edit (our extension, for
+  `/v1/completions`, whose prompt is token ids) has 0 <= start < end: token positions of the
+  session's old window, from `start` on stale;
 - unknown fields anywhere are accepted and dropped, and so are an edit's server-internal
   `block_start`/`block_end`.
 
@@ -33,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hintkv.protocol.errors import HintError
 
 EditType = Literal["evict", "offload", "prefetch"]
-EditTarget = Literal["session", "messages", "tools"]
+EditTarget = Literal["session", "messages", "tools", "tokens"]
 SessionControlType = Literal["start", "pause", "resume", "stop", "compact"]
 
 DEFAULT_TTL_S = 300.0
@@ -164,12 +166,14 @@ def is_management_request(hint: AgentHint | None, num_messages: int) -> bool:
 
 
 def parse_agent_hint(
-    body: Mapping, headers: Mapping[str, str], num_messages: int, num_tools: int
+    body: Mapping, headers: Mapping[str, str], num_messages: int, num_tools: int,
+    num_tokens: int | None = None,
 ) -> AgentHint | None:
     """Parse and validate the hint of one chat-completions request; None if it carries none.
 
     The identity comes from `body["agent_hint"]`; when that has no `session_id`, it comes from
     the `x-session-id` / `x-parent-session-id` headers. Raises `HintError` for anything malformed.
+    `num_tokens`: the bound of a `tokens` range (None: this endpoint takes no `tokens` edit).
     """
     raw = body.get("agent_hint")
     header_session = _header(headers, SESSION_HEADER)
@@ -187,15 +191,21 @@ def parse_agent_hint(
         hint = AgentHint.model_validate(data)
     except ValidationError as exc:
         raise _to_hint_error(exc, in_body=raw is not None) from None
-    _check_ranges_fit(hint, num_messages, num_tools)
+    _check_ranges_fit(hint, num_messages, num_tools, num_tokens)
     return hint
 
 
-def _check_ranges_fit(hint: AgentHint, num_messages: int, num_tools: int) -> None:
+def _check_ranges_fit(hint: AgentHint, num_messages: int, num_tools: int, num_tokens: int | None) -> None:
     if hint.context_management is None:
         return
-    sizes = {"messages": num_messages, "tools": num_tools}
+    sizes = {"messages": num_messages, "tools": num_tools, "tokens": num_tokens}
     for index, edit in enumerate(hint.context_management.edits):
+        if edit.target == "tokens" and num_tokens is None:
+            raise HintError(
+                "target 'tokens' names token positions of a /v1/completions prompt; a chat request "
+                "names the changed messages/tools instead",
+                f"agent_hint.context_management.edits[{index}].target",
+            )
         if edit.is_range and edit.end > sizes[edit.target]:
             raise HintError(
                 f"end {edit.end} is beyond the {sizes[edit.target]} {edit.target} sent in this request",

@@ -62,9 +62,13 @@ def plan_edits(
             cache_edits.append(CacheEdit(p.edit.type))
     for action, group in groups.items():
         try:
-            if render is None:
+            token_starts = [p.edit.start for p in group if p.edit.target == "tokens"]
+            if token_starts:  # /v1/completions: the positions are given (no window to render)
+                start = min(token_starts)
+            elif render is None:
                 raise ValueError("this endpoint has no messages or tools to render")
-            start = stale_token_start(render, messages, tools, *range_starts([p.edit for p in group]))
+            else:
+                start = stale_token_start(render, messages, tools, *range_starts([p.edit for p in group]))
         except Exception as exc:  # noqa: BLE001  (unapplicable hint: report it, serve the request)
             for p in group:
                 p.notes.append(f"could not find the stale tokens: {exc}")

@@ -57,13 +57,14 @@ def chat_hint(
 def completion_hint(
     raw: Mapping[str, Any], headers: Mapping[str, str], tenant: str
 ) -> RequestHint | None:
-    """The hint of a /v1/completions request; a messages/tools range edit is a `HintError`."""
-    hint = parse_agent_hint(raw, headers, _UNBOUNDED, _UNBOUNDED)
+    """The hint of a /v1/completions request; a messages/tools range edit is a `HintError` (a
+    `tokens` range names token positions of the session's old window instead)."""
+    hint = parse_agent_hint(raw, headers, _UNBOUNDED, _UNBOUNDED, num_tokens=_UNBOUNDED)
     if hint is None:
         return None
     edits = hint.context_management.edits if hint.context_management is not None else []
     for index, edit in enumerate(edits):
-        if edit.is_range:
+        if edit.is_range and edit.target != "tokens":
             raise HintError(
                 f"target {edit.target!r} needs the request's messages/tools: send it to "
                 "/v1/chat/completions (a completion prompt has neither)",

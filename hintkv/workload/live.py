@@ -8,10 +8,12 @@ Each program (`hintkv.workload.agent`) runs as an asyncio task; trace seconds ar
 the prompt, `max_tokens` + `ignore_eos` (the recorded output length), `temperature` 0 and
 `stream_options.include_usage` (`prompt_tokens`, `prompt_tokens_details.cached_tokens`); with
 hints on it carries `agent_hint` {session_id, parent_session_id}. A `Manage` is a management
-request (`manage_request: true`, a session edit) on the same endpoint; range evicts of a
-compressed context need the old chat window, which a token-id prompt does not have, so they are
-counted as `skipped_range_evicts` and not sent (the server drops the stale tail anyway when the
-session's next request ends). Management requests are best-effort (failures are recorded).
+request (`manage_request: true`, a session edit) on the same endpoint. A range evict of a
+compressed context is a `tokens` edit (our extension of the protocol for token-id prompts:
+docs/protocol.md): positions [stale_from, old window end) of the session's previous prompt and
+output; it is awaited before the call it precedes (the call re-uses the kept prefix, so the
+server must drop the stale tail first). Management requests are best-effort (failures are
+recorded).
 
 TTFT runs from when the agent was ready to call: a prefetch sent just before a call counts
 against the hinted run, as it would for a real agent. Works with any OpenAI-compatible server
@@ -48,7 +50,9 @@ class LiveResult:
     wall_s: float = 0.0
     calls: list[CallRecord] = field(default_factory=list)
     actions: dict[str, list[int]] = field(default_factory=dict)  # action -> [sent, ok]
-    skipped_range_evicts: int = 0
+    skipped_range_evicts: int = 0  # range evicts not sent (none since the `tokens` edit; kept for the JSON)
+    range_edits: list[tuple[float, str, dict | None]] = field(default_factory=list)  # (t done, session,
+    #                                                        the server's `agent_hint_result` edit)
     task_s: dict[str, float] = field(default_factory=dict)  # task -> end-to-end seconds
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, session) in order
 
@@ -98,6 +102,7 @@ class _LiveDriver:
         self._ready: dict[str, float] = {}  # session -> when its prefetch was sent
         self._task_start: dict[str, float] = {}
         self._pending: dict[str, asyncio.Task] = {}  # session -> its management request in flight
+        self._window: dict[str, int] = {}  # session -> tokens of its last call (prompt + output)
 
     def clock(self) -> float:
         return time.perf_counter() - self._t0
@@ -137,6 +142,7 @@ class _LiveDriver:
         self._task_start.setdefault(s.task_id, now)
         start = self._ready.pop(s.session.session_id, now)
         rec = CallRecord(s.task_id, s.session.session_id, s.index, start, prompt_tokens=s.call.num_prompt_tokens)
+        self._window[s.session.session_id] = s.call.num_prompt_tokens + s.call.max_tokens
         self.result.events.append((now, "send", s.session.session_id))
         body: dict[str, Any] = {"model": self.model, "prompt": s.call.prompt_ids(), "max_tokens": s.call.max_tokens,
                                 "ignore_eos": True, "temperature": 0.0, "stream": True,
@@ -172,32 +178,41 @@ class _LiveDriver:
 
     async def manage(self, m: Manage) -> bool:
         now = self.clock()
-        self.result.events.append((now, m.action if m.token_start is None else "evict-range", m.session.session_id))
-        if m.token_start is not None:
-            self.result.skipped_range_evicts += 1
-            return False
-        if m.action == "prefetch":
-            self._ready[m.session.session_id] = now
-        counts = self.result.actions.setdefault(m.action, [0, 0])
-        counts[0] += 1
-        hint = {**self._hint(m.session), "context_management": {
-            "manage_request": True, "edits": [{"type": m.action, "target": "session"}]}}
         sid = m.session.session_id
+        kind = m.action if m.token_start is None else f"{m.action}-range"
+        self.result.events.append((now, kind, sid))
+        if m.action == "prefetch" or m.token_start is not None:
+            self._ready.setdefault(sid, now)  # the agent is ready to call: this counts in its TTFT
+        counts = self.result.actions.setdefault(kind, [0, 0])
+        counts[0] += 1
+        edit: dict[str, Any] = {"type": m.action, "target": "session"}
+        if m.token_start is not None:
+            end = max(self._window.get(sid, 0), m.token_start + 1)
+            edit = {"type": m.action, "target": "tokens", "start": m.token_start, "end": end}
+        hint = {**self._hint(m.session), "context_management": {"manage_request": True, "edits": [edit]}}
         before = self._pending.pop(sid, None)
-        task = asyncio.create_task(self._post_manage(before, hint, counts))
+        task = asyncio.create_task(self._post_manage(before, hint, counts, kind))
         if m.action == "evict":
-            return await task  # the session is over: nothing else of it overlaps the evict
+            # the session is over, or its next call re-uses the kept prefix: the stale tail must be
+            # gone before that call arrives
+            return await task
         self._pending[sid] = task  # offload rides along with the tool wait; prefetch with the call
         return True
 
-    async def _post_manage(self, before: asyncio.Task | None, hint: dict[str, Any], counts: list[int]) -> bool:
+    async def _post_manage(self, before: asyncio.Task | None, hint: dict[str, Any], counts: list[int],
+                           kind: str) -> bool:
         """One management request, after the session's previous one (actions stay in order)."""
         if before is not None:
             await before
+        result = None
         try:
             resp = await self.http.post("/v1/completions", json={"model": self.model, "agent_hint": hint})
             ok = resp.status_code == 200
-        except httpx.HTTPError:
+            if ok and kind.endswith("-range"):
+                result = (resp.json().get("agent_hint_result") or {}).get("edits", [None])[0]
+        except (httpx.HTTPError, ValueError):
             ok = False
         counts[1] += int(ok)
+        if kind.endswith("-range"):
+            self.result.range_edits.append((self.clock(), hint["session_id"], result))
         return ok

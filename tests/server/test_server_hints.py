@@ -24,6 +24,7 @@ from hintkv.client import (
     messages_edit,
     session_edit,
     sub_agent,
+    tokens_edit,
     tools_edit,
 )
 from hintkv.protocol.ranges import stale_token_start
@@ -261,6 +262,30 @@ def test_completions_accept_hints_with_token_prompts(live_server):
                    json={"prompt": [1, 2, 3], **manage_hint(sid, None, [messages_edit("evict", 0, 1)])},
                    timeout=30)
     assert r.status_code == 400
+    assert r.json()["error"]["param"] == "agent_hint.context_management.edits[0].target"
+
+
+def test_completions_tokens_range_evict_frees_exactly_the_stale_blocks(live_server):
+    sid = _sid("tokrange")
+    prompt = list(range(5, 5 + 6 * BLOCK_SIZE + 3))
+    _client(live_server).completions.create(model=live_server.engine.model_name, prompt=prompt, max_tokens=2,
+                                            temperature=0, extra_body=hint(sid))
+    held = _session(live_server, sid).json()["held_tokens"]
+    assert held >= 6 * BLOCK_SIZE
+    start = 2 * BLOCK_SIZE + 5  # inside block 2: blocks 0-1 stay, block 2 on is stale
+    r = httpx.post(live_server.v1 + "/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": live_server.engine.model_name,
+                         **manage_hint(sid, None, [tokens_edit("evict", start, len(prompt) + 2)])}, timeout=30)
+    assert r.status_code == 200, r.text
+    [edit] = r.json()["agent_hint_result"]["edits"]
+    assert (edit["action"], edit["token_start"]) == ("evicted", start)
+    assert _session(live_server, sid).json()["held_tokens"] == 2 * BLOCK_SIZE
+    assert edit["tiers"]["device"]["blocks"] == -(held - 2 * BLOCK_SIZE) // BLOCK_SIZE
+    _integrity(live_server)
+    r = httpx.post(live_server.v1 + "/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": live_server.engine.model_name, "messages": [],
+                         **manage_hint(sid, None, [tokens_edit("evict", 0, 1)])}, timeout=30)
+    assert r.status_code == 400  # a chat window names messages/tools, not token positions
     assert r.json()["error"]["param"] == "agent_hint.context_management.edits[0].target"
 
 

@@ -21,6 +21,7 @@ from hintkv.bench.common import ServerProcess, hintkv_server
 from hintkv.replay import OfflineConfig, replay_offline
 from hintkv.workload.agent import HintPlan, Manage, Run, Send, workload_programs
 from hintkv.workload.live import replay_live
+from hintkv.workload.program import AgentScript, Call, Task, User, Workload
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import build_workload
 
@@ -77,3 +78,38 @@ def test_live_hints_in_order_and_offline_agrees(workload, admission):
                                                      block_size=BS, time_scale=50.0, scheduling=admission))
     assert offline.prompt_tokens == live.prompt_tokens
     assert abs(offline.hit_rate - live.hit_rate) <= 0.03, (offline.hit_rate, live.hit_rate)
+
+
+def _blocks(seed: int, n: int) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(range(1000 + 100 * (seed + i), 1000 + 100 * (seed + i) + BS)) for i in range(n))
+
+
+def test_live_range_evict_of_a_compressed_context_frees_exactly_the_stale_blocks():
+    """A context compressed between two calls (`stale_from`): the driver sends the `tokens` range
+    evict, waits for it, then the call; the server frees the previous window's blocks from the
+    stale block on, and nothing of the kept prefix or of another session sharing it."""
+    a, b, fresh = _blocks(0, 6), _blocks(10, 2), _blocks(20, 2)
+    stale_from = 2 * BS + 3  # inside block 2: blocks 0-1 stay, 2-5 are stale
+    root = AgentScript("cmp", (Call(a, 4, wait_s=0.1), Call(a[:2] + fresh, 4, stale_from=stale_from),
+                               Call(a[:2] + fresh + b, 4)))
+    other = AgentScript("other", (Call(a[:3] + b, 4, wait_s=2.0), Call(a[:3] + b + fresh, 4)))  # shares blocks 0-2
+    # `other` starts first, so it holds blocks 0-2 (from its call's end) when `cmp` range-evicts
+    workload = Workload("compressed", (User("u0", 1.0, (Task("cmp", "hand", root),)),
+                                       User("u1", 0.0, (Task("other", "hand", other),))))
+    args = ["--kv-cache-tokens", str(64 * BS), "--block-size", str(BS), "--eviction-policy", "sam"]
+    plan = HintPlan(hints=True)
+    with ServerProcess(hintkv_server("dummy:tiny", name="test-live-range", extra_args=args)) as srv:
+        live = asyncio.run(replay_live(workload, srv.base_url, "dummy:tiny", plan, time_scale=1.0))
+    assert live.num_errors == 0, [c.error for c in live.calls if c.error][:3]
+    assert live.actions["evict-range"] == [1, 1] and live.skipped_range_evicts == 0
+    order = [kind for _, kind, sid in live.events if sid == "cmp"]
+    assert order == _expected_order(workload, plan)["cmp"] == ["send", "evict-range", "send", "send", "evict"]
+    [(done_t, sid, edit)] = live.range_edits
+    assert sid == "cmp" and edit["action"] == "evicted" and edit["token_start"] == stale_from
+    # the previous window held 6 prompt blocks (+ no full output block): 2-5 were this session's;
+    # block 2 is also held by `other` (waiting on its tool then), so exactly 3 left the device
+    assert edit["tiers"]["device"]["blocks"] == -3, edit
+    second = [t for t, kind, s in live.events if s == "cmp" and kind == "send"][1]
+    assert done_t <= second  # the evict was applied before the call it precedes was sent
+    calls = sorted((c for c in live.calls if c.session_id == "cmp"), key=lambda c: c.call_index)
+    assert calls[1].cached_tokens == 2 * BS  # the kept prefix still hits
