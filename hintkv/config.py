@@ -84,7 +84,12 @@ class EngineConfig:
     offload_mode: str = _opt(
         "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "
         "copy as a cached block that is evicted with no write when room is needed) | eager (drop "
-        "the device copy at once)"
+        "the device copy at once) | deferred (write nothing at the hint: the session is demoted, and its "
+        "blocks are written down if the device evicts them)"
+    )
+    host_mode: str = _opt(
+        "inclusive", "where a block read back into the device stays: inclusive (in the tiers below too) | "
+        "exclusive (only on the device: its host/disk copies are removed; the shared pool keeps its copy)"
     )
     seed: int = _opt(0, "random seed of the engine (and of dummy weights)")
     served_model_name: str | None = _opt(None, "model id clients must send")
@@ -163,6 +168,10 @@ class EngineConfig:
 
         if self.scheduling_policy not in admission_names():
             raise ValueError(f"scheduling_policy must be one of {admission_names()}, not {self.scheduling_policy!r}")
+        if self.offload_mode not in ("lazy", "eager", "deferred"):  # cache/tier_connector.py (torch-free here)
+            raise ValueError(f"offload_mode must be lazy, eager or deferred, not {self.offload_mode!r}")
+        if self.host_mode not in ("inclusive", "exclusive"):
+            raise ValueError(f"host_mode must be inclusive or exclusive, not {self.host_mode!r}")
         check_disk_config(self.disk_cache_dir, self.disk_cache_size)
         if self.host_cache_memory is not None:
             parse_bytes(self.host_cache_memory)

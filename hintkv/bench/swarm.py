@@ -51,6 +51,7 @@ from hintkv.bench.common import (
 from hintkv.bench.sessions import parse_metrics
 from hintkv.bench.swarm_study import ADMISSION, captured, run_configs, size_workload
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
+from hintkv.cache.policies import policy_names
 from hintkv.replay import OfflineConfig
 from hintkv.workload.agent import HintPlan
 from hintkv.workload.live import LiveResult, replay_live
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-live", action="store_true", help="offline replay and oracle only")
     p.add_argument("--runs", default=",".join(DEFAULT_RUNS),
                    help=f"live runs to do (comma-separated, of {[r[0] for r in LIVE]})")
+    p.add_argument("--policy", default="sam", choices=policy_names(),
+                   help="eviction policy of the hinted runs (the `sam` and `sam+host` rows)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `hintkv serve` argument (repeat)")
     return p
 
@@ -132,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.skip_live:
             launch_servers(args, device, host, bpb, servers)  # they start up while the offline part runs
-        offline = run_configs(wl, base, device, host, memo)
+        offline = run_configs(wl, base, device, host, memo, hinted=args.policy)
         sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio),
-                                memo, names=SWEEP_RUNS) for f in SWEEP}
+                                memo, names=SWEEP_RUNS, hinted=args.policy) for f in SWEEP}
         grid = headroom_grid(args, scale, base, (wl, memo))
         log(f"offline done at {time.perf_counter() - t0:.0f}s")
         for name, (srv, hints) in servers.items():  # one at a time: each run has the machine to itself
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     goals = compute_goals(live, offline, sweep, grid)
     plots = make_plots(args.plots, live_results, sweep, offline) if args.plots else []
     emit_json({"bench": "swarm", "quick": args.quick, "seed": args.seed, "model": args.model,
+               "hinted_policy": args.policy,
                "workload": {**wl.meta, "calls": sizing.num_calls, "prompt_tokens": sizing.prompt_tokens,
                             "working_set_blocks": sizing.working_set_blocks, "device_blocks": device,
                             "host_blocks": host, "ideal_hit_rate": sizing.ideal_hit_rate,
@@ -195,7 +199,7 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
                 continue
             dev = sizing.device_blocks(frac)
             runs = run_configs(wl, base, dev, round(dev * args.host_ratio), memo,
-                               names=("lru", "lru+host", "sam", "sam+host", "qlru+host"))
+                               names=("lru", "lru+host", "sam", "sam+host", "qlru+host"), hinted=args.policy)
             for tier, lru, sam, oracle in (("device", "lru", "sam", "oracle"),
                                            ("host", "lru+host", "sam+host", "oracle+host")):
                 lo, hi, got = runs[lru]["hit_rate"], runs[oracle]["hit_rate"], runs[sam]["hit_rate"]
@@ -224,7 +228,8 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int,
         if name not in chosen:
             continue
         server = ["--kv-cache-tokens", str(device * args.block_size), "--block-size", str(args.block_size),
-                  "--eviction-policy", policy, "--scheduling-policy", LIVE_ADMISSION[name],
+                  "--eviction-policy", args.policy if policy == "sam" else policy,
+                  "--scheduling-policy", LIVE_ADMISSION[name],
                   *([] if hints else ["--ignore-hints"]),
                   *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
         out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name.replace('/', '-')}", extra_args=server)).launch(), hints)

@@ -53,13 +53,15 @@ def unbounded_blocks(wl: Workload, block_size: int) -> int:
 
 
 def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo: dict,
-                names: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
-    """The compared configurations at one capacity, plus the oracle (device, device + host)."""
+                names: tuple[str, ...] | None = None, hinted: str = "sam") -> dict[str, dict[str, Any]]:
+    """The compared configurations at one capacity, plus the oracle (device, device + host);
+    `hinted`: the policy of the hinted runs (named `sam`, `sam+host` in the table)."""
     out: dict[str, dict[str, Any]] = {}
     results: dict[str, OfflineResult] = {}
     for name, policy, hints, with_host, admission in CONFIGS:
         if names is not None and name not in names:
             continue
+        policy = hinted if policy == "sam" else policy
         cfg = replace(base, policy=policy, hints=hints, device_blocks=device, host_blocks=host if with_host else 0,
                       scheduling=admission)
         key = ("run", cfg)  # one workload per memo: a configuration asked for twice runs once

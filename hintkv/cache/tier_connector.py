@@ -105,16 +105,26 @@ class TierCounters:
 # it as a cached block; evicting it later writes nothing (the stack holds it), so the room is as
 # free as after a drop, and a resume before any pressure reloads nothing (measured in `hintkv sim`:
 # eager moved 4x the bytes and lost hit rate to lru + host at full scale). `eager`: drop at once.
-OFFLOAD_MODES = ("lazy", "eager")
+# `deferred`: write nothing at the hint; the session is only demoted (the policy ranks it low),
+# and its blocks are written down if and when the device evicts them (`on_device_evict`).
+OFFLOAD_MODES = ("lazy", "eager", "deferred")
+# Where a block read back into the device stays: `inclusive`, in the tiers below too (a second
+# eviction writes nothing); `exclusive`, only on the device (its lower copies are removed, so the
+# host holds what the device does not: the peak host bytes drop, a block evicted again is written
+# again). The shared pool tier (Mooncake) keeps its copy either way: other instances read it.
+HOST_MODES = ("inclusive", "exclusive")
 
 
 class TierConnector:
     def __init__(self, pool: BlockPool, block_size: int, stack: TierStack, io: DeviceBlockIO,
                  ranking: ClassRanking, hints: bool, clock: Callable[[], float] = time.monotonic,
-                 offload_mode: str = "lazy") -> None:
+                 offload_mode: str = "lazy", host_mode: str = "inclusive") -> None:
         if offload_mode not in OFFLOAD_MODES:
             raise ValueError(f"offload_mode must be one of {OFFLOAD_MODES}, got {offload_mode!r}")
+        if host_mode not in HOST_MODES:
+            raise ValueError(f"host_mode must be one of {HOST_MODES}, got {host_mode!r}")
         self.offload_mode = offload_mode
+        self.host_mode = host_mode
         self.pool = pool
         self.clock = clock  # injectable: the simulator runs the connector in simulated time
         self.block_size = block_size
@@ -218,7 +228,11 @@ class TierConnector:
 
     def offload(self, hashes: list[BlockHash]) -> tuple[int, int]:
         """Write the device-resident blocks among `hashes` down now; their device copies are
-        dropped by `poll` once stored. Returns (blocks written, blocks already below)."""
+        dropped by `poll` once stored. Returns (blocks written, blocks already below).
+        `deferred`: nothing is written now (evicting them later writes them down)."""
+        if self.offload_mode == "deferred":
+            on_device = [h for h, b in zip(hashes, self.pool.lookup_many(hashes)) if b is not None]
+            return 0, sum(1 for w in self.stack.lookup(on_device) if w is not None)
         on_device = [(h, b) for h, b in zip(hashes, self.pool.lookup_many(hashes))
                      if b is not None]
         where = self.stack.lookup([h for h, _ in on_device])
@@ -281,7 +295,16 @@ class TierConnector:
         load = self._loads.pop(key)
         n = self._land(load)
         self.counters.num_loaded += n
+        self._leave_below(load.hashes[:n])
         return n, load.tiers[:n]
+
+    def _leave_below(self, hashes: list[BlockHash]) -> None:
+        """`exclusive`: blocks now on the device leave the private tiers below (host, disk)."""
+        if self.host_mode != "exclusive" or not hashes:
+            return
+        for t in self.stack.tiers:
+            if t is not self.pool_tier:
+                t.remove_many(hashes)
 
     def cancel_load(self, key: str) -> None:
         """The sequence left (abort, finish): forget its load; stray I/O only fills staging."""
@@ -367,6 +390,7 @@ class TierConnector:
                 if i < n and self.keep(h) and self.pool.lookup(h) is None:
                     self.pool.register(b, h)
                     self.counters.num_prefetched += 1
+                    self._leave_below([h])
                     if self.spm is not None and p.tiers[i] == self.spm.pool.name:
                         self.spm.counters.num_pool_prefetched += 1
             self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty

@@ -149,7 +149,8 @@ class LLMEngine:
         log.info("KV tiers: %s", ", ".join(f"{n} {u.capacity_blocks} blocks"
                                             for n, u in stack.usage().items()))
         return TierConnector(self.kv.pool, self.block_size, stack, io, self.kv.ranking,
-                             self.cfg.hints, offload_mode=self.cfg.offload_mode)
+                             self.cfg.hints, offload_mode=self.cfg.offload_mode,
+                             host_mode=self.cfg.host_mode)
 
     @property
     def num_kv_tokens(self) -> int:
