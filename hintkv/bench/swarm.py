@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"live runs to do (comma-separated, of {[r[0] for r in LIVE]})")
     p.add_argument("--policy", default="sam", choices=policy_names(),
                    help="eviction policy of the hinted runs (the `sam` and `sam+host` rows)")
+    p.add_argument("--hinted-offload-mode", default="lazy", choices=("lazy", "eager", "deferred"),
+                   help="`hintkv serve --offload-mode` of the hinted host runs (sam+host; lru+host stays lazy)")
+    p.add_argument("--hinted-host-mode", default="inclusive", choices=("inclusive", "exclusive"),
+                   help="`hintkv serve --host-mode` of the hinted host runs (lru+host stays inclusive)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `hintkv serve` argument (repeat)")
     return p
 
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     goals = compute_goals(live, offline, sweep, grid)
     plots = make_plots(args.plots, live_results, sweep, offline) if args.plots else []
     emit_json({"bench": "swarm", "quick": args.quick, "seed": args.seed, "model": args.model,
-               "hinted_policy": args.policy,
+               "hinted_policy": args.policy, "hinted_host": [args.hinted_offload_mode, args.hinted_host_mode],
                "workload": {**wl.meta, "calls": sizing.num_calls, "prompt_tokens": sizing.prompt_tokens,
                             "working_set_blocks": sizing.working_set_blocks, "device_blocks": device,
                             "host_blocks": host, "ideal_hit_rate": sizing.ideal_hit_rate,
@@ -231,7 +235,9 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int,
                   "--eviction-policy", args.policy if policy == "sam" else policy,
                   "--scheduling-policy", LIVE_ADMISSION[name],
                   *([] if hints else ["--ignore-hints"]),
-                  *(["--host-cache-memory", str(host * bpb)] if with_host else []), *args.server_arg]
+                  *(["--host-cache-memory", str(host * bpb)] if with_host else []),
+                  *(["--offload-mode", args.hinted_offload_mode, "--host-mode", args.hinted_host_mode]
+                    if with_host and hints else []), *args.server_arg]
         out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name.replace('/', '-')}", extra_args=server)).launch(), hints)
 
 
