@@ -133,13 +133,17 @@ class EngineConfig:
     pool_timeout_s: float = _opt(1.0, "seconds before a pool call counts as failed (circuit "
                                  "breaker)", flags=("--pool-timeout",))
     quantization: str | None = _opt(
-        None, "w8a8: int8 weights (per channel) x int8 activations (per token) through torch._int_mm"
+        None, "w8a8: int8 weights (per channel, SmoothQuant-calibrated) x int8 activations (per token, "
+        "two levels) through torch._int_mm; down_proj stays float"
     )
     compile_step: str = _opt(
         "auto", "auto | on | off: torch.compile the model step's element-wise regions "
         "(auto: on for CUDA, off on CPU, where it measured no win)"
     )
-    enforce_eager: bool = _opt(False, "never compile the model step (vLLM's flag; wins over --compile-step)")
+    enforce_eager: bool = _opt(False, "never compile the model step nor capture CUDA graphs (vLLM's flag; "
+                                      "wins over --compile-step and --cuda-graphs)")
+    cuda_graphs: str = _opt("auto", "auto | off: replay decode steps as CUDA graphs (bucketed batch and "
+                            "context; auto: on CUDA unless --enforce-eager)")
     speculative: str | None = _opt(
         None, "speculative decoding from the session's own text: ngram (prompt lookup over the "
         "request) | suffix (suffix counts over the session's requests and responses)")
@@ -181,12 +185,18 @@ class EngineConfig:
             raise ValueError(f"quantization must be w8a8 or unset, not {self.quantization!r}")
         if self.compile_step not in ("auto", "on", "off"):
             raise ValueError(f"compile_step must be auto, on or off, not {self.compile_step!r}")
+        if self.cuda_graphs not in ("auto", "off"):
+            raise ValueError(f"cuda_graphs must be auto or off, not {self.cuda_graphs!r}")
         if self.speculative not in (None, "ngram", "suffix"):
             raise ValueError(f"speculative must be ngram or suffix, not {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError("num_speculative_tokens must be in [1, 32]")
         if self.speculative_scope not in ("session", "tenant"):
             raise ValueError(f"speculative_scope must be session or tenant, not {self.speculative_scope!r}")
+
+    def wants_cuda_graphs(self, device_type: str) -> bool:
+        """Whether decode steps replay CUDA graphs (`models/cuda_graphs.py`): on CUDA unless --enforce-eager."""
+        return device_type == "cuda" and not self.enforce_eager and self.cuda_graphs == "auto"
 
     def wants_compile(self, device_type: str) -> bool:
         """Whether the engine compiles its model step on this device type."""

@@ -4,9 +4,10 @@
 #   OUT=/tmp/gpu_out bash scripts/gpu_check.sh
 #
 # 1. the CUDA tests (every test that skips without CUDA runs here: compiled step, w8a8, int8 / fp8
-#    KV cache and the batched speculative verify on CUDA);
+#    KV cache, the batched speculative verify, decode CUDA graphs vs eager tokens);
 # 2. hintkv bench engine --device cuda --quick (dummy:llama3-8b, bf16, against the plain-SDPA H200
-#    calibration in shared/calibration/h200-llama3-8b-shape.json; plus the compiled variant);
+#    calibration in shared/calibration/h200-llama3-8b-shape.json; decode b1 / b8 with CUDA graphs
+#    (the default) and without (variant no-graphs), and fully eager);
 # 3. hintkv bench tiers --device cuda (dummy:llama3-8b, bf16, 8K context: its GPU goals; the swarm part is a CPU-scale run, skipped).
 # Each step has its own time limit, so one that hangs cannot eat the others' time; the exit
 # status is non-zero when any step failed (each step's log says which).
@@ -32,8 +33,10 @@ step() {  # step NAME SECONDS CMD...
 
 { nvidia-smi; "$PY" -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'; } \
     > "$OUT/device.txt" 2>&1
-step cuda_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_cuda.py
-step bench_engine 240 "$PY" -m hintkv bench engine --device cuda --quick --variants compiled
+step cuda_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_cuda.py tests/models/test_cuda_graphs.py
+# variants: no-graphs (decode CUDA graphs off: their effect on decode b1 / b8 is this row's ratio,
+# inverted) and eager (--enforce-eager: neither graphs nor compile)
+step bench_engine 300 "$PY" -m hintkv bench engine --device cuda --quick --variants no-graphs,eager
 # tiers: the issue-4 GPU goals are defined on dummy:llama3-8b at 8K (--quick would pick dummy:tiny at 2K)
 step bench_tiers 200 "$PY" -m hintkv bench tiers --device cuda --models dummy:llama3-8b --contexts 8192 --dtype bfloat16 --skip-swarm
 tail -n 1 "$OUT/bench_engine.out" > "$OUT/bench_engine.json" 2>/dev/null || true

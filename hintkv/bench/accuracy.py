@@ -2,8 +2,8 @@
 
     python -m hintkv.bench.accuracy [--model SPEC] [--quantization w8a8 | --kv-cache-dtype int8]
 
-`OneSequence` runs one sequence on a contiguous paged cache (the same `AttentionMetadata` the
-serving path builds), so a model can be checked without an engine; `greedy` decodes with it.
+`OneSequence` (`models/one_sequence.py`) runs one sequence on a contiguous paged cache, so a model
+can be checked without an engine; `greedy` decodes with it.
 Used by `hintkv bench engine` (the w8a8 and kv int8 / fp8 rows' accuracy columns) and by the
 exactness tests. A quantised KV cache is only read back by attention over a cached context, so
 `compare` feeds each text as its first token, then the rest as one chunk over it: every position
@@ -18,10 +18,10 @@ import math
 
 import torch
 
-from hintkv.models.attention import AttentionMetadata
-from hintkv.models.kv_quant import CHOICES, cache_row
+from hintkv.models.kv_quant import CHOICES
+from hintkv.models.one_sequence import OneSequence
 
-BLOCK = 16
+__all__ = ["OneSequence", "compare", "fixed_token_lists", "greedy"]
 
 # A fixed text set: prose, code and a tool-call transcript (what agents read and write).
 FIXED_TEXTS = (
@@ -40,32 +40,6 @@ FIXED_TEXTS = (
     "synthesize foods from carbon dioxide and water. It generally involves the green pigment "
     "chlorophyll and generates oxygen as a by-product."),
 )
-
-
-class OneSequence:
-    """One sequence's KV on a contiguous block table; `step(ids)` appends tokens, returns their logits."""
-
-    def __init__(self, model, max_tokens: int, kv_cache_dtype: str = "auto") -> None:
-        cfg = model.config
-        self.model = model
-        num_blocks = -(-max_tokens // BLOCK)
-        row, storage = cache_row(cfg.head_dim, model.dtype, kv_cache_dtype)
-        shape = (2, num_blocks, BLOCK, cfg.num_key_value_heads, row)
-        self.kv_caches = [torch.zeros(shape, dtype=storage, device=model.device)
-                          for _ in range(cfg.num_hidden_layers)]
-        self.table = torch.arange(num_blocks, device=model.device)
-        self.num_tokens = 0
-
-    def step(self, ids: list[int]) -> torch.Tensor:
-        """Float32 logits [len(ids), vocab] of the new tokens, appended after the cached ones."""
-        dev = self.model.device
-        start, end = self.num_tokens, self.num_tokens + len(ids)
-        pos = torch.arange(start, end, device=dev)
-        meta = AttentionMetadata(slot_mapping=pos.clone(), query_start_loc=[0, len(ids)], context_lens=[end],
-                                 block_tables=[self.table], is_decode_only=len(ids) == 1)
-        hidden = self.model(torch.tensor(ids, device=dev), pos, meta, self.kv_caches)
-        self.num_tokens = end
-        return self.model.compute_logits(hidden)
 
 
 def greedy(model, prompt: list[int], n: int, kv_cache_dtype: str = "auto") -> list[int]:

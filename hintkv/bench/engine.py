@@ -50,6 +50,7 @@ from hintkv.bench.common import (
     add_common_args,
     batch_decode_tok_per_s,
     emit_json,
+    goal,
     goal_at_least,
     goal_at_most,
     hintkv_server,
@@ -60,8 +61,8 @@ from hintkv.bench.common import (
     stream_batch,
     stream_completion,
 )
+from hintkv.bench.spec_decode import SPEC_COLUMNS, spec_goal
 from hintkv.bench.spec_decode import run_bench as run_spec_bench
-from hintkv.bench.spec_decode import spec_goal
 from hintkv.bench.swarm import default_traces
 from hintkv.bench.vllm_peer import (
     kv_bytes_per_token,
@@ -225,7 +226,8 @@ def peer_hf_config(model: str) -> dict[str, Any]:
 
 # hintkv variants measured against plain hintkv: name -> extra serve flags
 VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "on"],
-            "eager": ["--enforce-eager"], "kv-int8": ["--kv-cache-dtype", "int8"],
+            "eager": ["--enforce-eager"], "no-graphs": ["--cuda-graphs", "off"],
+            "kv-int8": ["--kv-cache-dtype", "int8"],
             "kv-fp8": ["--kv-cache-dtype", "fp8"]}
 KV_FORMATS = ("int8", "fp8")
 
@@ -413,6 +415,11 @@ def compute_goals(results: dict[str, dict[str, Any]], w: Workload,
         kv_goals[f"kv_{name}_capacity_vs_{dtype}"] = goal_at_least(2.0, r.get(f"capacity vs {dtype}"))
         kv_goals[f"kv_{name}_capacity_vs_{dtype}"]["vs_bfloat16"] = r.get("capacity vs bfloat16")
         kv_goals[f"kv_{name}_top1_agreement"] = goal_at_least(0.97, r.get("top-1 agreement"))
+    fp8, int8 = kv_goals.get("kv_fp8_top1_agreement"), kv.get("int8", {}).get("top-1 agreement")
+    if fp8 is not None and fp8["measured"] is not None and not fp8["met"]:
+        fp8["why"] = (f"e4m3 keeps 3 mantissa bits: every value's relative error is up to 2^-4 whatever the "
+                      f"row scale (scales amax/448, /224, /56 gave 0.959-0.970 on these tokens); int8 at the "
+                      f"same capacity: {int8}")
     return {
         **kv_goals,
         "prefill_512_2048_vs_vllm": goal_at_least(1.2, _worst(prefill)),
@@ -421,10 +428,26 @@ def compute_goals(results: dict[str, dict[str, Any]], w: Workload,
         "w8a8_decode_vs_float32": goal_at_least(1.5, _worst(w8a8)),
         "w8a8_top1_agreement": goal_at_least(0.97, top1),
         "speculative_agent_decode_speedup": spec_goal(spec) if spec else goal_at_least(1.8, None),
-        "cuda_graphs": {"target": "decode batches in CUDA graphs", "measured": None, "met": False,
-                        "note": "not built; a CPU run cannot show it"},
+        "cuda_graphs": cuda_graphs_goal(results),
         "cached_2048_ttft_vs_cold_128": goal_at_most(1.5, _worst(cached, pick=max)),
     }
+
+
+def cuda_graphs_goal(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Decode with CUDA graphs (the default on CUDA) over the `no-graphs` variant, worst of batch 1
+    and 8; without that variant's run (a CPU, or not asked) the goal stays unmeasured."""
+    speedups = []
+    for r in results.values():
+        v = r.get("variants", {}).get("no-graphs")
+        if v is not None:  # variant / plain: invert to read "graphs over no graphs"
+            speedups += [None if x is None or x == 0 else 1.0 / x
+                         for x in (v["ratios"].get("decode_b1"), v["ratios"].get("decode_batch"))]
+    g = goal(1.0, _worst(speedups), False)
+    g["met"] = g["measured"] is not None and g["measured"] > 1.0
+    g["target"] = "> 1.0: decode tok/s with CUDA graphs over without (models/cuda_graphs.py)"
+    if not speedups:
+        g["note"] = "built, unverified: needs a CUDA run with --variants no-graphs (scripts/gpu_check.sh)"
+    return g
 
 
 def _figures_json(f: ServerFigures | None) -> dict[str, Any] | None:
@@ -519,8 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         log("agent decode workload: speculative decoding (SmolLM2, swe-agent turns)")
         spec_rows, spec, n_turns = run_spec_bench(args.quick, default_traces(), args.seed, 4)
         print(f"\nagent decode workload: {n_turns} swe-agent turns, SmolLM2, greedy, up to 128 tokens")
-        print_table(spec_rows, ["mode", "k", "decode tok/s", "vs none", "tokens/forward", "acceptance",
-                                "identical"])
+        print_table(spec_rows, SPEC_COLUMNS)
     for model, r in results.items():
         for side in ("hintkv", "vllm"):
             if r[side] is not None and r[side].error:

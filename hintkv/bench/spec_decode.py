@@ -13,7 +13,10 @@ alike). Per mode: decode tokens/s (tokens after the first over the time from the
 the last, so the shared prefill is left out), tokens per forward, draft acceptance, and whether
 the greedy output is identical to no speculation.
 
-`--quick`: 2 traces x 2 turns, prompts <= 2048 tokens; full: 6 traces x 4 turns, <= 4096.
+`--quick`: 2 traces x 2 turns, prompts <= 2048 tokens; full: 6 traces x 4 turns, <= 4096
+(`--num-traces`, `--turns-per-trace`, `--max-prompt` set them). Per mode the table and JSON give the
+per-turn speed-ups (min / median / max) next to the aggregate, so a figure's spread across turns
+shows.
 Goal (issue 11): speculative decode tok/s >= 1.8x no speculation, identical greedy output.
 A table goes to stdout, then one JSON line; progress goes to stderr.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +46,8 @@ from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
 
 MODES = (None, "ngram", "suffix")
+SPEC_COLUMNS = ["mode", "k", "decode tok/s", "vs none", "per-turn min/med/max", "tokens/forward", "acceptance",
+                "identical"]
 MAX_NEW_TOKENS = 128
 
 
@@ -60,6 +66,7 @@ class ModeFigures:
     drafts: int = 0
     accepted: int = 0
     outputs: list[list[int]] = field(default_factory=list)
+    per_turn: list[tuple[int, float, int]] = field(default_factory=list)  # (tokens, decode_s, forwards)
 
     @property
     def tok_s(self) -> float | None:
@@ -124,6 +131,7 @@ def run_turn(e: LLMEngine, turn: Turn, rid: str, fig: ModeFigures) -> None:
                 t_last = now
                 tokens += o.new_token_ids
     fig.outputs.append(tokens)
+    fig.per_turn.append((len(tokens) - 1, (t_last or 0) - (t_first or 0), forwards))
     fig.tokens += len(tokens) - 1
     fig.decode_s += (t_last or 0) - (t_first or 0)
     fig.forwards += forwards
@@ -144,6 +152,24 @@ def measure(turns: list[Turn], k: int) -> dict[str | None, ModeFigures]:
     return figs
 
 
+def turn_spread(f: ModeFigures, base: ModeFigures) -> dict[str, list[float] | None]:
+    """Per turn: decode tok/s over no speculation's on the same turn, and tokens per forward; with
+    min / median / max, so a figure's stability across turns is visible (the aggregate weights long
+    turns more)."""
+    speedups, per_fwd = [], []
+    for (tok, sec, fwd), (btok, bsec, _) in zip(f.per_turn, base.per_turn, strict=True):
+        if sec > 0 and bsec > 0 and btok > 0:
+            speedups.append(round((tok / sec) / (btok / bsec), 3))
+        if fwd:
+            per_fwd.append(round(tok / fwd, 3))
+
+    def mmm(v: list[float]) -> list[float] | None:
+        return [min(v), statistics.median(v), max(v)] if v else None
+
+    return {"speedup_per_turn": speedups, "speedup_min_median_max": mmm(speedups),
+            "tokens_per_forward_per_turn": per_fwd, "tokens_per_forward_min_median_max": mmm(per_fwd)}
+
+
 def summarize(figs: dict[str | None, ModeFigures], k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     base = figs[None]
     rows, modes = [], {}
@@ -153,11 +179,14 @@ def summarize(figs: dict[str | None, ModeFigures], k: int) -> tuple[list[dict[st
         speedup = ratio(f.tok_s, base.tok_s)
         acc = f.accepted / f.drafts if f.drafts else None
         per_fwd = f.tokens / f.forwards if f.forwards else None
+        spread_ = turn_spread(f, base)
+        lo_med_hi = spread_["speedup_min_median_max"]
         rows.append({"mode": name, "k": k if m else 0, "decode tok/s": f.tok_s, "vs none": speedup,
+                     "per-turn min/med/max": "/".join(f"{v:.2f}" for v in lo_med_hi) if lo_med_hi and m else "-",
                      "tokens/forward": per_fwd, "acceptance": acc, "identical": identical})
         modes[name] = {"tok_s": f.tok_s, "speedup": speedup, "tokens": f.tokens, "forwards": f.forwards,
                        "tokens_per_forward": per_fwd, "drafts": f.drafts, "accepted": f.accepted,
-                       "acceptance": acc, "identical_greedy": identical}
+                       "acceptance": acc, "identical_greedy": identical, **(spread_ if m else {})}
     return rows, modes
 
 
@@ -168,6 +197,9 @@ def spec_goal(modes: dict[str, Any]) -> dict[str, Any]:
     best = max(cands, default=(None, None))
     g = goal(1.8, best[0], best[0] is not None and best[0] >= 1.8)
     g["mode"] = best[1]
+    if best[1] is not None:  # how stable the figure is across the turns
+        g["per_turn_min_median_max"] = modes[best[1]].get("speedup_min_median_max")
+        g["turns"] = len(modes[best[1]].get("speedup_per_turn", []))
     return g
 
 
@@ -177,8 +209,12 @@ def spec_goal(modes: dict[str, Any]) -> dict[str, Any]:
 STAGE_THREADS = 1
 
 
-def run_bench(quick: bool, traces: str, seed: int, k: int) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
-    n_traces, per, max_prompt = (2, 2, 2048) if quick else (6, 4, 4096)
+def run_bench(quick: bool, traces: str, seed: int, k: int,
+              sizes: tuple[int | None, int | None, int | None] = (None, None, None),
+              ) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+    """`sizes`: (traces, turns per trace, longest prompt), each None for the --quick / full default."""
+    default = (2, 2, 2048) if quick else (6, 4, 4096)
+    n_traces, per, max_prompt = (a if a is not None else b for a, b in zip(sizes, default, strict=True))
     turns = agent_turns(traces, n_traces, per, max_prompt, seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(STAGE_THREADS)
@@ -197,14 +233,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(p)
     p.add_argument("--traces", default=default_traces(), help="a folder with swe-agent/ in it, or the folder itself")
     p.add_argument("--k", type=int, default=4, help="--num-speculative-tokens")
+    p.add_argument("--num-traces", type=int, default=None, help="traces (default: 2 with --quick, else 6)")
+    p.add_argument("--turns-per-trace", type=int, default=None, help="turns per trace (default: 2 / 4)")
+    p.add_argument("--max-prompt", type=int, default=None, help="longest prompt in tokens (default: 2048 / 4096)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.perf_counter()
-    rows, modes, n = run_bench(args.quick, args.traces, args.seed, args.k)
-    print_table(rows, ["mode", "k", "decode tok/s", "vs none", "tokens/forward", "acceptance", "identical"])
+    rows, modes, n = run_bench(args.quick, args.traces, args.seed, args.k,
+                               (args.num_traces, args.turns_per_trace, args.max_prompt))
+    print_table(rows, SPEC_COLUMNS)
     emit_json({"bench": "spec_decode", "quick": args.quick, "turns": n, "k": args.k,
                "elapsed_s": round(time.perf_counter() - t0, 1), "modes": modes,
                "goals": {"speculative_agent_decode_speedup": spec_goal(modes)}})

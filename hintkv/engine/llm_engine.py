@@ -90,7 +90,8 @@ class LLMEngine:
         # requests apply within milliseconds even while a long prefill runs.
         self.lock = threading.Lock()
         self.runner = ModelRunner(loaded.model, loaded.config, self.num_blocks, cfg.block_size,
-                                  self.dtype, self.device, cfg.kv_cache_dtype)
+                                  self.dtype, self.device, cfg.kv_cache_dtype,
+                                  self.max_model_len if cfg.wants_cuda_graphs(self.device.type) else None)
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
         log.info("engine ready: model=%s device=%s dtype=%s kv=%s kv_blocks=%d (%d tokens)",

@@ -17,6 +17,7 @@ from hintkv.engine.sampler import sample
 from hintkv.engine.spec.verify import verify
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.config import ModelConfig
+from hintkv.models.cuda_graphs import DecodeGraphs
 from hintkv.models.kv_quant import cache_row
 
 
@@ -37,15 +38,24 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto") -> None:
+                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
+                 cuda_graphs_max_len: int | None = None) -> None:
+        """`cuda_graphs_max_len`: capture decode CUDA graphs for contexts up to that many tokens
+        (`models/cuda_graphs.py`; one scratch block past `num_blocks` takes the pad rows' KV)."""
         self.model = model
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
         row, storage = cache_row(cfg.head_dim, dtype, kv_cache_dtype)  # int8 / fp8: kv_quant.py
-        shape = (2, num_blocks, block_size, cfg.num_key_value_heads, row)
+        graphs = cuda_graphs_max_len is not None
+        shape = (2, num_blocks + int(graphs), block_size, cfg.num_key_value_heads, row)
         self.kv_caches = [torch.zeros(shape, dtype=storage, device=device)
                           for _ in range(cfg.num_hidden_layers)]
+        self.graphs: DecodeGraphs | None = None
+        if graphs:
+            self.graphs = DecodeGraphs(model, self.kv_caches, block_size, -(-cuda_graphs_max_len // block_size),
+                                       pad_block=num_blocks)
+            self.graphs.capture()
 
     def prepare_inputs(self, batch: list[ScheduledSeq]) -> StepInputs:
         """The engine's one way from scheduled sequences to model inputs: each sequence's new
@@ -80,7 +90,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Write the step's K/V into the paged cache; hidden states of every new token."""
+        """Write the step's K/V into the paged cache; hidden states of every new token (a decode step
+        that fits a captured bucket replays its CUDA graph)."""
+        if self.graphs is not None:
+            out = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+            if out is not None:
+                return out
         return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
 
     @torch.inference_mode()

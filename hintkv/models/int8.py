@@ -1,0 +1,80 @@
+"""int8 tensor arithmetic for W8A8: weight and activation quantization, the int8 GEMM and its rescale.
+
+    smoothing(absmax, w)        -> SmoothQuant's per-input-channel scale s [K]
+    quantize_weight(w, smooth)  -> int8 [K, N] view (what torch._int_mm's fast path takes), scale [N]
+    quantize_rows(x, levels)    -> int8 [levels*M, K], scale [levels*M, 1]   (symmetric, per token)
+    int8_linear(x, ...)         -> float y [M, N]
+
+`levels=2` quantizes each row twice: q1 = round(x / s1), then the residual x - s1 q1 the same way.
+Both go through ONE `torch._int_mm` over the 2M stacked rows (y = s1 (q1 W) + s2 (q2 W)): _int_mm
+costs about the same at 8 and 16 rows here; a single row takes two one-row calls instead (its
+one-row path is 3-10x faster than its 2-row GEMM on this CPU). The activation error is
+then ~1/127 of one int8 step: on SmolLM2 the activations, not the weights, were W8A8's error (KL
+to float32 per token, 295 fixed tokens: weights and activations int8 0.0116, weights only 0.0024,
+two-level activations 0.0024; see docs/benchmarks.md).
+
+SmoothQuant (`smooth`, per input channel, from `calibration.py`): W' = W diag(s), x' = x / s moves
+activation outliers into the weight, where per-channel scales absorb them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LEVELS = 2
+ALPHA = 0.5  # SmoothQuant's migration strength (calibration.py says how it was chosen)
+
+
+def smoothing(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float = ALPHA) -> torch.Tensor:
+    """SmoothQuant's per-input-channel s [K] = max|x|^a / max|W|^(1-a): x / s and W diag(s) leave
+    x W^T unchanged and split the activation outliers between the two."""
+    w_max = weight.detach().float().abs().amax(dim=0).clamp_min(1e-5)
+    return (act_absmax.clamp_min(1e-5) ** alpha / w_max ** (1 - alpha)).clamp_min(1e-5)
+
+
+def quantize_weight(w: torch.Tensor, smooth: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of `w` [N, K] (times `smooth` [K] per input channel)."""
+    w = w.detach().float()
+    if smooth is not None:
+        w = w * smooth
+    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [N]
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.t(), scale
+
+
+def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of float `x` [M, K]; `levels=2` stacks the residual's rows below."""
+    qs, scales = [], []
+    for level in range(levels):
+        s = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30).div_(127.0)
+        q = torch.div(x, s).round_()  # |x / s| <= 127: no clamp needed
+        qs.append(q)
+        scales.append(s)
+        if level + 1 < levels:
+            x = torch.addcmul(x, q, s, value=-1.0)
+    if levels == 1:
+        return qs[0].to(torch.int8), scales[0]
+    return torch.cat(qs).to(torch.int8), torch.cat(scales)
+
+
+def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,
+                levels: int = LEVELS) -> torch.Tensor:
+    """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`."""
+    xf = x.float()
+    if inv_smooth is not None:
+        xf = xf * inv_smooth
+    xq, x_scale = quantize_rows(xf, levels)
+    m = x.shape[0]
+    if m == 1 and levels == 2 and not xq.is_cuda:
+        # one row: two GEMV calls (_int_mm's one-row path is 3-10x its 2-row GEMM here), same sum
+        lo, hi = torch._int_mm(xq[:1], w_t), torch._int_mm(xq[1:], w_t)
+        return torch.addcmul(lo.float().mul_(x_scale[:1]), hi.float(), x_scale[1:]).mul_(w_scale)
+    rows = xq.shape[0]
+    if xq.is_cuda and rows <= 16:  # CUDA's int8 GEMM wants more than 16 rows: pad with zeros
+        xq = F.pad(xq, (0, 0, 0, 17 - rows))
+    acc = torch._int_mm(xq, w_t)[:rows]  # int32 [levels*M, N]
+    y = acc.float().mul_(x_scale)
+    if levels == 2:
+        y = y[:m].add_(y[m:])
+    return y.mul_(w_scale)

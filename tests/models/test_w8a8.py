@@ -1,0 +1,108 @@
+"""W8A8's parts (int8.py, calibration.py, the LM head kernel): two-level activation quantization,
+the one-row path, SmoothQuant's identity, calibration, and the head's exact top logits."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hintkv.bench.accuracy import FIXED_TEXTS
+from hintkv.models.calibration import (
+    CALIBRATION_TEXTS,
+    calibrate,
+    calibration_token_lists,
+)
+from hintkv.models.int8 import int8_linear, quantize_rows, quantize_weight, smoothing
+from hintkv.models.linear import KERNELS, Linear
+from hintkv.models.loader import load_model
+
+
+def _x(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x[:, 3] *= 40.0  # an outlier channel, as LLM activations have
+    return x
+
+
+def test_two_level_rows_are_finer_than_one_level():
+    x = _x(5, 256)
+    q1, s1 = quantize_rows(x, 1)
+    q2, s2 = quantize_rows(x, 2)
+    assert q1.dtype == q2.dtype == torch.int8 and q2.shape == (10, 256) and s2.shape == (10, 1)
+    one = q1.float() * s1
+    two = q2[:5].float() * s2[:5] + q2[5:].float() * s2[5:]
+    err1, err2 = (x - one).abs().amax(1), (x - two).abs().amax(1)
+    assert torch.all(err1 <= s1[:, 0] / 2 + 1e-6)
+    assert torch.all(err2 <= s2[5:, 0] / 2 + 1e-6)
+    assert float(err2.max()) < float(err1.max()) / 50
+
+
+def test_one_row_path_matches_the_batched_path():
+    """A decode row takes two one-row GEMMs; the same row inside a batch takes one stacked GEMM."""
+    w = torch.randn(96, 128)
+    w_t, w_scale = quantize_weight(w)
+    x = _x(8, 128, seed=1)
+    batched = int8_linear(x, w_t, w_scale, None)
+    for i in range(8):
+        torch.testing.assert_close(int8_linear(x[i:i + 1], w_t, w_scale, None), batched[i:i + 1])
+    ref = x @ w.t()
+    assert float((batched - ref).norm() / ref.norm()) < 0.01
+
+
+def test_smoothing_keeps_the_product_and_flattens_the_outlier():
+    w = torch.randn(64, 128) * 0.05
+    x = _x(6, 128, seed=2)
+    s = smoothing(x.abs().amax(0), w)
+    torch.testing.assert_close((x / s) @ (w * s).t(), x @ w.t(), rtol=1e-4, atol=1e-4)
+    xs = (x / s).abs().amax(0)
+    assert float(xs.max() / xs.median()) < float(x.abs().amax(0).max() / x.abs().amax(0).median())
+    # smoothed int8 is closer to float than plain int8 with an outlier channel
+    plain = int8_linear(x, *quantize_weight(w), None, levels=1)
+    smooth = int8_linear(x, *quantize_weight(w, s), 1.0 / s, levels=1)
+    ref = x @ w.t()
+    assert float((smooth - ref).norm()) < float((plain - ref).norm())
+
+
+def test_head_kernel_rescores_its_top_logits_exactly():
+    lin = Linear(64, 500, False, torch.float32, "cpu")
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(500, 64))
+    x = torch.randn(3, 64)
+    ref = F.linear(x, lin.weight)
+    head = KERNELS["w8a8-head"](lin.weight, None)
+    out = head(x)
+    approx = KERNELS["w8a8"].__call__(head, x)  # the int8 logits before rescoring
+    assert float((approx - ref).abs().max()) > 1e-3
+    top = approx.topk(head.RESCORE, dim=-1).indices
+    torch.testing.assert_close(out.gather(-1, top), ref.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(out.argmax(-1), ref.argmax(-1))
+
+
+def test_calibration_texts_are_not_the_evaluation_texts():
+    assert not set(CALIBRATION_TEXTS) & set(FIXED_TEXTS)
+    for cal in CALIBRATION_TEXTS:
+        assert all(ev[:60] not in cal for ev in FIXED_TEXTS)
+
+
+def test_calibrate_records_every_linear_input():
+    lm = load_model("dummy:tiny", torch.float32, "cpu")
+    absmax = calibrate(lm.model, [ids[:40] for ids in calibration_token_lists(lm.tokenizer)])
+    linears = {n: m for n, m in lm.model.named_modules() if isinstance(m, Linear)}
+    assert set(absmax) == set(linears)
+    for name, a in absmax.items():
+        assert a.shape == (linears[name].weight.shape[1],) and bool(torch.all(a >= 0)) and float(a.max()) > 0
+    # the hooks are gone: a second forward records nothing more
+    assert not any(m._forward_pre_hooks for m in linears.values())
+
+
+def test_w8a8_dummy_model_calibrates_and_stays_close():
+    ref = load_model("dummy:tiny", torch.float32, "cpu")
+    q = load_model("dummy:tiny", torch.float32, "cpu", quantization="w8a8")
+    smoothed = [m.kernel.inv_smooth is not None for m in q.model.modules()
+                if isinstance(m, Linear) and m.kernel.name == "w8a8"]
+    assert q.model.calibration and len(smoothed) == 3 * 8 and all(smoothed)
+    from hintkv.models.one_sequence import OneSequence
+
+    ids = list(range(200, 260))
+    a, b = OneSequence(ref.model, 64).step(ids), OneSequence(q.model, 64).step(ids)
+    assert float((a - b).norm() / a.norm()) < 0.05
