@@ -13,6 +13,9 @@ then ~1/127 of one int8 step: on SmolLM2 the activations, not the weights, were 
 to float32 per token, 295 fixed tokens: weights and activations int8 0.0116, weights only 0.0024,
 two-level activations 0.0024; see docs/benchmarks.md).
 
+On a CPU the quantize and the rescale are one fused call each (`int8_cpu.py`, same arithmetic;
+eager ops when it cannot be built).
+
 SmoothQuant (`smooth`, per input channel, from `calibration.py`): W' = W diag(s), x' = x / s moves
 activation outliers into the weight, where per-channel scales absorb them.
 """
@@ -22,7 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hintkv.models import int8_cpu
+
 LEVELS = 2
+_EMPTY = torch.empty(0)
 ALPHA = 0.5  # SmoothQuant's migration strength (calibration.py says how it was chosen)
 
 
@@ -61,6 +67,14 @@ def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, 
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,
                 levels: int = LEVELS) -> torch.Tensor:
     """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`."""
+    fused = None if x.is_cuda else int8_cpu.ops()
+    if fused is not None:  # the same arithmetic in two calls instead of ~20 (`int8_cpu.py`)
+        xq, x_scale = fused.quantize_rows(x.float(), _EMPTY if inv_smooth is None else inv_smooth, levels)
+        if x.shape[0] == 1 and levels == 2:
+            acc = torch.cat((torch._int_mm(xq[:1], w_t), torch._int_mm(xq[1:], w_t)))
+        else:
+            acc = torch._int_mm(xq, w_t)
+        return fused.rescale(acc, x_scale, w_scale, levels)
     xf = x.float()
     if inv_smooth is not None:
         xf = xf * inv_smooth

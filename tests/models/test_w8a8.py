@@ -106,3 +106,26 @@ def test_w8a8_dummy_model_calibrates_and_stays_close():
     ids = list(range(200, 260))
     a, b = OneSequence(ref.model, 64).step(ids), OneSequence(q.model, 64).step(ids)
     assert float((a - b).norm() / a.norm()) < 0.05
+
+
+def test_fused_cpu_ops_give_the_eager_int8_values(monkeypatch):
+    """int8_cpu's two fused calls do the eager ops' arithmetic: the same int8 rows, scales to an ulp, the
+    same GEMM output (the eager path is what runs where the extension cannot be built)."""
+    from hintkv.models import int8_cpu
+
+    fused = int8_cpu.ops()
+    assert fused is not None, "the C++ extension should build on this machine (g++ and ninja)"
+    x = _x(7, 320, seed=4)
+    inv = torch.rand(320, generator=torch.Generator().manual_seed(5)) + 0.5
+    for levels in (1, 2):
+        q, s = fused.quantize_rows(x, inv, levels)
+        qe, se = quantize_rows(x * inv, levels)
+        assert torch.equal(q, qe)
+        torch.testing.assert_close(s, se, rtol=1e-5, atol=0)  # the residual may differ by an ulp (FMA)
+    w_t, w_scale = quantize_weight(torch.randn(96, 320), 1.0 / inv)
+    for rows in (1, 7):
+        got = int8_linear(x[:rows], w_t, w_scale, inv)
+        monkeypatch.setitem(int8_cpu._state, "mod", None)
+        want = int8_linear(x[:rows], w_t, w_scale, inv)
+        monkeypatch.setitem(int8_cpu._state, "mod", fused)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
