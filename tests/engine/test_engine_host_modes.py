@@ -19,6 +19,20 @@ def _host(engine, hashes) -> int:
     return sum(1 for w in engine.tiers.stack.lookup(hashes) if w is not None)
 
 
+def _offloaded_then_evicted(**modes):
+    """An engine (deferred offload, `modes`) where session a was offloaded, then pushed below by
+    two prompts that each need the whole pool; returns it and a's held blocks."""
+    engine = tiny_engine(host_cache_memory="4MiB", offload_mode="deferred", **modes)
+    engine.sam.predict_resume = False  # loads happen at admission or by hint, not ahead
+    generate(engine, A, "a")
+    held = list(engine.sessions.get("t", "a").held)
+    engine.manage(session("a"), [CacheEdit("offload")])
+    for i, p in enumerate(FILL):
+        generate(engine, p, f"fill{i}")
+    settle(engine)
+    return engine, held
+
+
 def test_deferred_exclusive_host_holds_only_what_the_device_evicted():
     ref_tokens, _ = generate(tiny_engine(kv_tokens=32 * 16), A, "a")
     engine = tiny_engine(host_cache_memory="4MiB", offload_mode="deferred", host_mode="exclusive")
@@ -50,14 +64,7 @@ def test_deferred_exclusive_host_holds_only_what_the_device_evicted():
 
 
 def test_inclusive_host_keeps_the_copy_it_loaded():
-    engine = tiny_engine(host_cache_memory="4MiB", offload_mode="deferred")  # host_mode inclusive
-    engine.sam.predict_resume = False
-    generate(engine, A, "a")
-    held = list(engine.sessions.get("t", "a").held)
-    engine.manage(session("a"), [CacheEdit("offload")])
-    for i, p in enumerate(FILL):
-        generate(engine, p, f"fill{i}")
-    settle(engine)
+    engine, held = _offloaded_then_evicted()  # host_mode inclusive
     _, cached = generate(engine, A, "a")
     assert cached == 48
     settle(engine)
@@ -69,14 +76,7 @@ def test_inclusive_host_keeps_the_copy_it_loaded():
 
 
 def test_exclusive_prefetch_moves_the_blocks_up():
-    engine = tiny_engine(host_cache_memory="4MiB", offload_mode="deferred", host_mode="exclusive")
-    engine.sam.predict_resume = False
-    generate(engine, A, "a")
-    held = list(engine.sessions.get("t", "a").held)
-    engine.manage(session("a"), [CacheEdit("offload")])
-    for i, p in enumerate(FILL):
-        generate(engine, p, f"fill{i}")
-    settle(engine)
+    engine, held = _offloaded_then_evicted(host_mode="exclusive")
     assert engine.tiers.where(held) == {"device": 0, "host": 4}
     engine.sessions.end(engine.sessions.get("t", "fill1").key)  # room below the protected class
     pre, = engine.manage(session("a"), [CacheEdit("prefetch")])
