@@ -36,10 +36,12 @@ from hintkv.cache.policies.base import register_policy
 from hintkv.cache.policies.sam import (
     BANDS,
     DUE_WITHIN_TURNAROUND,
+    FIRST_BAND,
     GONE,
     MAX_RECHECK_S,
     PROTECTED,
     SAMPolicy,
+    band_class,
 )
 from hintkv.cache.sessions import SessionState
 
@@ -68,7 +70,7 @@ class SAMOrderPolicy(SAMPolicy):
         if math.isinf(r):
             return AFTER_CHILDREN
         q = self.sessions.predicted_turnaround()
-        return FIRST_SUSPENDED + sum(1 for t in BANDS if r <= t * q)
+        return FIRST_SUSPENDED + band_class(r, q) - FIRST_BAND  # sam's bands, from FIRST_SUSPENDED
 
     def suspended_return(self, s: Session, now: float) -> float:
         """Seconds until a suspended session's next call is predicted (math.inf: after its live
