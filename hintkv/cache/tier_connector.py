@@ -230,12 +230,11 @@ class TierConnector:
         """Write the device-resident blocks among `hashes` down now; their device copies are
         dropped by `poll` once stored. Returns (blocks written, blocks already below).
         `deferred`: nothing is written now (evicting them later writes them down)."""
-        if self.offload_mode == "deferred":
-            on_device = [h for h, b in zip(hashes, self.pool.lookup_many(hashes)) if b is not None]
-            return 0, sum(1 for w in self.stack.lookup(on_device) if w is not None)
         on_device = [(h, b) for h, b in zip(hashes, self.pool.lookup_many(hashes))
                      if b is not None]
         where = self.stack.lookup([h for h, _ in on_device])
+        if self.offload_mode == "deferred":
+            return 0, sum(1 for w in where if w is not None)
         fresh = [(h, b) for (h, b), w in zip(on_device, where) if w is None]
         written = iter(self._write_down([h for h, _ in fresh], [b.block_id for _, b in fresh])
                        if fresh else [])
