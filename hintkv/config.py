@@ -172,10 +172,12 @@ class EngineConfig:
 
         if self.scheduling_policy not in admission_names():
             raise ValueError(f"scheduling_policy must be one of {admission_names()}, not {self.scheduling_policy!r}")
-        if self.offload_mode not in ("lazy", "eager", "deferred"):  # cache/tier_connector.py (torch-free here)
-            raise ValueError(f"offload_mode must be lazy, eager or deferred, not {self.offload_mode!r}")
-        if self.host_mode not in ("inclusive", "exclusive"):
-            raise ValueError(f"host_mode must be inclusive or exclusive, not {self.host_mode!r}")
+        from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES  # light: no torch
+
+        if self.offload_mode not in OFFLOAD_MODES:
+            raise ValueError(f"offload_mode must be one of {', '.join(OFFLOAD_MODES)}, not {self.offload_mode!r}")
+        if self.host_mode not in HOST_MODES:
+            raise ValueError(f"host_mode must be one of {', '.join(HOST_MODES)}, not {self.host_mode!r}")
         check_disk_config(self.disk_cache_dir, self.disk_cache_size)
         if self.host_cache_memory is not None:
             parse_bytes(self.host_cache_memory)

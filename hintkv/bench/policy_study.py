@@ -36,10 +36,10 @@ from typing import Any
 from hintkv.bench.common import add_common_args, emit_json, log, print_table
 from hintkv.bench.swarm import default_traces, trace_folder
 from hintkv.bench.swarm_study import captured, size_workload
+from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES
 from hintkv.engine.admission import admission_names
 from hintkv.replay import OfflineConfig, belady, belady_pinned, replay_offline
 from hintkv.replay.audit import audit_evictions
-from hintkv.replay.offline import HOST_MODES, OFFLOAD_MODES
 from hintkv.replay.oracle import peak_live_blocks
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import build_workload

@@ -12,6 +12,20 @@ if TYPE_CHECKING:
     from hintkv.cache.hashing import BlockHash
 
 
+# What an offload hint does with the device copy once the blocks are written down. `lazy`: keep
+# it as a cached block; evicting it later writes nothing (the stack holds it), so the room is as
+# free as after a drop, and a resume before any pressure reloads nothing (measured in `hintkv sim`:
+# eager moved 4x the bytes and lost hit rate to lru + host at full scale). `eager`: drop at once.
+# `deferred`: write nothing at the hint; the session is only demoted (the policy ranks it low),
+# and its blocks are written down if and when the device evicts them (`TierConnector.on_device_evict`).
+OFFLOAD_MODES = ("lazy", "eager", "deferred")
+# Where a block read back into the device stays: `inclusive`, in the tiers below too (a second
+# eviction writes nothing); `exclusive`, only on the device (its lower copies are removed, so the
+# host holds what the device does not: the peak host bytes drop, a block evicted again is written
+# again). The shared pool tier (Mooncake) keeps its copy either way: other instances read it.
+HOST_MODES = ("inclusive", "exclusive")
+
+
 @dataclass(slots=True)
 class SessionRef:
     """Who a request belongs to, as far as the cache is concerned (from the Agent Hint)."""

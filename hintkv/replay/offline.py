@@ -27,7 +27,7 @@ from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, session_key
-from hintkv.cache.types import CacheEdit, SessionRef
+from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES, CacheEdit, SessionRef
 from hintkv.engine.admission import StepPlan, make_admission
 from hintkv.engine.sequence import Sequence
 from hintkv.engine.types import SamplingParams
@@ -37,8 +37,6 @@ from hintkv.workload.agent import HintPlan, Manage, Send, workload_programs
 from hintkv.workload.program import Workload
 
 TENANT = "replay"
-OFFLOAD_MODES = ("eager", "lazy", "deferred")
-HOST_MODES = ("inclusive", "exclusive")
 
 
 @dataclass(frozen=True, slots=True)
