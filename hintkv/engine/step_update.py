@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from hintkv.engine import ttft
 from hintkv.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
-from hintkv.engine.types import FinishReason, RequestMetrics, RequestOutput
+from hintkv.engine.types import RequestMetrics, RequestOutput
 
 if TYPE_CHECKING:
     from hintkv.engine.scheduler import Scheduler
@@ -35,7 +35,8 @@ def update_from_output(sch: Scheduler, sched: SchedulerOutput,
     if kv.tiers is not None and runner.forward_s is not None and sched.scheduled:
         kv.tiers.costs.observe_prefill(sched.num_batched_tokens, runner.forward_s)
     # per sequence, in one pass: what a decode step needs (one token, no drafts) costs a few
-    # attribute reads; the stop checks are `stop_reason`'s, with its invariants read once
+    # attribute reads. A sequence stops on an EOS token (unless ignore_eos) or a stop token
+    # ("stop"), or at max_tokens outputs or max_model_len tokens ("length")
     eos, max_len, bs = sch.eos_token_ids, sch.max_model_len, kv.block_size
     running = SeqStatus.RUNNING
     for s, tokens in zip(sched.scheduled, runner.sampled_token_ids):
@@ -85,21 +86,6 @@ def update_from_output(sch: Scheduler, sched: SchedulerOutput,
         elif tokens:
             outputs.append(request_output(seq))
     return outputs
-
-
-def stop_reason(seq: Sequence, tok: int, eos_token_ids: frozenset[int],
-                max_model_len: int | None) -> FinishReason | None:
-    """Why `seq` stops after appending `tok`, or None: it goes on."""
-    p = seq.sampling
-    if not p.ignore_eos and tok in eos_token_ids:
-        return "stop"
-    if tok in p.stop_token_ids:
-        return "stop"
-    if seq.num_output_tokens >= p.max_tokens:
-        return "length"
-    if max_model_len is not None and seq.num_tokens >= max_model_len:
-        return "length"
-    return None
 
 
 def request_output(seq: Sequence, finished: bool = False,
