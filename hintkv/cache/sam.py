@@ -4,7 +4,10 @@ It joins the session registry (who holds what) and the KV manager (where blocks 
 engine step `on_step(now)` re-ranks sessions whose predicted return came closer (`ranking.tick`)
 and, with lower tiers, prefetches waiting sessions predicted back soon (SAM owns that decision;
 the tier connector only moves the blocks). Evicting
-frees blocks nobody holds at once, on every tier; offload and prefetch change how the policy
+releases the blocks nobody holds any more: on the device they are the first to be reclaimed (the
+lowest class) but stay matchable until their room is taken, so a later prompt that shares them
+(another task's same system prompt and tools) still hits; on lower tiers, whose bytes are the
+cost, they are removed at once. Offload and prefetch change how the policy
 ranks a session's blocks and, with lower tiers (`kv.tiers`), move them: offload writes the
 session's device blocks down (their device copies go once the writes land), prefetch brings its
 host/disk blocks up into room that running sessions do not need. Everything here runs under the
@@ -153,11 +156,9 @@ class SessionAwareManager:
             orphans = self.sessions.end(key)
         else:
             orphans = self.sessions.truncate(key, token_start // self.kv.block_size)
-        freed = 0
-        for h in orphans:
-            b = self.kv.pool.lookup(h)
-            if b is not None and self.kv.pool.drop(b):
-                freed += 1
+        # released, not dropped: nobody holds them, so they are reclaimed first (class UNHELD);
+        # counted as those reclaimable now (cached, no running request uses them)
+        freed = sum(1 for b in self.kv.pool.lookup_many(orphans) if b is not None and b.ref_cnt == 0)
         bs = self.kv.block_size
         tiers = {"device": (-freed, -freed * bs)}
         removed = self.kv.tiers.remove_below(orphans) if self.kv.tiers is not None else {}

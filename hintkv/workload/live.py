@@ -50,7 +50,6 @@ class LiveResult:
     wall_s: float = 0.0
     calls: list[CallRecord] = field(default_factory=list)
     actions: dict[str, list[int]] = field(default_factory=dict)  # action -> [sent, ok]
-    skipped_range_evicts: int = 0  # range evicts not sent (none since the `tokens` edit; kept for the JSON)
     range_edits: list[tuple[float, str, dict | None]] = field(default_factory=list)  # (t done, session,
     #                                                        the server's `agent_hint_result` edit)
     task_s: dict[str, float] = field(default_factory=dict)  # task -> end-to-end seconds

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hintkv.bench.swarm import GOALS, compute_goals
+from hintkv.bench.swarm_goals import GOALS, compute_goals
 from hintkv.bench.swarm_study import captured, run_configs, size_workload
 from hintkv.replay import OfflineConfig
 from hintkv.workload.traces import Scale

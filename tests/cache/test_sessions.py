@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hintkv.cache.hashing import namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
+from hintkv.cache.policies.base import UNHELD
 from hintkv.cache.policies.sam import RUNNING
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, SessionState
@@ -71,7 +72,9 @@ def test_state_machine_and_tree():
     h.sam.apply(ref("lead"), CacheEdit("evict"))  # a root's evict ends the whole tree
     assert lead.state is SessionState.ENDED and sub.state is SessionState.ENDED
     assert not reg.holders
-    assert h.kv.pool.num_cached_free == 0, "blocks nobody holds are freed at once"
+    pool = h.kv.pool
+    assert pool.num_cached_free == 6, "released, not dropped: still matchable"
+    assert pool.num_cached_below(UNHELD + 1) == 6, "nobody holds them: the first to be reclaimed"
     h.check()
 
 
@@ -85,15 +88,36 @@ def test_evict_is_idempotent_and_unknown_sessions_are_noops():
     h.check()
 
 
-def test_range_evict_keeps_the_prefix_and_frees_the_stale_tail():
+def test_range_evict_keeps_the_prefix_and_releases_the_stale_tail():
     h = Harness(32)
     h.run(ref("a"), SYSTEM + list(range(100, 120)), max_tokens=1)
     held = list(h.sessions.get("t", "a").held)
     out = h.sam.apply(ref("a"), CacheEdit("evict", token_start=18))  # stale from block 4 on
     assert h.sessions.get("t", "a").held == held[:4]
     assert out.tiers["device"][0] == -(len(held) - 4)
-    assert all(h.kv.pool.lookup(x) is None for x in held[4:])
-    assert all(h.kv.pool.lookup(x) is not None for x in held[:4])
+    pool = h.kv.pool
+    assert all(pool.class_of(pool.lookup(x)) == UNHELD for x in held[4:])  # first to go, still cached
+    assert all(pool.class_of(pool.lookup(x)) > UNHELD for x in held[:4])
+    h.check()
+
+
+def test_evicted_blocks_match_until_reclaimed_and_go_before_held_ones():
+    """An evict releases a session's blocks: a later prompt sharing them still hits, and under
+    pressure they are reclaimed before any block a live session holds."""
+    h = Harness(16)
+    h.run(ref("a"), SYSTEM + list(range(100, 116)), max_tokens=1)  # 8 full blocks
+    h.run(ref("b"), list(range(200, 216)), max_tokens=1)  # 4 blocks, still held
+    a_blocks = list(h.sessions.get("t", "a").held)
+    b_blocks = list(h.sessions.get("t", "b").held)
+    h.sam.apply(ref("a"), CacheEdit("evict"))
+    again = h.run(ref("c"), SYSTEM + list(range(100, 116)), max_tokens=1)
+    assert again.num_cached_tokens == 28, "the released blocks still match (7 full blocks before the last token)"
+    h.sam.apply(ref("c"), CacheEdit("evict"))
+    assert h.kv.pool.num_free - h.kv.pool.num_cached_free < 10
+    h.run(None, list(range(300, 336)), max_tokens=1)  # needs 10 blocks: more than are empty
+    pool = h.kv.pool
+    assert all(pool.lookup(x) is not None for x in b_blocks), "held blocks stay"
+    assert sum(pool.lookup(x) is None for x in a_blocks) > 0, "released ones went first"
     h.check()
 
 

@@ -127,7 +127,7 @@ def test_unknown_session_and_repeated_evict_are_successful_no_ops(live_server):
 
 # ---- what edits do to the cache ------------------------------------------------------------------
 
-def test_inference_attributes_kv_and_evict_frees_it(live_server):
+def test_inference_attributes_kv_and_evict_releases_it(live_server):
     sid = _sid("evict")
     _chat(live_server, sid, _long_text(60, "ev"))
     info = _session(live_server, sid).json()
@@ -140,7 +140,8 @@ def test_inference_attributes_kv_and_evict_frees_it(live_server):
     # blocks of the template's shared system prefix stay: other live sessions hold them too
     assert edit["action"] == "evicted" and 0 < freed <= info["held_tokens"] // BLOCK_SIZE
     assert edit["tiers"]["device"]["tokens"] == -freed * BLOCK_SIZE
-    assert live_server.engine.stats().kv_blocks_cached == cached - freed
+    # released, not dropped: nobody holds them, so they go first, but a later prompt can still match them
+    assert live_server.engine.stats().kv_blocks_cached == cached
     after = _session(live_server, sid).json()
     assert after["state"] == "ended" and after["held_tokens"] == 0
     _integrity(live_server)
