@@ -34,7 +34,8 @@ from statistics import mean
 from typing import Any
 
 from hintkv.bench.common import add_common_args, emit_json, log, print_table
-from hintkv.bench.swarm import default_traces, trace_folder
+from hintkv.bench.swarm import default_traces, time_scale_arg, trace_folder
+from hintkv.bench.swarm_pace import pace, reference_speed
 from hintkv.bench.swarm_study import captured, size_workload
 from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES
 from hintkv.engine.admission import admission_names
@@ -49,9 +50,9 @@ MIN_GAIN = 0.02  # cells where the oracle gains less than this over lru do not j
 HEADLINE_FRACTION = 0.35  # the peak-host goal's device capacity in issue 8 (host 4x device)
 EQUAL_HIT = 0.005  # "an equal hit rate" for the peak-host goal, as `hintkv bench swarm` judges it
 BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
-COLUMNS = ["kind", "seed", "users", "fraction", "tier", "lru", "lru_ca", "qlru", "policy", "hit_rate", "oracle",
+COLUMNS = ["kind", "seed", "users", "time_scale", "fraction", "tier", "lru", "lru_ca", "qlru", "policy", "hit_rate", "oracle",
            "captured", "pinned", "captured_pinned", "pinned_own", "captured_own", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
-AUDIT_COLUMNS = ["kind", "seed", "users", "fraction", "policy", "hit_rate", "evicted", "wrong", "wrong_hit_rate",
+AUDIT_COLUMNS = ["kind", "seed", "users", "time_scale", "fraction", "policy", "hit_rate", "evicted", "wrong", "wrong_hit_rate",
                  "cause", "cause_wrong", "cause_share"]
 
 
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-ratio", type=float, default=4.0)
     p.add_argument("--policies", default="sam", help="hinted policies to study; the first is judged")
     p.add_argument("--token-scale", type=float, default=1 / 16)
-    p.add_argument("--time-scale", type=float, default=4.0)
+    p.add_argument("--time-scale", default="auto", type=time_scale_arg,
+                   help="trace seconds per replay second; auto: each workload's deployment pace (bench/swarm_pace.py)")
     p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default all; --quick 12)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--offload-mode", default="eager", choices=OFFLOAD_MODES,
@@ -129,8 +131,7 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
     users_list = _csv(args.users or ("10" if args.quick else "10,32"), int)
     policies = _csv(args.policies)
     max_calls = args.max_calls or (12 if args.quick else None)
-    base = OfflineConfig(block_size=args.block_size, time_scale=args.time_scale, offload_mode=args.offload_mode,
-                         host_mode=args.host_mode)
+    base0 = OfflineConfig(block_size=args.block_size, offload_mode=args.offload_mode, host_mode=args.host_mode)
     rows = []
     for kind in _csv(args.kinds):
         for seed in seeds:
@@ -138,6 +139,8 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
                 t0 = time.perf_counter()
                 wl = build_workload(kind, trace_folder(args.traces, kind), users, scale=Scale(args.token_scale, max_calls),
                                     seed=seed)
+                base = replace(base0, time_scale=pace(wl, reference_speed(base0)) if args.time_scale == "auto"
+                               else float(args.time_scale))
                 memo: dict = {}
                 sizing = size_workload(wl, base, memo)
                 for frac in _csv(args.fractions, float):
@@ -152,7 +155,8 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
                     for tier, sfx in (("device", ""), ("host", "+host")):
                         for pol in policies:
                             lo, hi, got, pin = (cell[n + sfx]["hit_rate"] for n in ("lru", "oracle", pol, "pinned"))
-                            rows.append({"kind": kind, "seed": seed, "users": users, "fraction": frac, "tier": tier,
+                            rows.append({"kind": kind, "seed": seed, "users": users, "time_scale": base.time_scale,
+                                         "fraction": frac, "tier": tier,
                                          "lru": lo, "qlru": cell["qlru" + sfx]["hit_rate"], "policy": pol,
                                          "hit_rate": got, "oracle": hi, "captured": captured(got, lo, hi),
                                          "pinned": pin, "captured_pinned": captured(got, lo, pin),
@@ -176,7 +180,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (kind, users, frac, tier, pol), rs in groups.items():
         row = {"kind": kind, "seed": "mean", "users": users, "fraction": frac, "tier": tier, "policy": pol}
-        for k in ("lru", "lru_ca", "qlru", "hit_rate", "oracle", "pinned", "pinned_own", "peak_host", "lru_peak_host", "host_bound",
+        for k in ("time_scale", "lru", "lru_ca", "qlru", "hit_rate", "oracle", "pinned", "pinned_own", "peak_host", "lru_peak_host", "host_bound",
                   "host_written", "lru_host_written"):
             vals = [r[k] for r in rs if r[k] is not None]
             row[k] = mean(vals) if vals else None

@@ -91,7 +91,7 @@ def default_traces() -> str:
     return "traces"
 
 
-def _time_scale_arg(v: str) -> str:
+def time_scale_arg(v: str) -> str:
     if v != "auto" and not (v.replace(".", "", 1).isdigit() and float(v) > 0):
         raise argparse.ArgumentTypeError(f"--time-scale must be `auto` or a number > 0, got {v!r}")
     return v
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=int, default=10)
     p.add_argument("--tasks-per-user", type=int, default=1)
     p.add_argument("--token-scale", type=float, default=1 / 16, help="trace token lengths x this")
-    p.add_argument("--time-scale", default="auto", type=_time_scale_arg,
+    p.add_argument("--time-scale", default="auto", type=time_scale_arg,
                    help="trace seconds per replay second at the offline model's engine speed; `auto` (default): "
                         "the deployment's tool : serving ratio (bench/swarm_pace.py)")
     p.add_argument("--live-pace", choices=("measured", "fixed"), default="measured",
