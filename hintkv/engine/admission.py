@@ -20,8 +20,9 @@
   larger than the reservation allows still runs.
 - `short-first` (shortest remaining prefill first, aged; `cache-aware`'s room rule): a sequence's
   key is a deadline in steps, `first seen + tokens it still has to compute / step budget` (a
-  waiting one's resident prefix counts as computed, so a resumed session whose context is on the
-  device is short). Running decodes go first; then running prefills and waiting candidates compete
+  waiting one's resident prefix counts as computed, and so does the run after it that a lower tier
+  holds and is worth loading (`held_below`; a session whose context was written to the host is
+  short too, instead of waiting behind shorter cold prompts while its blocks age out below). Running decodes go first; then running prefills and waiting candidates compete
   by key: a running prefill whose key is later than the best waiting candidate's yields the step
   to it and gets what budget is left. So a 100K-token prefill no longer holds the whole budget
   for tens of steps while short prefills queue behind it (head-of-line blocking), and because
@@ -198,14 +199,27 @@ class ShortFirstAdmission(CacheAwareAdmission):
         self.resident: dict[str, tuple[int, int]] = {}  # request id -> (resident tokens, step looked up)
         self._best: tuple[int, float] | None = None  # (step, best waiting key) cache
         self._budget = 1  # this step's token budget (set by order_running)
+        # hashes -> the leading run of them lower tiers hold; None: the KV manager's tier connector
+        # (the offline replay, whose host tier is bookkeeping, gives its own)
+        self.held_below: Callable[[list], int] | None = None
 
     def _deadline(self, seq: Sequence, todo: int, budget: int) -> float:
         return self.seen.setdefault(seq.request_id, self.step) + todo / max(1, budget)
 
+    def _held_below(self, seq: Sequence, kv: KVCacheManager, after: int) -> int:
+        """Blocks after the device's `after` that a lower tier holds (a leading run, worth loading)."""
+        hashes = kv.update_hashes(seq, seq.num_tokens - 1)[after:]
+        if not hashes:
+            return 0
+        if self.held_below is not None:
+            return self.held_below(hashes)
+        return len(kv.tiers.plan(hashes)) if kv.tiers is not None else 0
+
     def _waiting_key(self, seq: Sequence, kv: KVCacheManager, budget: int) -> float:
         got = self.resident.get(seq.request_id)
         if got is None or self.step - got[1] >= self.REFRESH_STEPS:
-            got = (resident_blocks(seq, kv) * kv.block_size, self.step)
+            n = resident_blocks(seq, kv)
+            got = ((n + self._held_below(seq, kv, n)) * kv.block_size, self.step)
             self.resident[seq.request_id] = got
         return self._deadline(seq, seq.num_tokens - got[0], budget)
 

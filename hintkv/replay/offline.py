@@ -178,6 +178,8 @@ class OfflineEngine:
         self.result = OfflineResult(cfg)
         self._queue: deque[_Pending] = deque()
         self.admission = make_admission(cfg.scheduling)
+        if self.host is not None and hasattr(self.admission, "held_below"):
+            self.admission.held_below = self._host_run
         self._prefill_free_at = 0.0
         self._admit_pending = False
         self._ids = itertools.count()
@@ -224,8 +226,7 @@ class OfflineEngine:
             n_dev = len(match.blocks)
             n_host = 0
             if self.host is not None:
-                while n_dev + n_host < len(hashes) and hashes[n_dev + n_host] in self.host:
-                    n_host += 1
+                n_host = self._host_run(hashes[n_dev:])
             new = seq.num_prompt_tokens - match.num_tokens + p.send.call.max_tokens
             if not self.kv.can_admit(seq, match, new):
                 if not self._running:  # nothing will ever free room: the request cannot fit;
@@ -377,6 +378,13 @@ class OfflineEngine:
             self._landed(h)
         pool.release(blocks)
         self.result.host_loaded += len(run)
+
+    def _host_run(self, hashes: list[bytes]) -> int:
+        """How many of `hashes`, from the first, the host tier holds."""
+        n = 0
+        while n < len(hashes) and hashes[n] in self.host:
+            n += 1
+        return n
 
     def _landed(self, h: bytes) -> None:
         """A host block was read into the device: an exclusive host lets go of it."""

@@ -119,3 +119,20 @@ def test_qlru_protects_queued_prompts_in_the_engine(eviction, hits):
     run_all(sched, kv)
     assert (a2.num_cached_tokens == 16) == hits, a2.num_cached_tokens
     sched.check_integrity()
+
+
+@pytest.mark.parametrize(("below", "first"), [(False, "x"), (True, "b")])
+def test_short_first_counts_a_run_held_below_as_computed(below, first):
+    """A waiting prompt whose leading blocks a lower tier holds (`held_below`: the tier
+    connector's loadable run in the engine, the host's bookkeeping offline) is as short as its
+    cold tail: it goes before a shorter prompt that has nothing anywhere."""
+    kv = KVCacheManager(64, 4, make_policy("lru"))
+    sched = Scheduler(kv, max_num_seqs=1, max_num_batched_tokens=64, admission="short-first")
+    lower = set()
+    b = make_seq("b", list(range(200, 240)), 1)  # 40 tokens: 9 full blocks before the last token
+    if below:
+        lower.update(kv.update_hashes(b, b.num_tokens - 1)[:9])
+    sched.admission.held_below = lambda hashes: next((i for i, h in enumerate(hashes) if h not in lower), len(hashes))
+    sched.add_request(make_seq("x", list(range(100, 112)), 1))  # 12 cold tokens, arrived first
+    sched.add_request(b)
+    assert admission_order(sched, kv)[0] == first
