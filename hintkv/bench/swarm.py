@@ -75,7 +75,8 @@ SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")  # what the goa
 GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
 COLUMNS = ["run", "where", "admission", "time_scale", "calls", "errors", "hit_rate", "host_hit_rate", "recomputed_tokens",
            "computed_tokens", "preemptions", "queue_mean", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-           "e2e_call_mean_s", "e2e_task_mean_s", "peak_host_mib", "mean_host_mib", "moved_mib"]
+           "e2e_call_mean_s", "e2e_task_mean_s", "slowdown", "ttft_mean_model_s", "e2e_task_mean_model_s",
+           "peak_host_mib", "mean_host_mib", "moved_mib"]
 
 
 def trace_folder(traces: str, kind: str) -> str:

@@ -77,7 +77,12 @@ def run_live(name: str, wl, args: argparse.Namespace, hints: bool, srv: ServerPr
         log(f"{name}: failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}, LiveResult(hints)
     row = {**paced, **live_row(result, samples, bpb)}
-    slow = f" (server {row['slowdown']:.2f}x the offline model)" if row["slowdown"] else ""
+    if row["slowdown"]:  # times in the offline model's seconds: wall / the mean measured slowdown
+        sd = (row["slowdown"] + row["slowdown_after"]) / 2
+        for k in ("ttft_mean", "e2e_task_mean"):
+            row[k + "_model_s"] = row[k + "_s"] / sd if row[k + "_s"] is not None else None
+    slow = (f" (server {row['slowdown']:.2f}x the offline model before, {row['slowdown_after']:.2f}x after)"
+            if row["slowdown"] else "")
     log(f"{name}: time scale {row['time_scale']:.3g}{slow}, hit rate {row['hit_rate']}, mean TTFT {row['ttft_mean_s']}, wall {result.wall_s:.0f}s")
     return row, result
 
@@ -92,7 +97,7 @@ def live_time_scale(wl, offline_scale: float, model_speed: Speed, measured: Spee
 async def _replay(wl, url: str, args: argparse.Namespace, hints: bool, offline_pace: tuple[float, Speed],
                   progress) -> tuple[LiveResult, list, dict[str, Any]]:
     scale, model_speed = offline_pace
-    paced: dict[str, Any] = {"time_scale": scale, "slowdown": None, "speed": None}
+    paced: dict[str, Any] = {"time_scale": scale, "slowdown": None, "slowdown_after": None, "speed": None}
     if args.live_pace == "measured":
         measured = await measure_speed(url, args.model, seed=args.seed)
         paced["time_scale"], paced["slowdown"] = live_time_scale(wl, scale, model_speed, measured)
@@ -125,6 +130,9 @@ async def _replay(wl, url: str, args: argparse.Namespace, hints: bool, offline_p
     finally:
         done.set()
         await sampler
+    if args.live_pace == "measured":  # again after: did the machine's speed drift during the run?
+        after = await measure_speed(url, args.model, seed=args.seed + 1)
+        paced["slowdown_after"] = live_time_scale(wl, scale, model_speed, after)[1]
     return result, samples, paced
 
 

@@ -44,6 +44,24 @@ def test_report_fields_are_consistent():
     assert goals["hit_rate_ratio"]["met"] == (ratio >= GOALS["hit_rate_ratio"])
     diff = runs["sam+host"]["hit_rate"] - runs["qlru+host"]["hit_rate"]
     assert goals["hints_beyond_queue"]["measured"] == pytest.approx(diff)
-    assert goals["ttft_reduction_vs_lru"] == {"target": 0.5, "measured": None, "met": False}  # no live runs
+    assert goals["ttft_reduction_vs_lru"] == {"target": 0.5, "measured": None, "met": False, "unit": "wall s",
+                                              "wall_measured": None}  # no live runs
     for g in goals.values():
         assert set(g) >= {"target", "measured", "met"}
+
+
+def test_timed_goals_use_model_seconds_when_each_run_measured_its_server():
+    """Two live runs on a machine whose speed changed between them: in wall seconds sam+host looks
+    no faster; divided by each server's measured slowdown, it is."""
+    live = {"lru": {"ttft_mean_s": 1.0, "e2e_task_mean_s": 10.0, "ttft_mean_model_s": 1.0 / 2.0,
+                    "e2e_task_mean_model_s": 10.0 / 2.0},
+            "sam+host": {"ttft_mean_s": 1.0, "e2e_task_mean_s": 9.0, "ttft_mean_model_s": 1.0 / 4.0,
+                         "e2e_task_mean_model_s": 9.0 / 4.0}}
+    goals = compute_goals(live, {}, {}, [])
+    g = goals["ttft_reduction_vs_lru"]
+    assert g["unit"] == "model s" and g["measured"] == pytest.approx(0.5) and g["met"]
+    assert g["wall_measured"] == pytest.approx(0.0)
+    t = goals["task_e2e_reduction_vs_lru"]
+    assert t["measured"] == pytest.approx(1 - 2.25 / 5.0) and t["wall_measured"] == pytest.approx(0.1)
+    del live["sam+host"]["ttft_mean_model_s"]  # a run that did not measure: wall seconds
+    assert compute_goals(live, {}, {}, [])["ttft_reduction_vs_lru"]["unit"] == "wall s"
