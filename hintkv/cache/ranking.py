@@ -48,6 +48,7 @@ class ClassListener(Protocol):
 
 @dataclass(slots=True)
 class _Group:
+    gid: int  # its id: the XOR of its holders' tokens
     holders: frozenset[str]
     counts: list[int]  # holders per class
     top: int  # the group's class: the highest class with a holder
@@ -65,6 +66,10 @@ class ClassRanking:
         self._group_of: dict[BlockHash, int] = {}  # held hash -> its group id
         self._groups: dict[int, _Group] = {}
         self._groups_in: dict[str, set[int]] = {}  # session key -> groups it is a holder of
+        # session key -> its groups, tail first (fewest holders first: holder sets nest along a
+        # prefix, so fewer holders = deeper), built on its first class change and dropped when
+        # its groups change: a class change walks a tuple, no id lookups, no sort
+        self._order: dict[str, tuple[_Group, ...]] = {}
         self._delta_blocks: dict[BlockHash, int | None] = {}
         self._delta_groups: dict[int, int | None] = {}
         self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
@@ -129,30 +134,22 @@ class ClassRanking:
         if not self.grouped:
             self._session_cls[key] = UNHELD
             return
-        old = self._session_cls.get(key)
-        new = self._session_cls[key] = self.policy.session_class(s, now)
+        cls_of = self._session_cls
+        old = cls_of.get(key)
+        new = cls_of[key] = self.policy.session_class(s, now)
         if old is not None and new != old:
-            gids = self._groups_in.get(key)
-            if gids:
-                groups = self._groups
-                if len(gids) == 2:  # the usual case: its own context and one shared prefix
-                    a, b = gids
-                    gids = (b, a) if len(groups[b].holders) < len(groups[a].holders) else (a, b)
-                elif len(gids) > 2:
-                    # tail before head: a session's own group first, then the prefixes it shares
-                    # with more and more sessions (holder sets nest along a prefix: fewer holders
-                    # = deeper)
-                    gids = sorted(gids, key=lambda gid: len(groups[gid].holders))
-                for gid in gids:  # one holder moves old -> new: the class moves only past the top
-                    g = groups[gid]
-                    counts = g.counts
-                    counts[old] -= 1
-                    counts[new] += 1
-                    top = g.top
-                    if new > top:
-                        self._class_moved(gid, g, new)
-                    elif old == top and not counts[old]:
-                        self._class_moved(gid, g, next(c for c in range(old - 1, -1, -1) if counts[c]))
+            mine = self._order.get(key)
+            if mine is None:
+                mine = self._ordered(key)
+            for g in mine:  # one holder moves old -> new: the class moves only past the top
+                counts = g.counts
+                counts[old] -= 1
+                counts[new] += 1
+                top = g.top
+                if new > top:
+                    self._class_moved(g, new)
+                elif old == top and not counts[old]:
+                    self._class_moved(g, next(c for c in range(old - 1, -1, -1) if counts[c]))
         self._unscheduled[key] = (s, now)  # its recheck is computed at the next tick
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
@@ -178,6 +175,7 @@ class ClassRanking:
         self._unscheduled.pop(key, None)
         if not self._groups_in.get(key):
             self._groups_in.pop(key, None)
+            self._order.pop(key, None)
             self._token.pop(key, None)
 
     def tick(self, now: float, sessions: Mapping[str, Session], budget: int | None = None) -> int:
@@ -207,9 +205,18 @@ class ClassRanking:
                                                 self._version[key], key))
         self._unscheduled.clear()
 
-    def _class_moved(self, gid: int, g: _Group, top: int) -> None:
-        """Group `gid`'s class is now `top` (the highest class with a holder)."""
+    def _ordered(self, key: str) -> tuple[_Group, ...]:
+        """Session `key`'s groups, tail first: its own group, then the prefixes it shares with
+        more and more sessions (a stable sort of its group set by holder count)."""
+        groups = self._groups
+        mine = self._order[key] = tuple(sorted((groups[gid] for gid in self._groups_in.get(key, ())),
+                                               key=lambda g: len(g.holders)))
+        return mine
+
+    def _class_moved(self, g: _Group, top: int) -> None:
+        """Group `g`'s class is now `top` (the highest class with a holder)."""
         g.top = top
+        gid = g.gid
         self._delta_groups[gid] = top
         self.num_moves += 1
         for listener in self.listeners:
@@ -228,10 +235,12 @@ class ClassRanking:
                 holders = g_old.holders - {key}
             counts = list(g_old.counts) if g_old else [0] * self.num_classes
             counts[cls] += 1 if joining else -1
-            g_new = self._groups[new] = _Group(holders, counts,
+            g_new = self._groups[new] = _Group(new, holders, counts,
                                                max(c for c, n in enumerate(counts) if n))
+            order = self._order
             for k in holders:
                 self._groups_in.setdefault(k, set()).add(new)
+                order.pop(k, None)
             self._delta_groups[new] = g_new.top
         assert g_new is None or (key in g_new.holders) == joining, "group id collision"
         if g_old is not None:
@@ -254,10 +263,12 @@ class ClassRanking:
 
     def _drop_group(self, gid: int, g: _Group) -> None:
         del self._groups[gid]
+        order = self._order
         for k in g.holders:
             mine = self._groups_in.get(k)
             if mine is not None:
                 mine.discard(gid)
+            order.pop(k, None)
         self._delta_groups[gid] = None
 
     def check_integrity(self, sessions: Mapping[str, Session]) -> None:
@@ -278,6 +289,7 @@ class ClassRanking:
         assert sizes == {gid: g.num_blocks for gid, g in self._groups.items()}, \
             "group sizes out of sync (or an empty group was kept)"
         for gid, g in self._groups.items():
+            assert g.gid == gid, "a group is filed under another id"
             counts = [0] * self.num_classes
             for k in g.holders:
                 counts[self._session_cls[k]] += 1
@@ -287,3 +299,8 @@ class ClassRanking:
         for k, gids in self._groups_in.items():
             assert all(k in self._groups[gid].holders for gid in gids), \
                 "a session lists a group it does not hold"
+        for k, mine in self._order.items():
+            assert {g.gid for g in mine} == self._groups_in.get(k, set()) \
+                and all(self._groups.get(g.gid) is g for g in mine), "a session's group order is stale"
+            assert [len(g.holders) for g in mine] == sorted(len(g.holders) for g in mine), \
+                "a session's groups are not tail first"

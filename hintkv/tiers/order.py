@@ -115,14 +115,21 @@ class ClassedLRU(Generic[K, V]):
 
     def move_node(self, node: Hashable, cls: int) -> bool:
         """A group changed class: its node (if any) goes to the back of `cls`. O(1)."""
-        old = self._node_cls.get(node)
+        node_cls = self._node_cls
+        old = node_cls.get(node)
         if old is None or old == cls:
             return False
-        items = self._buckets[old].pop(node)
-        self._buckets.setdefault(cls, {})[node] = items
-        self._node_cls[node] = cls
-        self._counts[old] -= len(items)
-        self._counts[cls] = self._counts.get(cls, 0) + len(items)
+        buckets = self._buckets
+        items = buckets[old].pop(node)
+        bucket = buckets.get(cls)
+        if bucket is None:
+            bucket = buckets[cls] = {}
+        bucket[node] = items
+        node_cls[node] = cls
+        n = len(items)
+        counts = self._counts
+        counts[old] -= n
+        counts[cls] = counts.get(cls, 0) + n
         return True
 
     def victims(self) -> Iterator[tuple[K, V]]:

@@ -106,9 +106,12 @@ class SAMPolicy(EvictionPolicy):
         reg = self.sessions
         if reg is None:
             return FIRST_BAND + len(BANDS) if s.state is SessionState.ACTIVE else GONE
-        q = reg.predicted_turnaround()
         if s.state is SessionState.ACTIVE:  # (`_next_use`'s first case, inline: every arrival)
+            if now == s.last_arrival:  # arriving now: next use in exactly q, the band of r = q
+                return DUE_WITHIN_TURNAROUND
+            q = reg.predicted_turnaround()
             return band_class(q - (now - s.last_arrival), q)
+        q = reg.predicted_turnaround()
         r = self._next_use(s, now, q)
         if r is None:
             return GONE
