@@ -50,16 +50,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import heapq
 import os
-import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from itertools import zip_longest
+from typing import Self
 
-import torch
-
+from hintkv.bench.cache_steps import StepLoop
+from hintkv.bench.cache_world import (
+    BS,
+    HOST_FACTOR,
+    OPS,
+    OWN_BLOCKS,
+    PARTS,
+    SYSTEM_BLOCKS,
+    World,
+    ops_once,
+)
 from hintkv.bench.common import (
     add_common_args,
     emit_json,
@@ -70,327 +76,7 @@ from hintkv.bench.common import (
     print_table,
 )
 from hintkv.bench.trace_gaps import DEFAULT_TRACES, trace_gaps
-from hintkv.cache.hashing import hash_blocks, namespace_root
-from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.policies import make_policy
-from hintkv.cache.sam import SessionAwareManager
-from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.tier_connector import TierConnector
-from hintkv.cache.types import SessionRef
 from hintkv.engine.gc_tuning import freeze_startup_heap
-from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import SamplingParams
-from hintkv.tiers.device import DeviceBlockIO
-from hintkv.tiers.host import HostTier
-from hintkv.tiers.stack import TierStack
-
-BS = 16
-SYSTEM_BLOCKS = 64  # shared by every session
-OWN_BLOCKS = 64  # each session's own context
-RUNNING = 256
-HOST_FACTOR = 10
-# gaps of history replayed per session: the gap estimate is an EWMA with alpha 0.3, so older gaps
-# weigh < 0.7**16 (0.3%): more would change nothing but the setup time
-HISTORY = 16
-ROOT = namespace_root("bench-cache", "float16", BS, None)
-PARTS = ["sam", "poll", "land", "append", "finish", "resume", "commit"]  # of one step
-OPS = ["match", "admit", "append", "commit", "free", "arrive", "done", "victims", "tier_put",
-       "tier_lookup"]
-SAMPLING = SamplingParams(temperature=0, max_tokens=1 << 30)
-
-
-class World:
-    """The cache core of one engine, filled to a steady state (device full of cached blocks)."""
-
-    def __init__(self, policy: str, device_tokens: int, num_sessions: int, seed: int,
-                 gaps: list[list[float]]) -> None:
-        self.rng = random.Random(seed)
-        self.num_blocks = device_tokens // BS
-        self._fixed: float | None = 0.0  # the world's clock: fixed while histories are replayed,
-        self._base = self._wall = 0.0  # then running at wall speed from where they ended
-        self.sessions = SessionRegistry(protect_budget_blocks=self.num_blocks // 10)
-        self.kv = KVCacheManager(self.num_blocks, BS, make_policy(policy, sessions=self.sessions))
-        self.sam = SessionAwareManager(self.kv, self.sessions, clock=self.clock)
-        kv_cache = torch.zeros(2, self.num_blocks, BS, 1, 1, dtype=torch.float16)
-        self.io = DeviceBlockIO([kv_cache])
-        host = HostTier(self.io.layout, HOST_FACTOR * self.num_blocks * self.io.layout.nbytes)
-        self.stack = TierStack([host])
-        self.kv.tiers = TierConnector(self.kv.pool, BS, self.stack, self.io, self.kv.ranking,
-                                      hints=True, clock=self.clock)
-        self.payload = torch.zeros(self.io.layout.shape, dtype=self.io.layout.dtype)
-        self._n = 0
-        system = self._tokens(SYSTEM_BLOCKS * BS)
-        self.contexts: list[list[int]] = []  # per session: system prompt + its own context
-        self.hashes: list[list[bytes]] = []
-        self.gaps: list[list[float]] = []  # per session: its agent's recorded gaps, in order
-        self.next_gap: list[int] = []  # per session: index of its next gap
-        self.due: list[tuple[float, int]] = []  # (recorded next arrival, session): a heap
-        # only the latest contexts can still be resident (device + host); older ones were
-        # evicted long ago and are only held in the registry (placing them would only churn)
-        resident_from = num_sessions - (HOST_FACTOR + 1) * self.num_blocks // OWN_BLOCKS - 1
-        start = 1e6
-        for i in range(num_sessions):
-            tokens = system + self._tokens(OWN_BLOCKS * BS)
-            self.contexts.append(tokens)
-            self.hashes.append(hash_blocks(ROOT, tokens, BS))
-            seq = gaps[i % len(gaps)]
-            cut = self.rng.randrange(1, len(seq)) if len(seq) > 1 else 0
-            self.gaps.append(seq)
-            self.next_gap.append(cut)
-            # its history: the recorded gaps before the cut, the last call ending at a random
-            # point of the gap at the cut before "now" (`start`)
-            last_done = start - self.rng.random() * seq[cut]
-            history = seq[max(0, cut - HISTORY):cut]
-            t = last_done - sum(history)
-            for g in [*history, None]:
-                self._fixed = t
-                key = self.sam.on_arrival(self._ref(i))
-                if g is None and i >= resident_from:
-                    self._place(self.hashes[i])
-                self.sam.on_done(key, self.hashes[i])
-                if g is not None:
-                    t += g
-            heapq.heappush(self.due, (last_done + seq[cut], i))
-            if i % 16 == 15:
-                self._settle()
-        self._fixed = start
-        self.sam.catch_up(start)  # the predicted returns the histories left behind
-        self.kv.ranking.tick(start, self.sessions.sessions)  # and their re-ranks, all of them
-        self._settle()
-        self.stack.flush()
-        self._fixed = start  # paused until measured
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """The world's clock runs at wall speed inside, and stands still outside (other worlds
-        are measured meanwhile)."""
-        self._base, self._wall, self._fixed = self._fixed, time.monotonic(), None
-        try:
-            yield
-        finally:
-            self._fixed = self.clock()
-
-    def clock(self) -> float:
-        if self._fixed is not None:
-            return self._fixed
-        return self._base + time.monotonic() - self._wall
-
-    def next_resume(self) -> int:
-        """The session whose recorded next call comes first (then its next gap is due)."""
-        _, i = heapq.heappop(self.due)
-        seq = self.gaps[i]
-        self.next_gap[i] = (self.next_gap[i] + 1) % len(seq)
-        heapq.heappush(self.due, (self.clock() + seq[self.next_gap[i]], i))
-        return i
-
-    def _ref(self, i: int) -> SessionRef:
-        return SessionRef("bench", f"s{i}", f"s{i}")
-
-    def _tokens(self, n: int) -> list[int]:
-        return [self.rng.randrange(1, 49_000) for _ in range(n)]
-
-    def _place(self, hashes: list[bytes]) -> None:
-        """The context's KV lands on the device as cached blocks (older ones get evicted)."""
-        todo = [h for h in hashes if self.kv.pool.lookup(h) is None]
-        todo = todo[:self.num_blocks]
-        blocks = self.kv.pool.allocate(len(todo))
-        for b, h in zip(blocks, todo):
-            self.kv.pool.register(b, h)
-        self.kv.pool.release(blocks)
-
-    def _settle(self) -> None:
-        self.kv.tiers.poll()
-        self.kv.flush_write_downs()
-
-    def seq(self, tokens: list[int], hashes: list[bytes] | None = None) -> Sequence:
-        self._n += 1
-        s = Sequence(f"r{self._n}", list(tokens), len(tokens), SAMPLING, ROOT)
-        if hashes is not None:
-            s.block_hashes = list(hashes)
-        return s
-
-    def fresh_seq(self, num_blocks: int) -> Sequence:
-        tokens = self._tokens(num_blocks * BS)
-        return self.seq(tokens, hash_blocks(ROOT, tokens, BS))
-
-    @property
-    def host_fill(self) -> float:
-        u = self.stack.usage()["host"]
-        return u.num_blocks / max(1, u.capacity_blocks)
-
-
-def _time(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - t0) / 1e3  # microseconds
-
-
-def ops_once(w: World, out: dict[str, list[float]]) -> None:
-    """One sample of every operation (single calls, each timed on its own) into `out`."""
-    kv, pool = w.kv, w.kv.pool
-    w.stack.flush()  # no backlog of copies competing for the GIL while one call is timed
-    i = w.rng.randrange(len(w.contexts))
-    # match: a resumed session's context + one new token
-    s = w.seq(w.contexts[i] + [7], w.hashes[i])
-    out["match"].append(_time(lambda s=s: kv.match_prefix(s)))
-    # admit a 4-block prompt into the full pool, then compute, finish and free it
-    s = w.fresh_seq(4)
-    m = kv.match_prefix(s)
-
-    def admit(s=s, m=m) -> None:
-        if kv.can_admit(s, m, s.num_tokens):
-            kv.admit(s, m, s.num_tokens)
-    out["admit"].append(_time(admit))
-    w.kv.flush_write_downs()
-    if s.block_table:  # admitted: a pool held by running/protected blocks may refuse it
-        s.num_computed_tokens = s.num_tokens - 1
-        kv.commit(s)
-        for _ in range(3):  # decode tokens
-            s.token_ids.append(5)
-
-            def append(s=s) -> None:
-                if kv.can_append(s, 1):
-                    kv.append(s, 1)
-            out["append"].append(_time(append))
-            s.num_computed_tokens += 1
-            out["commit"].append(_time(lambda s=s: kv.commit(s)))
-    kv.free(s)
-    # free a finished 2K-token sequence (its session's context, admitted from the device)
-    s = w.seq(w.contexts[i] + [9], w.hashes[i])
-    m = kv.match_prefix(s)
-    if not m.lower and kv.can_admit(s, m, s.num_tokens - m.num_tokens):
-        kv.admit(s, m, s.num_tokens - m.num_tokens)
-        s.num_computed_tokens = s.num_tokens
-        kv.commit(s)
-        w.kv.flush_write_downs()
-        out["free"].append(_time(lambda s=s: kv.free(s)))
-    # a session's state changes (its held blocks change class)
-    keys: list[str] = []
-    ref = w._ref(i)
-    out["arrive"].append(_time(lambda r=ref, ks=keys: ks.append(w.sam.on_arrival(r))))
-    out["done"].append(_time(lambda k=keys[0], hs=w.hashes[i]: w.sam.on_done(k, hs)))
-    out["victims"].append(_time(lambda: pool.choose_victims(16)))
-    h = w.rng.randbytes(16)
-    w.stack.flush()  # the write-downs above are not competing for the GIL either
-    out["tier_put"].append(_time(lambda h=h: w.stack.store([(h, w.payload)])))
-    out["tier_lookup"].append(_time(lambda hs=w.hashes[i]: w.stack.lookup(hs)))
-    w.kv.tiers.poll()
-
-
-class _Laps:
-    """Times consecutive parts of one step: `lap(part)` closes the part that just ran."""
-
-    def __init__(self, parts: dict[str, list[float]], t0: int) -> None:
-        self.parts, self.mark = parts, t0
-
-    def __call__(self, part: str) -> None:
-        t = time.perf_counter_ns()
-        self.parts[part].append((t - self.mark) / 1e6)
-        self.mark = t
-
-
-class StepLoop:
-    """One world's scheduler steps with RUNNING sequences decoding: per step its bookkeeping
-    (`step_ms`), the write-down flush after it (`flush_ms`) and each part (`parts`, ms)."""
-
-    def __init__(self, w: World) -> None:
-        self.w = w
-        kv = w.kv
-        per_seq = 8 + 2  # a running sequence's blocks: 8-block prompt + room to decode
-        self.running_target = min(RUNNING, max(1, (w.num_blocks // 2) // per_seq))
-        self.running: list[Sequence] = []
-        for _ in range(self.running_target):
-            s = w.fresh_seq(8)
-            m = kv.match_prefix(s)
-            kv.admit(s, m, s.num_tokens)
-            s.num_computed_tokens = s.num_tokens
-            kv.commit(s)
-            w.kv.flush_write_downs()
-            self.running.append(s)
-        # the ops phase ran events but no steps: settle the re-ranks, rechecks and predicted
-        # prefetches it left due, so the steps measure the steady state, not that backlog
-        w.kv.ranking.tick(w.clock(), w.sessions.sessions)
-        w.sam.catch_up(w.clock())
-        w.kv.tiers.poll()
-        w.kv.flush_write_downs()
-        w.stack.flush()
-        self.loading: list[Sequence] = []
-        self.step_ms: list[float] = []
-        self.flush_ms: list[float] = []
-        self.parts: dict[str, list[float]] = {p: [] for p in [*PARTS, "cpu"]}
-
-    def step(self) -> None:
-        w, kv, running, loading = self.w, self.w.kv, self.running, self.loading
-        c0 = time.thread_time_ns()
-        t0 = time.perf_counter_ns()
-        lap = _Laps(self.parts, t0)
-        w.sam.on_step(w.clock())
-        lap("sam")
-        w.kv.tiers.poll()
-        lap("poll")
-        for s in [s for s in loading if kv.load_ready(s)]:  # a resumed session's load landed
-            kv.finish_load(s)
-            loading.remove(s)
-            kv.free(s)
-            w.sam.on_done(s.session_key, s.block_hashes[:s.num_computed_tokens // BS])
-        lap("land")
-        for s in running:
-            s.token_ids.append(3)
-        i = 0
-        while i < len(running):  # one pass; a sequence that does not fit is skipped
-            i += kv.append_many(running[i:] if i else running, 1) + 1
-        lap("append")
-        # one finishes: its session now holds its blocks
-        done = running.pop(0)
-        kv.free(done)
-        lap("finish")
-        # the session due first resumes: prefix from the device and the host tier
-        i = w.next_resume()
-        key = w.sam.on_arrival(w._ref(i))
-        s = w.seq(w.contexts[i] + [11], w.hashes[i])
-        s.session_key = key
-        m = kv.match_prefix(s)
-        rest = s.num_tokens - m.num_tokens - len(m.lower) * BS  # computed after the prefix
-        if kv.can_admit(s, m, rest):
-            if kv.admit(s, m, rest):
-                loading.append(s)
-            else:
-                s.num_computed_tokens = s.num_tokens
-                kv.commit(s)
-                kv.free(s)
-                w.sam.on_done(key, s.block_hashes[:s.num_computed_tokens // BS])
-        else:
-            w.sam.on_done(key, w.hashes[i])
-        lap("resume")
-        # post-forward update of the running batch
-        for s in running:
-            s.num_computed_tokens += 1
-        kv.commit_many(running)
-        lap("commit")
-        t1 = time.perf_counter_ns()
-        self.parts["cpu"].append((time.thread_time_ns() - c0) / 1e6)
-        kv.flush_write_downs()
-        t2 = time.perf_counter_ns()
-        self.step_ms.append((t1 - t0) / 1e6)
-        self.flush_ms.append((t2 - t1) / 1e6)
-        # the forward pass, not timed: in `serve` the mover threads run the copies this step
-        # started (write-downs, loads) while the model computes; without a model they would
-        # take the GIL inside the next step's bookkeeping instead
-        w.stack.flush()
-        fresh = w.fresh_seq(8)  # keep the batch at its size (not timed: a new request's prefill)
-        m = kv.match_prefix(fresh)
-        if kv.can_admit(fresh, m, fresh.num_tokens):
-            kv.admit(fresh, m, fresh.num_tokens)
-            fresh.num_computed_tokens = fresh.num_tokens
-            kv.commit(fresh)
-            kv.flush_write_downs()
-            running.append(fresh)
-
-    def close(self) -> None:
-        for s in self.running + self.loading:
-            self.w.kv.free(s)
-        self.w.kv.check_integrity()
-        self.w.sessions.check_integrity()
 
 
 def _rotated(xs: list, r: int) -> list:
@@ -399,11 +85,50 @@ def _rotated(xs: list, r: int) -> list:
     return xs[k:] + xs[:k]
 
 
-def measure(worlds: list[World], samples: int, steps: int
+def reference_loop() -> float:
+    """Microseconds of a fixed pure-Python workload (dict reads and writes, as bookkeeping does):
+    how fast this machine runs such code at this moment. Timed in every round of steps beside
+    the worlds, so a slow run says whether the machine was slow (every part of a step slower
+    alike) or the code was."""
+    t0 = time.perf_counter_ns()
+    d: dict[int, int] = {}
+    for i in range(3000):
+        d[i & 511] = d.get(i & 511, 0) + i
+    return (time.perf_counter_ns() - t0) / 1e3
+
+
+class GcPauses:
+    """Collections and their total pause while installed (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.num, self.ms, self._t0 = 0, 0.0, 0
+        self.by_generation: dict[int, list[float]] = {}  # generation -> [collections, ms]
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+        else:
+            ms = (time.perf_counter_ns() - self._t0) / 1e6
+            self.num += 1
+            self.ms += ms
+            n_ms = self.by_generation.setdefault(info["generation"], [0, 0.0])
+            n_ms[0] += 1
+            n_ms[1] += ms
+
+    def __enter__(self) -> Self:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def measure(worlds: list[World], samples: int, steps: int, reference: list[float] | None = None
             ) -> tuple[list[dict[str, list[float]]], list[StepLoop]]:
     """Interleaved, so that drift of a shared machine hits every world alike: round r runs one
-    sample of each world's operations (in an order rotating with r), then the same for steps.
-    A world's clock runs only while it is measured (`World.resume` / `pause`)."""
+    sample of each world's operations (in an order rotating with r), then the same for steps
+    (and one `reference_loop` into `reference`). A world's clock runs only while it is measured
+    (`World.running`)."""
     ops: list[dict[str, list[float]]] = [{op: [] for op in OPS} for _ in worlds]
     order = list(range(len(worlds)))
     for r in range(samples):
@@ -419,6 +144,8 @@ def measure(worlds: list[World], samples: int, steps: int
         for k in _rotated(order, r):
             with worlds[k].running():
                 loops[k].step()
+        if reference is not None:
+            reference.append(reference_loop())
     for loop in loops:
         loop.close()
     return ops, loops
@@ -440,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     session_counts = [1000] if args.quick else [10, 100, 1000]
     samples, steps = 300, 1000  # per world, interleaved: p99 of 1000 steps is the 10th-worst
     rows, results = [], {}
+    reference: list[float] = []  # the machine's speed, once per round of steps
+    pauses = GcPauses()
     for n_sessions in session_counts:
         worlds, keys = [], []
         for tokens in sizes:
@@ -452,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         # the collector on while measuring (its pauses are part of a step's cost)
         freeze_startup_heap()
         gc0 = sum(st["collections"] for st in gc.get_stats())
-        ops, loops = measure(worlds, samples, steps)
+        with pauses:
+            ops, loops = measure(worlds, samples, steps, reference)
         n_gc = sum(st["collections"] for st in gc.get_stats()) - gc0
         gc.unfreeze()
         for (policy, tokens, _), w, op_xs, loop in zip(keys, worlds, ops, loops):
@@ -486,6 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     print("one step, part by part (ms, median / p99):")
     print_table(rows, ["policy", "device_tokens", "sessions", "predicted_prefetches"]
                 + [f"{part}_ms{q}" for part in PARTS for q in ("", "_p99")])
+    machine = {"reference_loop_us_p10": percentile(reference, 10),
+               "reference_loop_us_p50": median(reference),
+               "reference_loop_us_p90": percentile(reference, 90),
+               "gc_collections": pauses.num, "gc_pause_ms_total": round(pauses.ms, 2),
+               "gc_by_generation": {g: {"collections": n, "ms": round(ms, 2)}
+                                    for g, (n, ms) in sorted(pauses.by_generation.items())}}
+    print()
+    print("the machine meanwhile: a fixed pure-Python loop (reference_loop, once per round of steps)"
+          f" {machine['reference_loop_us_p50']:.1f} us median ({machine['reference_loop_us_p10']:.1f}"
+          f" p10, {machine['reference_loop_us_p90']:.1f} p90); {pauses.num} collections,"
+          f" {pauses.ms:.1f} ms of pauses in all ("
+          + ", ".join(f"gen{g} {v['collections']} / {v['ms']:.1f} ms"
+                      for g, v in machine["gc_by_generation"].items()) + ")")
     big, small, most = max(sizes), min(sizes), max(session_counts)
     key_row = results[("sam", big, most)]
     flat = {f"{pol}:{op}": results[(pol, big, most)][f"{op}_us"] / results[(pol, small, most)][f"{op}_us"]
@@ -507,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     emit_json({"bench": "cache", "quick": args.quick, "block_size": BS,
                "context_tokens": (SYSTEM_BLOCKS + OWN_BLOCKS) * BS, "worst_flat": worst_flat,
                "worst_sam_vs_lru": worst_vs, "flat_ratios": flat, "sam_vs_lru": vs_lru,
-               "load_avg_1m": [load_before, os.getloadavg()[0]], "rows": rows, "goals": goals})
+               "load_avg_1m": [load_before, os.getloadavg()[0]], "machine": machine, "rows": rows,
+               "goals": goals})
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
+import threading
 from contextlib import contextmanager
 
 import httpx
@@ -20,7 +20,10 @@ from hintkv.server import build_app
 from hintkv.server.background import BackgroundServer
 
 PROMPTS = prompts(6, length=64, seed=11)  # 4 blocks of 16 tokens each (dummy:tiny: 128 KiB/block)
-STALL_S = 3.0  # longer than any load's deadline (tier_costs.MIN_TIMEOUT_S = 1 s)
+# a stalled transfer thread waits for the test to let it go (after the requests were served), or
+# this long: far past any load's deadline (tier_costs.MIN_TIMEOUT_S = 1 s). Not a bound on time:
+# a server that waited for the stalled tier instead of recomputing serves only after it, and fails
+STALL_MAX_S = 120.0
 
 
 @contextmanager
@@ -76,14 +79,15 @@ def test_slow_tier_falls_back_to_recompute():
         _offload_all(engine, client)
         assert engine.tier_stats()["tiers"]["host"]["num_blocks"] >= 4 * len(PROMPTS)
         mover = engine.engine.tiers.stack.mover
-        # every transfer thread (2) busy for STALL_S: the host tier answers nothing meanwhile
-        stalls = [mover.run(None, lambda: time.sleep(STALL_S) or True, 0, 0) for _ in range(2)]
-        t0 = time.monotonic()
+        # every transfer thread (2) stalled until released: the host tier answers nothing meanwhile
+        release = threading.Event()
+        stalls = [mover.run(None, lambda: release.wait(STALL_MAX_S) or True, 0, 0) for _ in range(2)]
         during = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS[:2])]
         stalled = not all(f.done() for f in stalls)  # the requests were served mid-stall
+        release.set()
         assert during == reference[:2]
         stats = engine.tier_stats()
-        assert stalled, f"served after {time.monotonic() - t0:.1f} s: not while stalled"
+        assert stalled, "served only once the stalled transfers gave up: not while stalled"
         assert stats["num_load_timeouts"] >= 1  # abandoned at its deadline, then recomputed
         for f in stalls:
             f.result()
