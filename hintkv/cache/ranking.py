@@ -209,8 +209,13 @@ class ClassRanking:
         """Session `key`'s groups, tail first: its own group, then the prefixes it shares with
         more and more sessions (a stable sort of its group set by holder count)."""
         groups = self._groups
-        mine = self._order[key] = tuple(sorted((groups[gid] for gid in self._groups_in.get(key, ())),
-                                               key=lambda g: len(g.holders)))
+        gids = self._groups_in.get(key, ())
+        if len(gids) == 2:  # the usual case: its own context and one shared prefix
+            a, b = (groups[gid] for gid in gids)
+            mine = (b, a) if len(b.holders) < len(a.holders) else (a, b)
+        else:
+            mine = tuple(sorted((groups[gid] for gid in gids), key=lambda g: len(g.holders)))
+        self._order[key] = mine
         return mine
 
     def _class_moved(self, g: _Group, top: int) -> None:
