@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import takewhile
+from itertools import groupby, takewhile
+from operator import attrgetter, itemgetter
 
 from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies import EvictionPolicy
 from hintkv.cache.ranking import ClassRanking
 from hintkv.tiers.order import ClassedLRU
+
+_hash_of, _id_of = attrgetter("hash"), attrgetter("block_id")
 
 EvictHook = Callable[[list[Block]], None]
 
@@ -134,35 +137,41 @@ class BlockPool:
     def touch(self, blocks: list[Block]) -> None:
         """Blocks matched by a new sequence: referenced again (leaving the cached-free set)."""
         now = time.monotonic()
-        cached = [b.block_id for b in blocks if b.ref_cnt == 0]
-        if cached:
-            self._cached.remove_many(cached)
-        for b in blocks:
+        cached = []
+        for b in blocks:  # one pass (a 100K-token prompt matches thousands of blocks)
+            if not b.ref_cnt:
+                cached.append(b.block_id)
             b.ref_cnt += 1
             b.last_access = now
+        if cached:
+            self._cached.remove_many(cached)
 
     def release(self, blocks: list[Block]) -> None:
-        """A sequence lets go of its blocks; the last block first so prefixes outlive suffixes."""
+        """A sequence lets go of its blocks; the last block first so prefixes outlive suffixes.
+        Consecutive cached blocks of one group are filed as one run; empty ones in between do
+        not break a run."""
         now = time.monotonic()
-        group_of = self.ranking.group_of
-        run: list[tuple[int, Block]] = []  # consecutive cached blocks of one group: one filing
-        run_group = 0
+        freed: list[Block] = []
         for b in reversed(blocks):
             assert b.ref_cnt > 0, f"block {b.block_id} released twice"
             b.ref_cnt -= 1
             b.last_access = now
-            if b.ref_cnt == 0:
-                if b.hash is None:
-                    self._empty.append(b.block_id)
-                    continue
-                g = group_of(b.hash)
-                if run and g != run_group:
-                    self._file_run(run, run_group)
-                    run = []
-                run_group = g
-                run.append((b.block_id, b))
-        if run:
-            self._file_run(run, run_group)
+            if not b.ref_cnt:
+                freed.append(b)
+        if not freed:
+            return
+        cached = [b for b in freed if b.hash is not None]
+        if len(cached) < len(freed):
+            self._empty.extend(b.block_id for b in freed if b.hash is None)
+        if not cached:
+            return
+        groups = self.ranking.groups_of(list(map(_hash_of, cached)))
+        pairs = list(zip(map(_id_of, cached), cached))
+        if groups.count(groups[0]) == len(groups):  # one group (a session's own context): one run
+            self._file_run(pairs, groups[0])
+            return
+        for g, run in groupby(zip(groups, pairs), key=itemgetter(0)):
+            self._file_run(list(map(itemgetter(1), run)), g)
 
     def register(self, block: Block, h: BlockHash) -> bool:
         """Index a full in-use block under its hash; False if another block already has it."""

@@ -127,10 +127,10 @@ class SessionAwareManager:
 
     def _offload(self, held: list[BlockHash]) -> EditOutcome:
         tiers = self.kv.tiers
-        n = self._device_blocks(held)
         if tiers is None:
+            n = self._device_blocks(held)
             return EditOutcome("offloaded", {"device": (0, 0)}, num_held=len(held), num_on_device=n)
-        written, below = tiers.offload(held)
+        written, below, n = tiers.offload_counted(held)
         bs = self.kv.block_size
         top = tiers.stack.tiers[0].name
         return EditOutcome("offloaded", {"device": (-(written + below), -(written + below) * bs),
@@ -143,10 +143,8 @@ class SessionAwareManager:
         if tiers is None:
             n = self._device_blocks(held)
             return EditOutcome("prefetched", {"device": (0, 0)}, num_held=len(held), num_on_device=n)
-        before = tiers.where(held)
-        scheduled, on_device = tiers.prefetch(held)
+        scheduled, on_device, below = tiers.prefetch_counted(held)
         bs = self.kv.block_size
-        below = sum(v for k, v in before.items() if k != "device")
         return EditOutcome("prefetched", {"device": (scheduled, scheduled * bs)},
                            lower_tier=tiers.stack.tiers[0].name, num_held=len(held),
                            num_on_device=on_device, num_below=below, num_scheduled=scheduled)

@@ -77,9 +77,10 @@ class PendingLoad:
 
 @dataclass(slots=True)
 class PendingOffload:
-    """An offload's blocks (the session's chain, head first) and a future per block. `left`
-    counts its distinct futures not done yet: each one's done-callback counts down, and the
-    last queues the offload for `poll` (no per-step walk over every future)."""
+    """An offload's blocks (the session's chain, head first) and a future per block (`eager`
+    only: the other modes drop nothing and keep both empty). `left` counts its distinct
+    futures not done yet: each one's done-callback counts down, and the last queues the
+    offload for `poll` (no per-step walk over every future)."""
 
     seq: int  # offload order: `poll` handles the landed ones in it
     hashes: list[BlockHash]
@@ -219,27 +220,38 @@ class TierConnector:
         """Write the device-resident blocks among `hashes` down now; their device copies are
         dropped by `poll` once stored. Returns (blocks written, blocks already below).
         `deferred`: nothing is written now (evicting them later writes them down)."""
-        on_device = [(h, b) for h, b in zip(hashes, self.pool.lookup_many(hashes))
-                     if b is not None]
-        where = self.stack.lookup([h for h, _ in on_device])
+        written, below, _ = self.offload_counted(hashes)
+        return written, below
+
+    def offload_counted(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
+        """`offload`, also returning the blocks of `hashes` on the device: (written, already
+        below, on device), from ONE walk of the session's blocks (SAM's offload hint walked them
+        twice: 28% of a full-scale hinted simulation, py-spy)."""
+        found = self.pool.lookup_many(hashes)
+        on_device = [h for h, b in zip(hashes, found) if b is not None]
+        where = self.stack.lookup(on_device)
+        n = len(on_device)
         if self.offload_mode == "deferred":
-            return 0, sum(1 for w in where if w is not None)
-        fresh = [(h, b) for (h, b), w in zip(on_device, where) if w is None]
-        written = iter(self._write_down([h for h, _ in fresh], [b.block_id for _, b in fresh])
-                       if fresh else [])
-        below = resolved(True)  # one finished future for every block already below (a Future each
-        #                         was 60% of a full-scale simulation's wall time: py-spy)
-        futures = [next(written) if w is None else below for w in where]
-        # in the order given (the session's chain, head first): `poll` drops from the tail
+            return 0, n - where.count(None), n
+        fresh = [h for h, w in zip(on_device, where) if w is None]
+        ids = [b.block_id for b, w in zip(filter(None, found), where) if w is None]
+        batch = self._write_down(fresh, ids) if fresh else []
         self._offload_seq += 1
-        o = PendingOffload(self._offload_seq, [h for h, _ in on_device], futures)
         self._num_offloads += 1
-        # distinct futures first (a write-down batch shares one; blocks below share `below`)
-        pending = [f for f in {id(f): f for f in futures}.values() if not f.done()]
+        if self.offload_mode == "eager":  # `poll` drops from the tail: a future per block
+            written = iter(batch)
+            below = resolved(True)  # one finished future for every block already below (a Future
+            #                         each was 60% of a full-scale simulation's wall time: py-spy)
+            futures = [next(written) if w is None else below for w in where]
+            o = PendingOffload(self._offload_seq, on_device, futures)
+        else:  # lazy: the device copies stay; only the landing is counted (`idle`)
+            o = PendingOffload(self._offload_seq, [], [])
+        # distinct futures (a write-down batch shares one; blocks below need none)
+        pending = [f for f in {id(f): f for f in batch}.values() if not f.done()]
         if not pending:
             with self._landed_lock:
                 self._landed.append(o)
-            return len(fresh), len(on_device) - len(fresh)
+            return len(fresh), n - len(fresh), n
         o.left = len(pending)  # before any callback can count down
 
         def landed(_: Future, o: PendingOffload = o) -> None:
@@ -249,7 +261,7 @@ class TierConnector:
                     self._landed.append(o)
         for f in pending:
             f.add_done_callback(landed)
-        return len(fresh), len(on_device) - len(fresh)
+        return len(fresh), n - len(fresh), n
 
     def publish_to_pool(self, hashes: list[BlockHash]) -> int:
         """A request finished: write its blocks through to the shared pool (if any)."""
@@ -311,13 +323,31 @@ class TierConnector:
             elif h not in in_flight:
                 todo.append(h)
         room = self.room_below_protected()
-        tiers = self.stack.lookup_run(todo[:room])
+        return self._prefetch_run(todo[:room], self.stack.lookup_run(todo[:room])), on_device
+
+    def prefetch_counted(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
+        """`prefetch`, also returning the blocks of `hashes` held below (as `where` counts them,
+        before the prefetch): (scheduled, on device, below), from ONE walk of the session's
+        blocks per index (SAM's prefetch hint walked them twice)."""
+        lower = [h for h, b in zip(hashes, self.pool.lookup_many(hashes)) if b is None]
+        where = self.stack.lookup(lower)
+        below = len(lower) - where.count(None)
+        in_flight = self._in_flight()
+        pairs = [(h, w) for h, w in zip(lower, where) if h not in in_flight] if in_flight \
+            else list(zip(lower, where))
+        room = self.room_below_protected()
+        todo = [h for h, _ in pairs[:room]]
+        tiers = list(takewhile(bool, (w for _, w in pairs[:room])))
+        return self._prefetch_run(todo, tiers), len(hashes) - len(lower), below
+
+    def _prefetch_run(self, todo: list[BlockHash], tiers: list[str]) -> int:
+        """Start loading the first len(tiers) blocks of `todo` (held in `tiers`) as a prefetch."""
         n = len(tiers)
         if n == 0:
-            return 0, on_device
+            return 0
         blocks = self.pool.allocate(n)  # victims (ranked below running) are written down first
         self._prefetches.append(self._load(todo[:n], blocks, tiers[:n]))
-        return n, on_device
+        return n
 
     def room_below_protected(self) -> int:
         """Free blocks a prefetch may take: empty ones, and cached ones of classes below the

@@ -94,7 +94,7 @@ class ProgramDriver:
         self.hints = hints
         self.time_scale = time_scale
         self.on_call = on_call
-        self.range_evicts = range_evicts  # False: skip them, as the live driver must (token-id prompts)
+        self.range_evicts = range_evicts  # False: skip them (a study knob; the live driver sends them too)
         self.calls: list[CallRecord] = []
         self.accesses: list[Access] = []  # in send order (FCFS admission follows it)
         self.num_edits = {"offload": 0, "prefetch": 0, "evict": 0}

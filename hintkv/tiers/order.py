@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
+from itertools import repeat
+from operator import itemgetter
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+_first = itemgetter(0)
 
 
 class ClassedLRU(Generic[K, V]):
@@ -98,10 +101,9 @@ class ClassedLRU(Generic[K, V]):
         order as one `add` each (a sequence releasing its blocks, tail first)."""
         have, items = self._take_node(node, cls)
         node_of = self._node_of
-        for key, value in pairs:
-            assert key not in node_of, "an item is filed twice"
-            items[key] = value
-            node_of[key] = node
+        assert node_of.keys().isdisjoint(map(_first, pairs)), "an item is filed twice"
+        items.update(pairs)  # C-level: a finished prompt files thousands of blocks
+        node_of.update(zip(map(_first, pairs), repeat(node)))
         self._buckets.setdefault(have, {})[node] = items
         self._counts[have] = self._counts.get(have, 0) + len(pairs)
 

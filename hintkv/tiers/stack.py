@@ -80,9 +80,14 @@ class TierStack:
 
     def lookup(self, keys: list[bytes]) -> list[str | None]:
         """For each key, the name of the first tier (top-down) that holds it, else None."""
-        out: list[str | None] = [None] * len(keys)
-        todo = list(range(len(keys)))
-        for t in self.tiers:
+        if not keys or not self.tiers:
+            return [None] * len(keys)
+        top = self.tiers[0]  # the first tier asks for every key: no index lists (a session's chain)
+        found = top.contains_many(keys)
+        name = top.name
+        out: list[str | None] = [name if ok else None for ok in found]
+        todo = [i for i, ok in enumerate(found) if not ok]
+        for t in self.tiers[1:]:
             if not todo:
                 break
             found = t.contains_many([keys[i] for i in todo])
