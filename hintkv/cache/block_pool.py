@@ -34,6 +34,7 @@ from hintkv.cache.ranking import ClassRanking
 from hintkv.tiers.order import ClassedLRU
 
 _hash_of, _id_of = attrgetter("hash"), attrgetter("block_id")
+UNINDEX_LOG_MAX = 1 << 16  # unindexed hashes kept for cached prefix matches (`KVCacheManager`)
 
 EvictHook = Callable[[list[Block]], None]
 
@@ -53,6 +54,10 @@ class BlockPool:
         self._index: dict[BlockHash, Block] = {}
         self.on_evict: EvictHook | None = None  # called with victims before their KV is reused
         self.num_evicted = 0
+        # hashes that left the index, in order (`unindexed_since`: what a cached prefix match
+        # must check); cleared past UNINDEX_LOG_MAX entries, which bumps `unindex_epoch`
+        self._unindexed: list[BlockHash] = []
+        self.unindex_epoch = 0
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -97,6 +102,22 @@ class BlockPool:
         6K hashes took 80% of a 100-user full-scale simulation, py-spy)."""
         return list(takewhile(bool, map(self._index.get, hashes)))  # a Block is always truthy
 
+    def unindexed_since(self, epoch: int, seen: int) -> list[BlockHash] | None:
+        """Hashes that left the index since a reader at (`epoch`, `seen`) last looked; None:
+        the log was cleared since (the reader must look again from scratch)."""
+        return self._unindexed[seen:] if epoch == self.unindex_epoch else None
+
+    @property
+    def unindex_mark(self) -> tuple[int, int]:
+        """(epoch, position) of the unindex log now: where a reader continues from."""
+        return self.unindex_epoch, len(self._unindexed)
+
+    def _log_unindexed(self, hashes: list[BlockHash]) -> None:
+        if len(self._unindexed) + len(hashes) > UNINDEX_LOG_MAX:
+            self._unindexed = []
+            self.unindex_epoch += 1
+        self._unindexed.extend(hashes)
+
     # ---- ask-then-act --------------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
@@ -110,6 +131,7 @@ class BlockPool:
             victims = self.choose_victims(n - len(out))
             if self.on_evict is not None:
                 self.on_evict(victims)
+            self._log_unindexed(list(map(_hash_of, victims)))
             for b in victims:
                 self._cached.remove(b.block_id)
                 del self._index[b.hash]
@@ -188,6 +210,7 @@ class BlockPool:
             return False
         self._cached.remove(block.block_id)
         del self._index[block.hash]
+        self._log_unindexed([block.hash])
         block.hash = None
         self._empty.append(block.block_id)
         return True

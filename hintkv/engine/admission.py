@@ -134,7 +134,7 @@ def blocks_to_end(seq: Sequence, block_size: int, max_model_len: int | None = No
 def resident_blocks(seq: Sequence, kv: KVCacheManager) -> int:
     """Leading blocks of `seq`'s prompt cached on the device (no tier lookups: this runs per
     waiting sequence per step; a run held below is found and loaded at admission)."""
-    return len(kv.pool.leading_run(kv.update_hashes(seq, seq.num_tokens - 1)))
+    return len(kv.device_run(seq.request_id, kv.update_hashes(seq, seq.num_tokens - 1)))
 
 
 @register_admission("cache-aware")
