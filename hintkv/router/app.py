@@ -11,7 +11,8 @@ timeout) is marked down and retried on the next instance the placement picks, be
 was sent to the client: the session moves, and the new instance loads its prefix from the shared
 pool. A request that carries an evict (an `evict` edit or `session_control` stop/compact) goes to
 the session's instance, and the same evict, as a management request, to every other healthy
-instance, so no instance keeps KV of an ended session. Bad bodies are 400s in the OpenAI error
+instance the session or one of its sub-agents was ever placed on (`Placement.fanout_targets`;
+elsewhere it is unknown), so no instance keeps KV of an ended session. Bad bodies are 400s in the OpenAI error
 shape; no instance up is a 503 with Retry-After.
 """
 
@@ -152,7 +153,7 @@ class Router:
             b.status_counts[resp.status_code] = b.status_counts.get(resp.status_code, 0) + 1
             break
         if who.evicts and resp.status_code == 200:
-            await self._fan_out(body, path, headers, b)
+            await self._fan_out(body, path, headers, b, self.placement.fanout_targets(who.key))
             if who.ends_session and who.is_root:
                 self.placement.forget(who.key)
         out_headers = {"x-hintkv-backend": b.url}
@@ -177,8 +178,11 @@ class Router:
         return Response(content, status_code=resp.status_code, headers=out_headers,
                         media_type=resp.headers.get("content-type"))
 
-    async def _fan_out(self, body: dict, path: str, headers: dict, served: Backend) -> None:
-        others = [o for o in self.backends.healthy() if o is not served]
+    async def _fan_out(self, body: dict, path: str, headers: dict, served: Backend,
+                       targets: set[str] | None) -> None:
+        """The evict to the other healthy instances in `targets` (None: all of them)."""
+        others = [o for o in self.backends.healthy()
+                  if o is not served and (targets is None or o.url in targets)]
         if not others:
             return
         payload = management_copy(body, path)

@@ -10,7 +10,8 @@ key is (tenant, cache_salt, session id) as `Identity` builds it, `Placement.choo
 instance (session affinity; a new sub-agent next to its parent if that instance has room; else the
 least loaded by requests in flight, then sessions placed), the backend's `inflight` counts the
 request until it finishes. A management request goes where its session is; an evict is also
-applied on every other instance (the router's fan-out: a moved session left blocks behind), and
+applied on the other instances the session or its sub-agents were ever placed on (the router's
+fan-out, `Placement.fanout_targets`: a moved session left blocks behind), and
 a root session's whole-session evict forgets its placement. Every configuration is routed by
 session, hints or not: the router reads the session headers the clients always send.
 """
@@ -69,8 +70,9 @@ class SimCluster:
         out = self.by_url[b.url].manage(ref, edits)
         evicts = [e for e in edits if e.action == "evict"]
         if evicts:
+            targets = self.placement.fanout_targets(key)  # as the router: where it may hold KV
             for url, eng in self.by_url.items():
-                if url != b.url:
+                if url != b.url and (targets is None or url in targets):
                     eng.manage(ref, evicts)
                     self.num_fanout += 1
             whole = any(e.token_start is None for e in evicts)

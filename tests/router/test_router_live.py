@@ -1,11 +1,13 @@
 """The router in front of two real hintkv instances (dummy:tiny) sharing an embedded pool:
-affinity by session, sub-agents next to their parent, evict reaching every instance, failover
+affinity by session, sub-agents next to their parent, evict reaching every instance the session
+was placed on (after a failover moved it), failover
 away from a killed instance where the session loads its prefix from the pool (greedy output
 identical to a cold engine's, cached tokens > 0), and 4xx/503 in the OpenAI error shape."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import httpx
@@ -84,8 +86,13 @@ def test_evict_reaches_every_instance(cluster):
     prompt = tokens(10, 3 * BLOCK)
     r = complete(router, prompt, "ev")
     home = r.headers["x-hintkv-backend"]
-    other = next(s for s in servers if s.base_url != home)
-    # the same session also has KV on the other instance (as after a failover)
+    # a failover: the router's placement moves the session off its instance (the retry path
+    # excludes the one that failed), and the retried request runs there: the session now has
+    # KV on two instances, and the router's trail knows both
+    placement = router.app.state.router.placement
+    key = next(k for k in placement._where if json.loads(k)[2] == "ev")
+    moved = placement.choose(key, key, exclude={home})
+    other = next(s for s in servers if s.base_url == moved.url)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0,
             "agent_hint": {"session_id": "ev", "parent_session_id": "ev"}}
     assert httpx.post(f"{other.base_url}/v1/completions", json=body, timeout=60).status_code == 200

@@ -57,3 +57,24 @@ def test_backends_are_validated():
         Backends([])
     with pytest.raises(ValueError):
         Backends([A, A + "/"])
+
+
+def test_an_evict_fans_out_only_where_the_session_tree_was_placed(placement):
+    p = placement
+    home = p.choose("root", "root")
+    assert p.fanout_targets("root") == {home.url}
+    home.inflight = 2  # full: the sub-agent and its own sub-agent go elsewhere
+    away = p.choose("sub", "root")
+    assert away is not home
+    away.inflight = 2
+    deeper = p.choose("subsub", "sub")
+    assert deeper not in (home, away)
+    # the root's evict ends the whole tree: every instance a member ran on; a leaf only its own
+    assert p.fanout_targets("root") == {home.url, away.url, deeper.url}
+    assert p.fanout_targets("sub") == {away.url, deeper.url}
+    assert p.fanout_targets("subsub") == {deeper.url}
+    home.up = False  # the root moves: its old instance stays on the trail (blocks left behind)
+    moved = p.choose("root", "root")
+    assert moved is not home and home.url in p.fanout_targets("root")
+    assert p.fanout_targets("never-seen") is None and p.fanout_targets(None) is None
+    p.check_integrity()
