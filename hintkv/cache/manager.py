@@ -72,8 +72,9 @@ class KVCacheManager:
         return seq.block_hashes
 
     # ---- admission -----------------------------------------------------------------------
-    def match_prefix(self, seq: KVSequence, keep: bool = False) -> PrefixMatch:
-        """Longest run of cached device blocks at the start of the prompt. Pure.
+    def match_prefix(self, seq: KVSequence, keep: bool = False, lower: bool = True) -> PrefixMatch:
+        """Longest run of cached device blocks at the start of the prompt, then (`lower`) the
+        run after it that lower tiers hold and that is worth loading (`match_lower`). Pure.
 
         At most num_tokens - 1 tokens can hit: the last prompt token must run to give logits.
         `keep` (the scheduler's waiting queue): the device run is kept for the next call
@@ -82,10 +83,19 @@ class KVCacheManager:
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
         blocks = self.device_run(seq.request_id, hashes) if keep else self.pool.leading_run(hashes)
         match = PrefixMatch(blocks, len(blocks) * self.block_size)
-        if self.tiers is not None and len(blocks) < len(hashes):
-            match.lower_tiers = self.tiers.plan(hashes[len(blocks):])
-            match.lower = hashes[len(blocks):len(blocks) + len(match.lower_tiers)]
+        if lower:
+            self.match_lower(seq, match)
         return match
+
+    def match_lower(self, seq: KVSequence, match: PrefixMatch) -> None:
+        """Fill `match.lower` / `lower_tiers`: the tiers' plan for the blocks after the device
+        run. The scheduler asks only for a candidate that has room (a waiting request that does
+        not fit is not re-planned every step: that was 69% of a stalled 100-user simulation)."""
+        hashes = self.update_hashes(seq, seq.num_tokens - 1)
+        n = len(match.blocks)
+        if self.tiers is not None and n < len(hashes):
+            match.lower_tiers = self.tiers.plan(hashes[n:])
+            match.lower = hashes[n:n + len(match.lower_tiers)]
 
     def device_run(self, key: str, hashes: list[BlockHash]) -> list[Block]:
         """`BlockPool.leading_run(hashes)` for a waiting request `key`, kept between calls: a

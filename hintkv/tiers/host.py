@@ -37,8 +37,10 @@ class HostTier(IndexedTier):
         """`get` of keys[j] into dst[rows[j]] for every j: the blocks ready here in ONE copy on
         the mover (a gather of their slots, ordered after each slot's previous I/O); a block
         still being written waits for its write, as `get` does. Results in key order."""
-        for r in rows:
-            self.layout.check_payload(dst[r])
+        if rows:  # rows of one tensor: one row's check stands for all (was a view per row)
+            self.layout.check_payload(dst[rows[0]])
+            if min(rows) < -len(dst) or max(rows) >= len(dst):
+                raise IndexError(f"rows outside the {len(dst)}-row destination")
         with self._lock:
             ready: list[int] = []  # positions j in keys
             slots: list[int] = []

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 
 import torch
 
-from hintkv.tiers.mover import Mover, MoverStats, resolved
+from hintkv.tiers.mover import Mover, MoverStats, gather, resolved
 
 
 def test_copy_counts_bytes_and_blocks_per_direction():
@@ -60,3 +61,15 @@ def test_wait_loads_counts_waits_and_merge_adds_up():
     assert total.bytes_moved == {"x": 3, "y": 3} and total.blocks_moved == {"x": 1, "y": 1}
     assert total.num_failed == 1
     m.close()
+
+
+def test_gather_of_a_shared_batch_waits_once_and_keeps_every_position():
+    batch: Future[bool] = Future()  # one future shared by many blocks (a host batch)
+    other: Future[bool] = Future()
+    out = gather([batch, resolved(False), batch, other, batch])
+    assert len(batch._done_callbacks) == 1  # one callback for the shared batch, not one per block
+    batch.set_result(True)
+    assert not out.done()  # `other` is still pending
+    other.set_result(True)
+    assert out.result(timeout=0) == [True, False, True, True, True]
+    assert gather([]).result(timeout=0) == []
