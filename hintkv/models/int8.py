@@ -3,6 +3,7 @@
     smoothing(absmax, w)        -> SmoothQuant's per-input-channel scale s [K]
     quantize_weight(w, smooth)  -> int8 [K, N] view (what torch._int_mm's fast path takes), scale [N]
     quantize_rows(x, levels)    -> int8 [levels*M, K], scale [levels*M, 1]   (symmetric, per token)
+    block_weight(w_t)           -> the weight in gemv's 16-channel blocks, its u8 offset per channel
     int8_linear(x, ...)         -> float y [M, N]
 
 `levels=2` quantizes each row twice: q1 = round(x / s1), then the residual x - s1 q1 the same way.
@@ -14,7 +15,8 @@ to float32 per token, 295 fixed tokens: weights and activations int8 0.0116, wei
 two-level activations 0.0024; see docs/benchmarks.md).
 
 On a CPU the quantize and the rescale are one fused call each (`int8_cpu.py`, same arithmetic;
-eager ops when it cannot be built).
+eager ops when it cannot be built), and a step of a few rows is one call (`gemv`) that reads the
+weight once for both levels of every row.
 
 SmoothQuant (`smooth`, per input channel, from `calibration.py`): W' = W diag(s), x' = x / s moves
 activation outliers into the weight, where per-channel scales absorb them.
@@ -28,6 +30,9 @@ import torch.nn.functional as F
 from hintkv.models import int8_cpu
 
 LEVELS = 2
+# Steps of at most this many int8 rows (levels x tokens: a decode batch of 8, a 1 + k verify) run the
+# few-row kernel `int8_cpu.gemv`; more rows go through torch._int_mm (a GEMM that reuses each weight).
+GEMV_ROWS = 16
 _EMPTY = torch.empty(0)
 ALPHA = 0.5  # SmoothQuant's migration strength (calibration.py says how it was chosen)
 
@@ -54,7 +59,7 @@ def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, 
     qs, scales = [], []
     for level in range(levels):
         s = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30).div_(127.0)
-        q = torch.div(x, s).round_()  # |x / s| <= 127: no clamp needed
+        q = torch.mul(x, s.reciprocal()).round_()  # |x / s| <= 127: no clamp needed; x * (1/s) as the fused op
         qs.append(q)
         scales.append(s)
         if level + 1 < levels:
@@ -64,10 +69,24 @@ def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, 
     return torch.cat(qs).to(torch.int8), torch.cat(scales)
 
 
+def block_weight(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`int8_cpu.gemv`'s layout of an int8 `w_t` [K, N]: 16-channel blocks [ceil(N/16), ceil(K/4), 16, 4]
+    (zero padded), and w_comp [N] int32 = 128 sum_k w[n, k] (its u8-activation offset)."""
+    w = w_t.t()
+    (n, k), pad_n, pad_k = w.shape, -w.shape[0] % 16, -w.shape[1] % 4
+    wp = F.pad(w, (0, pad_k, 0, pad_n))
+    blocks = wp.reshape((n + pad_n) // 16, 16, (k + pad_k) // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return blocks, w.sum(dim=1, dtype=torch.int32).mul_(128)
+
+
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,
-                levels: int = LEVELS) -> torch.Tensor:
-    """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`."""
+                levels: int = LEVELS, blocked: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`; with
+    `blocked` (`block_weight(w_t)`), steps of up to GEMV_ROWS int8 rows run `int8_cpu.gemv`."""
     fused = None if x.is_cuda else int8_cpu.ops()
+    if fused is not None and blocked is not None and x.shape[0] * levels <= GEMV_ROWS and fused.has_fast_gemv():
+        return fused.gemv(x.float(), _EMPTY if inv_smooth is None else inv_smooth, blocked[0], w_scale,
+                          blocked[1], levels)
     if fused is not None:  # the same arithmetic in two calls instead of ~20 (`int8_cpu.py`)
         xq, x_scale = fused.quantize_rows(x.float(), _EMPTY if inv_smooth is None else inv_smooth, levels)
         if x.shape[0] == 1 and levels == 2:

@@ -11,7 +11,8 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
     w8a8    --quantization w8a8                int8 weight (per output channel scale, SmoothQuant-
                                                scaled from calibration), activations quantized per
                                                token in two levels at run time, one torch._int_mm
-                                               (int8 x int8 -> int32): `int8.py`
+                                               (int8 x int8 -> int32); <= 16 int8 rows (decode,
+                                               verify): one few-row VNNI call, `int8_cpu.gemv`
     w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
@@ -24,7 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hintkv.models.int8 import LEVELS, int8_linear, quantize_weight, smoothing
+from hintkv.models.int8 import (
+    LEVELS,
+    block_weight,
+    int8_linear,
+    quantize_weight,
+    smoothing,
+)
 
 QUANTIZATIONS = ("w8a8",)
 # Projections w8a8 keeps in float (measured on SmolLM2, 295 fixed tokens, KL/token to float32):
@@ -111,10 +118,13 @@ class W8A8Kernel(LinearKernel):
         smooth = None if self.act_absmax is None else smoothing(self.act_absmax, self.weight)
         self.inv_smooth = None if smooth is None else (1.0 / smooth).to(self.weight.device)
         self.w_int8_t, self.w_scale = quantize_weight(self.weight, smooth)
+        # the few-row kernel's copy (CPU): another int8 weight's memory, a quarter of the float one
+        self.blocked = None if self.weight.is_cuda else block_weight(self.w_int8_t)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = int8_linear(x.reshape(-1, shape[-1]), self.w_int8_t, self.w_scale, self.inv_smooth, self.levels)
+        y = int8_linear(x.reshape(-1, shape[-1]), self.w_int8_t, self.w_scale, self.inv_smooth, self.levels,
+                        self.blocked)
         if self.bias is not None:
             y.add_(self.bias.float())
         return y.to(x.dtype).view(*shape[:-1], y.shape[-1])
