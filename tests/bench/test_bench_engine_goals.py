@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hintkv.bench.engine import KV_FORMATS, Workload, compute_goals, kv_quant_rows
+from hintkv.bench.engine_accuracy import KV_FORMATS, kv_quant_rows
+from hintkv.bench.engine_measure import Workload
+from hintkv.bench.engine_report import compute_goals
 
 
 def test_kv_goals_follow_the_rows():

@@ -1,0 +1,208 @@
+"""What `hintkv bench engine` measures on a server, and how the servers' samples are interleaved.
+
+Every server (plain hintkv, its variants, vLLM) is up at once and idle between its samples. Each
+round takes one sample of each figure from every server, figure by figure, so the samples a ratio
+compares were taken seconds apart (a load spike lands on both sides, not on one server's whole
+run); the order of the servers alternates between rounds (A B C, then C B A), and each figure is
+the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
+the spread of every ratio over the rounds.
+
+- prefill tok/s at 512 / 2048 / 8192 prompt tokens (`max_tokens=1`; prompt tokens / TTFT)
+- decode tok/s at batch 1 and 8 (128-token prompts, `ignore_eos`, fixed `max_tokens`; batch 8 is
+  8 concurrent streams, counted over the window where all 8 decode)
+- TTFT of a 2048-token prompt whose first 1920 tokens were just sent (cached), against a cold
+  128-token prefill (1920 = 15 x 128, block-aligned for vLLM CPU's 128-token prefix blocks too)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from hintkv.bench.common import (
+    PromptFactory,
+    batch_decode_tok_per_s,
+    log,
+    median,
+    ratio,
+    stream_batch,
+    stream_completion,
+)
+
+SWITCH_PAUSE_S = 0.3  # between two servers' samples: a peer's spinning OpenMP threads go to sleep
+
+
+@dataclass(slots=True)
+class Workload:
+    """What is measured on every server (the same for hintkv and vLLM)."""
+
+    prefill_lengths: tuple[int, ...] = (512, 2048, 8192)
+    decode_prompt_tokens: int = 128
+    decode_tokens: int = 64  # max_tokens of each decode stream (ignore_eos)
+    batch: int = 8
+    cached_prefix_tokens: int = 1920
+    cached_prompt_tokens: int = 2048
+    cold_prompt_tokens: int = 128
+    repeats: int = 5  # interleaved rounds
+    max_num_batched_tokens: int = 2048  # both servers' chunked-prefill budget per step
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cached_prefix_tokens < self.cached_prompt_tokens:
+            raise ValueError("the cached prefix must be shorter than the prompt")
+        if self.repeats < 1 or self.batch < 1 or self.decode_tokens < 2:
+            raise ValueError("repeats and batch must be >= 1, decode_tokens >= 2")
+
+    @property
+    def max_model_len(self) -> int:
+        """Room for an 8192-token prompt plus output on both servers; the same in `--quick`, so
+        vLLM's compile cache (keyed by its config) is shared by quick and full runs."""
+        longest = max(8192, *self.prefill_lengths, self.cached_prompt_tokens,
+                      self.decode_prompt_tokens + self.decode_tokens)
+        return longest + 256
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """The KV pool both servers get: the longest prompt plus the batch, twice over."""
+        return 2 * (self.max_model_len + self.batch * (self.decode_prompt_tokens + self.decode_tokens))
+
+    @classmethod
+    def for_run(cls, quick: bool) -> Workload:
+        if quick:
+            return cls(prefill_lengths=(512, 2048), decode_tokens=32, repeats=3)
+        return cls()
+
+
+@dataclass(slots=True)
+class ServerFigures:
+    """One server's measurements on one model: medians over the rounds (None: not measured or failed)."""
+
+    prefill_tok_s: dict[int, float] = field(default_factory=dict)
+    prefill_ms: dict[int, float] = field(default_factory=dict)
+    decode_tok_s_b1: float | None = None
+    decode_tok_s_batch: float | None = None
+    ttft_cached_ms: float | None = None
+    ttft_cold_ms: float | None = None
+    startup_s: float | None = None
+    error: str | None = None
+    samples: dict[str, list[float | None]] = field(default_factory=dict)  # figure -> one value per round
+
+    @property
+    def cached_vs_cold(self) -> float | None:
+        return ratio(self.ttft_cached_ms, self.ttft_cold_ms)
+
+    def summarize(self) -> None:
+        """The medians from `samples`."""
+        for key, values in self.samples.items():
+            m = median_or_none(values)
+            if key.startswith("prefill_ms_"):
+                n = int(key.removeprefix("prefill_ms_"))
+                if m is not None:
+                    self.prefill_ms[n], self.prefill_tok_s[n] = m, n / (m / 1000)
+            elif key in ("decode_tok_s_b1", "decode_tok_s_batch", "ttft_cached_ms", "ttft_cold_ms"):
+                setattr(self, key, m)
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return median(xs) if xs else None
+
+
+# ---------------------------------------------------------------- one sample of each figure
+
+
+async def _prefill_ms(url: str, model: str, prompts: PromptFactory, n: int) -> float:
+    t = await stream_completion(url, model, prompts.make(n), max_tokens=1)
+    return t.ttft_s * 1000
+
+
+async def _decode_b1(url: str, model: str, prompts: PromptFactory, w: Workload) -> float | None:
+    t = await stream_completion(url, model, prompts.make(w.decode_prompt_tokens), max_tokens=w.decode_tokens)
+    if t.num_tokens != w.decode_tokens:
+        log(f"warning: asked for {w.decode_tokens} tokens, got {t.num_tokens} (ignore_eos not honoured?)")
+    return t.decode_tok_per_s
+
+
+async def _decode_batch(url: str, model: str, prompts: PromptFactory, w: Workload) -> float | None:
+    batch = [prompts.make(w.decode_prompt_tokens) for _ in range(w.batch)]
+    return batch_decode_tok_per_s(await stream_batch(url, model, batch, max_tokens=w.decode_tokens))
+
+
+async def _cached_and_cold_ms(url: str, model: str, prompts: PromptFactory, w: Workload) -> tuple[float, float]:
+    prompt = prompts.make(w.cached_prompt_tokens)
+    await stream_completion(url, model, prompt[: w.cached_prefix_tokens], max_tokens=1)  # caches the prefix
+    cached = await stream_completion(url, model, prompt, max_tokens=1)
+    cold = await stream_completion(url, model, prompts.make(w.cold_prompt_tokens), max_tokens=1)
+    return cached.ttft_s * 1000, cold.ttft_s * 1000
+
+
+async def warm_up(url: str, model: str, prompts: PromptFactory, w: Workload) -> None:
+    """First requests pay for lazy init, allocator growth and (vLLM) compiled-shape lookups."""
+    for n in (w.cold_prompt_tokens, 512, min(2048, max(w.prefill_lengths))):
+        await _prefill_ms(url, model, prompts, n)
+    await _decode_b1(url, model, prompts, Workload(decode_tokens=8, repeats=1))
+    await _decode_batch(url, model, prompts, Workload(decode_tokens=8, batch=w.batch, repeats=1))
+    await _cached_and_cold_ms(url, model, prompts, w)
+
+
+Sampler = Callable[[str, str, PromptFactory, Workload], Awaitable[dict[str, float | None]]]
+
+
+def samplers(w: Workload) -> list[Sampler]:
+    """One sampler per figure (a sampler returns {figure: value}); a round runs each on every server."""
+    out: list[Sampler] = []
+    for n in w.prefill_lengths:
+        async def prefill(url, model, prompts, w, n=n):
+            return {f"prefill_ms_{n}": await _prefill_ms(url, model, prompts, n)}
+        out.append(prefill)
+
+    async def b1(url, model, prompts, w):
+        return {"decode_tok_s_b1": await _decode_b1(url, model, prompts, w)}
+
+    async def batch(url, model, prompts, w):
+        return {"decode_tok_s_batch": await _decode_batch(url, model, prompts, w)}
+
+    async def ttft(url, model, prompts, w):
+        cached, cold = await _cached_and_cold_ms(url, model, prompts, w)
+        return {"ttft_cached_ms": cached, "ttft_cold_ms": cold}
+    return [*out, b1, batch, ttft]
+
+
+async def measure_interleaved(servers: dict[str, str], model: str, prompts: PromptFactory,
+                              w: Workload) -> dict[str, ServerFigures]:
+    """`servers` ({name: base url}, all up): warm each up, then `w.repeats` interleaved rounds."""
+    figures = {name: ServerFigures() for name in servers}
+    for name, url in servers.items():
+        t0 = time.perf_counter()
+        try:
+            await warm_up(url, model, prompts, w)
+        except Exception as exc:  # noqa: BLE001 - a broken server is reported, the others go on
+            figures[name].error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        log(f"  {name}: warm-up {time.perf_counter() - t0:.1f}s")
+    live = [n for n in servers if figures[n].error is None]
+    for r in range(w.repeats):
+        order = live if r % 2 == 0 else live[::-1]
+        for sample in samplers(w):
+            for name in order:
+                if figures[name].error is not None:
+                    continue
+                await asyncio.sleep(SWITCH_PAUSE_S)
+                try:
+                    got = await sample(servers[name], model, prompts, w)
+                except Exception as exc:  # noqa: BLE001
+                    figures[name].error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+                    continue
+                for key, value in got.items():
+                    figures[name].samples.setdefault(key, []).append(value)
+        log(f"  round {r + 1}/{w.repeats}: " + ", ".join(
+            f"{n} b1 {_last(figures[n], 'decode_tok_s_b1')} b{w.batch} {_last(figures[n], 'decode_tok_s_batch')}"
+            for n in order))
+    for f in figures.values():
+        f.summarize()
+    return figures
+
+
+def _last(f: ServerFigures, key: str) -> str:
+    v = (f.samples.get(key) or [None])[-1]
+    return "-" if v is None else f"{v:.1f}"

@@ -1,0 +1,78 @@
+"""The servers `hintkv bench engine` compares: hintkv, its variants, and vLLM's CPU build.
+
+hintkv runs as `python -m hintkv serve`; a variant is hintkv started again with extra flags
+(`VARIANTS`); vLLM runs from its own venv on dummy weights of the same shape (`vllm_peer.py`), with
+prefix caching on. All get the same dtype, max-model-len, chunked-prefill budget and about the same
+KV capacity. `start_all` starts them one after another (a start never overlaps a measurement) and
+keeps them up together, so `engine_measure` can interleave their samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from hintkv.bench.common import ServerProcess, ServerSpec, hintkv_server, log
+from hintkv.bench.engine_measure import Workload
+from hintkv.bench.vllm_peer import kv_bytes_per_token, vllm_server, write_model_dir
+
+VLLM_MODEL_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hintkv" / "vllm-dummy-models"
+# Our model names -> hintkv.models.presets shape that vLLM gets as dummy weights.
+PEER_PRESETS = {"SmolLM2-135M-Instruct": "smollm2-135m"}
+# hintkv variants measured against plain hintkv: name -> extra serve flags
+VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "on"],
+            "eager": ["--enforce-eager"], "no-graphs": ["--cuda-graphs", "off"],
+            "kv-int8": ["--kv-cache-dtype", "int8"],
+            "kv-fp8": ["--kv-cache-dtype", "fp8"]}
+
+
+def peer_hf_config(model: str) -> dict[str, Any]:
+    """The Hugging Face config of `model`'s shape, for vLLM's dummy weights."""
+    from hintkv.models.presets import preset_hf_config
+
+    preset = model.split(":", 1)[1] if model.startswith("dummy:") else PEER_PRESETS.get(model)
+    if preset is None:
+        raise ValueError(f"no dummy shape known for {model!r}; known: dummy:<preset>, {sorted(PEER_PRESETS)}")
+    return preset_hf_config(preset)
+
+
+def hintkv_spec(model: str, args: argparse.Namespace, w: Workload, variant: str | None = None) -> ServerSpec:
+    extra = [
+        "--dtype", args.dtype, "--device", args.device,
+        "--kv-cache-tokens", str(w.kv_cache_tokens),
+        "--max-model-len", str(w.max_model_len),
+        "--max-num-batched-tokens", str(w.max_num_batched_tokens),
+        "--log-level", "warning",
+        *(VARIANTS[variant] if variant else []),
+    ]
+    # a compiled server spends its first minutes compiling: give it the time
+    return hintkv_server(model, name=f"hintkv-{variant}" if variant else "hintkv", extra_args=extra,
+                         startup_timeout_s=600.0 if variant == "compiled" else 180.0)
+
+
+def vllm_spec(model: str, args: argparse.Namespace, w: Workload) -> ServerSpec:
+    config = peer_hf_config(model)
+    # a fixed directory: vLLM keys its compile cache on the model path, and compiling takes minutes
+    model_dir = write_model_dir(config, VLLM_MODEL_ROOT / model.replace(":", "_"), min_positions=w.max_model_len)
+    kv_gib = w.kv_cache_tokens * kv_bytes_per_token(config, 4 if args.dtype == "float32" else 2) / 2**30
+    return vllm_server(
+        model_dir, model, dtype=args.dtype, max_model_len=w.max_model_len, kv_cache_gib=kv_gib,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+    )
+
+
+def start_all(stack: ExitStack, specs: dict[str, ServerSpec]) -> tuple[dict[str, ServerProcess], dict[str, str]]:
+    """Start each server in turn and keep it up (stopped when `stack` closes); ({name: process},
+    {name: error}) for the ones that failed to start."""
+    up: dict[str, ServerProcess] = {}
+    errors: dict[str, str] = {}
+    for name, spec in specs.items():
+        try:
+            up[name] = stack.enter_context(ServerProcess(spec))
+        except Exception as exc:  # noqa: BLE001 - a benchmark reports a broken server and goes on
+            log(f"{name} failed: {exc}")
+            errors[name] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+    return up, errors
