@@ -26,6 +26,7 @@ then cached under ~/.cache/torch_extensions) and returns None, after one warning
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from types import ModuleType
 
@@ -251,7 +252,10 @@ def ops() -> ModuleType | None:
         try:
             from torch.utils.cpp_extension import load_inline
 
-            _state["mod"] = load_inline(name="hintkv_int8_cpu", cpp_sources=_SOURCE,
+            # the name carries the source's hash: checkouts of other versions share the build cache
+            # (~/.cache/torch_extensions), and a same-named build of other source would be loaded
+            tag = hashlib.sha1((_SOURCE + " ".join(_CFLAGS)).encode()).hexdigest()[:12]
+            _state["mod"] = load_inline(name=f"hintkv_int8_cpu_{tag}", cpp_sources=_SOURCE,
                                         functions=["quantize_rows", "rescale", "gemv", "has_fast_gemv"],
                                         extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
