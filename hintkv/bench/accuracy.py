@@ -51,20 +51,25 @@ def greedy(model, prompt: list[int], n: int, kv_cache_dtype: str = "auto") -> li
     return out
 
 
-def _logits_over_cache(model, ids: list[int], kv_cache_dtype: str) -> torch.Tensor:
-    """Logits of every position, all but the first attending over KV read back from the cache."""
+def _logits_over_cache(model, ids: list[int], kv_cache_dtype: str, one_by_one: bool = False) -> torch.Tensor:
+    """Logits of every position, all but the first attending over KV read back from the cache; the
+    rest as one chunk (a prefill's many-row GEMMs) or `one_by_one` (decode steps' one-row GEMMs)."""
     seq = OneSequence(model, len(ids), kv_cache_dtype)
+    if one_by_one:
+        return torch.cat([seq.step([t]) for t in ids])
     return torch.cat([seq.step(ids[:1]), seq.step(ids[1:])])
 
 
-def compare(reference, candidate, token_lists: list[list[int]], kv_cache_dtype: str = "auto") -> dict[str, float]:
+def compare(reference, candidate, token_lists: list[list[int]], kv_cache_dtype: str = "auto",
+            one_by_one: bool = False) -> dict[str, float]:
     """Teacher-forced next-token top-1 agreement of `candidate` (its KV cache in `kv_cache_dtype`)
-    with `reference` (float KV), and both perplexities."""
+    with `reference` (float KV), and both perplexities; `one_by_one`: the candidate runs every token
+    as a decode step (the kernels of few-row steps), else the text as one chunk (a prefill's)."""
     agree = total = 0
     nll = {"reference": 0.0, "candidate": 0.0}
     for ids in token_lists:
         logits = {"reference": _logits_over_cache(reference, ids, "auto"),
-                  "candidate": _logits_over_cache(candidate, ids, kv_cache_dtype)}
+                  "candidate": _logits_over_cache(candidate, ids, kv_cache_dtype, one_by_one)}
         agree += int((logits["reference"].argmax(-1) == logits["candidate"].argmax(-1)).sum())
         total += len(ids)
         target = torch.tensor(ids[1:])

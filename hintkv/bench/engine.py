@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     if accuracy:
         print(f"\nw8a8 SmolLM2 vs float32 on {accuracy['tokens']} tokens: top-1 agreement "
               f"{accuracy['top1_agreement']:.3f}, perplexity {accuracy['ppl_candidate']:.2f} vs "
-              f"{accuracy['ppl_reference']:.2f}")
+              f"{accuracy['ppl_reference']:.2f} (prefill kernels); token by token (decode kernels): "
+              f"{accuracy['decode_top1_agreement']:.3f}, {accuracy['decode_ppl_candidate']:.2f}")
     kv_rows = kv_quant_rows(args.dtype) if not on_gpu else None
     if kv_rows:
         print(f"\nKV cache formats (SmolLM2, KV read back from the cache vs float KV, {args.dtype} model):")

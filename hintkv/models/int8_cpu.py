@@ -213,7 +213,10 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, 
     auto wcc = w_comp.contiguous();
     const float* wsp = wsc.data_ptr<float>();
     const int32_t* cp = wcc.data_ptr<int32_t>();
-    at::parallel_for(0, Nb, 8, [&](int64_t b0, int64_t b1) {
+    // a chunk of at least ~1M multiply-adds: a small weight's call stays on one thread (a fork / join
+    // costs about as much as its whole GEMV)
+    const int64_t grain = std::max<int64_t>(8, (1 << 20) / std::max<int64_t>(1, 16 * Kq * 4 * R));
+    at::parallel_for(0, Nb, grain, [&](int64_t b0, int64_t b1) {
         std::vector<int32_t> acc(R * 16);
         auto out = reinterpret_cast<int32_t (*)[16]>(acc.data());
         std::vector<const int32_t*> rows(R);

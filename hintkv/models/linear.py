@@ -14,6 +14,8 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                (int8 x int8 -> int32); <= 16 int8 rows (decode,
                                                verify): one few-row VNNI call, `int8_cpu.gemv`
     w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
+    w8a8-fine  down_proj under w8a8            two int8 levels of the weight in few-row steps (gemv),
+                                               the float weight (MKL) in many-row steps
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
 when the weight changed, so a packed or quantized copy is never stale.
@@ -25,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hintkv.models import int8_cpu
 from hintkv.models.int8 import (
+    GEMV_ROWS,
     LEVELS,
     block_weight,
     int8_linear,
@@ -34,10 +38,11 @@ from hintkv.models.int8 import (
 )
 
 QUANTIZATIONS = ("w8a8",)
-# Projections w8a8 keeps in float (measured on SmolLM2, 295 fixed tokens, KL/token to float32):
-# every projection int8 0.0051, top-1 0.969; down_proj (the MLP's 1536-wide output GEMM, the most
-# sensitive one) in float 0.0037, top-1 0.983. down_proj is a quarter of a layer's weights.
-W8A8_FLOAT = ("down_proj",)
+# Projections whose weight w8a8 keeps finer (measured on SmolLM2, 295 fixed tokens, KL/token to
+# float32): every projection int8 0.0051, top-1 0.969; down_proj (the MLP's 1536-wide output GEMM,
+# the most sensitive one) in float 0.0037, top-1 0.983. down_proj is a quarter of a layer's weights:
+# `W8A8FineKernel` runs it on two int8 levels of its weight in few-row steps, in float otherwise.
+W8A8_FINE = ("down_proj",)
 
 
 class LinearKernel:
@@ -153,8 +158,42 @@ class W8A8HeadKernel(W8A8Kernel):
         return logits.view(*x.shape[:-1], logits.shape[-1])
 
 
+class W8A8FineKernel(W8A8Kernel):
+    """A w8a8-sensitive projection (`W8A8_FINE`): its weight in two int8 levels, W ~ s1 q1 + s2 q2 (the
+    rounding residual quantized again, ~1/127 of one level's error), stacked as 2N output channels.
+
+    Few-row steps (decode, verify) run it through `int8_cpu.gemv`: 2 bytes per weight read, half of
+    float32, where a one-row step is bound by the bytes it reads. More rows run the float weight
+    (MKL-packed where it applies): a GEMM of many rows reuses each weight, and float is exact."""
+
+    name = "w8a8-fine"
+
+    def prepare(self) -> None:
+        smooth = None if self.act_absmax is None else smoothing(self.act_absmax, self.weight)
+        self.inv_smooth = None if smooth is None else (1.0 / smooth).to(self.weight.device)
+        w = self.weight.detach().float() * (1.0 if smooth is None else smooth)
+        q1_t, s1 = quantize_weight(w)
+        q2_t, s2 = quantize_weight(w - q1_t.t().float() * s1[:, None])
+        self.w_int8_t, self.w_scale = torch.cat((q1_t, q2_t), dim=1), torch.cat((s1, s2))
+        fast = not self.weight.is_cuda and int8_cpu.ops() is not None and int8_cpu.ops().has_fast_gemv()
+        self.blocked = block_weight(self.w_int8_t) if fast else None
+        float_kind = MklPackedKernel if MklPackedKernel.available(self.weight) else LinearKernel
+        self.float_kernel = float_kind(self.weight, self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape, n = x.shape, self.weight.shape[0]
+        x2 = x.reshape(-1, shape[-1])
+        if self.blocked is None or x2.shape[0] * self.levels > GEMV_ROWS:
+            return self.float_kernel(x)
+        y2 = int8_linear(x2, self.w_int8_t, self.w_scale, self.inv_smooth, self.levels, self.blocked)
+        y = y2[:, :n].add_(y2[:, n:])
+        if self.bias is not None:
+            y.add_(self.bias.float())
+        return y.to(x.dtype).view(*shape[:-1], n)
+
+
 KERNELS: dict[str, type[LinearKernel]] = {
-    k.name: k for k in (LinearKernel, MklPackedKernel, W8A8Kernel, W8A8HeadKernel)}
+    k.name: k for k in (LinearKernel, MklPackedKernel, W8A8Kernel, W8A8HeadKernel, W8A8FineKernel)}
 
 
 def choose_kernel(weight: torch.Tensor, quantization: str | None, *, is_lm_head: bool = False) -> str:
@@ -191,8 +230,8 @@ def prepare_linears(model: nn.Module, quantization: str | None = None,
     counts: dict[str, int] = {}
     for name, mod in model.named_modules():
         if isinstance(mod, Linear):
-            keep_float = quantization == "w8a8" and name.rpartition(".")[2] in W8A8_FLOAT
-            kind = choose_kernel(mod.weight, None if keep_float else quantization)
+            fine = quantization == "w8a8" and name.rpartition(".")[2] in W8A8_FINE
+            kind = "w8a8-fine" if fine else choose_kernel(mod.weight, quantization)
             mod.set_kernel(kind, (act_absmax or {}).get(name))
             counts[kind] = counts.get(kind, 0) + 1
     return counts

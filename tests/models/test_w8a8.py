@@ -154,3 +154,25 @@ def test_few_row_kernel_gives_the_int_mm_result():
             got = int8_linear(x, w_t, w_scale, inv, levels, blocked)
             want = int8_linear(x, w_t, w_scale, inv, levels)  # no blocks: quantize + _int_mm + rescale
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fine_kernel_is_float_on_many_rows_and_two_level_on_few():
+    """down_proj's kernel (W8A8_FINE): many rows run the float weight (exact); a few rows run two int8
+    levels of the weight, several times closer to float than one level."""
+    from hintkv.models import int8_cpu
+
+    lin = Linear(192, 64, False, torch.float32, "cpu")
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(64, 192, generator=torch.Generator().manual_seed(3)) * 0.05)
+    x = _x(40, 192, seed=6)
+    ref = F.linear(x, lin.weight)
+    lin.set_kernel("w8a8-fine")
+    torch.testing.assert_close(lin(x), ref, atol=1e-5, rtol=1e-5)
+    if lin.kernel.blocked is None:
+        assert not int8_cpu.ops() or not int8_cpu.ops().has_fast_gemv()
+        return
+    few = x[:3]
+    fine_err = float((lin(few) - F.linear(few, lin.weight)).norm())
+    lin.set_kernel("w8a8")
+    one_level_err = float((lin(few) - F.linear(few, lin.weight)).norm())
+    assert fine_err < one_level_err / 3, (fine_err, one_level_err)
