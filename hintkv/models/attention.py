@@ -16,7 +16,8 @@ Three paths, picked per step (a paged kernel may replace this module later, same
     the GQA group folded into the query rows, a causal mask per (sequence, token) row;
   * cold prefill (the whole context is new): SDPA on the fresh k/v with `is_causal=True`;
   * prefill on top of a cached prefix: gather the context through the block table, causal mask
-    offset by the cached length.
+    offset by the cached length (on CPU: prefix and new tokens as two fused SDPA calls merged by
+    their log-sum-exp, no mask tensor).
 An int8 / fp8 cache (`kv_quant.py`) is quantised on write and dequantised on read.
 """
 
@@ -109,12 +110,33 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
             out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], scale, causal=True)
             continue
         kc, vc = gather_context(kv_cache, meta.block_tables[i], ctx, q.dtype)
-        # query j sits at position ctx - q_len + j and sees keys 0 .. ctx - q_len + j: a causal
-        # mask aligned to the bottom right (a bias object, not a boolean tensor, so SDPA keeps
-        # its fused kernel instead of the math fallback: 1.4-1.8x faster on CPU)
-        mask = causal_lower_right(end - start, ctx)
-        out[start:end] = _sdpa(q[start:end], kc, vc, scale, mask=mask)
+        out[start:end] = _sdpa_after_prefix(q[start:end], kc, vc, scale)
     return out
+
+
+def _sdpa_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """SDPA of q [Lq, H, D], the last Lq tokens of a context k / v [S, Hkv, D]: query j sits at
+    position S - Lq + j and sees keys 0 .. S - Lq + j (a causal mask aligned to the bottom right).
+
+    On a CPU: two fused SDPA calls merged by their log-sum-exp, exact: the cached prefix (every key
+    visible, no mask) and the new tokens (a square causal block). One SDPA with the lower-right mask
+    materialises it and computes every masked score: 17.3 vs 7.1 ms for 128 queries over 2048 keys,
+    8 heads, one thread (the step of a 2048-token prompt with 1920 cached spent 45% there)."""
+    lq, s = q.shape[0], k.shape[0]
+    if q.device.type != "cpu":  # a bias object, not a boolean tensor: SDPA keeps its fused kernel
+        return _sdpa(q, k, v, scale, mask=causal_lower_right(lq, s))
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, L, D]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    p = s - lq
+    o_old, lse_old = flash(qh, kh[:, :, :p], vh[:, :, :p], 0.0, False, scale=scale)[:2]
+    o_new, lse_new = flash(qh, kh[:, :, p:], vh[:, :, p:], 0.0, True, scale=scale)[:2]
+    lse = torch.logaddexp(lse_old, lse_new)
+    o = (o_old.float() * (lse_old - lse).exp_().unsqueeze(-1)).add_(
+        o_new.float() * (lse_new - lse).exp_().unsqueeze(-1))
+    return o.to(q.dtype).squeeze(0).transpose(0, 1)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,

@@ -24,7 +24,7 @@ def _dense_reference(q, k, v, scale):
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("steps", [[(12, 12), (5, 5)], [(7, 19), (1, 4)], [(1, 30), (1, 3), (1, 17)],
-                                   [(5, 23), (2, 6), (1, 11)], [(5, 5), (3, 9)]])
+                                   [(5, 23), (2, 6), (1, 11)], [(5, 5), (3, 9)], [(40, 61), (3, 3)]])
 def test_matches_dense_reference(dtype, atol, steps):
     """steps: per sequence (new tokens, total context); sequences own scattered, shuffled blocks."""
     case = PagedCase.build(steps, seed=0, d=8, dtype=dtype)
