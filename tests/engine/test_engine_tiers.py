@@ -37,8 +37,13 @@ def last_block_kv(engine, sid: str = "a") -> torch.Tensor:
 
 def drop_last_block(engine, sid: str = "a") -> None:
     """Forget A's last prompt block (a range evict from token 48): it is computed again."""
+    h = engine.sessions.get("t", sid).held[3]
     (out,) = engine.manage(session(sid), [CacheEdit("evict", token_start=48)])
     assert out.tiers["device"][0] == -1  # 67 tokens have KV: 4 full blocks, the last one goes
+    # the evict released it (first to be reclaimed, still matchable): reclaim it now, or the
+    # recomputed copy would register onto it and the full computation's KV would be read back
+    b = engine.kv.pool.lookup(h)
+    assert b is not None and b.ref_cnt == 0 and engine.kv.pool.drop(b)
 
 
 def push_out(engine) -> None:
