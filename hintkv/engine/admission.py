@@ -22,9 +22,10 @@
   key is a deadline in steps, `first seen + tokens it still has to compute / step budget` (a
   waiting one's resident prefix counts as computed, and so does the run after it that a lower tier
   holds and is worth loading (`held_below`; a session whose context was written to the host is
-  short too, instead of waiting behind shorter cold prompts while its blocks age out below). Running decodes go first; then running prefills and waiting candidates compete
-  by key: a running prefill whose key is later than the best waiting candidate's yields the step
-  to it and gets what budget is left. So a 100K-token prefill no longer holds the whole budget
+  short too, instead of waiting behind shorter cold prompts while its blocks age out below).
+  Running decodes go first; then running prefills and waiting candidates compete by key: a
+  running prefill whose key is later than the best waiting candidate's yields the step to it
+  and gets what budget is left. So a 100K-token prefill no longer holds the whole budget
   for tens of steps while short prefills queue behind it (head-of-line blocking), and because
   keys only age, a long one is overtaken only by sequences that arrived before its own deadline:
   it waits at most about as long again as it computes (no starvation).
