@@ -94,13 +94,16 @@ def test_a_hung_master_times_out_opens_the_breaker_and_comes_back(fresh_master):
         assert tier.put([(key[0], data)])[0].result(timeout=10)
         os.kill(m.proc.pid, signal.SIGSTOP)
         try:
-            assert not tier.get(key[0], dst).result(timeout=10)  # timed out: a miss
-            assert not tier.get(key[0], dst).result(timeout=10)
+            # Only calls that need the master: storing new blocks (the master allocates) and
+            # reading one it never held. (A read of a stored block may be answered by the
+            # client's own copy: that is correct data, so the test does not depend on it.)
+            assert not tier.put([(key[1], data)])[0].result(timeout=10)  # timed out: refused
+            assert not tier.put([(key[2], data)])[0].result(timeout=10)
             assert tier.breaker.is_open
-            t0 = time.monotonic()
-            assert tier.contains_many(key) == [False] * 4  # at once: nothing waits on it
-            assert not tier.put([(key[1], data)])[0].result(timeout=10)
-            assert time.monotonic() - t0 < 0.3
+            assert not tier.get(key[3], dst).result(timeout=10)
+            assert tier.contains_many(key) == [False] * 4  # nothing is in an unreachable pool
+            refused = tier.put([(key[3], data)])[0]
+            assert refused.done() and not refused.result()  # at once: nothing waits on it
         finally:
             os.kill(m.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 30
@@ -110,6 +113,7 @@ def test_a_hung_master_times_out_opens_the_breaker_and_comes_back(fresh_master):
             time.sleep(0.2)
         assert ok and torch.equal(dst, data) and not tier.breaker.is_open
         assert tier.put([(key[2], data)])[0].result(timeout=10)
+        assert tier.get(key[2], dst).result(timeout=10) and torch.equal(dst, data)
         tier.check_integrity()
     finally:
         tier.close()
