@@ -12,7 +12,6 @@ class Block:
     block_id: int  # index into every layer's KV tensor
     ref_cnt: int = 0  # running sequences whose block table contains this block
     hash: BlockHash | None = None  # set once the block is full and registered in the prefix index
-    last_access: float = 0.0  # monotonic time of the last use (LRU order among free cached blocks)
 
     @property
     def is_cached(self) -> bool:

@@ -22,7 +22,6 @@ until they are taken.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from itertools import groupby, takewhile
 from operator import attrgetter, itemgetter
@@ -138,10 +137,8 @@ class BlockPool:
                 b.hash = None
             self.num_evicted += len(victims)
             out.extend(victims)
-        now = time.monotonic()
         for b in out:
             b.ref_cnt = 1
-            b.last_access = now
         return out
 
     def choose_victims(self, n: int) -> list[Block]:
@@ -158,13 +155,13 @@ class BlockPool:
 
     def touch(self, blocks: list[Block]) -> None:
         """Blocks matched by a new sequence: referenced again (leaving the cached-free set)."""
-        now = time.monotonic()
         cached = []
+        keep = cached.append
         for b in blocks:  # one pass (a 100K-token prompt matches thousands of blocks)
-            if not b.ref_cnt:
-                cached.append(b.block_id)
-            b.ref_cnt += 1
-            b.last_access = now
+            n = b.ref_cnt
+            if not n:
+                keep(b.block_id)
+            b.ref_cnt = n + 1
         if cached:
             self._cached.remove_many(cached)
 
@@ -172,14 +169,15 @@ class BlockPool:
         """A sequence lets go of its blocks; the last block first so prefixes outlive suffixes.
         Consecutive cached blocks of one group are filed as one run; empty ones in between do
         not break a run."""
-        now = time.monotonic()
         freed: list[Block] = []
+        keep = freed.append
         for b in reversed(blocks):
-            assert b.ref_cnt > 0, f"block {b.block_id} released twice"
-            b.ref_cnt -= 1
-            b.last_access = now
-            if not b.ref_cnt:
-                freed.append(b)
+            n = b.ref_cnt - 1
+            if n < 0:
+                raise AssertionError(f"block {b.block_id} released twice")
+            b.ref_cnt = n
+            if not n:
+                keep(b)
         if not freed:
             return
         cached = [b for b in freed if b.hash is not None]

@@ -87,15 +87,24 @@ class KVCacheManager:
             self.match_lower(seq, match)
         return match
 
-    def match_lower(self, seq: KVSequence, match: PrefixMatch) -> None:
+    def match_lower(self, seq: KVSequence, match: PrefixMatch, loadable: bool = False) -> None:
         """Fill `match.lower` / `lower_tiers`: the tiers' plan for the blocks after the device
         run. The scheduler asks only for a candidate that has room (a waiting request that does
-        not fit is not re-planned every step: that was 69% of a stalled 100-user simulation)."""
+        not fit is not re-planned every step: that was 69% of a stalled 100-user simulation).
+        `loadable` (the scheduler, which drops a run it cannot load): a run longer than the
+        device's free blocks can hold is left empty, and planning stops one block past that
+        room (a stalled queue's head was re-planned over its whole host run every step)."""
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
         n = len(match.blocks)
-        if self.tiers is not None and n < len(hashes):
+        if self.tiers is None or n >= len(hashes):
+            return
+        if not loadable:
             match.lower_tiers = self.tiers.plan(hashes[n:])
-            match.lower = hashes[n:n + len(match.lower_tiers)]
+        else:  # a plan of at most room + 1 blocks is the full plan when that fits, else too long
+            room = self.pool.num_free - sum(1 for b in match.blocks if b.ref_cnt == 0)
+            tiers = self.tiers.plan(hashes[n:n + room + 1]) if room > 0 else []
+            match.lower_tiers = tiers if len(tiers) <= room else []
+        match.lower = hashes[n:n + len(match.lower_tiers)]
 
     def device_run(self, key: str, hashes: list[BlockHash]) -> list[Block]:
         """`BlockPool.leading_run(hashes)` for a waiting request `key`, kept between calls: a

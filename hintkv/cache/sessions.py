@@ -134,23 +134,36 @@ class SessionRegistry:
         return orphans
 
     def _set_held(self, s: Session, hashes: list[BlockHash]) -> list[BlockHash]:
-        """Replace what `s` holds; return the hashes nobody holds any more."""
-        new = set(hashes)
-        old = set(s.held)
+        """Replace what `s` holds; return the hashes nobody holds any more. A request's new
+        context usually extends the one before (or an evict cuts it): then only the part past
+        the common prefix is diffed (a full-scale prompt is thousands of blocks)."""
+        held = s.held
+        n_old, n_new = len(held), len(hashes)
+        if n_new >= n_old and hashes[:n_old] == held:  # extended: nothing is dropped
+            old = set(held)
+            removed = []
+            added = [h for h in hashes[n_old:] if h not in old]
+        elif n_new < n_old and held[:n_new] == hashes:  # cut: nothing is added
+            new = set(hashes)
+            removed = [h for h in held[n_new:] if h not in new]
+            added = []
+        else:
+            new = set(hashes)
+            old = set(held)
+            removed = [h for h in held if h not in new]
+            added = [h for h in hashes if h not in old]
         orphans = []
-        removed = []
-        for h in s.held:
-            if h not in new:
-                removed.append(h)
-                owners = self.holders.get(h)
-                if owners is not None:
-                    owners.discard(s.key)
-                    if not owners:
-                        del self.holders[h]
-                        orphans.append(h)
-        added = [h for h in hashes if h not in old]
+        holders = self.holders
+        key = s.key
+        for h in removed:
+            owners = holders.get(h)
+            if owners is not None:
+                owners.discard(key)
+                if not owners:
+                    del holders[h]
+                    orphans.append(h)
         for h in added:
-            self.holders.setdefault(h, set()).add(s.key)
+            holders.setdefault(h, set()).add(key)
         s.held = list(hashes)
         if self.ranking is not None:
             self.ranking.held_changed(s, reversed(removed), reversed(added))

@@ -113,7 +113,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
         match = sch.kv.match_prefix(seq, keep=True, lower=False)  # room reads the device run only
         fits = alone or policy.room(seq, match, sch.kv, plan)
         if fits:  # a candidate without room is skipped or stops admission: its plan is not needed
-            sch.kv.match_lower(seq, match)
+            sch.kv.match_lower(seq, match, loadable=True)
         if match.lower and fits:  # load first (no budget now); computes once the blocks land
             if not sch.kv.can_admit(seq, match, 0):
                 match.lower, match.lower_tiers = [], []  # no room to load into: compute it

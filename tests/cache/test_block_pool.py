@@ -1,6 +1,7 @@
 """Block pool and KV manager bookkeeping on the CPU, no model: invariants under random cycles."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hintkv.cache.block_pool import BlockPool
 from hintkv.cache.hashing import hash_blocks, namespace_root
@@ -38,10 +39,12 @@ def test_choose_victims_changes_nothing():
         for i, blk in enumerate(blocks):
             pool.register(blk, bytes([i]))
         pool.release(blocks)
-        before = [(b.block_id, b.ref_cnt, b.hash, b.last_access) for b in pool.blocks]
+        before = [(b.block_id, b.ref_cnt, b.hash) for b in pool.blocks]
+        order = pool.cached_free_blocks()
         victims = pool.choose_victims(3)
         assert len(victims) == 3
-        assert before == [(b.block_id, b.ref_cnt, b.hash, b.last_access) for b in pool.blocks]
+        assert before == [(b.block_id, b.ref_cnt, b.hash) for b in pool.blocks]
+        assert pool.cached_free_blocks() == order
         pool.check_integrity()
 
 

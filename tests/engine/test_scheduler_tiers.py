@@ -158,3 +158,29 @@ def test_lower_tiers_evict_in_the_session_aware_order(tmp_path):
         assert stack.store([(h, torch.ones(io.layout.shape))])[0].result()
     assert stack.lookup([held, unheld, new]) == ["host", None, "host"]
     stack.close()
+
+
+def test_a_loadable_plan_is_the_full_plan_when_it_fits_and_empty_when_it_cannot_load(tmp_path):
+    """The scheduler's plan (`match_lower(loadable=True)`) stops one block past the device's
+    free room: the same run as the full plan whenever that run can load, none otherwise (the
+    scheduler computes such a request instead; it no longer re-plans the whole run each step)."""
+    kv, io, stack = _setup(tmp_path)
+    seq = _seq("a", list(range(29)))  # 7 full blocks before the last token
+    _store(stack, io, seq.token_ids, 6)
+    taken: list = []
+    for room in range(8, -1, -1):
+        full = kv.match_prefix(seq)  # the full plan
+        assert len(full.lower) == 6 and full.lower_tiers == ["disk"] * 6
+        capped = kv.match_prefix(seq, lower=False)
+        kv.match_lower(seq, capped, loadable=True)
+        assert kv.pool.num_free == room
+        if room >= 6:
+            assert capped.lower == full.lower and capped.lower_tiers == full.lower_tiers
+        else:
+            assert capped.lower == [] and capped.lower_tiers == []
+            assert not kv.can_admit(seq, full, 0)  # the full plan could not load either
+        if room:
+            taken += kv.pool.allocate(1)
+    kv.pool.release(taken)
+    kv.check_integrity()
+    stack.close()
