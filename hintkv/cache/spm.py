@@ -66,8 +66,8 @@ class SessionPoolManager:
         when the host tier evicts them (a live session's, as to any lower tier)."""
         if not self.pool.write_through:
             return 0
-        fresh = [(h, b) for h in hashes if not self.pool.known(h)
-                 and (b := self.device.lookup(h)) is not None]
+        unknown = self.pool.unknown_among(hashes)  # one lock for a prompt's thousands of blocks
+        fresh = [(h, b) for h, b in zip(unknown, self.device.lookup_many(unknown)) if b is not None]
         if not fresh:
             return 0
         staging = self._staging(len(fresh))

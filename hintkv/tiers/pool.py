@@ -71,12 +71,23 @@ class Unavailable(Exception):
 @dataclass(slots=True)
 class PoolEntry:
     last_access: int  # logical clock of the last put / get / keep-alive
-    write: Future[bool]  # resolves True once the block is in the pool
+    write: Future[bool]  # the put that stores it (one per `put` call, shared by its new blocks)
     owned: bool  # stored by this instance (False: found there already, or only read from there)
+    stored: bool = True  # its own put succeeded (False while it runs, and if it failed)
 
     @property
     def ready(self) -> bool:
-        return self.write.done() and self.write.result()
+        return self.stored and self.write.done()
+
+
+@dataclass(slots=True)
+class _PutBatch:
+    """The new blocks of one `put` call: ONE future, True once every one of them is stored
+    (False if any failed; each entry's own outcome is `PoolEntry.stored`)."""
+
+    write: Future[bool]
+    left: int = 0  # blocks not processed yet
+    ok: bool = True
 
 
 @dataclass(slots=True)
@@ -195,6 +206,12 @@ class PoolTier(Tier):
         with self._lock:
             return key in self._entries
 
+    def unknown_among(self, keys: Iterable[bytes]) -> list[bytes]:
+        """The keys not known here, in their order (one lock, no round trip)."""
+        with self._lock:
+            entries = self._entries
+            return [k for k in keys if k not in entries]
+
     def known_among(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys known here, in their order (one lock, no round trip)."""
         with self._lock:
@@ -210,6 +227,7 @@ class PoolTier(Tier):
                 if (e := self._entries.get(key)) is not None:
                     e.last_access = self._tick()
             fit = self._make_room(len({k for k, _ in items if k not in self._entries}))
+            batch: _PutBatch | None = None  # counted down under this lock: complete before any op runs
             for key, src in items:
                 entry = self._entries.get(key)
                 if entry is not None:
@@ -219,10 +237,13 @@ class PoolTier(Tier):
                     out.append(resolved(False))
                 else:
                     fit -= 1
-                    entry = PoolEntry(self._tick(), Future(), owned=True)
+                    if batch is None:
+                        batch = _PutBatch(Future())
+                    batch.left += 1
+                    entry = PoolEntry(self._tick(), batch.write, owned=True, stored=False)
                     self._entries[key] = entry
-                    self._queue(("put", key, src, entry))
-                    out.append(entry.write)
+                    self._queue(("put", key, src, entry, batch))
+                    out.append(batch.write)
             return out
 
     def get(self, key: bytes, dst: torch.Tensor) -> Future[bool]:
@@ -440,7 +461,7 @@ class PoolTier(Tier):
 
     def _process(self, kind: str, ops: list[tuple]) -> None:
         if kind == "put":
-            self._do_puts([(op[1], op[2], op[3]) for op in ops])
+            self._do_puts([(op[1], op[2], op[3], op[4]) for op in ops])
         elif kind == "get":
             self._do_gets([(op[1], op[2], op[3]) for op in ops])
         elif kind == "remove":
@@ -488,10 +509,10 @@ class PoolTier(Tier):
                 else:
                     self.counters.num_release_leased += 1
 
-    def _do_puts(self, puts: list[tuple[bytes, torch.Tensor, PoolEntry]]) -> None:
+    def _do_puts(self, puts: list[tuple[bytes, torch.Tensor, PoolEntry, _PutBatch]]) -> None:
         results = [False] * len(puts)
         try:
-            there = self._call(self.backend.exists, [self.pool_key(k) for k, _, _ in puts])
+            there = self._call(self.backend.exists, [self.pool_key(k) for k, _, _, _ in puts])
             todo = [i for i, ok in enumerate(there) if not ok]
             for i, ok in enumerate(there):
                 if ok:  # content key: someone stored this very block already
@@ -505,9 +526,10 @@ class PoolTier(Tier):
                     results[i] = ok
         except Unavailable:
             pass
+        finished: list[_PutBatch] = []
         with self._lock:
             self.counters.num_put_calls += 1
-            for (key, _, entry), ok in zip(puts, results):
+            for (key, _, entry, batch), ok in zip(puts, results):
                 if ok and not entry.owned:
                     self.counters.num_dedup += 1
                 elif ok:
@@ -517,9 +539,14 @@ class PoolTier(Tier):
                     self._stats.num_put_failed += 1
                     if self._entries.get(key) is entry:
                         del self._entries[key]
+                entry.stored = ok
+                batch.ok = batch.ok and ok
+                batch.left -= 1
+                if not batch.left:
+                    finished.append(batch)
             self.counters.peak_bytes = max(self.counters.peak_bytes, self._bytes_used())
-        for (_, _, entry), ok in zip(puts, results):
-            entry.write.set_result(ok)
+        for batch in finished:  # after the outcome is recorded (whoever sees it resolve sees that)
+            batch.write.set_result(batch.ok)
 
     def _do_gets(self, gets: list[tuple[bytes, torch.Tensor, Future]]) -> None:
         blobs = [torch.empty(self.frame_nbytes, dtype=torch.uint8) for _ in gets]
