@@ -122,7 +122,7 @@ class EmbeddedBackend(PoolBackend):
     def keep_alive(self, keys: list[str]) -> int:
         if self.directory is None:
             with self._lock:
-                return sum(1 for k in keys if k in self._blobs)
+                return sum(map(self._blobs.__contains__, keys))
         found = 0
         for key in keys:
             try:

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from itertools import chain, filterfalse
 
 import torch
 
@@ -209,14 +210,12 @@ class PoolTier(Tier):
     def unknown_among(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys not known here, in their order (one lock, no round trip)."""
         with self._lock:
-            entries = self._entries
-            return [k for k in keys if k not in entries]
+            return list(filterfalse(self._entries.__contains__, keys))
 
     def known_among(self, keys: Iterable[bytes]) -> list[bytes]:
         """The keys known here, in their order (one lock, no round trip)."""
         with self._lock:
-            entries = self._entries
-            return [k for k in keys if k in entries]
+            return list(filter(self._entries.__contains__, keys))
 
     def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
         for key, src in items:
@@ -273,10 +272,12 @@ class PoolTier(Tier):
         """Refresh the pool's lease on blocks live sessions hold (one batched call, queued)."""
         if not self.session_aware or not keys:
             return
-        with self._lock:
-            for k in keys:
-                if (e := self._entries.get(k)) is not None:
-                    e.last_access = self._tick()
+        with self._lock:  # each known key ticks in turn, as `_tick` per key would
+            found = [e for e in map(self._entries.get, keys) if e is not None]
+            first = self._clock + 1
+            self._clock += len(found)
+            for e, t in zip(found, range(first, self._clock + 1)):
+                e.last_access = t
         self._queue(("keep", keys))
 
     def usage(self) -> TierUsage:
@@ -472,9 +473,10 @@ class PoolTier(Tier):
         elif kind == "release":
             self._release([op[1] for op in ops])
         elif kind == "keep":
-            keys = list(dict.fromkeys(k for op in ops for k in op[1]))
-            try:
-                self._call(self.backend.keep_alive, [self.pool_key(k) for k in keys])
+            keys = list(dict.fromkeys(chain.from_iterable(op[1] for op in ops)))
+            try:  # every live block once a second: the keys are made in C (`pool_key` each)
+                self._call(self.backend.keep_alive,
+                           list(map(f"{self.key_prefix}:".__add__, map(bytes.hex, keys))))
                 with self._lock:
                     self.counters.num_keepalive_calls += 1
                     self.counters.num_keepalive_keys += len(keys)
