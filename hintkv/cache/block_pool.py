@@ -78,6 +78,7 @@ class BlockPool:
 
     def num_cached_below(self, cls: int) -> int:
         """Cached unreferenced blocks of classes below `cls` (what a prefetch may take)."""
+        self.ranking.settle()
         return self._cached.count_below(cls)
 
     def lookup(self, h: BlockHash) -> Block | None:
@@ -89,10 +90,12 @@ class BlockPool:
 
     def class_of(self, b: Block) -> int:
         """The class of the bucket a cached unreferenced block sits in."""
+        self.ranking.settle()
         return self._cached.class_of(b.block_id)
 
     def cached_free_blocks(self) -> list[Block]:
         """Every cached unreferenced block, in victim order."""
+        self.ranking.settle()
         return [b for _, b in self._cached.victims()]
 
     def leading_run(self, hashes: list[BlockHash]) -> list[Block]:
@@ -147,6 +150,7 @@ class BlockPool:
         out: list[Block] = []
         if n <= 0:
             return out
+        self.ranking.settle()  # moves an arrival left pending (`ClassRanking.settle`)
         for _, b in self._cached.victims():
             out.append(b)
             if len(out) >= n:
@@ -185,6 +189,7 @@ class BlockPool:
             self._empty.extend(b.block_id for b in freed if b.hash is None)
         if not cached:
             return
+        self.ranking.settle()  # nodes are refiled at the back of their class: it must be current
         groups = self.ranking.groups_of(list(map(_hash_of, cached)))
         pairs = list(zip(map(_id_of, cached), cached))
         if groups.count(groups[0]) == len(groups):  # one group (a session's own context): one run
@@ -235,12 +240,14 @@ class BlockPool:
         self._file(b, group, front=group != 0)
 
     def group_moved(self, group: int, cls: int) -> None:
-        """Ranking listener: a group changed class; its node (if any) moves, O(1)."""
+        """Ranking listener: a group changed class; its node (if any) moves to the back of
+        `cls`, O(1) (also when pending moves bring it back to its class: `ClassRanking.settle`)."""
         if self._grouped:
-            self._cached.move_node(group, cls)
+            self._cached.move_node(group, cls, again=True)
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:
+        self.ranking.settle()
         empty = set(self._empty)
         self._cached.check_integrity()
         cached: set[int] = set()

@@ -20,6 +20,16 @@ and `group_moved(group, cls)` when a group's class changes: the pool keeps one n
 its class's bucket, so a session changing state moves one node. The same changes are gathered in
 a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
 Runs on the engine thread, under its state lock, like the registry it follows.
+
+An arrival (`session_changed(..., defer=True)`) computes the session's class at once and leaves
+its groups' counts and nodes as they were: the moves are pending until something reads or
+changes the ranking (`settle`: the pool's next victim choice, release or count, any class query,
+a regrouping, the delta, another session's class change) or the same session changes class
+again, which then moves its groups once for both (a request that ends before anything reads the
+order pays one walk over its groups, not two; the arrival itself touches none of them). Exact:
+`_settle` replays the changes' arithmetic and re-files each group whose class moved at any of
+them, in the order of its last move, so classes, node order, delta and move counts are what
+one eager walk per change gives (tests/cache/test_lazy_ranking.py).
 """
 
 from __future__ import annotations
@@ -66,11 +76,8 @@ class ClassRanking:
         self._rng = random.Random(seed)
         self._group_of: dict[BlockHash, int] = {}  # held hash -> its group id
         self._groups: dict[int, _Group] = {}
-        self._groups_in: dict[str, set[int]] = {}  # session key -> groups it is a holder of
-        # session key -> its groups, tail first (fewest holders first: holder sets nest along a
-        # prefix, so fewer holders = deeper), built on its first class change and dropped when
-        # its groups change: a class change walks a tuple, no id lookups, no sort
-        self._order: dict[str, tuple[_Group, ...]] = {}
+        # session key -> the groups it is a holder of (id -> group: a walk reads no other map)
+        self._groups_in: dict[str, dict[int, _Group]] = {}
         self._delta_blocks: dict[BlockHash, int | None] = {}
         self._delta_groups: dict[int, int | None] = {}
         self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
@@ -79,6 +86,10 @@ class ClassRanking:
         # and a heap push; a session with two events in a step is scheduled once)
         self._unscheduled: dict[str, tuple[Session, float]] = {}
         self._version: dict[str, int] = {}
+        # (session, its classes since its groups were last moved: old, ..., now): an
+        # arrival's moves, pending until the next read or change (`settle`); one session at most
+        self._pending: tuple[Session, list[int]] | None = None
+        self.lazy = True  # False: an arrival moves its groups at once (the reference tests compare)
         self.listeners: list[ClassListener] = []
         self.num_moves = 0  # class changes reported (of a regrouped block or of a whole group)
         self.clock: Callable[[], float] = time.monotonic  # for events that carry no time
@@ -87,6 +98,8 @@ class ClassRanking:
 
     # ---- queries ---------------------------------------------------------------------------
     def block_class(self, h: BlockHash | None) -> int:
+        if self._pending is not None:
+            self._settle()
         g = self._group_of.get(h) if h is not None else None
         return UNHELD if g is None else self._groups[g].top
 
@@ -98,6 +111,8 @@ class ClassRanking:
         return list(map(self._group_of.get, hashes, repeat(UNHELD_GROUP)))
 
     def group_class(self, group: int) -> int:
+        if self._pending is not None:
+            self._settle()
         g = self._groups.get(group)
         return UNHELD if g is None else g.top
 
@@ -118,20 +133,25 @@ class ClassRanking:
 
     def snapshot(self) -> dict[BlockHash, int]:
         """Every held hash and its class."""
+        self.settle()
         return {h: self._groups[g].top for h, g in self._group_of.items()}
 
     def full_delta(self) -> RankDelta:
         """Everything as one delta (for a tier board joining late)."""
+        self.settle()
         return RankDelta(dict(self._group_of), {g: grp.top for g, grp in self._groups.items()})
 
     def take_delta(self) -> RankDelta:
         """Changes since the last call, frozen: regrouped blocks and re-classed groups."""
+        self.settle()
         blocks, self._delta_blocks = self._delta_blocks, {}
         groups, self._delta_groups = self._delta_groups, {}
         return RankDelta(MappingProxyType(blocks), MappingProxyType(groups))
 
     # ---- events (from SessionRegistry) -----------------------------------------------------
-    def session_changed(self, s: Session, now: float | None = None) -> None:
+    def session_changed(self, s: Session, now: float | None = None, defer: bool = False) -> None:
+        """`s` changed (state, hint, TTL, the clock): its class now, its groups' counts and
+        nodes. `defer` (an arrival): the groups' moves wait for `settle`."""
         if now is None:
             now = self.clock()
         key = s.key
@@ -143,22 +163,82 @@ class ClassRanking:
         old = cls_of.get(key)
         new = cls_of[key] = self.policy.session_class(s, now)
         if old is not None and new != old:
-            mine = self._order.get(key)
-            if mine is None:
-                mine = self._ordered(key)
-            for g in mine:  # one holder moves old -> new: the class moves only past the top
-                counts = g.counts
-                counts[old] -= 1
-                counts[new] += 1
-                top = g.top
-                if new > top:
-                    self._class_moved(g, new)
-                elif old == top and not counts[old]:
-                    self._class_moved(g, next(c for c in range(old - 1, -1, -1) if counts[c]))
+            pending = self._pending
+            if pending is not None and pending[0] is not s:
+                self._settle()  # another session's moves came first
+                pending = None
+            if pending is None:
+                self._pending = (s, [old, new])
+            else:
+                pending[1].append(new)
+            if not (defer and self.lazy):
+                self._settle()
         self._unscheduled[key] = (s, now)  # its recheck is computed at the next tick
+
+    def settle(self) -> None:
+        """Apply the pending class changes (an arrival's), if any: what eager moves give."""
+        if self._pending is not None:
+            self._settle()
+
+    def _settle(self) -> None:
+        """The pending session's class changes, in order (old, c1, ..., now), applied to its
+        groups as one walk with the result of one walk per change: each group's counts and
+        class as after the last, the groups whose class moved at some change re-filed at the
+        back of their class in the order of their last move (then tail first), and the delta
+        entries added in the order of their first. Nothing else read or changed them since
+        the first of these changes (every read and every other session's change settles
+        first), so the order is exactly the eager one."""
+        s, chain = self._pending
+        self._pending = None
+        moved = []
+        steps = range(1, len(chain))
+        num_moves = 0
+        for i, g in enumerate(s.rank_groups.values()):
+            counts = g.counts
+            top = g.top
+            first = last = 0
+            o = chain[0]
+            for j in steps:
+                n = chain[j]
+                counts[o] -= 1
+                counts[n] += 1
+                if n > top:
+                    top = n
+                elif o == top and not counts[o]:
+                    top = o - 1
+                    while not counts[top]:
+                        top -= 1
+                else:
+                    o = n
+                    continue
+                o = n
+                num_moves += 1
+                first = first or j
+                last = j
+            if last:
+                moved.append((last, i, first, g, top))
+        self.num_moves += num_moves
+        if not moved:
+            return
+        delta = self._delta_groups
+        if len(moved) > 1:  # a walk goes tail first: fewest holders first (holder sets nest
+            # along a prefix, so fewer holders = deeper); ties in the order it joined them
+            moved = [(m[0], len(m[3].holders), m[1], m[2], m[3], m[4]) for m in moved]
+            for m in sorted(moved, key=lambda m: (m[3], m[1], m[2])):  # as the first moves added them
+                if m[4].gid not in delta:
+                    delta[m[4].gid] = m[5]
+            moved = [(m[0], m[2], m[3], m[4], m[5]) for m in sorted(moved, key=lambda m: m[:3])]
+        for _, _, _, g, top in moved:
+            g.top = top
+            gid = g.gid
+            delta[gid] = top
+            for listener in self.listeners:
+                listener.group_moved(gid, top)
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
                      added: Iterable[BlockHash]) -> None:
+        if self._pending is not None:
+            self._settle()  # groups are about to change: their counts must be current
         c = self._session_cls.get(s.key)
         if c is None:
             c = self._session_cls[s.key] = (self.policy.session_class(s, self.clock())
@@ -166,6 +246,10 @@ class ClassRanking:
         token = self._token.get(s.key)
         if token is None:
             token = self._token[s.key] = self._rng.getrandbits(64) | 1
+        mine = self._groups_in.get(s.key)
+        if mine is None:
+            mine = self._groups_in[s.key] = s.rank_groups  # one map, read from either side
+        assert mine is s.rank_groups, "a session's groups are filed twice"
         # head first: the pool files each regrouped block at the FRONT of its new group, so the
         # group ends up tail first (the registry hands them tail first)
         for h in reversed(list(removed)):
@@ -175,12 +259,13 @@ class ClassRanking:
 
     def forget(self, key: str) -> None:
         """A session that holds nothing and is gone for good."""
+        if self._pending is not None:
+            self._settle()
         self._session_cls.pop(key, None)
         self._version.pop(key, None)
         self._unscheduled.pop(key, None)
         if not self._groups_in.get(key):
             self._groups_in.pop(key, None)
-            self._order.pop(key, None)
             self._token.pop(key, None)
 
     def tick(self, now: float, sessions: Mapping[str, Session], budget: int | None = None) -> int:
@@ -210,28 +295,6 @@ class ClassRanking:
                                                 self._version[key], key))
         self._unscheduled.clear()
 
-    def _ordered(self, key: str) -> tuple[_Group, ...]:
-        """Session `key`'s groups, tail first: its own group, then the prefixes it shares with
-        more and more sessions (a stable sort of its group set by holder count)."""
-        groups = self._groups
-        gids = self._groups_in.get(key, ())
-        if len(gids) == 2:  # the usual case: its own context and one shared prefix
-            a, b = (groups[gid] for gid in gids)
-            mine = (b, a) if len(b.holders) < len(a.holders) else (a, b)
-        else:
-            mine = tuple(sorted((groups[gid] for gid in gids), key=lambda g: len(g.holders)))
-        self._order[key] = mine
-        return mine
-
-    def _class_moved(self, g: _Group, top: int) -> None:
-        """Group `g`'s class is now `top` (the highest class with a holder)."""
-        g.top = top
-        gid = g.gid
-        self._delta_groups[gid] = top
-        self.num_moves += 1
-        for listener in self.listeners:
-            listener.group_moved(gid, top)
-
     def _regroup(self, h: BlockHash, key: str, token: int, cls: int, joining: bool) -> None:
         """Session `key` (class `cls`) starts or stops holding `h`: `h` changes group."""
         old = self._group_of.get(h, UNHELD_GROUP)
@@ -247,10 +310,8 @@ class ClassRanking:
             counts[cls] += 1 if joining else -1
             g_new = self._groups[new] = _Group(new, holders, counts,
                                                max(c for c, n in enumerate(counts) if n))
-            order = self._order
             for k in holders:
-                self._groups_in.setdefault(k, set()).add(new)
-                order.pop(k, None)
+                self._groups_in.setdefault(k, {})[new] = g_new
             self._delta_groups[new] = g_new.top
         assert g_new is None or (key in g_new.holders) == joining, "group id collision"
         if g_old is not None:
@@ -273,15 +334,14 @@ class ClassRanking:
 
     def _drop_group(self, gid: int, g: _Group) -> None:
         del self._groups[gid]
-        order = self._order
         for k in g.holders:
             mine = self._groups_in.get(k)
             if mine is not None:
-                mine.discard(gid)
-            order.pop(k, None)
+                mine.pop(gid, None)
         self._delta_groups[gid] = None
 
     def check_integrity(self, sessions: Mapping[str, Session]) -> None:
+        self.settle()
         holders: dict[BlockHash, set[str]] = {}
         for s in sessions.values():
             if s.held:
@@ -306,11 +366,9 @@ class ClassRanking:
                 assert gid in self._groups_in.get(k, ()), "a holder does not list its group"
             assert counts == g.counts, "a group's class counts are stale"
             assert g.top == max(c for c, n in enumerate(counts) if n), "a group's class is stale"
-        for k, gids in self._groups_in.items():
-            assert all(k in self._groups[gid].holders for gid in gids), \
+        for s in sessions.values():
+            mine = self._groups_in.get(s.key)
+            assert mine is None or mine is s.rank_groups, "a session reads other groups than ours"
+        for k, mine in self._groups_in.items():
+            assert all(self._groups.get(gid) is g and k in g.holders for gid, g in mine.items()), \
                 "a session lists a group it does not hold"
-        for k, mine in self._order.items():
-            assert {g.gid for g in mine} == self._groups_in.get(k, set()) \
-                and all(self._groups.get(g.gid) is g for g in mine), "a session's group order is stale"
-            assert [len(g.holders) for g in mine] == sorted(len(g.holders) for g in mine), \
-                "a session's groups are not tail first"

@@ -52,6 +52,9 @@ class Session:
     gaps: GapEstimator = field(default_factory=GapEstimator)
     protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
     prefetched_until: float = 0.0
+    # the groups of blocks it holds (`ClassRanking`'s own map, shared: a class change walks
+    # them from the session it already has in hand)
+    rank_groups: dict = field(default_factory=dict)
 
 
 def session_key(tenant: str, session_id: str) -> str:
@@ -72,9 +75,9 @@ class SessionRegistry:
         # check sums over these, never over every session
         self._protected: dict[str, Session] = {}
 
-    def _changed(self, s: Session, now: float | None = None) -> None:
+    def _changed(self, s: Session, now: float | None = None, defer: bool = False) -> None:
         if self.ranking is not None:
-            self.ranking.session_changed(s, now)
+            self.ranking.session_changed(s, now, defer)
 
     # ---- lookup --------------------------------------------------------------------------
     def get(self, tenant: str, session_id: str) -> Session | None:
@@ -111,7 +114,7 @@ class SessionRegistry:
         s.num_requests += 1
         s.last_arrival = now
         s.last_tool = tool
-        self._changed(s, now)
+        self._changed(s, now, defer=True)  # its own group moves at the next read (`ClassRanking`)
         return s
 
     def on_done(self, key: str, hashes: list[BlockHash], now: float) -> list[BlockHash]:
@@ -165,7 +168,7 @@ class SessionRegistry:
         for h in added:
             holders.setdefault(h, set()).add(key)
         s.held = list(hashes)
-        if self.ranking is not None:
+        if self.ranking is not None and (removed or added):  # (a resumed context: often neither)
             self.ranking.held_changed(s, reversed(removed), reversed(added))
         return orphans
 

@@ -115,12 +115,18 @@ class ClassedLRU(Generic[K, V]):
         items[key] = items.pop(key)
         bucket[node] = items
 
-    def move_node(self, node: Hashable, cls: int) -> bool:
-        """A group changed class: its node (if any) goes to the back of `cls`. O(1)."""
+    def move_node(self, node: Hashable, cls: int, again: bool = False) -> bool:
+        """A group changed class: its node (if any) goes to the back of `cls`. O(1). `again`:
+        also when it is in `cls` already (it left and came back)."""
         node_cls = self._node_cls
         old = node_cls.get(node)
-        if old is None or old == cls:
+        if old is None:
             return False
+        if old == cls:
+            if again:
+                bucket = self._buckets[cls]
+                bucket[node] = bucket.pop(node)
+            return again
         buckets = self._buckets
         items = buckets[old].pop(node)
         bucket = buckets.get(cls)
