@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import groupby, takewhile
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
@@ -191,12 +191,15 @@ class BlockPool:
             return
         self.ranking.settle()  # nodes are refiled at the back of their class: it must be current
         groups = self.ranking.groups_of(list(map(_hash_of, cached)))
-        pairs = list(zip(map(_id_of, cached), cached))
+        ids = list(map(_id_of, cached))
         if groups.count(groups[0]) == len(groups):  # one group (a session's own context): one run
-            self._file_run(pairs, groups[0])
+            self._file_run(ids, cached, groups[0])
             return
-        for g, run in groupby(zip(groups, pairs), key=itemgetter(0)):
-            self._file_run(list(map(itemgetter(1), run)), g)
+        i = 0  # runs of one group (a context: its own part, then the shared prompt's)
+        for g, run in groupby(groups):
+            n = len(list(run))
+            self._file_run(ids[i:i + n], cached[i:i + n], g)
+            i += n
 
     def register(self, block: Block, h: BlockHash) -> bool:
         """Index a full in-use block under its hash; False if another block already has it."""
@@ -224,9 +227,10 @@ class BlockPool:
         self._cached.add(b.block_id, b, group if self._grouped else 0,
                          self.ranking.group_class(group), front)
 
-    def _file_run(self, run: list[tuple[int, Block]], group: int) -> None:
+    def _file_run(self, ids: list[int], blocks: list[Block], group: int) -> None:
         """`_file` of consecutive blocks of one group, in order, as one filing."""
-        self._cached.add_run(run, group if self._grouped else 0, self.ranking.group_class(group))
+        self._cached.add_run(ids, blocks, group if self._grouped else 0,
+                             self.ranking.group_class(group))
 
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None:
         """Ranking listener: the block holding `h` (if cached here) joins another group (at its

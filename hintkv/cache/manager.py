@@ -19,6 +19,7 @@ the blocks that arrived (a failed block truncates the run there: the rest is rec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from hintkv.cache.block import Block
@@ -29,6 +30,8 @@ from hintkv.cache.types import KVSequence
 
 if TYPE_CHECKING:
     from hintkv.cache.tier_connector import TierConnector
+
+_ref_cnt = attrgetter("ref_cnt")
 
 
 @dataclass(slots=True)
@@ -144,7 +147,7 @@ class KVCacheManager:
         """Room for the matched prefix, its lower-tier run, and `num_new_tokens` after them."""
         upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
         need = self._blocks_needed(seq, upto, len(match.blocks))
-        reclaimable_matched = sum(1 for b in match.blocks if b.ref_cnt == 0)
+        reclaimable_matched = list(map(_ref_cnt, match.blocks)).count(0)  # (C: 1 pass)
         return need <= self.pool.num_free - reclaimable_matched
 
     def admit(self, seq: KVSequence, match: PrefixMatch, num_new_tokens: int) -> bool:
@@ -218,16 +221,17 @@ class KVCacheManager:
         were served: the caller preempts and calls again with the rest."""
         bs = self.block_size
         room = self.pool.num_free
-        total = served = 0
+        total = 0
+        served = len(seqs)
         crossing: list[tuple[KVSequence, int]] = []
         for seq in seqs:
-            need = -(-(seq.num_computed_tokens + num_new_tokens) // bs) - len(seq.block_table)
-            if need > 0:
+            if seq.num_computed_tokens + num_new_tokens > len(seq.block_table) * bs:  # crosses
+                need = -(-(seq.num_computed_tokens + num_new_tokens) // bs) - len(seq.block_table)
                 if total + need > room:
+                    served = next(i for i, x in enumerate(seqs) if x is seq)
                     break
                 total += need
                 crossing.append((seq, need))
-            served += 1
         if total:
             blocks = self.pool.allocate(total)
             i = 0

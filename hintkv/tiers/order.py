@@ -16,12 +16,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from itertools import repeat
-from operator import itemgetter
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-_first = itemgetter(0)
 
 
 class ClassedLRU(Generic[K, V]):
@@ -84,28 +82,43 @@ class ClassedLRU(Generic[K, V]):
         return value
 
     def remove_many(self, keys: list[K]) -> None:
-        """`remove` of each key, in one call (a sequence re-referencing its cached prefix)."""
+        """`remove` of each key, in one call (a sequence re-referencing its cached prefix): a
+        run of keys that is a whole node (a session's context, a shared prompt) drops the node
+        at once; the lookups and deletions run in C."""
         node_of, node_cls, buckets, counts = self._node_of, self._node_cls, self._buckets, self._counts
-        for key in keys:
-            node = node_of.pop(key)
+        nodes = list(map(node_of.pop, keys))
+        start = 0
+        while start < len(keys):
+            node = nodes[start]
+            end = start + 1
+            while end < len(keys) and nodes[end] == node:
+                end += 1
             cls = node_cls[node]
-            items = buckets[cls][node]
-            del items[key]
-            if not items:
-                del buckets[cls][node]
+            bucket = buckets[cls]
+            items = bucket[node]
+            if end - start == len(items):  # distinct keys, all of this node: all of it
+                del bucket[node]
                 del node_cls[node]
-            counts[cls] -= 1
+            else:
+                for key in keys[start:end]:
+                    del items[key]
+                if not items:
+                    del bucket[node]
+                    del node_cls[node]
+            counts[cls] -= end - start
+            start = end
 
-    def add_run(self, pairs: list[tuple[K, V]], node: Hashable, cls: int) -> None:
+    def add_run(self, keys: list[K], values: list[V], node: Hashable, cls: int) -> None:
         """`add` of each (key, value) to the back of one node, in order, in one call: the same
-        order as one `add` each (a sequence releasing its blocks, tail first)."""
+        order as one `add` each (a sequence releasing its blocks, tail first). C-level, and no
+        pair is kept (a finished prompt files thousands of blocks)."""
         have, items = self._take_node(node, cls)
         node_of = self._node_of
-        assert node_of.keys().isdisjoint(map(_first, pairs)), "an item is filed twice"
-        items.update(pairs)  # C-level: a finished prompt files thousands of blocks
-        node_of.update(zip(map(_first, pairs), repeat(node)))
+        assert node_of.keys().isdisjoint(keys), "an item is filed twice"
+        items.update(zip(keys, values))
+        node_of.update(zip(keys, repeat(node)))
         self._buckets.setdefault(have, {})[node] = items
-        self._counts[have] = self._counts.get(have, 0) + len(pairs)
+        self._counts[have] = self._counts.get(have, 0) + len(keys)
 
     def touch(self, key: K) -> None:
         """A use: `key` newest in its node, its node newest in its class."""
