@@ -133,10 +133,12 @@ class BlockPool:
             victims = self.choose_victims(n - len(out))
             if self.on_evict is not None:
                 self.on_evict(victims)
-            self._log_unindexed(list(map(_hash_of, victims)))
-            for b in victims:
-                self._cached.remove(b.block_id)
-                del self._index[b.hash]
+            hashes = list(map(_hash_of, victims))
+            self._log_unindexed(hashes)
+            self._cached.remove_many(list(map(_id_of, victims)))
+            index = self._index
+            for b, h in zip(victims, hashes):
+                del index[h]
                 b.hash = None
             self.num_evicted += len(victims)
             out.extend(victims)

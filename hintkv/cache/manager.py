@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from hintkv.cache.block import Block
 from hintkv.cache.block_pool import BlockPool
-from hintkv.cache.hashing import BlockHash, hash_blocks
+from hintkv.cache.hashing import BlockHash, hash_block, hash_blocks
 from hintkv.cache.policies import EvictionPolicy
 from hintkv.cache.types import KVSequence
 
@@ -66,13 +66,18 @@ class KVCacheManager:
     # ---- hashing -------------------------------------------------------------------------
     def update_hashes(self, seq: KVSequence, upto: int) -> list[BlockHash]:
         """Extend `seq.block_hashes` over the full blocks of its first `upto` tokens."""
-        n_full = upto // self.block_size
-        have = len(seq.block_hashes)
-        if n_full > have:
-            parent = seq.block_hashes[-1] if have else None
-            seq.block_hashes.extend(hash_blocks(seq.root_hash, seq.token_ids, self.block_size,
-                                                start=have, parent=parent, end=n_full))
-        return seq.block_hashes
+        bs = self.block_size
+        n_full = upto // bs
+        hashes = seq.block_hashes
+        have = len(hashes)
+        if n_full == have + 1:  # a decode step filled one block
+            hashes.append(hash_block(hashes[-1] if have else seq.root_hash,
+                                     seq.token_ids[have * bs:n_full * bs]))
+        elif n_full > have:
+            parent = hashes[-1] if have else None
+            hashes.extend(hash_blocks(seq.root_hash, seq.token_ids, bs, start=have, parent=parent,
+                                      end=n_full))
+        return hashes
 
     # ---- admission -----------------------------------------------------------------------
     def match_prefix(self, seq: KVSequence, keep: bool = False, lower: bool = True) -> PrefixMatch:

@@ -314,14 +314,10 @@ class TierConnector:
         """Load the leading held-below run of `hashes` (after blocks already on the device)
         into device blocks taken only from KV ranked below running sessions.
         Returns (blocks scheduled, blocks already on the device)."""
-        on_device = 0
-        todo: list[BlockHash] = []
+        found = self.pool.lookup_many(hashes)
+        on_device = len(found) - found.count(None)
         in_flight = self._in_flight()
-        for h, b in zip(hashes, self.pool.lookup_many(hashes)):
-            if b is not None:
-                on_device += 1
-            elif h not in in_flight:
-                todo.append(h)
+        todo = [h for h, b in zip(hashes, found) if b is None and h not in in_flight]
         room = self.room_below_protected()
         return self._prefetch_run(todo[:room], self.stack.lookup_run(todo[:room])), on_device
 
