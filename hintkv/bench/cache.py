@@ -27,7 +27,8 @@ and the bookkeeping of one scheduler step with 256 running sequences: per step e
 sequence appends and commits one token (one pass each: `append_many`, `commit_many`), one finishes (free + session done), the session whose
 recorded next call is due first resumes (arrival, prefix match across device and host,
 admission, its load landing later), SAM's per-step re-ranking and predicted prefetches (within
-its per-step budget) and the connector's poll. Each part is timed on its own too (`parts`). The
+its per-step budget) and the connector's poll. Each part is timed on its own too (`parts`), and
+the collector's pauses that fell inside the step (`gc`, from `gc.callbacks`). The
 write-down flush (outside the state lock, before the forward pass) is timed separately. Next to
 the step's wall time, the engine thread's CPU time (`step_cpu_ms_*`): a wall p99 far above the
 CPU p99 is time spent waiting (other processes on a loaded machine, the GIL held by a mover).
@@ -123,8 +124,8 @@ class GcPauses:
         gc.callbacks.remove(self)
 
 
-def measure(worlds: list[World], samples: int, steps: int, reference: list[float] | None = None
-            ) -> tuple[list[dict[str, list[float]]], list[StepLoop]]:
+def measure(worlds: list[World], samples: int, steps: int, reference: list[float] | None = None,
+            pauses: GcPauses | None = None) -> tuple[list[dict[str, list[float]]], list[StepLoop]]:
     """Interleaved, so that drift of a shared machine hits every world alike: round r runs one
     sample of each world's operations (in an order rotating with r), then the same for steps
     (and one `reference_loop` into `reference`). A world's clock runs only while it is measured
@@ -139,7 +140,7 @@ def measure(worlds: list[World], samples: int, steps: int, reference: list[float
     for w in worlds:
         w.stack.flush()
         with w.running():
-            loops.append(StepLoop(w))
+            loops.append(StepLoop(w, (lambda: pauses.ms) if pauses is not None else None))
     for r in range(steps):
         for k in _rotated(order, r):
             with worlds[k].running():
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         freeze_startup_heap()
         gc0 = sum(st["collections"] for st in gc.get_stats())
         with pauses:
-            ops, loops = measure(worlds, samples, steps, reference)
+            ops, loops = measure(worlds, samples, steps, reference, pauses)
         n_gc = sum(st["collections"] for st in gc.get_stats()) - gc0
         gc.unfreeze()
         for (policy, tokens, _), w, op_xs, loop in zip(keys, worlds, ops, loops):
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("one step, part by part (ms, median / p99):")
     print_table(rows, ["policy", "device_tokens", "sessions", "predicted_prefetches"]
-                + [f"{part}_ms{q}" for part in PARTS for q in ("", "_p99")])
+                + [f"{part}_ms{q}" for part in [*PARTS, "gc"] for q in ("", "_p99")])
     machine = {"reference_loop_us_p10": percentile(reference, 10),
                "reference_loop_us_p50": median(reference),
                "reference_loop_us_p90": percentile(reference, 90),

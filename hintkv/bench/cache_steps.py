@@ -6,6 +6,7 @@ write-down flush after it and each part timed on its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from hintkv.bench.cache_world import BS, PARTS, RUNNING, World
 from hintkv.engine.sequence import Sequence
@@ -27,8 +28,9 @@ class StepLoop:
     """One world's scheduler steps with RUNNING sequences decoding: per step its bookkeeping
     (`step_ms`), the write-down flush after it (`flush_ms`) and each part (`parts`, ms)."""
 
-    def __init__(self, w: World) -> None:
+    def __init__(self, w: World, gc_ms: Callable[[], float] | None = None) -> None:
         self.w = w
+        self.gc_ms = gc_ms  # the collector's pauses so far (ms): a step's share is its `gc` part
         kv = w.kv
         per_seq = 8 + 2  # a running sequence's blocks: 8-block prompt + room to decode
         self.running_target = min(RUNNING, max(1, (w.num_blocks // 2) // per_seq))
@@ -51,10 +53,11 @@ class StepLoop:
         self.loading: list[Sequence] = []
         self.step_ms: list[float] = []
         self.flush_ms: list[float] = []
-        self.parts: dict[str, list[float]] = {p: [] for p in [*PARTS, "cpu"]}
+        self.parts: dict[str, list[float]] = {p: [] for p in [*PARTS, "cpu", "gc"]}
 
     def step(self) -> None:
         w, kv, running, loading = self.w, self.w.kv, self.running, self.loading
+        g0 = self.gc_ms() if self.gc_ms is not None else 0.0
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         lap = _Laps(self.parts, t0)
@@ -103,6 +106,7 @@ class StepLoop:
         lap("commit")
         t1 = time.perf_counter_ns()
         self.parts["cpu"].append((time.thread_time_ns() - c0) / 1e6)
+        self.parts["gc"].append((self.gc_ms() - g0) if self.gc_ms is not None else 0.0)
         kv.flush_write_downs()
         t2 = time.perf_counter_ns()
         self.step_ms.append((t1 - t0) / 1e6)
