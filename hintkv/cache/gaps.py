@@ -24,6 +24,8 @@ class GapEstimator:
     dev: float = 0.0
     n: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    # (expected(), stale_after()) as of the last observation: read on every class computation
+    prediction: tuple[float, float] = (0.0, 1.0)
 
     def observe(self, gap: float) -> None:
         gap = max(0.0, gap)
@@ -34,6 +36,7 @@ class GapEstimator:
             self.mean += self.alpha * (gap - self.mean)
         self.n += 1
         self.recent.append(gap)
+        self.prediction = (self.expected(), self.stale_after())
 
     @property
     def known(self) -> bool:

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from hintkv.cache.sessions import Session
 
 
-# a settled group's entry: (last change, holders, position, first change, group, class)
+# a settled group's sort entry: (last change, holders, position, first change, group, class)
 _first_move = itemgetter(3, 1, 2)
 _last_move = itemgetter(0, 1, 2)
 
@@ -221,19 +221,21 @@ class ClassRanking:
                 num_moves += 1
                 first = first or j
                 last = j
-            if last:  # (sorted below by last change, holders, position: i is unique)
-                moved.append((last, len(g.holders), i, first, g, top))
+            if last:
+                moved.append((last, i, first, g, top))
         self.num_moves += num_moves
         if not moved:
             return
         delta = self._delta_groups
         if len(moved) > 1:  # a walk goes tail first: fewest holders first (holder sets nest
             # along a prefix, so fewer holders = deeper); ties in the order it joined them
-            for m in sorted(moved, key=_first_move):  # as the first moves added them
+            keyed = [(m[0], len(m[3].holders), m[1], m[2], m[3], m[4]) for m in moved]
+            for m in sorted(keyed, key=_first_move):  # as the first moves added them
                 if m[4].gid not in delta:
                     delta[m[4].gid] = m[5]
-            moved.sort(key=_last_move)
-        for _, _, _, _, g, top in moved:
+            keyed.sort(key=_last_move)  # position i is unique: groups are never compared
+            moved = [m[1:] for m in keyed]
+        for _, _, _, g, top in moved:
             g.top = top
             gid = g.gid
             delta[gid] = top

@@ -239,9 +239,7 @@ class SessionRegistry:
     def predicted_gap(self, s: Session) -> tuple[float, float]:
         """(expected gap, gap after which the session is presumed gone) for a waiting session."""
         est = self.gap_estimator(s)
-        if not est.known:
-            return 5.0, 60.0
-        return est.expected(), est.stale_after()
+        return est.prediction if est.n else (5.0, 60.0)
 
     def gap_estimator(self, s: Session) -> GapEstimator:
         """The best-informed gap history for `s`: its own (two gaps or more), else its last
