@@ -38,12 +38,12 @@ import heapq
 import random
 import time
 from collections.abc import Callable, Iterable, KeysView, Mapping
-from dataclasses import dataclass
 from itertools import repeat
-from operator import itemgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
+from hintkv.cache.group_walk import Group as _Group
+from hintkv.cache.group_walk import move_orders, walk_changes
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies.base import UNHELD, EvictionPolicy
 from hintkv.tiers.ranks import UNHELD_GROUP, RankDelta
@@ -52,24 +52,10 @@ if TYPE_CHECKING:
     from hintkv.cache.sessions import Session
 
 
-# a settled group's sort entry: (last change, holders, position, first change, group, class)
-_first_move = itemgetter(3, 1, 2)
-_last_move = itemgetter(0, 1, 2)
-
-
 class ClassListener(Protocol):
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None: ...
 
     def group_moved(self, group: int, cls: int) -> None: ...
-
-
-@dataclass(slots=True)
-class _Group:
-    gid: int  # its id: the XOR of its holders' tokens
-    holders: frozenset[str]
-    counts: list[int]  # holders per class
-    top: int  # the group's class: the highest class with a holder
-    num_blocks: int = 0
 
 
 class ClassRanking:
@@ -196,46 +182,20 @@ class ClassRanking:
         first), so the order is exactly the eager one."""
         s, chain = self._pending
         self._pending = None
-        moved = []
-        steps = range(1, len(chain))
-        num_moves = 0
-        for i, g in enumerate(s.rank_groups.values()):
-            counts = g.counts
-            top = g.top
-            first = last = 0
-            o = chain[0]
-            for j in steps:
-                n = chain[j]
-                counts[o] -= 1
-                counts[n] += 1
-                if n > top:
-                    top = n
-                elif o == top and not counts[o]:
-                    top = o - 1
-                    while not counts[top]:
-                        top -= 1
-                else:
-                    o = n
-                    continue
-                o = n
-                num_moves += 1
-                first = first or j
-                last = j
-            if last:
-                moved.append((last, i, first, g, top))
+        num_moves, moved = walk_changes(s.rank_groups.values(), chain)
         self.num_moves += num_moves
         if not moved:
             return
         delta = self._delta_groups
-        if len(moved) > 1:  # a walk goes tail first: fewest holders first (holder sets nest
-            # along a prefix, so fewer holders = deeper); ties in the order it joined them
-            keyed = [(m[0], len(m[3].holders), m[1], m[2], m[3], m[4]) for m in moved]
-            for m in sorted(keyed, key=_first_move):  # as the first moves added them
-                if m[4].gid not in delta:
-                    delta[m[4].gid] = m[5]
-            keyed.sort(key=_last_move)  # position i is unique: groups are never compared
-            moved = [m[1:] for m in keyed]
-        for _, _, _, g, top in moved:
+        if len(moved) == 1:
+            _, _, _, g, top = moved[0]
+            ordered = [(g, top)]
+        else:
+            by_first, ordered = move_orders(moved)
+            for g, top in by_first:  # where the eager moves first put them
+                if g.gid not in delta:
+                    delta[g.gid] = top
+        for g, top in ordered:
             g.top = top
             gid = g.gid
             delta[gid] = top

@@ -1,0 +1,75 @@
+"""A group of blocks (the blocks one set of live sessions holds) and the walk of one session's
+class changes over its groups: the arithmetic `cache.ranking` applies when it settles.
+
+A group's class is the highest class among its holders (`counts`: holders per class). One holder
+moving old -> new changes that class only past the top: up when new is above it, down when the
+holder was the last one at the top. `walk_changes` replays a session's changes (old, c1, ...,
+now) on each of its groups at once and says, per group whose class moved at any of them, its
+class after the last and the changes at which it first and last moved: what one eager walk per
+change would have done, in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from operator import itemgetter
+
+
+@dataclass(slots=True)
+class Group:
+    gid: int  # its id: the XOR of its holders' tokens
+    holders: frozenset[str]
+    counts: list[int]  # holders per class
+    top: int  # the group's class: the highest class with a holder
+    num_blocks: int = 0
+
+
+# a moved group's sort entry: (last change, holders, position, first change, group, class)
+_first_move = itemgetter(3, 1, 2)
+_last_move = itemgetter(0, 1, 2)
+
+
+def walk_changes(groups: Iterable[Group], chain: list[int]) -> tuple[int, list[tuple]]:
+    """Apply one holder's class changes `chain` (old, c1, ..., now) to the counts of each of
+    `groups`. Returns (the class moves one walk per change makes, the moved groups as
+    (last change, position, first change, group, class after the last)); `top` is not set."""
+    moved = []
+    steps = range(1, len(chain))
+    num_moves = 0
+    for i, g in enumerate(groups):
+        counts = g.counts
+        top = g.top
+        first = last = 0
+        o = chain[0]
+        for j in steps:
+            n = chain[j]
+            counts[o] -= 1
+            counts[n] += 1
+            if n > top:
+                top = n
+            elif o == top and not counts[o]:
+                top = o - 1
+                while not counts[top]:
+                    top -= 1
+            else:
+                o = n
+                continue
+            o = n
+            num_moves += 1
+            first = first or j
+            last = j
+        if last:
+            moved.append((last, i, first, g, top))
+    return num_moves, moved
+
+
+def move_orders(moved: list[tuple]) -> tuple[list[tuple[Group, int]], list[tuple[Group, int]]]:
+    """(group, class) of `walk_changes`' moved groups in the order their first moves reached
+    the delta and in the order of their last moves. A walk goes tail first: fewest holders
+    first (holder sets nest along a prefix, so fewer holders = deeper); ties in the order the
+    session joined them (positions are unique: groups are never compared)."""
+    keyed = [(m[0], len(m[3].holders), m[1], m[2], m[3], m[4]) for m in moved]
+    by_first = [(m[4], m[5]) for m in sorted(keyed, key=_first_move)]
+    keyed.sort(key=_last_move)
+    return by_first, [(m[4], m[5]) for m in keyed]
