@@ -9,13 +9,15 @@ set (blocks held by live sessions, measured by the offline replay), the host tie
 times the device. Live runs, each against a fresh `hintkv serve` (real HTTP, real model):
   1 lru         `--eviction-policy lru --scheduling-policy fcfs`, no hints (vLLM + prefix caching)
   2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
-  3 sam         `--eviction-policy sam --scheduling-policy short-first`, the protocol's hints sent
-  4 sam+host    the same with the host tier
-  5 qlru+host   `--eviction-policy qlru --scheduling-policy short-first`, no hints, host tier: the
+  3 sam         `--eviction-policy sam --scheduling-policy prefill-first`, the protocol's hints sent
+                (device only, prefill-first swaps nothing: it is short-first there)
+  4 sam+host    the same with the host tier (a new prefill swaps decodes out to the host)
+  5 qlru+host   `--eviction-policy qlru --scheduling-policy prefill-first`, no hints, host tier: the
                 engine's own knowledge (its queue) with sam's scheduler, so neither the queue nor
                 the scheduler is credited to hints
+  6 lru+host/pf lru + host tier under prefill-first, no hints: what the scheduler alone gives lru+host
   (+ `--peer URL`: any OpenAI-compatible server, no hints; `--runs` picks live runs, among them
-  `lru+host/sf`: lru + host tier under short-first, no hints: what the scheduler gives lru)
+  `lru+host/sf`: lru + host tier under short-first)
 Each live run also prints where its TTFT went (the engine's `ttft_parts`: queue, load, blocked,
 shared, compute; `other_s` is HTTP and tokenizing), for every call and for the p90+ tail.
 Offline (`hintkv.replay`: the real cache code, virtual clock, no model, same admission per run):
@@ -56,7 +58,7 @@ from hintkv.bench.swarm_goals import compute_goals, get, reduction
 from hintkv.bench.swarm_live import (
     DEFAULT_RUNS,
     LIVE,
-    LIVE_ADMISSION,
+    admission_of,
     block_bytes,
     launch_servers,
     run_live,
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                    k: {"ttft_reduction": reduction(get(live, "sam+host", "ttft_mean_s"), get(live, k, "ttft_mean_s")),
                        "task_e2e_reduction": reduction(get(live, "sam+host", "e2e_task_mean_s"),
                                                        get(live, k, "e2e_task_mean_s"))}
-                   for k in ("qlru+host", "lru+host/sf") if k in live},
+                   for k in ("qlru+host", "lru+host/pf", "lru+host/sf") if k in live},
                "wall_s": time.perf_counter() - t0, "goals": goals})
     return 0
 
@@ -237,7 +239,8 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
 
 
 def table_rows(live: dict, offline: dict, args: argparse.Namespace, time_scale: float) -> list[dict[str, Any]]:
-    rows = [{"run": k, "where": "live", "admission": LIVE_ADMISSION.get(k, "-"), **v} for k, v in live.items()]
+    rows = [{"run": k, "where": "live", "admission": admission_of(k, args.server_arg) if k != "peer" else "-", **v}
+            for k, v in live.items()]
     mib = block_bytes(args.model, args.block_size) / 2**20
     for k, v in offline.items():
         if k.startswith("_"):

@@ -31,10 +31,23 @@ from hintkv.workload.live import LiveResult, replay_live
 # (name, eviction policy, hints, host tier?)
 LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
         ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True),
-        ("lru+host/sf", "lru", False, True))
-LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": "short-first", "sam+host": "short-first",
-                  "qlru+host": "short-first", "lru+host/sf": "short-first"}  # offline: ADMISSION
-DEFAULT_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")
+        ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True))
+HINTED_ADMISSION = "prefill-first"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
+LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": HINTED_ADMISSION, "sam+host": HINTED_ADMISSION,
+                  "qlru+host": HINTED_ADMISSION, "lru+host/pf": HINTED_ADMISSION,
+                  "lru+host/sf": "short-first"}  # offline: ADMISSION
+DEFAULT_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host", "lru+host/pf")
+
+
+def admission_of(name: str, server_args: list[str]) -> str:
+    """The admission a live run's server runs: its default, or a `--server-arg
+    --scheduling-policy X` that overrides it (the table's `admission` column)."""
+    for i, a in enumerate(server_args):
+        if a.startswith("--scheduling-policy="):
+            return a.split("=", 1)[1]
+        if a == "--scheduling-policy" and i + 1 < len(server_args):
+            return server_args[i + 1]
+    return LIVE_ADMISSION[name]
 
 
 def block_bytes(model: str, block_size: int) -> int:

@@ -136,6 +136,15 @@ class SessionRegistry:
             self._changed(s, now)
         return orphans
 
+    def hold(self, key: str, hashes: list[BlockHash]) -> None:
+        """`key` also holds `hashes` (a preempted request's computed blocks) until its request
+        ends, without a state change: they are ranked and written down as the session's."""
+        s = self.sessions.get(key)
+        if s is None or s.state is SessionState.ENDED:
+            return
+        old = set(s.held)
+        self._set_held(s, [*s.held, *(h for h in hashes if h not in old)])
+
     def _set_held(self, s: Session, hashes: list[BlockHash]) -> list[BlockHash]:
         """Replace what `s` holds; return the hashes nobody holds any more. A request's new
         context usually extends the one before (or an evict cuts it): then only the part past

@@ -142,6 +142,42 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
     return budget
 
 
+def make_room(sch: Scheduler, out: SchedulerOutput) -> None:
+    """Swap decodes out for a new prefill (`AdmissionPolicy.swaps`): when the best waiting
+    candidate that has not sent its first token has no room, preempt running decodes (past their
+    first token, never preempted before) in the policy's order until it would fit; nobody when
+    all of them would not make it. Runs before the running pass, so no victim is scheduled."""
+    policy, kv = sch.admission, sch.kv
+    if kv.tiers is None:
+        return  # nowhere to swap to: a preempted decode would be recomputed
+    head = next((s for s in policy.order(sch.waiting, kv) if s.first_token_time is None), None)
+    if head is None:
+        return
+    bs, mml = kv.block_size, sch.max_model_len
+    plan = StepPlan(reserved=sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table))
+                                 for s in [*sch.running, *sch.loading]))
+    match = kv.match_prefix(head, keep=True, lower=False)
+    if policy.room(head, match, kv, plan):
+        return
+    need = max(0, blocks_to_end(head, bs, mml) - len(match.blocks))
+    short = need - (kv.pool.num_free - sum(1 for b in match.blocks if b.ref_cnt == 0) - plan.reserved)
+    decodes = [s for s in sch.running if s.first_token_time is not None and s.num_preemptions == 0
+               and s.num_computed_tokens >= s.num_tokens - 1]
+    chosen = []
+    for v in policy.swap_victims(decodes):
+        chosen.append(v)
+        short -= (sum(1 for b in v.block_table if b.ref_cnt == 1)
+                  + max(0, blocks_to_end(v, bs, mml) - len(v.block_table)))
+        if short <= 0:
+            break
+    else:
+        return
+    for v in chosen:
+        sch.running.remove(v)
+        sch.preempt(v)
+        out.swapped.append(v)
+
+
 def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:
     ttft.admitted(seq, now)
     sch.waiting.remove(seq)

@@ -162,6 +162,9 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         ttft.preempted(seq, self.clock())
+        if seq.session_key is not None and self.hints:  # its session holds what it computed:
+            bs = self.kv.block_size                     # written down if evicted, loaded back
+            self.sam.sessions.hold(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // bs])
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SeqStatus.WAITING
@@ -191,6 +194,8 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
         self.admission.order_running(self.running, budget)
+        if self.admission.swaps and self.waiting:
+            batching.make_room(self, out)  # decodes set aside for a new prefill (prefill-first)
         capped: list[ScheduledSeq] = []  # running prefills that left part of their chunk to others
         budget, i = batching.schedule_running(self, out, budget, 0, capped)
         if not out.preempted:

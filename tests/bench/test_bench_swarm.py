@@ -65,3 +65,12 @@ def test_timed_goals_use_model_seconds_when_each_run_measured_its_server():
     assert t["measured"] == pytest.approx(1 - 2.25 / 5.0) and t["wall_measured"] == pytest.approx(0.1)
     del live["sam+host"]["ttft_mean_model_s"]  # a run that did not measure: wall seconds
     assert compute_goals(live, {}, {}, [])["ttft_reduction_vs_lru"]["unit"] == "wall s"
+
+
+def test_admission_column_names_what_the_server_runs():
+    from hintkv.bench.swarm_live import LIVE_ADMISSION, admission_of
+
+    assert admission_of("sam+host", []) == LIVE_ADMISSION["sam+host"] == "prefill-first"
+    assert admission_of("lru", []) == "fcfs"
+    assert admission_of("sam+host", ["--scheduling-policy", "short-first"]) == "short-first"
+    assert admission_of("lru", ["--scheduling-policy=cache-aware"]) == "cache-aware"
