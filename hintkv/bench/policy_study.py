@@ -50,8 +50,8 @@ MIN_GAIN = 0.02  # cells where the oracle gains less than this over lru do not j
 HEADLINE_FRACTION = 0.35  # the peak-host goal's device capacity in issue 8 (host 4x device)
 EQUAL_HIT = 0.005  # "an equal hit rate" for the peak-host goal, as `hintkv bench swarm` judges it
 BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
-COLUMNS = ["kind", "seed", "users", "time_scale", "fraction", "tier", "lru", "lru_ca", "qlru", "policy", "hit_rate", "oracle",
-           "captured", "pinned", "captured_pinned", "pinned_own", "captured_own", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
+COLUMNS = ["kind", "seed", "users", "time_scale", "fraction", "tier", "admission", "lru", "lru_ca", "qlru", "policy", "hit_rate",
+           "oracle", "captured", "winnable_evict", "winnable_admit", "pinned", "captured_pinned", "pinned_own", "captured_own", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
 AUDIT_COLUMNS = ["kind", "seed", "users", "time_scale", "fraction", "policy", "hit_rate", "evicted", "wrong", "wrong_hit_rate",
                  "cause", "cause_wrong", "cause_share"]
 
@@ -156,7 +156,7 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
                         for pol in policies:
                             lo, hi, got, pin = (cell[n + sfx]["hit_rate"] for n in ("lru", "oracle", pol, "pinned"))
                             rows.append({"kind": kind, "seed": seed, "users": users, "time_scale": base.time_scale,
-                                         "fraction": frac, "tier": tier,
+                                         "fraction": frac, "tier": tier, "admission": f"lru:fcfs {pol}:{args.admission}",
                                          "lru": lo, "qlru": cell["qlru" + sfx]["hit_rate"], "policy": pol,
                                          "hit_rate": got, "oracle": hi, "captured": captured(got, lo, hi),
                                          "pinned": pin, "captured_pinned": captured(got, lo, pin),
@@ -185,6 +185,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             vals = [r[k] for r in rs if r[k] is not None]
             row[k] = mean(vals) if vals else None
         row["captured"] = captured(row["hit_rate"], row["lru"], row["oracle"])
+        row["admission"] = rs[0]["admission"]
         row["captured_pinned"] = captured(row["hit_rate"], row["lru"], row["pinned"])
         row["captured_own"] = captured(row["hit_rate"], row["lru"], row["pinned_own"])
         out.append(row)
@@ -238,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     audits: list | None = [] if args.audit else None
     rows = run_study(args, audits)
     summary = summarize_rows(rows)
+    for r in rows + summary:  # what is winnable in the cell: by a better eviction on the policy's own
+        # schedule (the pinned oracle over its accesses), by lru's order under the same admission
+        own, ca = r.get("pinned_own"), r.get("lru_ca")
+        r["winnable_evict"] = None if own is None else max(0.0, own - r["hit_rate"])
+        r["winnable_admit"] = None if ca is None else max(0.0, ca - r["hit_rate"])
     print_table(rows + summary, COLUMNS)
     judged = _csv(args.policies)[0]
     out = {"bench": "policy_study", "quick": args.quick, "judged": judged, "summary": summary}

@@ -61,3 +61,6 @@ def test_cache_aware_admission_adds_lru_ca_and_own_oracle(capsys):
         assert r["lru_ca"] is not None and 0 <= r["lru_ca"] <= 1
         assert r["hit_rate"] <= r["pinned_own"] + 0.05  # the own-schedule oracle is a (heuristic) bound
         assert r["captured_own"] == captured(r["hit_rate"], r["lru"], r["pinned_own"])
+        assert r["winnable_admit"] == max(0.0, r["lru_ca"] - r["hit_rate"])  # per cell, what is winnable
+        assert r["winnable_evict"] == max(0.0, r["pinned_own"] - r["hit_rate"])
+        assert r["admission"] == f"lru:fcfs {r['policy']}:cache-aware"
