@@ -62,7 +62,13 @@ from hintkv.bench.engine_report import (
     variant_ratios,
     variant_spread,
 )
-from hintkv.bench.engine_servers import VARIANTS, hintkv_spec, start_all, vllm_spec
+from hintkv.bench.engine_servers import (
+    VARIANTS,
+    hintkv_spec,
+    server_threads,
+    start_all,
+    vllm_spec,
+)
 from hintkv.bench.spec_decode import SPEC_COLUMNS
 from hintkv.bench.spec_decode import run_bench as run_spec_bench
 from hintkv.bench.swarm import default_traces
@@ -182,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "device": args.device,
         "dtype": args.dtype,
+        "threads": server_threads(),  # OpenMP threads of every server, hintkv and vLLM alike
         "vllm": with_vllm,
         "workload": asdict(w),
         "elapsed_s": round(time.perf_counter() - t_start, 1),

@@ -2,8 +2,11 @@
 
 hintkv runs as `python -m hintkv serve`; a variant is hintkv started again with extra flags
 (`VARIANTS`); vLLM runs from its own venv on dummy weights of the same shape (`vllm_peer.py`), with
-prefix caching on. All get the same dtype, max-model-len, chunked-prefill budget and about the same
-KV capacity. `start_all` starts them one after another (a start never overlaps a measurement) and
+prefix caching on. All get the same dtype, max-model-len, chunked-prefill budget, about the same
+KV capacity and the same number of OpenMP threads (`server_threads`: vLLM binds one per core of
+`VLLM_CPU_OMP_THREADS_BIND` and sets OMP_NUM_THREADS itself, whatever the caller's environment says;
+hintkv would inherit the caller's OMP_NUM_THREADS, e.g. 1 under this project's `OMP_NUM_THREADS=1`
+convention, and run the comparison with half of vLLM's threads). `start_all` starts them one after another (a start never overlaps a measurement) and
 keeps them up together, so `engine_measure` can interleave their samples.
 """
 
@@ -39,6 +42,11 @@ def peer_hf_config(model: str) -> dict[str, Any]:
     return preset_hf_config(preset)
 
 
+def server_threads() -> int:
+    """OpenMP threads of every server in the comparison: one per CPU, as vLLM's binding uses."""
+    return os.cpu_count() or 1
+
+
 def hintkv_spec(model: str, args: argparse.Namespace, w: Workload, variant: str | None = None) -> ServerSpec:
     extra = [
         "--dtype", args.dtype, "--device", args.device,
@@ -50,6 +58,7 @@ def hintkv_spec(model: str, args: argparse.Namespace, w: Workload, variant: str 
     ]
     # a compiled server spends its first minutes compiling: give it the time
     return hintkv_server(model, name=f"hintkv-{variant}" if variant else "hintkv", extra_args=extra,
+                         env={"OMP_NUM_THREADS": str(server_threads())},
                          startup_timeout_s=600.0 if variant == "compiled" else 180.0)
 
 
