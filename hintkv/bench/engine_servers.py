@@ -6,8 +6,9 @@ prefix caching on. All get the same dtype, max-model-len, chunked-prefill budget
 KV capacity and the same number of OpenMP threads (`server_threads`: vLLM binds one per core of
 `VLLM_CPU_OMP_THREADS_BIND` and sets OMP_NUM_THREADS itself, whatever the caller's environment says;
 hintkv would inherit the caller's OMP_NUM_THREADS, e.g. 1 under this project's `OMP_NUM_THREADS=1`
-convention, and run the comparison with half of vLLM's threads). `start_all` starts them one after another (a start never overlaps a measurement) and
-keeps them up together, so `engine_measure` can interleave their samples.
+convention, and run the comparison with half of vLLM's threads). `start_all` starts them one after
+another (a start never overlaps a measurement) and keeps them up together, so `engine_measure` can
+interleave their samples.
 """
 
 from __future__ import annotations
