@@ -165,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                                 memo, names=SWEEP_RUNS, hinted=args.policy) for f in SWEEP}
         grid = headroom_grid(args, scale, base, (wl, memo))
         log(f"offline done at {time.perf_counter() - t0:.0f}s")
+        for name, (srv, _) in servers.items():  # all up before any replay: no start overlaps one
+            try:
+                srv.start()
+            except Exception as exc:  # noqa: BLE001 - run_live records it as that run's error
+                log(f"{name}: did not start: {type(exc).__name__}: {exc}")
         for name, (srv, hints) in servers.items():  # one at a time: each run has the machine to itself
             live[name], live_results[name] = run_live(name, wl, args, hints, srv, bpb, paced)
             srv.stop()
