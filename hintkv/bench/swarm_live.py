@@ -3,10 +3,11 @@
 Each run's server is launched early (they start up while the offline part runs), all are waited
 for until healthy, and then replayed one at a time, so each has the machine to itself (a server
 still starting up, loading and warming its model, would slow the run being measured: a quiet
-seventh-session run measured sam+host 3.0x slower than the model while two servers started). Just before its replay the server's speed is
-measured (`swarm_pace.measure_speed`) and the trace's times are divided by the pace that gives
-this workload the offline replay's tool : serving ratio (`--live-pace measured`, the default), so
-that how contended the cache is does not depend on how fast or busy the machine is.
+seventh-session run measured sam+host 3.0x slower than the model while two servers started).
+Just before its replay the server's speed is measured (`swarm_pace.measure_speed`) and the
+trace's times are divided by the pace that gives this workload the offline replay's tool :
+serving ratio (`--live-pace measured`, the default), so that how contended the cache is does not
+depend on how fast or busy the machine is.
 """
 
 from __future__ import annotations

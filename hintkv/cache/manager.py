@@ -109,7 +109,7 @@ class KVCacheManager:
         if not loadable:
             match.lower_tiers = self.tiers.plan(hashes[n:])
         else:  # a plan of at most room + 1 blocks is the full plan when that fits, else too long
-            room = self.pool.num_free - sum(1 for b in match.blocks if b.ref_cnt == 0)
+            room = self.free_room(match)
             tiers = self.tiers.plan(hashes[n:n + room + 1]) if room > 0 else []
             match.lower_tiers = tiers if len(tiers) <= room else []
         match.lower = hashes[n:n + len(match.lower_tiers)]
@@ -152,8 +152,12 @@ class KVCacheManager:
         """Room for the matched prefix, its lower-tier run, and `num_new_tokens` after them."""
         upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
         need = self._blocks_needed(seq, upto, len(match.blocks))
-        reclaimable_matched = list(map(_ref_cnt, match.blocks)).count(0)  # (C: 1 pass)
-        return need <= self.pool.num_free - reclaimable_matched
+        return need <= self.free_room(match)
+
+    def free_room(self, match: PrefixMatch) -> int:
+        """Free device blocks for `match`'s request: the free ones less its matched blocks that sit
+        among them (cached, unreferenced: admitting it takes them out of the free set)."""
+        return self.pool.num_free - list(map(_ref_cnt, match.blocks)).count(0)  # (C: 1 pass)
 
     def admit(self, seq: KVSequence, match: PrefixMatch, num_new_tokens: int) -> bool:
         """Take the blocks; start loading the lower-tier run if any. True: the sequence must

@@ -179,9 +179,8 @@ class CacheAwareAdmission(AdmissionPolicy):
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
         mine = {b.block_id for b in match.blocks}
-        reclaimable_matched = sum(1 for b in match.blocks if b.ref_cnt == 0)
         kept = sum(1 for bid in plan.kept if bid not in mine and kv.pool.blocks[bid].ref_cnt == 0)
-        return need <= kv.pool.num_free - reclaimable_matched - plan.reserved - kept
+        return need <= kv.free_room(match) - plan.reserved - kept
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
         if self.skips.get(seq.request_id, 0) >= self.max_skips:

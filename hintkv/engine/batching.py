@@ -160,7 +160,7 @@ def make_room(sch: Scheduler, out: SchedulerOutput) -> None:
     if policy.room(head, match, kv, plan):
         return
     need = max(0, blocks_to_end(head, bs, mml) - len(match.blocks))
-    short = need - (kv.pool.num_free - sum(1 for b in match.blocks if b.ref_cnt == 0) - plan.reserved)
+    short = need - (kv.free_room(match) - plan.reserved)
     decodes = [s for s in sch.running if s.first_token_time is not None and s.num_preemptions == 0
                and s.num_computed_tokens >= s.num_tokens - 1]
     chosen = []

@@ -127,6 +127,7 @@ class PoolTier(Tier):
         self.timeout_s = timeout_s
         self.breaker = breaker or CircuitBreaker()
         self.key_prefix = key_prefix
+        self._key_head = f"{key_prefix}:"  # a block's pool key: this, then its hash in hex
         self.secret = secret[:64]  # BLAKE2b key: shared by the instances of one deployment
         self.upper = "disk"
         self._fingerprint = layout.fingerprint()
@@ -155,7 +156,11 @@ class PoolTier(Tier):
 
     # -- keys and frames --------------------------------------------------------------------
     def pool_key(self, key: bytes) -> str:
-        return f"{self.key_prefix}:{key.hex()}"
+        return self._key_head + key.hex()
+
+    def pool_keys(self, keys: Iterable[bytes]) -> list[str]:
+        """`pool_key` of each, made in C (keep-alive sends every live block once a second)."""
+        return list(map(self._key_head.__add__, map(bytes.hex, keys)))
 
     def _frame(self, key: bytes, src: torch.Tensor) -> torch.Tensor:
         payload = src.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
@@ -474,9 +479,8 @@ class PoolTier(Tier):
             self._release([op[1] for op in ops])
         elif kind == "keep":
             keys = list(dict.fromkeys(chain.from_iterable(op[1] for op in ops)))
-            try:  # every live block once a second: the keys are made in C (`pool_key` each)
-                self._call(self.backend.keep_alive,
-                           list(map(f"{self.key_prefix}:".__add__, map(bytes.hex, keys))))
+            try:
+                self._call(self.backend.keep_alive, self.pool_keys(keys))
                 with self._lock:
                     self.counters.num_keepalive_calls += 1
                     self.counters.num_keepalive_keys += len(keys)
