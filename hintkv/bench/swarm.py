@@ -6,7 +6,10 @@
 One workload (`hintkv.workload.users`: N seeded users over real traces, closed loop, staggered),
 one set of capacities: the device KV pool is `--device-fraction` of the workload's peak working
 set (blocks held by live sessions, measured by the offline replay), the host tier `--host-ratio`
-times the device. Live runs, each against a fresh `hintkv serve` (real HTTP, real model):
+times the device. Live runs, each against its own `hintkv serve` (real HTTP, real model),
+measured in interleaved rounds (`swarm_rounds.py`: every server up, then `--rounds` rounds of every
+run, order rotated, each round a fresh copy of the workload; each live row is the median of its
+rounds, the timed goals reductions of medians with the per-round spread beside them):
   1 lru         `--eviction-policy lru --scheduling-policy fcfs`, no hints (vLLM + prefix caching)
   2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
   3 sam         `--eviction-policy sam --scheduling-policy prefill-first`, the protocol's hints sent
@@ -25,16 +28,17 @@ the same plus qlru, `lru/ca` (lru with cache-aware admission: what the scheduler
 and the Belady oracle at these capacities, the ideal hit
 rate, a capacity sweep (0.2/0.35/0.5/1.0 of the working set) and the headroom grid of issue 8
 (capacities 0.1 and 0.35, 10 and 32 users). A table, PNG plots (`--plots`), then one JSON line
-with every goal of issue 8, computed from the runs. `--quick` cuts each agent to 6 calls and
-runs the headroom grid at `--users` only.
+with every goal of issue 8, computed from the runs. `--quick` cuts each agent to 3 calls (three
+rounds of six live runs stay within a few minutes) and runs the headroom grid at `--users` only.
 
 The pace (`swarm_pace.py`): the trace's seconds are divided by a time scale chosen so that an
 agent's tool time is as long, next to one of its calls, as in the deployment the trace came from
-(an H200 serving Llama-3-8B at full token scale); each live run measures its server just before it
-starts and keeps that ratio (`--live-pace measured`), so the contention, and with it every hit rate,
-does not depend on how fast or busy the machine is. The table's `time_scale` is trace seconds per
-replay second: the offline model's for offline rows, each server's for live rows. Parts:
-`swarm_live.py` (servers, the live replay, its row), `swarm_study.py` (the offline runs and the
+(an H200 serving Llama-3-8B at full token scale); every server is measured once before the first
+round and every live run keeps that ratio at the servers' median slowdown (`--live-pace
+measured`), so the contention, and with it every hit rate, does not depend on how fast or busy the
+machine is. The table's `time_scale` is trace seconds per replay second: the offline model's for
+offline rows, the shared live one for live rows. Parts: `swarm_live.py` (servers, one live replay,
+its row), `swarm_rounds.py` (the rounds, medians), `swarm_study.py` (the offline runs and the
 oracle), `swarm_goals.py` (the goals), `swarm_plots.py`.
 """
 
@@ -61,9 +65,18 @@ from hintkv.bench.swarm_live import (
     admission_of,
     block_bytes,
     launch_servers,
-    run_live,
+    vocab_size,
 )
 from hintkv.bench.swarm_pace import pace, reference_speed
+from hintkv.bench.swarm_rounds import (
+    ROUND_COLUMNS,
+    Rounds,
+    median_row,
+    round_table,
+    run_rounds,
+    shared_pace,
+    spread,
+)
 from hintkv.bench.swarm_study import ADMISSION, captured, run_configs, size_workload
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.cache.policies import policy_names
@@ -75,9 +88,9 @@ from hintkv.workload.users import KINDS, build_workload
 SWEEP = (0.2, 0.35, 0.5, 1.0)
 SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")  # what the goals and plots read
 GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
-COLUMNS = ["run", "where", "admission", "time_scale", "calls", "errors", "hit_rate", "host_hit_rate", "recomputed_tokens",
-           "computed_tokens", "preemptions", "queue_mean", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-           "e2e_call_mean_s", "e2e_task_mean_s", "slowdown", "ttft_mean_model_s", "e2e_task_mean_model_s",
+COLUMNS = ["run", "where", "admission", "time_scale", "rounds", "calls", "errors", "hit_rate", "host_hit_rate",
+           "recomputed_tokens", "computed_tokens", "preemptions", "queue_mean", "ttft_mean_s", "ttft_spread",
+           "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_call_mean_s", "e2e_task_mean_s", "task_spread",
            "peak_host_mib", "mean_host_mib", "moved_mib"]
 
 
@@ -112,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trace seconds per replay second at the offline model's engine speed; `auto` (default): "
                         "the deployment's tool : serving ratio (bench/swarm_pace.py)")
     p.add_argument("--live-pace", choices=("measured", "fixed"), default="measured",
-                   help="measured: each live run measures its server first and keeps the offline tool : serving "
+                   help="measured: every server is measured before the rounds; all keep the offline tool : serving "
                         "ratio; fixed: live runs use the offline time scale as is (the pace depends on the machine)")
-    p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default: all; --quick: 6)")
+    p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default: all; --quick: 3)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved live rounds (each live row: their median)")
     p.add_argument("--device-fraction", type=float, default=0.35)
     p.add_argument("--host-ratio", type=float, default=4.0)
     p.add_argument("--block-size", type=int, default=16)
@@ -137,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.perf_counter()
-    max_calls = args.max_calls or (6 if args.quick else None)
+    max_calls = args.max_calls or (3 if args.quick else None)
     scale = Scale(args.token_scale, max_calls)
     folder = trace_folder(args.traces, args.kind)
     wl = build_workload(args.kind, folder, args.users, tasks_per_user=args.tasks_per_user, scale=scale, seed=args.seed)
@@ -156,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, tuple[ServerProcess, bool]] = {}
     live: dict[str, dict[str, Any]] = {}
     live_results: dict[str, LiveResult] = {}
+    rounds = Rounds()
+    pace_info: dict[str, Any] = {}
     try:
         if not args.skip_live:
             launch_servers(args, device, host, bpb, servers)  # they start up while the offline part runs
@@ -165,22 +181,29 @@ def main(argv: list[str] | None = None) -> int:
                                 memo, names=SWEEP_RUNS, hinted=args.policy) for f in SWEEP}
         grid = headroom_grid(args, scale, base, (wl, memo))
         log(f"offline done at {time.perf_counter() - t0:.0f}s")
-        for name, (srv, _) in servers.items():  # all up before any replay: no start overlaps one
+        urls: dict[str, tuple[str, bool]] = {}
+        for name, (srv, hints) in servers.items():  # all up before any replay: no start overlaps one
             try:
-                srv.start()
-            except Exception as exc:  # noqa: BLE001 - run_live records it as that run's error
+                urls[name] = (srv.start().base_url, hints)
+            except Exception as exc:  # noqa: BLE001 - that run is reported as failed
                 log(f"{name}: did not start: {type(exc).__name__}: {exc}")
-        for name, (srv, hints) in servers.items():  # one at a time: each run has the machine to itself
-            live[name], live_results[name] = run_live(name, wl, args, hints, srv, bpb, paced)
-            srv.stop()
+                live[name] = {"error": f"did not start: {type(exc).__name__}: {exc}"[:500]}
         if args.peer and not args.skip_live:
-            live["peer"], live_results["peer"] = run_live("peer", wl, args, False, None, bpb, paced)
+            urls["peer"] = (args.peer, False)
+        pace_info = shared_pace({k: u for k, (u, _) in urls.items()}, wl, args, paced)
+        rounds = run_rounds(urls, wl, args, bpb, pace_info["time_scale"], args.rounds, vocab_size(args.model))
+        live.update({name: median_row(rows) for name, rows in rounds.rows.items()})
+        live_results = {name: rs[0] for name, rs in rounds.results.items()}  # round 1: the plots
     finally:
         for srv, _ in servers.values():
             srv.stop()
     rows = table_rows(live, offline, args, tscale)
     print_table(rows, COLUMNS)
-    breakdown = [b for k, r in live_results.items() for b in breakdown_rows(k, [c for c in r.calls if c.ok])]
+    if rounds.order:
+        print(f"\nlive rounds (each live row above is the median of its {args.rounds} rounds; order rotated):")
+        print_table(round_table(rounds), ROUND_COLUMNS)
+    breakdown = [b for k, rs in rounds.results.items()
+                 for b in breakdown_rows(k, [c for r in rs for c in r.calls if c.ok])]
     if breakdown:
         print("\nwhere the live TTFT went (mean seconds per call; other_s: HTTP and tokenizing):")
         print_table(breakdown, BREAKDOWN_COLUMNS)
@@ -192,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                             "working_set_blocks": sizing.working_set_blocks, "device_blocks": device,
                             "host_blocks": host, "ideal_hit_rate": sizing.ideal_hit_rate,
                             "time_scale": tscale, "time_scale_arg": args.time_scale,
-                            "live_pace": args.live_pace},
+                            "live_pace": args.live_pace, "live_rounds": args.rounds,
+                            "live_time_scale": pace_info.get("time_scale"),
+                            "live_slowdowns": pace_info.get("slowdowns")},
                "live": live, "offline": _strip(offline),
                "sweep": {str(f): {k: v["hit_rate"] for k, v in runs.items() if isinstance(v, dict)}
                          for f, runs in sweep.items()},
@@ -244,7 +269,9 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
 
 
 def table_rows(live: dict, offline: dict, args: argparse.Namespace, time_scale: float) -> list[dict[str, Any]]:
-    rows = [{"run": k, "where": "live", "admission": admission_of(k, args.server_arg) if k != "peer" else "-", **v}
+    rows = [{"run": k, "where": "live", "admission": admission_of(k, args.server_arg) if k != "peer" else "-", **v,
+             "ttft_spread": spread(v.get("per_round", {}).get("ttft_mean_s", [])),
+             "task_spread": spread(v.get("per_round", {}).get("e2e_task_mean_s", []))}
             for k, v in live.items()]
     mib = block_bytes(args.model, args.block_size) / 2**20
     for k, v in offline.items():

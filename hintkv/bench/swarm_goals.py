@@ -1,7 +1,7 @@
 """The goals of issue 8 from `hintkv bench swarm`'s runs: each `{"target", "measured", "met"}`.
 
-Hit rate, TTFT and end-to-end goals read the live runs (the hit-rate ratio falls back to the
-offline replay when a live run is missing); captured headroom reads the offline headroom grid,
+Hit rate, TTFT and end-to-end goals read the live runs (medians over interleaved rounds; the
+hit-rate ratio falls back to the offline replay when a live run is missing); captured headroom reads the offline headroom grid,
 hints beyond the queue the offline capacity sweep, the host tier's peak the offline block counts
 (exact; the live peak is sampled and printed in the table). Nothing is typed in.
 """
@@ -67,12 +67,14 @@ def compute_goals(live: dict, offline: dict, sweep: dict, grid: list) -> dict[st
 
 
 def _timed(target: float, live: dict, base: str, field: str) -> dict[str, Any]:
-    """sam+host's reduction of a live time against `base`'s: in the offline model's seconds (each
-    run's wall time / its server's measured slowdown) when both runs measured their server, so a
-    load that changed between the runs does not decide it; the wall-clock reduction beside it."""
-    model = reduction(get(live, "sam+host", field + "_model_s"), get(live, base, field + "_model_s"))
-    wall = reduction(get(live, "sam+host", field + "_s"), get(live, base, field + "_s"))
-    return {**_goal(target, wall if model is None else model), "unit": "wall s" if model is None else "model s",
-            "wall_measured": wall}
-
-
+    """sam+host's reduction of a live time against `base`'s: of the two runs' medians over the
+    interleaved rounds (`swarm_rounds.py`: every run at one pace, each round meeting the same
+    machine states), with each round's own reduction and their min-max beside it."""
+    key = field + "_s"
+    ours = live.get("sam+host", {}).get("per_round", {}).get(key) or []
+    theirs = live.get(base, {}).get("per_round", {}).get(key) or []
+    per_round = [reduction(a, b) for a, b in zip(ours, theirs, strict=False)]
+    got = [x for x in per_round if x is not None]
+    return {**_goal(target, reduction(get(live, "sam+host", key), get(live, base, key))),
+            "unit": f"wall s, median of {live.get('sam+host', {}).get('rounds', 1)} rounds",
+            "per_round": per_round, "spread": [min(got), max(got)] if got else None}

@@ -1,13 +1,11 @@
 """The live half of `hintkv bench swarm`: one `hintkv serve` per run, the replay over HTTP, its row.
 
-Each run's server is launched early (they start up while the offline part runs), all are waited
-for until healthy, and then replayed one at a time, so each has the machine to itself (a server
-still starting up, loading and warming its model, would slow the run being measured: a quiet
-seventh-session run measured sam+host 3.0x slower than the model while two servers started).
-Just before its replay the server's speed is measured (`swarm_pace.measure_speed`) and the
-trace's times are divided by the pace that gives this workload the offline replay's tool :
-serving ratio (`--live-pace measured`, the default), so that how contended the cache is does not
-depend on how fast or busy the machine is.
+Each run's server is launched early (they start up while the offline part runs) and all are
+waited for until healthy before the first replay (a server still starting up, loading and
+warming its model, slowed the run being measured: a quiet seventh-session run measured sam+host
+3.0x slower than the model while two servers started). `swarm_rounds.py` then measures every
+server's speed (`server_slowdown`, `swarm_pace.measure_speed`) for one shared pace and replays
+the runs in interleaved rounds; `run_live` is one replay of one round on one server.
 """
 
 from __future__ import annotations
@@ -63,6 +61,16 @@ def block_bytes(model: str, block_size: int) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4 * block_size
 
 
+def vocab_size(model: str) -> int:
+    """The model's vocabulary (round copies map token ids inside it); SmolLM2's for real models."""
+    from hintkv.models.presets import preset_config
+
+    try:
+        return preset_config(model.split(":", 1)[1] if model.startswith("dummy:") else "smollm2-135m").vocab_size
+    except (KeyError, ValueError):
+        return preset_config("smollm2-135m").vocab_size
+
+
 def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int,
                    out: dict[str, tuple[ServerProcess, bool]]) -> None:
     """One `hintkv serve` per chosen live run, launched (not waited for) so they start up together."""
@@ -80,26 +88,18 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int,
         out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name.replace('/', '-')}", extra_args=server)).launch(), hints)
 
 
-def run_live(name: str, wl, args: argparse.Namespace, hints: bool, srv: ServerProcess | None,
-             bpb: int, offline_pace: tuple[float, Speed]) -> tuple[dict[str, Any], LiveResult]:
-    """Replay `wl` against `srv` (waited for until healthy), or against `--peer` when None.
-    `offline_pace`: the offline replay's time scale and engine model; with `--live-pace measured`
-    the live time scale is that one times the model's serving time over the server's measured one."""
+def run_live(name: str, wl, args: argparse.Namespace, hints: bool, url: str, bpb: int,
+             time_scale: float) -> tuple[dict[str, Any], LiveResult]:
+    """Replay `wl` against the server at `url` with the trace's times divided by `time_scale`;
+    (its row, the replay). A failed run gives an `error` row (the other runs still print)."""
     progress = CallProgress(name, wl.num_calls)
     try:
-        url = args.peer if srv is None else srv.start().base_url
-        result, samples, paced = asyncio.run(_replay(wl, url, args, hints, offline_pace, progress))
+        result, samples = asyncio.run(_replay(wl, url, args, hints, time_scale, progress))
     except Exception as exc:  # noqa: BLE001 - one failed run still prints the others and unmet goals
         log(f"{name}: failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}, LiveResult(hints)
-    row = {**paced, **live_row(result, samples, bpb)}
-    if row["slowdown"]:  # times in the offline model's seconds: wall / the mean measured slowdown
-        sd = (row["slowdown"] + row["slowdown_after"]) / 2
-        for k in ("ttft_mean", "e2e_task_mean"):
-            row[k + "_model_s"] = row[k + "_s"] / sd if row[k + "_s"] is not None else None
-    slow = (f" (server {row['slowdown']:.2f}x the offline model before, {row['slowdown_after']:.2f}x after)"
-            if row["slowdown"] else "")
-    log(f"{name}: time scale {row['time_scale']:.3g}{slow}, hit rate {row['hit_rate']}, mean TTFT {row['ttft_mean_s']}, wall {result.wall_s:.0f}s")
+    row = {"time_scale": time_scale, **live_row(result, samples, bpb)}
+    log(f"{name}: hit rate {row['hit_rate']}, mean TTFT {row['ttft_mean_s']}, wall {result.wall_s:.0f}s")
     return row, result
 
 
@@ -110,15 +110,14 @@ def live_time_scale(wl, offline_scale: float, model_speed: Speed, measured: Spee
     return offline_scale / slowdown, slowdown
 
 
-async def _replay(wl, url: str, args: argparse.Namespace, hints: bool, offline_pace: tuple[float, Speed],
-                  progress) -> tuple[LiveResult, list, dict[str, Any]]:
-    scale, model_speed = offline_pace
-    paced: dict[str, Any] = {"time_scale": scale, "slowdown": None, "slowdown_after": None, "speed": None}
-    if args.live_pace == "measured":
-        measured = await measure_speed(url, args.model, seed=args.seed)
-        paced["time_scale"], paced["slowdown"] = live_time_scale(wl, scale, model_speed, measured)
-        paced["speed"] = {"call_s": measured.call_s, "prefill_s_per_token": measured.prefill_s_per_token,
-                          "decode_s_per_token": measured.decode_s_per_token}
+async def server_slowdown(url: str, wl, args: argparse.Namespace, model_speed: Speed) -> float:
+    """The server's serving time for `wl` over the offline model's, measured now."""
+    measured = await measure_speed(url, args.model, seed=args.seed)
+    return serving_s(wl, measured) / serving_s(wl, model_speed)
+
+
+async def _replay(wl, url: str, args: argparse.Namespace, hints: bool, time_scale: float,
+                  progress) -> tuple[LiveResult, list]:
     samples: list[tuple[float, dict[str, float]]] = []
     done = asyncio.Event()
 
@@ -141,15 +140,12 @@ async def _replay(wl, url: str, args: argparse.Namespace, hints: bool, offline_p
 
     sampler = asyncio.create_task(sample())
     try:
-        result = await replay_live(wl, url, args.model, HintPlan(hints=hints), time_scale=paced["time_scale"],
+        result = await replay_live(wl, url, args.model, HintPlan(hints=hints), time_scale=time_scale,
                                    on_call=progress)
     finally:
         done.set()
         await sampler
-    if args.live_pace == "measured":  # again after: did the machine's speed drift during the run?
-        after = await measure_speed(url, args.model, seed=args.seed + 1)
-        paced["slowdown_after"] = live_time_scale(wl, scale, model_speed, after)[1]
-    return result, samples, paced
+    return result, samples
 
 
 def by_label(metrics: dict[str, float], name: str) -> dict[str, float]:

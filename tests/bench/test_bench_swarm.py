@@ -44,27 +44,38 @@ def test_report_fields_are_consistent():
     assert goals["hit_rate_ratio"]["met"] == (ratio >= GOALS["hit_rate_ratio"])
     diff = runs["sam+host"]["hit_rate"] - runs["qlru+host"]["hit_rate"]
     assert goals["hints_beyond_queue"]["measured"] == pytest.approx(diff)
-    assert goals["ttft_reduction_vs_lru"] == {"target": 0.5, "measured": None, "met": False, "unit": "wall s",
-                                              "wall_measured": None}  # no live runs
+    assert goals["ttft_reduction_vs_lru"] == {"target": 0.5, "measured": None, "met": False,
+                                              "unit": "wall s, median of 1 rounds", "per_round": [],
+                                              "spread": None}  # no live runs
     for g in goals.values():
         assert set(g) >= {"target", "measured", "met"}
 
 
-def test_timed_goals_use_model_seconds_when_each_run_measured_its_server():
-    """Two live runs on a machine whose speed changed between them: in wall seconds sam+host looks
-    no faster; divided by each server's measured slowdown, it is."""
-    live = {"lru": {"ttft_mean_s": 1.0, "e2e_task_mean_s": 10.0, "ttft_mean_model_s": 1.0 / 2.0,
-                    "e2e_task_mean_model_s": 10.0 / 2.0},
-            "sam+host": {"ttft_mean_s": 1.0, "e2e_task_mean_s": 9.0, "ttft_mean_model_s": 1.0 / 4.0,
-                         "e2e_task_mean_model_s": 9.0 / 4.0}}
+def test_timed_goals_are_reductions_of_medians_over_interleaved_rounds():
+    """Three rounds in which the machine's speed moved: the goal is the reduction of the two runs'
+    medians, each round's own reduction beside it, and a round that failed counts in neither."""
+    from hintkv.bench.swarm_rounds import median_row
+
+    lru = [{"round": r, "calls": 10, "errors": 0, "ttft_mean_s": t, "e2e_task_mean_s": 10 * t, "hit_rate": 0.3}
+           for r, t in enumerate((1.0, 2.0, 4.0))]
+    sam = [{"round": 0, "calls": 10, "errors": 1, "ttft_mean_s": 0.4, "e2e_task_mean_s": 8.0, "hit_rate": 0.7},
+           {"round": 1, "error": "ReadTimeout: the server stopped answering"},
+           {"round": 2, "calls": 10, "errors": 0, "ttft_mean_s": 3.0, "e2e_task_mean_s": 30.0, "hit_rate": 0.72}]
+    live = {"lru": median_row(lru), "sam+host": median_row(sam)}
+    assert live["lru"]["ttft_mean_s"] == 2.0 and live["lru"]["calls"] == 30 and live["lru"]["rounds"] == 3
+    assert live["sam+host"]["ttft_mean_s"] == pytest.approx(1.7) and live["sam+host"]["errors"] == 1
+    assert live["sam+host"]["rounds"] == 2 and live["sam+host"]["failed_rounds"] == 1
+    assert "round" not in live["lru"]
     goals = compute_goals(live, {}, {}, [])
     g = goals["ttft_reduction_vs_lru"]
-    assert g["unit"] == "model s" and g["measured"] == pytest.approx(0.5) and g["met"]
-    assert g["wall_measured"] == pytest.approx(0.0)
+    assert g["measured"] == pytest.approx(1 - 1.7 / 2.0) and not g["met"]
+    assert g["per_round"] == [pytest.approx(0.6), None, pytest.approx(0.25)]
+    assert g["spread"] == [pytest.approx(0.25), pytest.approx(0.6)]
     t = goals["task_e2e_reduction_vs_lru"]
-    assert t["measured"] == pytest.approx(1 - 2.25 / 5.0) and t["wall_measured"] == pytest.approx(0.1)
-    del live["sam+host"]["ttft_mean_model_s"]  # a run that did not measure: wall seconds
-    assert compute_goals(live, {}, {}, [])["ttft_reduction_vs_lru"]["unit"] == "wall s"
+    assert t["measured"] == pytest.approx(1 - 19.0 / 20.0)
+    assert goals["hit_rate_ratio"]["measured"] == pytest.approx(0.71 / 0.3)
+    every_round_failed = median_row([{"round": 0, "error": "boom"}])
+    assert every_round_failed == {"error": "boom"}
 
 
 def test_admission_column_names_what_the_server_runs():
