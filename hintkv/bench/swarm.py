@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured: every server is measured before the rounds; all keep the offline tool : serving "
                         "ratio; fixed: live runs use the offline time scale as is (the pace depends on the machine)")
     p.add_argument("--max-calls", type=int, default=None, help="calls per agent (default: all; --quick: 3)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved live rounds (each live row: their median)")
+    p.add_argument("--rounds", type=lambda v: max(1, int(v)), default=3,
+                   help="interleaved live rounds, at least 1 (each live row: their median)")
     p.add_argument("--device-fraction", type=float, default=0.35)
     p.add_argument("--host-ratio", type=float, default=4.0)
     p.add_argument("--block-size", type=int, default=16)
