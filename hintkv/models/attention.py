@@ -10,7 +10,8 @@ Rows of a step's `q/k/v` are the sequences' new tokens, concatenated:
     rows:   | seq 0 new tokens | seq 1 new tokens | ... |      query_start_loc = [0, q0, q0+q1, ...]
     seq i:  | cached (context_lens[i] - q_len) | new (q_len) |  positions 0 .. context_lens[i]-1
 
-Three paths, picked per step (a paged kernel may replace this module later, same signature):
+On a CPU with a float32 cache every step runs `cpu_kernels.attention` (C++, flash style, reading
+the block tables itself). Otherwise three PyTorch paths, picked per step:
   * short queries, every sequence bringing at most SHORT_QUERY_MAX tokens on top of a cached
     context (decodes; speculative verifies of k drafts): one batched SDPA over padded contexts,
     the GQA group folded into the query rows, a causal mask per (sequence, token) row;
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from hintkv.models import cpu_kernels
 from hintkv.models.kv_quant import is_quantised, quantise, read_kv
 
 SHORT_QUERY_MAX = 33  # new tokens per sequence that still take the batched path (1 + 32 drafts)
@@ -97,6 +99,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     q: [T, Hq, D]; k, v: [T, Hkv, D]. Exact causal attention over each sequence's whole context.
     """
     write_kv(k, v, kv_cache, meta.slot_mapping)
+    fast = cpu_kernels.attention(q, kv_cache, meta, scale)  # C++ on a float32 CPU step
+    if fast is not None:
+        return fast
     if meta.static is not None:
         return decode_static(q, kv_cache, *meta.static, scale)
     if _short_queries(meta):

@@ -19,16 +19,15 @@ one thread. `gemv` serves decode and verify steps (a few rows): the weight in 16
 with no horizontal sums, the rescale is folded in; `_int_mm` at one row reads the weight once per
 level (two calls) and its kernel ran the SmolLM2-sized LM head (49152 x 512) at 1/3 of memory speed.
 
-`ops()` builds them with torch.utils.cpp_extension (g++, ~1 minute the first time on this machine,
-then cached under ~/.cache/torch_extensions) and returns None, after one warning, when it cannot
-(no compiler, no ninja): `int8.py` then runs the eager ops.
+`ops()` builds them through `cpu_ext.load` (cached; None, after one warning, when it cannot be
+built: `int8.py` then runs the eager ops).
 """
 
 from __future__ import annotations
 
-import hashlib
-import warnings
 from types import ModuleType
+
+from hintkv.models import cpu_ext
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -246,23 +245,8 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, 
 # vector paths are guarded by the compiler's __AVX2__ / __AVX512VNNI__, a plain loop otherwise.
 # No FMA contraction, so the residual is rounded as the eager ops round it.
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
-_state: dict[str, ModuleType | None] = {}
 
 
 def ops() -> ModuleType | None:
     """The built extension (quantize_rows, rescale, gemv, has_fast_gemv), or None when it cannot be built (warned once)."""
-    if "mod" not in _state:
-        try:
-            from torch.utils.cpp_extension import load_inline
-
-            # the name carries the source's hash: checkouts of other versions share the build cache
-            # (~/.cache/torch_extensions), and a same-named build of other source would be loaded
-            tag = hashlib.sha1((_SOURCE + " ".join(_CFLAGS)).encode()).hexdigest()[:12]
-            _state["mod"] = load_inline(name=f"hintkv_int8_cpu_{tag}", cpp_sources=_SOURCE,
-                                        functions=["quantize_rows", "rescale", "gemv", "has_fast_gemv"],
-                                        extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"], verbose=False)
-        except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
-            warnings.warn(f"W8A8's fused CPU ops unavailable ({type(e).__name__}: {str(e)[:200]}); "
-                          "running eager ops", RuntimeWarning, stacklevel=2)
-            _state["mod"] = None
-    return _state["mod"]
+    return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv"], _CFLAGS)

@@ -3,7 +3,8 @@
 Row layout: a step's tokens are flattened to T rows (no batch dim); `paged_attention` splits them
 back into sequences through `AttentionMetadata`. Fused where it saves CPU time: one q/k/v GEMM
 and one gate/up GEMM per layer, the residual add inside the next RMSNorm (vLLM's
-`norm(x, residual) -> (normed, residual)`), RoPE rotating q and k in place in the qkv buffer.
+`norm(x, residual) -> (normed, residual)`), RoPE rotating q and k in place in the qkv buffer; on a
+float32 CPU model those three regions and attention run as C++ kernels (`cpu_kernels.py`).
 Every GEMM runs through `linear.py` (`prepare(quantization)` picks the kernels after loading).
 `load_state_dict_hf` takes Hugging Face parameter names and fills the fused tensors.
 """
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hintkv.models import cpu_kernels
 from hintkv.models.attention import AttentionMetadata, paged_attention
 from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, add_rmsnorm_, compile_regions
@@ -110,7 +112,9 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg, dtype, device)
         self.quantization: str | None = None
         self.calibration: list[list[int]] | None = None  # w8a8's calibration token lists
-        self.regions = Regions()  # eager until `compile()`
+        # the C++ element-wise kernels on a float32 CPU model (cpu_kernels.py), else eager; `compile()` replaces them
+        use_cpp = torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_kernels.enabled()
+        self.regions = cpu_kernels.regions() if use_cpp else Regions()
         self._lm_head_kernel: LinearKernel = LinearKernel(self.lm_head, None)
 
     @property

@@ -111,7 +111,7 @@ def test_w8a8_dummy_model_calibrates_and_stays_close():
 def test_fused_cpu_ops_give_the_eager_int8_values(monkeypatch):
     """int8_cpu's two fused calls do the eager ops' arithmetic: the same int8 rows, scales to an ulp, the
     same GEMM output (the eager path is what runs where the extension cannot be built)."""
-    from hintkv.models import int8_cpu
+    from hintkv.models import cpu_ext, int8_cpu
 
     fused = int8_cpu.ops()
     assert fused is not None, "the C++ extension should build on this machine (g++ and ninja)"
@@ -125,9 +125,9 @@ def test_fused_cpu_ops_give_the_eager_int8_values(monkeypatch):
     w_t, w_scale = quantize_weight(torch.randn(96, 320), 1.0 / inv)
     for rows in (1, 7):
         got = int8_linear(x[:rows], w_t, w_scale, inv)
-        monkeypatch.setitem(int8_cpu._state, "mod", None)
+        monkeypatch.setitem(cpu_ext._built, "hintkv_int8_cpu", None)
         want = int8_linear(x[:rows], w_t, w_scale, inv)
-        monkeypatch.setitem(int8_cpu._state, "mod", fused)
+        monkeypatch.setitem(cpu_ext._built, "hintkv_int8_cpu", fused)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
 
 

@@ -1,0 +1,33 @@
+"""Building hintkv's C++ CPU extensions: one loader, one fallback.
+
+`load(name, source, functions, cflags)` compiles C++ source with torch.utils.cpp_extension's
+`load_inline` (g++ and ninja; ~1 minute the first time on this machine, then cached under
+~/.cache/torch_extensions) and returns the module, or None after one warning when it cannot be
+built (no compiler, no ninja): callers then run their eager PyTorch ops. The module name carries
+the hash of the source and flags, so checkouts of other versions share the build cache and a
+same-named build of other source is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from types import ModuleType
+
+_built: dict[str, ModuleType | None] = {}
+
+
+def load(name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType | None:
+    """The built extension `name` (cached per process), or None when it cannot be built (warned once)."""
+    if name not in _built:
+        try:
+            from torch.utils.cpp_extension import load_inline
+
+            tag = hashlib.sha1((source + " ".join(cflags)).encode()).hexdigest()[:12]
+            _built[name] = load_inline(name=f"{name}_{tag}", cpp_sources=source, functions=functions,
+                                       extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
+            warnings.warn(f"{name}: C++ CPU ops unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                          "running eager ops", RuntimeWarning, stacklevel=3)
+            _built[name] = None
+    return _built[name]

@@ -1,0 +1,85 @@
+"""hintkv's C++ CPU kernels for a float32 step: paged causal attention and fused norm / RoPE / SiLU-mul.
+
+The source is `csrc/cpu_kernels.cpp` (its header says what each function computes and how), built
+by `cpu_ext.load` like W8A8's ops. Measured by `python -m hintkv.bench.engine_cputime` (CPU time,
+one thread): eager PyTorch's attention cost hintkv 65 ms of a 316 ms 512-token prefill where vLLM's
+CPU attention kernel took ~29, and the unfused RMSNorm / RoPE / SiLU-mul 34 vs ~21 ms.
+
+    ops() -> module | None          the built extension; None (warned once) when it cannot be built
+    enabled() -> bool               whether the model step uses them: built, and HINTKV_CPU_KERNELS != 0
+    attention(q, kv_cache, meta, scale) -> o | None   None when the step is not the kernel's case
+    regions() -> Regions            compile.py's Regions running the fused element-wise kernels
+
+The kernel's case: a CPU float32 query and float32 cache, head_dim a multiple of 16, no CUDA-graph
+metadata; everything else (bf16, int8 / fp8 caches, CUDA) stays on `attention.py`'s PyTorch paths,
+which the tests hold the kernel to (float32 summation order differs: tolerances are in the tests).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from hintkv.models import cpu_ext
+
+_SOURCE = (Path(__file__).parent / "csrc" / "cpu_kernels.cpp").read_text()
+# -march=native: built on the machine that runs it; vector code is guarded by __AVX512F__
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_FUNCTIONS = ["attention", "add_rmsnorm", "rope_", "silu_mul"]
+
+
+def ops() -> ModuleType | None:
+    return cpu_ext.load("hintkv_cpu_kernels", _SOURCE, _FUNCTIONS, _CFLAGS)
+
+
+def enabled() -> bool:
+    """The one switch: HINTKV_CPU_KERNELS=0 keeps the PyTorch ops (comparisons, bisecting)."""
+    return os.environ.get("HINTKV_CPU_KERNELS", "1") != "0" and ops() is not None
+
+
+def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float) -> torch.Tensor | None:
+    """The step's attention output [T, Hq, D] from the C++ kernel (K/V already written), or None
+    when the step is not its case."""
+    if (q.device.type != "cpu" or q.dtype != torch.float32 or kv_cache.dtype != torch.float32
+            or meta.static is not None or q.shape[-1] % 16 or not enabled()):
+        return None
+    return ops().attention(q, kv_cache, meta.block_tables, meta.query_start_loc, meta.context_lens, scale)
+
+
+def _add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
+        from hintkv.models.compile import add_rmsnorm_
+
+        return add_rmsnorm_(x, residual, w, eps)
+    out, res = ops().add_rmsnorm(x, residual if residual is not None else x.new_empty(0), w, eps)
+    return out, res
+
+
+def _rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+          head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if qkv.dtype != torch.float32 or not qkv.is_contiguous():
+        from hintkv.models.compile import rope_
+
+        return rope_(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
+    ops().rope_(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
+    x = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, head_dim)
+    return x[:, :num_heads], x[:, num_heads:num_heads + num_kv_heads], x[:, num_heads + num_kv_heads:]
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
+        from hintkv.models.compile import silu_mul
+
+        return silu_mul(gate_up)
+    return ops().silu_mul(gate_up)
+
+
+def regions():
+    """compile.py's Regions with the fused C++ element-wise kernels (call only when `enabled()`)."""
+    from hintkv.models.compile import Regions
+
+    return Regions(add_rmsnorm=_add_rmsnorm, rope=_rope, silu_mul=_silu_mul)

@@ -1,0 +1,137 @@
+"""cpu_kernels (C++): the paged attention kernel against a dense reference and against attention.py's
+PyTorch paths, the fused RMSNorm / RoPE / SiLU-mul against compile.py's eager functions, and the
+greedy tokens of dummy:tiny with the kernels on and off.
+
+Tolerances: float32 throughout; the kernel sums scores and outputs in another order than SDPA and
+uses a polynomial exp (relative error ~2e-7), so outputs agree to atol 2e-5 (values O(1)); the fused
+norm / RoPE / SiLU-mul to rtol 1e-5; the greedy tokens exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_case import PagedCase
+
+from hintkv.models import cpu_kernels
+from hintkv.models.compile import Regions, add_rmsnorm_, rope_, silu_mul
+
+pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="no C++ compiler: the PyTorch paths run")
+
+
+def _dense_reference(q, k, v, scale):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+    ctx, n = k.shape[0], q.shape[0]
+    allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
+
+
+STEPS = [
+    [(70, 70)],                          # cold prefill, several query tiles, a partial key tile
+    [(40, 130), (3, 3)],                 # prefill over a cached prefix + a tiny cold one
+    [(1, 1), (1, 33), (1, 200), (1, 64)],  # decodes of mixed lengths (the untransposed path)
+    [(5, 90), (2, 7), (4, 41)],          # speculative verifies
+    [(1, 50), (30, 95), (6, 6)],         # a mixed step: decode, prefix prefill, cold prefill
+]
+
+
+@pytest.mark.parametrize("steps", STEPS)
+@pytest.mark.parametrize("hq,hkv,d,bs", [(8, 2, 64, 16), (6, 2, 32, 4), (3, 3, 16, 8), (4, 1, 128, 16)])
+def test_kernel_matches_dense_reference_and_the_torch_path(monkeypatch, steps, hq, hkv, d, bs):
+    nblocks = sum(-(-c // bs) for _, c in steps) + 3
+    case = PagedCase.build(steps, seed=1, d=d, hq=hq, hkv=hkv, bs=bs, nblocks=nblocks)
+    caches = [torch.zeros(2, nblocks, bs, hkv, d) for _ in range(2)]
+    for c in caches:
+        case.fill(c)
+    got = case.attend(caches[0])  # the kernel (float32 on a CPU)
+    monkeypatch.setenv("HINTKV_CPU_KERNELS", "0")
+    assert cpu_kernels.attention(torch.cat(case.qs), caches[1], case.metadata(), 0.1) is None
+    torch_path = case.attend(caches[1])
+    assert torch.equal(caches[0], caches[1])  # both wrote the same K/V
+    torch.testing.assert_close(got, torch_path, atol=2e-5, rtol=0)
+    qsl = case.qsl
+    for i, _ in enumerate(steps):
+        ref = _dense_reference(case.qs[i], case.full_k[i], case.full_v[i], d ** -0.5)
+        torch.testing.assert_close(got[qsl[i]:qsl[i + 1]], ref, atol=2e-5, rtol=0)
+
+
+def test_kernel_reads_a_strided_query_and_leaves_other_cases_to_torch():
+    """q as the model passes it (a view into the fused qkv rows); bf16 or head_dim % 16 != 0: None."""
+    case = PagedCase.build([(9, 20), (1, 5)], seed=2, d=16, hq=4, hkv=2, bs=4, nblocks=10)
+    cache = torch.zeros(2, 10, 4, 2, 16)
+    case.fill(cache)
+    q = torch.cat(case.qs)
+    qkv = torch.cat([q, torch.randn(q.shape[0], 4, 16)], dim=1)  # [T, Hq + 4, D]
+    meta = case.metadata()
+    from hintkv.models.attention import write_kv
+
+    write_kv(torch.cat(case.ks), torch.cat(case.vs), cache, meta.slot_mapping)
+    strided = cpu_kernels.attention(qkv[:, :4], cache, meta, 0.25)
+    torch.testing.assert_close(strided, cpu_kernels.attention(q.contiguous(), cache, meta, 0.25), atol=0, rtol=0)
+    assert cpu_kernels.attention(q.bfloat16(), cache.bfloat16(), meta, 0.25) is None
+    odd = PagedCase.build([(3, 3)], seed=2, d=8, hq=4, hkv=2, bs=4, nblocks=2)
+    assert cpu_kernels.attention(torch.cat(odd.qs), torch.zeros(2, 2, 4, 2, 8), odd.metadata(), 0.3) is None
+
+
+def test_kernel_rejects_inconsistent_metadata():
+    case = PagedCase.build([(4, 9)], seed=3, d=16, hq=2, hkv=1, bs=4, nblocks=4)
+    cache = torch.zeros(2, 4, 4, 1, 16)
+    q = torch.cat(case.qs)
+    with pytest.raises(RuntimeError, match="bad lengths"):
+        cpu_kernels.ops().attention(q, cache, [case.tables[0][:1]], [0, 4], [9], 0.25)  # table too short
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_kernels.ops().attention(q, cache, [torch.tensor([0, 1, 7])], [0, 4], [9], 0.25)
+
+
+@pytest.mark.parametrize("t", [1, 5, 37])
+def test_fused_regions_match_the_eager_functions(t):
+    gen = torch.Generator().manual_seed(t)
+    fused = cpu_kernels.regions()
+    x, res, w = torch.randn(t, 96, generator=gen), torch.randn(t, 96, generator=gen), torch.randn(96, generator=gen)
+    for residual in (None, res):
+        r_eager = None if residual is None else residual.clone()
+        r_fused = None if residual is None else residual.clone()
+        out_e, new_e = add_rmsnorm_(x.clone(), r_eager, w, 1e-5)
+        out_f, new_f = fused.add_rmsnorm(x.clone(), r_fused, w, 1e-5)
+        torch.testing.assert_close(out_f, out_e, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(new_f, new_e, rtol=0, atol=0)
+        if residual is not None:
+            assert new_f.data_ptr() == r_fused.data_ptr()  # the residual stream is updated in place
+    hq, hkv, d = 6, 2, 32
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    cos, sin = torch.randn(t, 1, d // 2, generator=gen), torch.randn(t, 1, d // 2, generator=gen)
+    e, f = rope_(qkv.clone(), cos, sin, hq, hkv, d), fused.rope(qkv.clone(), cos, sin, hq, hkv, d)
+    for a, b in zip(e, f, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    gu = torch.randn(t, 2 * 200, generator=gen) * 6
+    torch.testing.assert_close(fused.silu_mul(gu), silu_mul(gu), rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_tokens_are_the_same_with_the_kernels_on_and_off(monkeypatch):
+    """dummy:tiny: a 48-token prompt, then 24 greedy decode steps, with the C++ kernels (default on a
+    float32 CPU model) and with HINTKV_CPU_KERNELS=0 and eager regions."""
+    from hintkv.models.loader import load_model
+    from hintkv.models.one_sequence import OneSequence
+
+    model = load_model("dummy:tiny", torch.float32, "cpu", seed=7).model
+    assert model.regions.add_rmsnorm.__module__ == "hintkv.models.cpu_kernels"
+
+    def greedy() -> tuple[list[int], torch.Tensor]:
+        seq = OneSequence(model, 128)
+        logits = seq.step(list(range(300, 348)))
+        first = logits.clone()
+        out = []
+        for _ in range(24):
+            out.append(int(logits[-1].argmax()))
+            logits = seq.step([out[-1]])
+        return out, first
+
+    on, first_on = greedy()
+    monkeypatch.setenv("HINTKV_CPU_KERNELS", "0")
+    model.regions = Regions()
+    off, first_off = greedy()
+    assert on == off
+    torch.testing.assert_close(first_on, first_off, atol=1e-3, rtol=1e-4)
