@@ -18,6 +18,7 @@ from hintkv.engine.spec.verify import verify
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.config import ModelConfig
 from hintkv.models.cuda_graphs import DecodeGraphs
+from hintkv.models.host_memory import keep_freed_memory
 from hintkv.models.kv_quant import cache_row
 
 
@@ -51,6 +52,8 @@ class ModelRunner:
         shape = (2, num_blocks + int(graphs), block_size, cfg.num_key_value_heads, row)
         self.kv_caches = [torch.zeros(shape, dtype=storage, device=device)
                           for _ in range(cfg.num_hidden_layers)]
+        if torch.device(device).type == "cpu":  # after the KV tensors, which stay mapped: steps then reuse freed pages
+            keep_freed_memory()
         self.graphs: DecodeGraphs | None = None
         if graphs:
             self.graphs = DecodeGraphs(model, self.kv_caches, block_size, -(-cuda_graphs_max_len // block_size),
