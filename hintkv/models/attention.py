@@ -98,10 +98,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
 
     q: [T, Hq, D]; k, v: [T, Hkv, D]. Exact causal attention over each sequence's whole context.
     """
-    write_kv(k, v, kv_cache, meta.slot_mapping)
-    fast = cpu_kernels.attention(q, kv_cache, meta, scale)  # C++ on a float32 CPU step
+    fast = cpu_kernels.attention(q, k, v, kv_cache, meta, scale)  # C++ on a float32 CPU step (writes K/V too)
     if fast is not None:
         return fast
+    write_kv(k, v, kv_cache, meta.slot_mapping)
     if meta.static is not None:
         return decode_static(q, kv_cache, *meta.static, scale)
     if _short_queries(meta):

@@ -7,7 +7,7 @@ CPU attention kernel took ~29, and the unfused RMSNorm / RoPE / SiLU-mul 34 vs ~
 
     ops() -> module | None          the built extension; None (warned once) when it cannot be built
     enabled() -> bool               whether the model step uses them: built, and HINTKV_CPU_KERNELS != 0
-    attention(q, kv_cache, meta, scale) -> o | None   None when the step is not the kernel's case
+    attention(q, k, v, kv_cache, meta, scale) -> o | None   K/V written and attended; None: not its case
     regions() -> Regions            compile.py's Regions running the fused element-wise kernels
 
 The kernel's case: a CPU float32 query and float32 cache, head_dim a multiple of 16, no CUDA-graph
@@ -40,13 +40,18 @@ def enabled() -> bool:
     return os.environ.get("HINTKV_CPU_KERNELS", "1") != "0" and ops() is not None
 
 
-def attention(q: torch.Tensor, kv_cache: torch.Tensor, meta, scale: float) -> torch.Tensor | None:
-    """The step's attention output [T, Hq, D] from the C++ kernel (K/V already written), or None
-    when the step is not its case."""
+def attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv_cache: torch.Tensor, meta,
+              scale: float) -> torch.Tensor | None:
+    """The step's attention output [T, Hq, D] from the C++ kernel, which first writes the step's k / v
+    rows into their slots (None: already written), or None, writing nothing, when the step is not its case."""
     if (q.device.type != "cpu" or q.dtype != torch.float32 or kv_cache.dtype != torch.float32
-            or meta.static is not None or q.shape[-1] % 16 or not enabled()):
+            or meta.static is not None or q.shape[-1] % 16 or not enabled()
+            or (k is not None and (k.dtype != torch.float32 or v.dtype != torch.float32))):
         return None
-    return ops().attention(q, kv_cache, meta.block_tables, meta.query_start_loc, meta.context_lens, scale)
+    if k is None:
+        k = v = q.new_empty(0)
+    return ops().attention(q, k, v, meta.slot_mapping, kv_cache, meta.block_tables, meta.query_start_loc,
+                           meta.context_lens, scale)
 
 
 def _add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor,

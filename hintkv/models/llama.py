@@ -130,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions)
-        return self.norm(h, residual)[0]
+        return self.regions.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
 
     def prepare(self, quantization: str | None = None,
                 calibration: list[list[int]] | None = None) -> dict[str, int]:

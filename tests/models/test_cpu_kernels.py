@@ -48,7 +48,7 @@ def test_kernel_matches_dense_reference_and_the_torch_path(monkeypatch, steps, h
         case.fill(c)
     got = case.attend(caches[0])  # the kernel (float32 on a CPU)
     monkeypatch.setenv("HINTKV_CPU_KERNELS", "0")
-    assert cpu_kernels.attention(torch.cat(case.qs), caches[1], case.metadata(), 0.1) is None
+    assert cpu_kernels.attention(torch.cat(case.qs), None, None, caches[1], case.metadata(), 0.1) is None
     torch_path = case.attend(caches[1])
     assert torch.equal(caches[0], caches[1])  # both wrote the same K/V
     torch.testing.assert_close(got, torch_path, atol=2e-5, rtol=0)
@@ -66,24 +66,29 @@ def test_kernel_reads_a_strided_query_and_leaves_other_cases_to_torch():
     q = torch.cat(case.qs)
     qkv = torch.cat([q, torch.randn(q.shape[0], 4, 16)], dim=1)  # [T, Hq + 4, D]
     meta = case.metadata()
-    from hintkv.models.attention import write_kv
-
-    write_kv(torch.cat(case.ks), torch.cat(case.vs), cache, meta.slot_mapping)
-    strided = cpu_kernels.attention(qkv[:, :4], cache, meta, 0.25)
-    torch.testing.assert_close(strided, cpu_kernels.attention(q.contiguous(), cache, meta, 0.25), atol=0, rtol=0)
-    assert cpu_kernels.attention(q.bfloat16(), cache.bfloat16(), meta, 0.25) is None
+    k, v = torch.cat(case.ks), torch.cat(case.vs)
+    kv_rows = torch.cat([k, v], dim=1)  # [T, 2 Hkv, D]: k and v as strided views, as the model passes them
+    strided = cpu_kernels.attention(qkv[:, :4], kv_rows[:, :2], kv_rows[:, 2:], cache, meta, 0.25)
+    again = cache.clone()
+    torch.testing.assert_close(strided, cpu_kernels.attention(q.contiguous(), None, None, cache, meta, 0.25),
+                               atol=0, rtol=0)
+    assert torch.equal(cache, again)
+    assert cpu_kernels.attention(q.bfloat16(), None, None, cache.bfloat16(), meta, 0.25) is None
     odd = PagedCase.build([(3, 3)], seed=2, d=8, hq=4, hkv=2, bs=4, nblocks=2)
-    assert cpu_kernels.attention(torch.cat(odd.qs), torch.zeros(2, 2, 4, 2, 8), odd.metadata(), 0.3) is None
+    assert cpu_kernels.attention(torch.cat(odd.qs), None, None, torch.zeros(2, 2, 4, 2, 8), odd.metadata(), 0.3) is None
 
 
 def test_kernel_rejects_inconsistent_metadata():
     case = PagedCase.build([(4, 9)], seed=3, d=16, hq=2, hkv=1, bs=4, nblocks=4)
     cache = torch.zeros(2, 4, 4, 1, 16)
-    q = torch.cat(case.qs)
+    q, none = torch.cat(case.qs), torch.empty(0)
     with pytest.raises(RuntimeError, match="bad lengths"):
-        cpu_kernels.ops().attention(q, cache, [case.tables[0][:1]], [0, 4], [9], 0.25)  # table too short
+        cpu_kernels.ops().attention(q, none, none, none, cache, [case.tables[0][:1]], [0, 4], [9], 0.25)  # short table
     with pytest.raises(RuntimeError, match="out of range"):
-        cpu_kernels.ops().attention(q, cache, [torch.tensor([0, 1, 7])], [0, 4], [9], 0.25)
+        cpu_kernels.ops().attention(q, none, none, none, cache, [torch.tensor([0, 1, 7])], [0, 4], [9], 0.25)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        k = torch.zeros(4, 1, 16)
+        cpu_kernels.ops().attention(q, k, k, torch.tensor([0, 1, 2, 99]), cache, case.tables, [0, 4], [9], 0.25)
 
 
 @pytest.mark.parametrize("t", [1, 5, 37])

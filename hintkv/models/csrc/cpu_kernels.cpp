@@ -1,8 +1,9 @@
 // hintkv's CPU kernels for a float32 model step: causal attention over the paged KV cache and the
 // fused element-wise regions between the GEMMs (cpu_kernels.py builds this with cpp_extension).
 //
-// attention(q [T, Hq, D], kv [2, NB, BS, Hkv, D], tables: B i64 tensors, qsl: B+1 ints, ctx: B ints, scale)
-//   -> o [T, Hq, D]. Sequence b's rows are qsl[b] .. qsl[b+1]; its query j sits at position
+// attention(q [T, Hq, D], k, v [T, Hkv, D], slots [T], kv [2, NB, BS, Hkv, D], tables: B i64 tensors,
+//           qsl: B+1 ints, ctx: B ints, scale) -> o [T, Hq, D]: writes the step's k / v rows into their
+//   slots of the cache first (empty k: already written), then attends. Sequence b's rows are qsl[b] .. qsl[b+1]; its query j sits at position
 //   ctx[b] - q_len + j and sees keys 0 .. that position, read through its block table. Flash style
 //   (vLLM's CPU attention is the model): one work item is (sequence, KV head, a tile of queries),
 //   the GQA group folded into the tile's rows so a KV head is read once per tile; keys go in tiles
@@ -212,8 +213,9 @@ float* scratch(std::vector<float>& buf, int64_t n) {
 
 }  // namespace
 
-torch::Tensor attention(torch::Tensor q, torch::Tensor kv, std::vector<torch::Tensor> tables, std::vector<int64_t> qsl,
-                        std::vector<int64_t> ctx, double scale) {
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots, torch::Tensor kv,
+                        std::vector<torch::Tensor> tables, std::vector<int64_t> qsl, std::vector<int64_t> ctx,
+                        double scale) {
     TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.stride(2) == 1, "q must be float32 [T, Hq, D]");
     TORCH_CHECK(kv.dim() == 5 && kv.scalar_type() == torch::kFloat32 && kv.is_contiguous(),
                 "kv must be contiguous float32 [2, NB, BS, Hkv, D]");
@@ -234,6 +236,27 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor kv, std::vector<torch::Te
         tp[b] = tables[b].data_ptr<int64_t>();
         for (int64_t i = 0; i < (cp[b] + BS - 1) / BS; ++i)
             TORCH_CHECK(tp[b][i] >= 0 && tp[b][i] < NB, "sequence ", b, ": block id out of range");
+    }
+    if (k.numel() > 0) {  // the step's new K / V rows into their slots first
+        TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.size(0) == T && v.size(0) == T && k.size(1) == Hkv &&
+                    v.size(1) == Hkv && k.size(2) == D && v.size(2) == D && k.stride(2) == 1 && v.stride(2) == 1 &&
+                    k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32,
+                    "k, v must be float32 [T, Hkv, D]");
+        TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == T, "slots must be int64 [T]");
+        auto sl = slots.contiguous();
+        const int64_t* sp = sl.data_ptr<int64_t>();
+        float* kvp = kv.data_ptr<float>();
+        const float* kp = k.data_ptr<float>();
+        const float* vp = v.data_ptr<float>();
+        const int64_t nslots = NB * BS, half_n = nslots * Hkv * D;
+        for (int64_t t = 0; t < T; ++t) {
+            TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "slot out of range");
+            for (int64_t h = 0; h < Hkv; ++h) {
+                std::memcpy(kvp + (sp[t] * Hkv + h) * D, kp + t * k.stride(0) + h * k.stride(1), D * sizeof(float));
+                std::memcpy(kvp + half_n + (sp[t] * Hkv + h) * D, vp + t * v.stride(0) + h * v.stride(1),
+                            D * sizeof(float));
+            }
+        }
     }
     auto out = torch::empty({T, Hq, D}, q.options());
     const float* qd = q.data_ptr<float>();
