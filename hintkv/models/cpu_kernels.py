@@ -56,7 +56,7 @@ def attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, k
 
 def _add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 2:
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or (residual is not None and not residual.is_contiguous()):
         from hintkv.models.compile import add_rmsnorm_
 
         return add_rmsnorm_(x, residual, w, eps)

@@ -105,6 +105,10 @@ def test_fused_regions_match_the_eager_functions(t):
         torch.testing.assert_close(new_f, new_e, rtol=0, atol=0)
         if residual is not None:
             assert new_f.data_ptr() == r_fused.data_ptr()  # the residual stream is updated in place
+        wide = torch.cat([x, x], dim=1)[:, :96]  # rows at a stride (a W8A8 GEMM's output view)
+        out_w, _ = fused.add_rmsnorm(wide, None if residual is None else residual.clone(), w, 1e-5)
+        torch.testing.assert_close(out_w, add_rmsnorm_(x.clone(), None if residual is None else residual.clone(),
+                                                       w, 1e-5)[0], rtol=1e-5, atol=1e-6)
     hq, hkv, d = 6, 2, 32
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
     cos, sin = torch.randn(t, 1, d // 2, generator=gen), torch.randn(t, 1, d // 2, generator=gen)

@@ -13,6 +13,7 @@
 //   shared by that sequence's query tiles; V rows are read where they lie. A sequence of at most
 //   DIRECT_ROWS rows (decodes, short verifies) skips the transpose: dot products over K's rows.
 // add_rmsnorm(x, residual, w, eps) -> (norm(x + residual) * w, x + residual), residual updated in place
+//   (x's rows may be strided: a W8A8 GEMM returns a view of a wider buffer)
 // rope_(qkv [T, (Hq + 2 Hkv) D], cos [T, D/2], sin [T, D/2], Hq, Hkv, D): q and k rotated in place
 // silu_mul(gate_up [T, 2 I]) -> [T, I]
 //
@@ -363,20 +364,21 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
 }
 
 std::vector<torch::Tensor> add_rmsnorm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
-    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32 [T, H]");
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1,
+                "x must be float32 [T, H] with contiguous rows");
     const bool has_res = residual.numel() > 0;
     TORCH_CHECK(!has_res || (residual.sizes() == x.sizes() && residual.is_contiguous() &&
                              residual.scalar_type() == torch::kFloat32), "residual must match x");
-    const int64_t T = x.size(0), H = x.size(1);
+    const int64_t T = x.size(0), H = x.size(1), xs = x.stride(0);
     auto wc = w.contiguous();
-    auto out = torch::empty_like(x);
+    auto out = torch::empty({T, H}, x.options());
     const float* xp = x.data_ptr<float>();
     float* rp = has_res ? residual.data_ptr<float>() : nullptr;
     const float* wp = wc.data_ptr<float>();
     float* op = out.data_ptr<float>();
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
-            const float* xr = xp + t * H;
+            const float* xr = xp + t * xs;
             float* src;
             if (has_res) {
                 src = rp + t * H;
