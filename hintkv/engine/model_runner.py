@@ -122,7 +122,9 @@ class ModelRunner:
             first.append(first[-1] + s.num_spec_tokens + 1)
         if plain:
             seqs = [sampling[j][1].seq for j in plain]
-            picked = sample(logits[[first[j] for j in plain]], [q.sampling for q in seqs],
+            rows_plain = [first[j] for j in plain]  # every row when no sequence has drafts: no copy
+            plain_logits = logits if rows_plain == list(range(logits.shape[0])) else logits[rows_plain]
+            picked = sample(plain_logits, [q.sampling for q in seqs],
                             [q.generator for q in seqs])
             for j, tok in zip(plain, picked):
                 out[sampling[j][0]] = [tok]

@@ -275,7 +275,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
         spad[b] = direct[b] ? 0 : (cp[b] + KT - 1) / KT * KT;
         for (int64_t h = 0; h < Hkv; ++h) koff[b * Hkv + h + 1] = koff[b * Hkv + h] + D * spad[b];
     }
-    static std::vector<float> kbuf;
+    static thread_local std::vector<float> kbuf;  // per calling thread: engines may run in several
     float* kt = scratch(kbuf, koff[B * Hkv]);
     at::parallel_for(0, B * Hkv, 1, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
