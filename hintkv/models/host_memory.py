@@ -1,14 +1,14 @@
 """Freed host memory stays in the process, so a CPU model step reuses warm pages.
 
 A float32 CPU step allocates its activations fresh (GEMM outputs of 12-25 MB at 2048 tokens on
-dummy:tiny). glibc serves blocks that large with mmap and unmaps them on free, or trims the heap
-top back to the kernel, so the next step page-faults every page again: measured with
-`getrusage` minor faults, a 512-token dummy:tiny prefill took ~26K faults (~100 MB) and a
-2048-token one ~120K, about 3 us each on this machine (2,900 vs 2,450 ms for the 2048 step at
-load 5 with the faults gone). `keep_freed_memory()` raises glibc's mmap threshold to 256 MB
-(larger blocks, e.g. a KV cache, are still mapped) and its trim threshold to 1 GiB, so freed
-activations return to malloc's free lists and the next step finds them mapped; vLLM's CPU
-build gets the same effect from tcmalloc and its compiled graph's buffer reuse. No-op off glibc.
+dummy:tiny, a 400 MB logits block when every row is scored). glibc serves large blocks with mmap
+and unmaps them on free, or trims the heap top back to the kernel, so a later step can page-fault
+them in again: measured with `getrusage` minor faults, 0.3K-24K per dummy:tiny forward (512-2048
+tokens) with the defaults, depending on the history of glibc's dynamic thresholds, ~100K for a
+OneSequence step scoring 2048 rows. `keep_freed_memory()` raises the mmap threshold to 256 MB
+(larger blocks, e.g. a KV cache, are still mapped) and the trim threshold to 1 GiB, so freed
+activations stay in malloc's free lists: none then. The forward's CPU time moved within noise at
+load ~3 (docs/benchmarks.md); it removes a variable, not a measured cost. No-op off glibc.
 """
 
 from __future__ import annotations
