@@ -76,18 +76,13 @@ class SessionPoolManager:
         self.counters.num_published += len(fresh)
         return len(fresh)
 
-    def live_keys(self) -> list[BlockHash]:
-        """Blocks any live (not ended) session holds that the pool knows."""
-        return self.pool.known_among(self.held())
-
     def tick(self, now: float) -> None:
-        """Once per engine step; does work every KEEPALIVE_EVERY_S."""
+        """Once per engine step; does work every KEEPALIVE_EVERY_S: the blocks any live (not
+        ended) session holds that the pool knows, in one pass over the held set."""
         if not self.pool.session_aware or now - self._last_keepalive < KEEPALIVE_EVERY_S:
             return
         self._last_keepalive = now
-        keys = self.live_keys()
-        if keys:
-            self.pool.keep_alive(keys)
+        if self.pool.keep_alive(self.held(), known_only=True):
             self.counters.num_keepalive_ticks += 1
 
     def stats(self) -> dict:

@@ -40,7 +40,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from itertools import chain, filterfalse
+from itertools import chain, filterfalse, repeat
+from operator import attrgetter
 
 import torch
 
@@ -61,6 +62,7 @@ from hintkv.tiers.ranks import RankBoard
 log = logging.getLogger(__name__)
 
 
+_PKEY = attrgetter("pkey")
 RELEASE_RETRY_S = 30.0  # how long a leased block's release is retried
 CLOSE_WAIT_S = 30.0  # close() waits this long for a hanging backend call to return
 
@@ -74,6 +76,7 @@ class PoolEntry:
     last_access: int  # logical clock of the last put / get / keep-alive
     write: Future[bool]  # the put that stores it (one per `put` call, shared by its new blocks)
     owned: bool  # stored by this instance (False: found there already, or only read from there)
+    pkey: str  # its pool key, made once (keep-alive sends it every second; its hash is cached)
     stored: bool = True  # its own put succeeded (False while it runs, and if it failed)
 
     @property
@@ -135,6 +138,7 @@ class PoolTier(Tier):
         self._on_evict = on_evict
         self._lock = threading.RLock()
         self._entries: dict[bytes, PoolEntry] = {}
+        self._num_owned = 0  # entries with `owned`, kept with every change (`bytes_used` per put)
         self._clock = 0
         self._stats = TierStats()
         self.counters = PoolCounters()
@@ -244,8 +248,10 @@ class PoolTier(Tier):
                     if batch is None:
                         batch = _PutBatch(Future())
                     batch.left += 1
-                    entry = PoolEntry(self._tick(), batch.write, owned=True, stored=False)
+                    entry = PoolEntry(self._tick(), batch.write, owned=True,
+                                      pkey=self.pool_key(key), stored=False)
                     self._entries[key] = entry
+                    self._num_owned += 1
                     self._queue(("put", key, src, entry, batch))
                     out.append(batch.write)
             return out
@@ -265,7 +271,7 @@ class PoolTier(Tier):
         if not self.session_aware:
             return False
         with self._lock:
-            entry = self._entries.pop(key, None)
+            entry = self._pop(key)
             if entry is None:
                 return False
             self._stats.num_removed += 1
@@ -273,17 +279,29 @@ class PoolTier(Tier):
             self._queue(("release", key))
         return True
 
-    def keep_alive(self, keys: list[bytes]) -> None:
-        """Refresh the pool's lease on blocks live sessions hold (one batched call, queued)."""
-        if not self.session_aware or not keys:
-            return
+    def keep_alive(self, keys: Iterable[bytes], known_only: bool = False) -> int:
+        """Refresh the pool's lease on blocks live sessions hold (one batched call, queued).
+        `known_only`: send only those of `keys` (distinct) known here: SPM passes every held
+        block, and one C-level pass filters and stamps them. Returns how many keys it sends."""
+        if not self.session_aware:
+            return 0
         with self._lock:  # each known key ticks in turn, as `_tick` per key would
-            found = [e for e in map(self._entries.get, keys) if e is not None]
+            if known_only:
+                found = list(filter(None, map(self._entries.get, keys)))
+                pkeys = list(map(_PKEY, found))
+            else:
+                keys = list(keys)
+                found = list(filter(None, map(self._entries.get, keys)))
+                pkeys = list(dict.fromkeys(map(_PKEY, found) if len(found) == len(keys)
+                                           else self.pool_keys(keys)))
+            if not pkeys:
+                return 0
             first = self._clock + 1
             self._clock += len(found)
-            for e, t in zip(found, range(first, self._clock + 1)):
-                e.last_access = t
-        self._queue(("keep", keys))
+            deque(map(setattr, found, repeat("last_access"), range(first, self._clock + 1)),
+                  maxlen=0)
+        self._queue(("keep", pkeys))
+        return len(pkeys)
 
     def usage(self) -> TierUsage:
         with self._lock:
@@ -339,6 +357,10 @@ class PoolTier(Tier):
             assert all(e.write.done() for e in self._entries.values()), "pool: a put never finished"
             assert all(e.last_access <= self._clock for e in self._entries.values())
             owned = [k for k, e in self._entries.items() if e.owned and e.ready]
+            num_owned = sum(1 for e in self._entries.values() if e.owned)
+            assert num_owned == self._num_owned, (
+                f"pool: {num_owned} owned entries, counted {self._num_owned}")
+            assert all(e.pkey == self.pool_key(k) for k, e in self._entries.items())
         if owned and not self.breaker.is_open:
             try:
                 there = self._call(self.backend.exists, [self.pool_key(k) for k in owned])
@@ -367,7 +389,14 @@ class PoolTier(Tier):
         return self._clock
 
     def _bytes_used(self) -> int:
-        return sum(1 for e in self._entries.values() if e.owned) * self.frame_nbytes
+        return self._num_owned * self.frame_nbytes
+
+    def _pop(self, key: bytes) -> PoolEntry | None:
+        """Forget an entry (every removal from the index goes here: keeps `_num_owned`)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None and entry.owned:
+            self._num_owned -= 1
+        return entry
 
     def _make_room(self, num_new: int) -> int:
         free = self.capacity_blocks - len(self._entries)
@@ -384,7 +413,7 @@ class PoolTier(Tier):
                 def order(k):
                     return (ranks.rank(k), self._entries[k].last_access)
             for key in heapq.nsmallest(need, ready, key=order):
-                entry = self._entries.pop(key)
+                entry = self._pop(key)
                 self._stats.num_evicted += 1
                 free += 1
                 if entry.owned:
@@ -478,9 +507,11 @@ class PoolTier(Tier):
         elif kind == "release":
             self._release([op[1] for op in ops])
         elif kind == "keep":
-            keys = list(dict.fromkeys(chain.from_iterable(op[1] for op in ops)))
+            # each op's keys are distinct (`keep_alive`): only several need merging
+            keys = (ops[0][1] if len(ops) == 1
+                    else list(dict.fromkeys(chain.from_iterable(op[1] for op in ops))))
             try:
-                self._call(self.backend.keep_alive, self.pool_keys(keys))
+                self._call(self.backend.keep_alive, keys)
                 with self._lock:
                     self.counters.num_keepalive_calls += 1
                     self.counters.num_keepalive_keys += len(keys)
@@ -518,15 +549,17 @@ class PoolTier(Tier):
     def _do_puts(self, puts: list[tuple[bytes, torch.Tensor, PoolEntry, _PutBatch]]) -> None:
         results = [False] * len(puts)
         try:
-            there = self._call(self.backend.exists, [self.pool_key(k) for k, _, _, _ in puts])
+            there = self._call(self.backend.exists, [e.pkey for _, _, e, _ in puts])
             todo = [i for i, ok in enumerate(there) if not ok]
             for i, ok in enumerate(there):
                 if ok:  # content key: someone stored this very block already
                     results[i] = True
+                    if puts[i][2].owned and self._entries.get(puts[i][0]) is puts[i][2]:
+                        self._num_owned -= 1
                     puts[i][2].owned = False
             if todo:
                 blobs = [self._frame(puts[i][0], puts[i][1]) for i in todo]
-                stored = self._call(self.backend.put, [self.pool_key(puts[i][0]) for i in todo],
+                stored = self._call(self.backend.put, [puts[i][2].pkey for i in todo],
                                     blobs)
                 for i, ok in zip(todo, stored):
                     results[i] = ok
@@ -544,7 +577,7 @@ class PoolTier(Tier):
                 else:
                     self._stats.num_put_failed += 1
                     if self._entries.get(key) is entry:
-                        del self._entries[key]
+                        self._pop(key)
                 entry.stored = ok
                 batch.ok = batch.ok and ok
                 batch.left -= 1
@@ -573,11 +606,12 @@ class PoolTier(Tier):
                         self.counters.num_remote_hits += 1
                     if entry is None and len(self._entries) < self.capacity_blocks:
                         # known from now on (not owned): this instance's keep-alive covers it
-                        self._entries[key] = PoolEntry(self._tick(), resolved(True), owned=False)
+                        self._entries[key] = PoolEntry(self._tick(), resolved(True), owned=False,
+                                                       pkey=self.pool_key(key))
                 else:
                     self._stats.num_misses += 1
                     if entry is not None and entry.ready and not self.breaker.is_open:
-                        del self._entries[key]  # gone from the pool (evicted there, restarted)
+                        self._pop(key)  # gone from the pool (evicted there, restarted)
         for (_, _, fut), ok in zip(gets, results):
             fut.set_result(ok)
 
@@ -594,4 +628,4 @@ class PoolTier(Tier):
         with self._lock:
             for k, ok in zip(keys, there):
                 if not ok and (e := self._entries.get(k)) is not None and e.ready:
-                    del self._entries[k]
+                    self._pop(k)
