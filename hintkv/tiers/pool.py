@@ -166,15 +166,19 @@ class PoolTier(Tier):
         """`pool_key` of each, made in C (keep-alive sends every live block once a second)."""
         return list(map(self._key_head.__add__, map(bytes.hex, keys)))
 
-    def _frame(self, key: bytes, src: torch.Tensor) -> torch.Tensor:
-        payload = src.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        blob = torch.empty(self.frame_nbytes, dtype=torch.uint8)
-        blob[HEADER_SIZE:] = payload
-        header = encode_header(key, self._fingerprint, self.layout.nbytes,
-                               block_mac(self.secret, key, self._fingerprint,
-                                         blob[HEADER_SIZE:].numpy()))
-        blob[:HEADER_SIZE] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
-        return blob
+    def _frames(self, items: list[tuple[bytes, torch.Tensor]]) -> list[torch.Tensor]:
+        """Each block's frame (header + payload), all in one buffer: one copy of the payloads,
+        then a MAC and a header per block (a put batch is a prompt's thousands of blocks)."""
+        blobs = torch.empty((len(items), self.frame_nbytes), dtype=torch.uint8)
+        payloads = torch.stack([src.detach().reshape(-1) for _, src in items])
+        blobs[:, HEADER_SIZE:] = payloads.cpu().view(torch.uint8)
+        bodies = blobs[:, HEADER_SIZE:].numpy()
+        fp, nbytes, secret = self._fingerprint, self.layout.nbytes, self.secret
+        headers = b"".join(encode_header(key, fp, nbytes, block_mac(secret, key, fp, body))
+                           for (key, _), body in zip(items, bodies))
+        blobs[:, :HEADER_SIZE] = torch.frombuffer(bytearray(headers), dtype=torch.uint8).view(
+            len(items), HEADER_SIZE)
+        return list(blobs.unbind(0))
 
     def _unframe(self, key: bytes, blob: torch.Tensor, dst: torch.Tensor) -> bool:
         try:
@@ -558,7 +562,7 @@ class PoolTier(Tier):
                         self._num_owned -= 1
                     puts[i][2].owned = False
             if todo:
-                blobs = [self._frame(puts[i][0], puts[i][1]) for i in todo]
+                blobs = self._frames([(puts[i][0], puts[i][1]) for i in todo])
                 stored = self._call(self.backend.put, [puts[i][2].pkey for i in todo],
                                     blobs)
                 for i, ok in zip(todo, stored):

@@ -2,7 +2,8 @@
 sequences: the one-pass keep-alive (`known_only`, cached pool keys, C-level stamping) gives every
 block the logical clock a per-key walk gives (so victims are the same), sends the same keys, and
 the owned-entry count behind `bytes_used` matches a recount whatever puts, dedups, gets, removals
-and evictions did (two instances on one real in-process pool)."""
+and evictions did (two instances on one real in-process pool); a put batch's frames, built in one
+buffer, are byte for byte what the format says."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hintkv.pool.embedded import EmbeddedBackend
-from hintkv.tiers.disk_format import HEADER_SIZE
+from hintkv.tiers.disk_format import HEADER_SIZE, block_mac, encode_header
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.pool import PoolTier
 
@@ -133,3 +134,27 @@ def test_owned_count_follows_dedups_remote_reads_and_removals(ops, capacity):
     finally:
         for x in tiers:
             x.close()
+
+
+def test_a_put_batch_frames_each_block_as_the_format_says():
+    """One buffer for a whole batch: every frame is byte for byte header + payload, and reads
+    back (bf16 payloads, a keyed MAC)."""
+    layout = BlockLayout(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8,
+                         dtype=torch.bfloat16)
+    t = PoolTier(layout, EmbeddedBackend(HEADER_SIZE + layout.nbytes),
+                 8 * (HEADER_SIZE + layout.nbytes), secret=b"s3cret")
+    try:
+        srcs = [torch.randn(layout.shape, generator=torch.Generator().manual_seed(i))
+                .to(layout.dtype) for i in range(5)]
+        frames = t._frames(list(zip(KEYS, srcs)))
+        fp = layout.fingerprint()
+        for k, src, frame in zip(KEYS, srcs, frames):
+            body = src.reshape(-1).view(torch.uint8).numpy().tobytes()
+            head = encode_header(k, fp, layout.nbytes, block_mac(b"s3cret", k, fp, body))
+            assert frame.numpy().tobytes() == head + body
+            dst = torch.empty(layout.shape, dtype=layout.dtype)
+            assert t._unframe(k, frame, dst) and torch.equal(dst.view(torch.int16),
+                                                             src.view(torch.int16))
+        assert not t._unframe(KEYS[1], frames[0], torch.empty(layout.shape, dtype=layout.dtype))
+    finally:
+        t.close()
