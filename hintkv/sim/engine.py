@@ -22,7 +22,7 @@ scheduled but work remains (a load in flight), the engine waits for the next clo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hintkv.cache.hashing import namespace_root
 from hintkv.config import EngineConfig
@@ -41,6 +41,7 @@ from hintkv.sim.costs import CostModel
 from hintkv.sim.pool import SimPool
 from hintkv.sim.tiers import sim_tiers
 
+WAIT_CAUSES = ("step", "budget", "seqs", "room")
 SIM_TOKEN = 1000  # every sampled token (content is irrelevant to the cache: prompts come from traces)
 
 
@@ -61,6 +62,11 @@ class StepStats:
     host_block_seconds: float = 0.0  # integral of host blocks over simulated time
     _last_t: float = 0.0
     _last_host: int = 0
+    # request-seconds spent waiting for admission: "step" (arrived while a step ran: waits for
+    # the next one), else left waiting by a step that was bound by "budget" (its token budget
+    # full), "seqs" (max_num_seqs running) or "room" (neither: the waiting head did not fit the
+    # device's free room, or the step only waited for loads)
+    wait_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_CAUSES, 0.0))
 
 
 class SimEngine:
@@ -79,6 +85,8 @@ class SimEngine:
         self._busy = False  # a step is in flight (its completion is queued on the clock)
         self._waiting = False  # nothing to schedule until one of our copies lands (clock.wait)
         self._last_end = -1.0  # when the last forward finished (a later start: woken from idle)
+        # since the last step: (its bound, requests it left waiting, arrivals since, when)
+        self._wait = ("room", 0, 0, 0.0)
 
     @property
     def kv(self):
@@ -97,6 +105,7 @@ class SimEngine:
         seq = Sequence(request_id, prompt, len(prompt), sampling, self.root, session=session)
         if block_hashes:
             seq.block_hashes = block_hashes
+        self._count_wait(None)
         self.scheduler.add_request(seq)
         self._pending[request_id] = _Pending(seq, on_first, on_done)
         self._wake()
@@ -118,8 +127,29 @@ class SimEngine:
             self._busy = True
             self.clock.after(0.0, self._step)
 
+    def _count_wait(self, sched: SchedulerOutput | None) -> None:
+        """Charge the waiting since the last mark (see `StepStats.wait_s`); `sched`: a step was
+        just scheduled (None: a request arrived)."""
+        cause, left, new, since = self._wait
+        now = self.clock()
+        if now > since:
+            self.stats.wait_s[cause] += left * (now - since)
+            self.stats.wait_s["step"] += new * (now - since)
+        if sched is None:
+            self._wait = (cause, left, new + 1, now)
+            return
+        s = self.scheduler
+        if sched.num_batched_tokens + self.cfg.block_size > s.max_num_batched_tokens:
+            cause = "budget"
+        elif len(s.running) >= s.max_num_seqs:
+            cause = "seqs"
+        else:
+            cause = "room"
+        self._wait = (cause, len(s.waiting), 0, now)
+
     def _step(self) -> None:
         sched = self.scheduler.schedule()
+        self._count_wait(sched)
         if not sched.scheduled:
             outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput())
             self._deliver(outputs)

@@ -262,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     breakdown = [b for n, r in results.items() for b in breakdown_rows(n, r.calls)]
     print("\nwhere the TTFT went (mean seconds per call; the parts sum to ttft_mean_s):")
     print_table(breakdown, BREAKDOWN_COLUMNS)
+    why = [{"run": n, **{f"{k}_s": v / max(1, len(r.calls)) for k, v in r.wait_s.items()}}
+           for n, r in results.items()]
+    print("\nwhy the queue waited (seconds per call: step = arrived during a step; else what bound the step "
+          "that left it waiting: budget = token budget full, seqs = max_num_seqs running, room = neither):")
+    print_table(why, list(why[0]))
     plots = _plots(results, args.plots, f"{profile.name}, {args.users} users") if args.plots else []
     emit_json({"bench": "sim", "profile": profile.name, "users": args.users, "instances": args.instances,
                "router": {n: r.router for n, r in results.items()},
@@ -270,6 +275,6 @@ def main(argv: list[str] | None = None) -> int:
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "plots": plots, "scheduling": args.scheduling_policy,
-               "ttft_breakdown": breakdown, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
+               "ttft_breakdown": breakdown, "queue_why": why, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
                "goals": goals(results, oracles, args.users)})
     return 0

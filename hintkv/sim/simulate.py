@@ -23,7 +23,7 @@ from hintkv.sim.agents import CallRecord, ProgramDriver
 from hintkv.sim.clock import EventClock
 from hintkv.sim.cluster import SimCluster
 from hintkv.sim.costs import CostModel
-from hintkv.sim.engine import SimEngine
+from hintkv.sim.engine import WAIT_CAUSES, SimEngine
 from hintkv.sim.pool import SimPool
 from hintkv.sim.tiers import real_block_bytes
 from hintkv.workload.agent import HintPlan, workload_programs
@@ -97,6 +97,7 @@ class SimResult:
     mean_pool_bytes: float = 0.0
     pool_stats: dict[str, int] = field(default_factory=dict)
     router: dict[str, int] = field(default_factory=dict)
+    wait_s: dict[str, float] = field(default_factory=dict)  # StepStats.wait_s, summed
 
     @property
     def hit_rate(self) -> float:
@@ -213,7 +214,8 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
                     clock(), wall, clock.num_events, sum(s.num_preemptions for s in schs),
                     sum(s.num_prompt_tokens for s in schs), sum(s.num_prompt_tokens_computed for s in schs),
                     edits, device_tokens, host_blocks * block_size, accesses=driver.accesses,
-                    instances=instances, router=cluster.stats())
+                    instances=instances, router=cluster.stats(),
+                    wait_s={k: sum(e.stats.wait_s[k] for e in engines) for k in WAIT_CAUSES})
     if config.host:
         block = real_block_bytes(costs, block_size)
         res.peak_host_bytes = sum(e.stats.peak_host_blocks for e in engines) * block

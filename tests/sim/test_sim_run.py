@@ -63,6 +63,10 @@ def test_no_configuration_hits_more_than_the_oracle(workload, costs):
             assert 0 <= c.cached_tokens < c.prompt_tokens
             assert 0 < c.ttft_s <= c.e2e_s
             assert sum(c.ttft_parts.values()) == pytest.approx(c.ttft_s, abs=1e-6)  # the parts are the whole
+        # why the queue waited: its causes split exactly the calls' summed admission wait
+        queued = sum(c.ttft_parts["queue_s"] for c in res.calls)
+        assert sum(res.wait_s.values()) == pytest.approx(queued, rel=1e-6, abs=1e-6), name
+        assert all(v >= 0 for v in res.wait_s.values())
         if cfg.host:
             assert res.peak_host_bytes > 0 and res.bytes_moved.get("device->host", 0) > 0, name
 
