@@ -50,6 +50,8 @@ class BlockPool:
         self._grouped = self.ranking.grouped
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: pop() gives 0 first
         self._cached: ClassedLRU[int, Block] = ClassedLRU()  # class -> group node -> blocks
+        if self._grouped:  # a group changing class moves its node here (`ClassRanking`)
+            self.ranking.node_orders.append(self._cached)
         self._index: dict[BlockHash, Block] = {}
         self.on_evict: EvictHook | None = None  # called with victims before their KV is reused
         self.num_evicted = 0
@@ -244,12 +246,6 @@ class BlockPool:
         # a block joining a session's group extends it at the tail (the ranking reports them
         # head first): reclaimed before the blocks the group held already
         self._file(b, group, front=group != 0)
-
-    def group_moved(self, group: int, cls: int) -> None:
-        """Ranking listener: a group changed class; its node (if any) moves to the back of
-        `cls`, O(1) (also when pending moves bring it back to its class: `ClassRanking.settle`)."""
-        if self._grouped:
-            self._cached.move_node(group, cls, again=True)
 
     # ---- invariants ----------------------------------------------------------------------
     def check_integrity(self) -> None:

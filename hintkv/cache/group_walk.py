@@ -33,16 +33,33 @@ _last_move = itemgetter(0, 1, 2)
 def walk_changes(groups: Iterable[Group], chain: list[int]) -> tuple[int, list[tuple]]:
     """Apply one holder's class changes `chain` (old, c1, ..., now) to the counts of each of
     `groups`. Returns (the class moves one walk per change makes, the moved groups as
-    (last change, position, first change, group, class after the last)); `top` is not set."""
+    (last change, position, first change, group, class after the last)); `top` is not set.
+    Two shapes take no per-change loop (a request's end meets both: its own context, a prefix
+    others hold): a group whose class no change reaches only has its counts moved by the net
+    change, and a group the holder holds alone moves at every change (consecutive classes of
+    a chain differ), to the last."""
     moved = []
-    steps = range(1, len(chain))
     num_moves = 0
+    first_cls, last_cls, hi = chain[0], chain[-1], max(chain)
+    num_changes = len(chain) - 1
     for i, g in enumerate(groups):
-        counts = g.counts
         top = g.top
+        if top > hi:  # its class is held higher by others: no change moves it
+            if first_cls != last_cls:
+                counts = g.counts
+                counts[first_cls] -= 1
+                counts[last_cls] += 1
+            continue
+        counts = g.counts
+        if len(g.holders) == 1:  # held by this holder alone: its class is the holder's
+            counts[first_cls] -= 1
+            counts[last_cls] += 1
+            num_moves += num_changes
+            moved.append((num_changes, i, 1, g, last_cls))
+            continue
         first = last = 0
-        o = chain[0]
-        for j in steps:
+        o = first_cls
+        for j in range(1, num_changes + 1):
             n = chain[j]
             counts[o] -= 1
             counts[n] += 1

@@ -15,9 +15,9 @@ removing a holder is one XOR, so a block's new group is found in O(1); 0 is "nob
 (`UNHELD`). Creating or dropping a group costs O(its holders), once.
 
 Listeners (the device pool) hear `block_moved(h, group, cls)` when a block enters another group
-(head first, so a pool filing each at the front of its group keeps the group tail first)
-and `group_moved(group, cls)` when a group's class changes: the pool keeps one node per group in
-its class's bucket, so a session changing state moves one node. The same changes are gathered in
+(head first, so a pool filing each at the front of its group keeps the group tail first); a
+group's class change moves its node in each of `node_orders` (the pool's `ClassedLRU`: one node
+per group in its class's bucket), so a session changing state moves one node. The same changes are gathered in
 a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
 Runs on the engine thread, under its state lock, like the registry it follows.
 
@@ -55,7 +55,11 @@ if TYPE_CHECKING:
 class ClassListener(Protocol):
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None: ...
 
-    def group_moved(self, group: int, cls: int) -> None: ...
+
+class NodeOrder(Protocol):
+    """A victim order with one node per group (`tiers.order.ClassedLRU`)."""
+
+    def move_node(self, node: int, cls: int, again: bool = False) -> bool: ...
 
 
 class ClassRanking:
@@ -63,7 +67,6 @@ class ClassRanking:
         self.policy = policy
         self.num_classes = policy.num_classes
         self.grouped = policy.uses_sessions  # False: every class is 0; pool and tiers stay LRU
-        self._session_cls: dict[str, int] = {}  # live session key -> its class
         self._token: dict[str, int] = {}  # session key -> its random 64-bit token
         self._rng = random.Random(seed)
         self._group_of: dict[BlockHash, int] = {}  # held hash -> its group id
@@ -77,12 +80,14 @@ class ClassRanking:
         # once per session per step (an event costs a dict store, not the policy's band times
         # and a heap push; a session with two events in a step is scheduled once)
         self._unscheduled: dict[str, tuple[Session, float]] = {}
-        self._version: dict[str, int] = {}
         # (session, its classes since its groups were last moved: old, ..., now): an
         # arrival's moves, pending until the next read or change (`settle`); one session at most
         self._pending: tuple[Session, list[int]] | None = None
         self.lazy = True  # False: an arrival moves its groups at once (the reference tests compare)
         self.listeners: list[ClassListener] = []
+        # orders keeping one node per group (the device pool's): a group's class change moves
+        # its node there directly (`move_node`, again: also when it came back to its class)
+        self.node_orders: list[NodeOrder] = []
         self.num_moves = 0  # class changes reported (of a regrouped block or of a whole group)
         self.clock: Callable[[], float] = time.monotonic  # for events that carry no time
         if policy.sessions is not None:
@@ -121,7 +126,9 @@ class ClassRanking:
         return 0 if g is None else len(self._groups[g].holders)
 
     def session_class(self, key: str) -> int | None:
-        return self._session_cls.get(key)
+        reg = self.policy.sessions
+        s = reg.sessions.get(key) if reg is not None else None
+        return None if s is None else s.rank_cls
 
     def snapshot(self) -> dict[BlockHash, int]:
         """Every held hash and its class."""
@@ -146,14 +153,12 @@ class ClassRanking:
         nodes. `defer` (an arrival): the groups' moves wait for `settle`."""
         if now is None:
             now = self.clock()
-        key = s.key
-        self._version[key] = self._version.get(key, 0) + 1  # older rechecks are void
+        s.rank_version += 1  # older rechecks are void
         if not self.grouped:
-            self._session_cls[key] = UNHELD
+            s.rank_cls = UNHELD
             return
-        cls_of = self._session_cls
-        old = cls_of.get(key)
-        new = cls_of[key] = self.policy.session_class(s, now)
+        old = s.rank_cls
+        new = s.rank_cls = self.policy.session_class(s, now)
         if old is not None and new != old:
             pending = self._pending
             if pending is not None and pending[0] is not s:
@@ -165,7 +170,7 @@ class ClassRanking:
                 pending[1].append(new)
             if not (defer and self.lazy):
                 self._settle()
-        self._unscheduled[key] = (s, now)  # its recheck is computed at the next tick
+        self._unscheduled[s.key] = (s, now)  # its recheck is computed at the next tick
 
     def settle(self) -> None:
         """Apply the pending class changes (an arrival's), if any: what eager moves give."""
@@ -187,29 +192,33 @@ class ClassRanking:
         if not moved:
             return
         delta = self._delta_groups
-        if len(moved) == 1:
+        if len(moved) == 1:  # (a request's end: its own context)
             _, _, _, g, top = moved[0]
-            ordered = [(g, top)]
-        else:
-            by_first, ordered = move_orders(moved)
-            for g, top in by_first:  # where the eager moves first put them
-                if g.gid not in delta:
-                    delta[g.gid] = top
+            g.top = top
+            gid = g.gid
+            delta[gid] = top
+            for order in self.node_orders:
+                order.move_node(gid, top, True)
+            return
+        by_first, ordered = move_orders(moved)
+        for g, top in by_first:  # where the eager moves first put them
+            if g.gid not in delta:
+                delta[g.gid] = top
         for g, top in ordered:
             g.top = top
             gid = g.gid
             delta[gid] = top
-            for listener in self.listeners:
-                listener.group_moved(gid, top)
+            for order in self.node_orders:
+                order.move_node(gid, top, True)
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
                      added: Iterable[BlockHash]) -> None:
         if self._pending is not None:
             self._settle()  # groups are about to change: their counts must be current
-        c = self._session_cls.get(s.key)
+        c = s.rank_cls
         if c is None:
-            c = self._session_cls[s.key] = (self.policy.session_class(s, self.clock())
-                                            if self.policy.uses_sessions else UNHELD)
+            c = s.rank_cls = (self.policy.session_class(s, self.clock())
+                              if self.policy.uses_sessions else UNHELD)
         token = self._token.get(s.key)
         if token is None:
             token = self._token[s.key] = self._rng.getrandbits(64) | 1
@@ -228,8 +237,6 @@ class ClassRanking:
         """A session that holds nothing and is gone for good."""
         if self._pending is not None:
             self._settle()
-        self._session_cls.pop(key, None)
-        self._version.pop(key, None)
         self._unscheduled.pop(key, None)
         if not self._groups_in.get(key):
             self._groups_in.pop(key, None)
@@ -244,7 +251,7 @@ class ClassRanking:
         while self._rechecks and self._rechecks[0][0] <= now and (budget is None or n < budget):
             _, version, key = heapq.heappop(self._rechecks)
             s = sessions.get(key)
-            if s is None or self._version.get(key) != version:
+            if s is None or s.rank_version != version:
                 continue  # superseded by a later event
             self.session_changed(s, now)
             n += 1
@@ -259,7 +266,7 @@ class ClassRanking:
             after = self.policy.recheck_after(s, at)
             if after is not None:
                 heapq.heappush(self._rechecks, (at + max(after, 0.0) + 1e-3,
-                                                self._version[key], key))
+                                                s.rank_version, key))
         self._unscheduled.clear()
 
     def _regroup(self, h: BlockHash, key: str, token: int, cls: int, joining: bool) -> None:
@@ -312,7 +319,7 @@ class ClassRanking:
         holders: dict[BlockHash, set[str]] = {}
         for s in sessions.values():
             if s.held:
-                assert s.key in self._session_cls, \
+                assert s.rank_cls is not None, \
                     f"session {s.session_id} holds blocks but has no class"
             for h in s.held:
                 holders.setdefault(h, set()).add(s.key)
@@ -329,7 +336,7 @@ class ClassRanking:
             assert g.gid == gid, "a group is filed under another id"
             counts = [0] * self.num_classes
             for k in g.holders:
-                counts[self._session_cls[k]] += 1
+                counts[sessions[k].rank_cls] += 1
                 assert gid in self._groups_in.get(k, ()), "a holder does not list its group"
             assert counts == g.counts, "a group's class counts are stale"
             assert g.top == max(c for c, n in enumerate(counts) if n), "a group's class is stale"

@@ -52,9 +52,12 @@ class Session:
     gaps: GapEstimator = field(default_factory=GapEstimator)
     protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
     prefetched_until: float = 0.0
-    # the groups of blocks it holds (`ClassRanking`'s own map, shared: a class change walks
-    # them from the session it already has in hand)
+    # `ClassRanking`'s state of this session, kept on it (a class change reads no other map):
+    # the groups of blocks it holds, its class (None: none yet) and its event count (a recheck
+    # computed before the latest event is void)
     rank_groups: dict = field(default_factory=dict)
+    rank_cls: int | None = None
+    rank_version: int = 0
 
 
 def session_key(tenant: str, session_id: str) -> str:
@@ -68,7 +71,7 @@ class SessionRegistry:
         self.tool_gaps: dict[str, GapEstimator] = {}
         self.all_gaps = GapEstimator()
         self.turnaround = GapEstimator()  # arrival -> done of a session's request: queue + run
-        self._turnaround_q = 1.0  # predicted_turnaround(), updated where turnaround observes
+        self.turnaround_q = 1.0  # predicted_turnaround() (a policy may read it directly: hot path)
         self.protect_budget_blocks = protect_budget_blocks
         self.ranking: ClassRanking | None = None  # told of every state and ownership change
         # sessions whose protection may still run (expired ones pruned by set_ttl): the budget
@@ -127,7 +130,7 @@ class SessionRegistry:
         s.last_done = now
         if s.num_inflight == 0:
             self.turnaround.observe(now - s.last_arrival)
-            self._turnaround_q = max(self.turnaround.expected(), 1e-3)
+            self.turnaround_q = max(self.turnaround.expected(), 1e-3)
         if s.state is SessionState.ENDED:
             return []  # evicted while its request ran: hold nothing
         orphans = self._set_held(s, hashes)
@@ -247,21 +250,25 @@ class SessionRegistry:
     # ---- prediction (read by the `sam` policy and SAM's resume prefetch) --------------------
     def predicted_gap(self, s: Session) -> tuple[float, float]:
         """(expected gap, gap after which the session is presumed gone) for a waiting session."""
+        own = s.gaps
+        if own.n >= 2:  # its own history: `gap_estimator`'s first choice, one read (every class)
+            return own.prediction
         est = self.gap_estimator(s)
         return est.prediction if est.n else (5.0, 60.0)
 
     def gap_estimator(self, s: Session) -> GapEstimator:
         """The best-informed gap history for `s`: its own (two gaps or more), else its last
         tool's, else its own single gap, else everyone's (may be empty: `known` False)."""
-        est = s.gaps if s.gaps.n >= 2 else self.tool_gaps.get(s.last_tool or "", None)
-        if est is None or not est.known:
-            est = s.gaps if s.gaps.known else self.all_gaps
+        own = s.gaps
+        est = own if own.n >= 2 else self.tool_gaps.get(s.last_tool or "", None)
+        if est is None or not est.n:  # (`known`, read directly: every class computation)
+            est = own if own.n else self.all_gaps
         return est
 
     def predicted_turnaround(self) -> float:
         """Seconds from a request's arrival to its end, lately (the queue's wait plus the run):
         how long after it asks again a session's blocks are read. 1 s until one was seen."""
-        return self._turnaround_q  # read per class computation: kept, not derived, on each call
+        return self.turnaround_q  # read per class computation: kept, not derived, on each call
 
     # ---- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

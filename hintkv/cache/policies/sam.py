@@ -74,11 +74,14 @@ class SAMPolicy(EvictionPolicy):
             return q - (now - s.last_arrival)  # exactly q at arrival ((a + q) - a rounds past q half the time)
         if s.state not in self.away_states:
             return None
-        reg = self.sessions
-        if s.children and any(c in reg.sessions and reg.sessions[c].state in self.live_child_states
-                              for c in s.children):
+        if s.children and self._after_children(s):
             return math.inf
         return self._waiting_next_use(s, now, q)
+
+    def _after_children(self, s: Session) -> bool:
+        """Some sub-agent of `s` is live: `s` comes back after them."""
+        reg = self.sessions.sessions
+        return any(c in reg and reg[c].state in self.live_child_states for c in s.children)
 
     def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
         """Predicted return of a session away between calls (no live sub-agents)."""
@@ -106,13 +109,19 @@ class SAMPolicy(EvictionPolicy):
         reg = self.sessions
         if reg is None:
             return FIRST_BAND + len(BANDS) if s.state is SessionState.ACTIVE else GONE
-        if s.state is SessionState.ACTIVE:  # (`_next_use`'s first case, inline: every arrival)
+        # `_next_use`, inline (every arrival and request end computes this: fewer calls)
+        state = s.state
+        if state is SessionState.ACTIVE:
             if now == s.last_arrival:  # arriving now: next use in exactly q, the band of r = q
                 return DUE_WITHIN_TURNAROUND
             q = reg.predicted_turnaround()
             return band_class(q - (now - s.last_arrival), q)
-        q = reg.predicted_turnaround()
-        r = self._next_use(s, now, q)
+        if state not in self.away_states:
+            return GONE
+        q = reg.turnaround_q  # (`predicted_turnaround()`, read directly)
+        if s.children and self._after_children(s):
+            return FIRST_BAND  # next use after its live sub-agents: r = inf, the farthest band
+        r = self._waiting_next_use(s, now, q)
         if r is None:
             return GONE
         return band_class(r, q)
