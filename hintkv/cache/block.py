@@ -12,6 +12,9 @@ class Block:
     block_id: int  # index into every layer's KV tensor
     ref_cnt: int = 0  # running sequences whose block table contains this block
     hash: BlockHash | None = None  # set once the block is full and registered in the prefix index
+    # while indexed: the ranking group of its hash (kept by the pool from the ranking's
+    # `block_moved`: a release files its run without a lookup per block in the group map)
+    group: int = 0
 
     @property
     def is_cached(self) -> bool:

@@ -32,7 +32,7 @@ from hintkv.cache.policies import EvictionPolicy
 from hintkv.cache.ranking import ClassRanking
 from hintkv.tiers.order import ClassedLRU
 
-_hash_of, _id_of = attrgetter("hash"), attrgetter("block_id")
+_hash_of, _id_of, _group_of = attrgetter("hash"), attrgetter("block_id"), attrgetter("group")
 UNINDEX_LOG_MAX = 1 << 16  # unindexed hashes kept for cached prefix matches (`KVCacheManager`)
 
 EvictHook = Callable[[list[Block]], None]
@@ -194,7 +194,7 @@ class BlockPool:
         if not cached:
             return
         self.ranking.settle()  # nodes are refiled at the back of their class: it must be current
-        groups = self.ranking.groups_of(list(map(_hash_of, cached)))
+        groups = list(map(_group_of, cached))  # (kept on each indexed block: `block_moved`)
         ids = list(map(_id_of, cached))
         if groups.count(groups[0]) == len(groups):  # one group (a session's own context): one run
             self._file_run(ids, cached, groups[0])
@@ -211,6 +211,7 @@ class BlockPool:
         if h in self._index:
             return False
         block.hash = h
+        block.group = self.ranking.group_of(h)
         self._index[h] = block
         return True
 
@@ -240,7 +241,10 @@ class BlockPool:
         """Ranking listener: the block holding `h` (if cached here) joins another group (at its
         front: tail before head)."""
         b = self._index.get(h)
-        if b is None or b.ref_cnt > 0 or not self._grouped:
+        if b is None:
+            return
+        b.group = group
+        if b.ref_cnt > 0 or not self._grouped:
             return
         self._cached.remove(b.block_id)
         # a block joining a session's group extends it at the tail (the ranking reports them
@@ -261,6 +265,8 @@ class BlockPool:
                 f"cached block {bid} sits in class {c}, its class is now " \
                 f"{self.ranking.block_class(b.hash)}"
             cached.add(bid)
+        for h, b in self._index.items():
+            assert b.group == self.ranking.group_of(h), f"block {b.block_id} keeps a stale group"
         in_use = {b.block_id for b in self.blocks if b.ref_cnt > 0}
         assert len(empty) == len(self._empty), "a block is twice in the empty list"
         assert not (empty & cached) and not (empty & in_use) and not (cached & in_use), \

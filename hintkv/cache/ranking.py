@@ -38,7 +38,6 @@ import heapq
 import random
 import time
 from collections.abc import Callable, Iterable, KeysView, Mapping
-from itertools import repeat
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,6 +45,7 @@ from hintkv.cache.group_walk import Group as _Group
 from hintkv.cache.group_walk import move_orders, walk_changes
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies.base import UNHELD, EvictionPolicy
+from hintkv.cache.ranking_check import check_ranking
 from hintkv.tiers.ranks import UNHELD_GROUP, RankDelta
 
 if TYPE_CHECKING:
@@ -102,10 +102,6 @@ class ClassRanking:
 
     def group_of(self, h: BlockHash) -> int:
         return self._group_of.get(h, UNHELD_GROUP)
-
-    def groups_of(self, hashes: list[BlockHash]) -> list[int]:
-        """`group_of` of each hash, in one C-level pass (a finished prompt's thousands of blocks)."""
-        return list(map(self._group_of.get, hashes, repeat(UNHELD_GROUP)))
 
     def group_class(self, group: int) -> int:
         if self._pending is not None:
@@ -315,34 +311,4 @@ class ClassRanking:
         self._delta_groups[gid] = None
 
     def check_integrity(self, sessions: Mapping[str, Session]) -> None:
-        self.settle()
-        holders: dict[BlockHash, set[str]] = {}
-        for s in sessions.values():
-            if s.held:
-                assert s.rank_cls is not None, \
-                    f"session {s.session_id} holds blocks but has no class"
-            for h in s.held:
-                holders.setdefault(h, set()).add(s.key)
-        assert holders.keys() == self._group_of.keys(), "held hashes out of sync with groups"
-        sizes: dict[int, int] = {}
-        for h, ks in holders.items():
-            gid = self._group_of[h]
-            g = self._groups[gid]
-            assert g.holders == ks, f"block in a group of other holders ({len(g.holders)} vs {len(ks)})"
-            sizes[gid] = sizes.get(gid, 0) + 1
-        assert sizes == {gid: g.num_blocks for gid, g in self._groups.items()}, \
-            "group sizes out of sync (or an empty group was kept)"
-        for gid, g in self._groups.items():
-            assert g.gid == gid, "a group is filed under another id"
-            counts = [0] * self.num_classes
-            for k in g.holders:
-                counts[sessions[k].rank_cls] += 1
-                assert gid in self._groups_in.get(k, ()), "a holder does not list its group"
-            assert counts == g.counts, "a group's class counts are stale"
-            assert g.top == max(c for c, n in enumerate(counts) if n), "a group's class is stale"
-        for s in sessions.values():
-            mine = self._groups_in.get(s.key)
-            assert mine is None or mine is s.rank_groups, "a session reads other groups than ours"
-        for k, mine in self._groups_in.items():
-            assert all(self._groups.get(gid) is g and k in g.holders for gid, g in mine.items()), \
-                "a session lists a group it does not hold"
+        check_ranking(self, sessions)
