@@ -1,12 +1,12 @@
 """A group of blocks (the blocks one set of live sessions holds) and the walk of one session's
-class changes over its groups: the arithmetic `cache.ranking` applies when it settles.
+class changes over its groups: what `cache.ranking` applies when it settles.
 
 A group's class is the highest class among its holders (`counts`: holders per class). One holder
 moving old -> new changes that class only past the top: up when new is above it, down when the
-holder was the last one at the top. `walk_changes` replays a session's changes (old, c1, ...,
-now) on each of its groups at once and says, per group whose class moved at any of them, its
-class after the last and the changes at which it first and last moved: what one eager walk per
-change would have done, in one pass.
+holder was the last one at the top. `settle_changes` replays a session's changes (old, c1, ...,
+now) on each of its groups at once and re-files each group whose class moved at any of them
+(its class after the last; where the changes at which it first and last moved put it): what one
+eager walk per change would have done, in one pass.
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ _first_move = itemgetter(3, 1, 2)
 _last_move = itemgetter(0, 1, 2)
 
 
-def walk_changes(groups: Iterable[Group], chain: list[int]) -> tuple[int, list[tuple]]:
-    """Apply one holder's class changes `chain` (old, c1, ..., now) to the counts of each of
-    `groups`. Returns (the class moves one walk per change makes, the moved groups as
-    (last change, position, first change, group, class after the last)); `top` is not set.
-    Two shapes take no per-change loop (a request's end meets both: its own context, a prefix
-    others hold): a group whose class no change reaches only has its counts moved by the net
-    change, and a group the holder holds alone moves at every change (consecutive classes of
-    a chain differ), to the last."""
+def settle_changes(groups: Iterable[Group], chain: list[int], delta: dict[int, int | None],
+                   orders: list) -> int:
+    """Apply one holder's class changes `chain` (old, c1, ..., now) to each of `groups` as one
+    walk: counts as after the last change, `top` set, and each group whose class moved at any
+    change written to `delta` and moved in each of `orders` (`move_node(gid, cls, again=True)`)
+    where one eager walk per change leaves it (`move_orders`). Returns the class moves one
+    walk per change makes. Two shapes take no per-change loop (a request's end meets both: its
+    own context, a prefix others hold): a group whose class no change reaches only has its
+    counts moved by the net change, and a group the holder holds alone moves at every change
+    (consecutive classes of a chain differ), to the last."""
     moved = []
     num_moves = 0
     first_cls, last_cls, hi = chain[0], chain[-1], max(chain)
@@ -78,7 +80,23 @@ def walk_changes(groups: Iterable[Group], chain: list[int]) -> tuple[int, list[t
             last = j
         if last:
             moved.append((last, i, first, g, top))
-    return num_moves, moved
+    if len(moved) == 1:  # (a request's end: its own context)
+        _, _, _, g, top = moved[0]
+        ordered = [(g, top)]
+    elif moved:
+        by_first, ordered = move_orders(moved)
+        for g, top in by_first:  # where the eager moves first put them
+            if g.gid not in delta:
+                delta[g.gid] = top
+    else:
+        return num_moves
+    for g, top in ordered:
+        g.top = top
+        gid = g.gid
+        delta[gid] = top
+        for order in orders:
+            order.move_node(gid, top, True)
+    return num_moves
 
 
 def move_orders(moved: list[tuple]) -> tuple[list[tuple[Group, int]], list[tuple[Group, int]]]:

@@ -42,7 +42,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from hintkv.cache.group_walk import Group as _Group
-from hintkv.cache.group_walk import move_orders, walk_changes
+from hintkv.cache.group_walk import settle_changes
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies.base import UNHELD, EvictionPolicy
 from hintkv.cache.ranking_check import check_ranking
@@ -183,29 +183,8 @@ class ClassRanking:
         first), so the order is exactly the eager one."""
         s, chain = self._pending
         self._pending = None
-        num_moves, moved = walk_changes(s.rank_groups.values(), chain)
-        self.num_moves += num_moves
-        if not moved:
-            return
-        delta = self._delta_groups
-        if len(moved) == 1:  # (a request's end: its own context)
-            _, _, _, g, top = moved[0]
-            g.top = top
-            gid = g.gid
-            delta[gid] = top
-            for order in self.node_orders:
-                order.move_node(gid, top, True)
-            return
-        by_first, ordered = move_orders(moved)
-        for g, top in by_first:  # where the eager moves first put them
-            if g.gid not in delta:
-                delta[g.gid] = top
-        for g, top in ordered:
-            g.top = top
-            gid = g.gid
-            delta[gid] = top
-            for order in self.node_orders:
-                order.move_node(gid, top, True)
+        self.num_moves += settle_changes(s.rank_groups.values(), chain, self._delta_groups,
+                                         self.node_orders)
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
                      added: Iterable[BlockHash]) -> None:

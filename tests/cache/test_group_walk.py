@@ -1,10 +1,12 @@
-"""`group_walk.walk_changes` against one eager step per change, on random groups and chains.
+"""`group_walk.settle_changes` against one eager step per change, on random groups and chains.
 
 The walk has shortcuts (a group whose class no change reaches; a group the holder holds alone);
 whatever the shape, its result must be what applying the changes one by one gives: each group's
-counts after the last, which groups moved, at which changes they first and last moved, their
-class after the last, and the number of class moves. The lazy/eager comparison
-(test_lazy_ranking.py) cannot see a wrong shortcut, since both caches walk with it.
+counts and class after the last, which groups moved (re-filed in the order, written to the
+delta) and the number of class moves; with several groups moving, the order of the node moves
+is that of their last moves (then fewest holders, then position) and the delta's that of their
+first moves. The lazy/eager comparison (test_lazy_ranking.py) cannot see a wrong shortcut,
+since both caches walk with it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hintkv.cache.group_walk import Group, walk_changes
+from hintkv.cache.group_walk import Group, settle_changes
 
 NUM_CLASSES = 6
 
@@ -50,6 +52,17 @@ def _case(draw):
     return chain, groups
 
 
+class _Order:
+    """Records the node moves (a victim order's `move_node`)."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[int, int, bool]] = []
+
+    def move_node(self, node: int, cls: int, again: bool = False) -> bool:
+        self.moves.append((node, cls, again))
+        return True
+
+
 @settings(max_examples=400, deadline=None)
 @given(_case())
 def test_walk_is_one_eager_step_per_change(case):
@@ -59,16 +72,19 @@ def test_walk_is_one_eager_step_per_change(case):
         holders = frozenset(f"k{i}_{j}" for j in range(sum(counts)))
         groups.append(Group(i, holders, list(counts),
                             max(c for c, n in enumerate(counts) if n)))
-    num_moves, moved = walk_changes(groups, chain)
-    want_moves = 0
-    by_group = {m[3].gid: m for m in moved}
-    assert len(by_group) == len(moved), "a group is reported twice"
+    delta: dict[int, int | None] = {}
+    order = _Order()
+    num_moves = settle_changes(groups, chain, delta, [order])
+    want_moves, by_last, by_first = 0, [], []
     for i, (g, counts) in enumerate(zip(groups, all_counts)):
         after, moves, first, last, top = _eager(counts, chain)
         want_moves += moves
         assert g.counts == after, "counts differ from one step per change"
+        assert g.top == top, "the class differs from one step per change"
         if moves:
-            assert by_group[g.gid] == (last, i, first, g, top)
-        else:
-            assert g.gid not in by_group, "a group that never moved is reported"
+            by_last.append(((last, len(g.holders), i), g.gid, top))
+            by_first.append(((first, len(g.holders), i), g.gid))
     assert num_moves == want_moves
+    assert order.moves == [(gid, top, True) for _, gid, top in sorted(by_last)]
+    assert list(delta) == [gid for _, gid in sorted(by_first)]
+    assert delta == {gid: top for _, gid, top in by_last}
