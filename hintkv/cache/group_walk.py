@@ -100,7 +100,7 @@ def settle_changes(groups: Iterable[Group], chain: list[int], delta: dict[int, i
 
 
 def move_orders(moved: list[tuple]) -> tuple[list[tuple[Group, int]], list[tuple[Group, int]]]:
-    """(group, class) of `walk_changes`' moved groups in the order their first moves reached
+    """(group, class) of `settle_changes`' moved groups in the order their first moves reached
     the delta and in the order of their last moves. A walk goes tail first: fewest holders
     first (holder sets nest along a prefix, so fewer holders = deeper); ties in the order the
     session joined them (positions are unique: groups are never compared)."""
