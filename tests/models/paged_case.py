@@ -2,7 +2,8 @@
 
 `PagedCase.build(steps, ...)`: per sequence (new tokens, total context), random K/V for the whole
 context, the cached part to be written into a cache (`fill`), the new part as the step's q/k/v, and
-the `AttentionMetadata` of the step; `attend(cache)` runs `paged_attention` over a filled cache.
+the `AttentionMetadata` of the step; `attend(cache)` runs `paged_attention` over a filled cache;
+`dense_reference` is the plain causal attention every kernel is checked against.
 """
 
 from __future__ import annotations
@@ -12,6 +13,18 @@ from dataclasses import dataclass
 import torch
 
 from hintkv.models.attention import AttentionMetadata, paged_attention, write_kv
+
+
+def dense_reference(q, k, v, scale, compute=torch.float32):
+    """Causal attention of the last len(q) positions over all of k/v ([L, H, D] layouts), computed
+    in `compute` (float64 for a reference finer than the float32 paths), returned as float32."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.to(compute), k.to(compute)) * scale
+    ctx, n = k.shape[0], q.shape[0]
+    allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.to(compute)).float()
 
 
 @dataclass

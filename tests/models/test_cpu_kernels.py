@@ -11,22 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_case import PagedCase
+from paged_case import PagedCase, dense_reference
 
 from hintkv.models import cpu_kernels
 from hintkv.models.compile import Regions, add_rmsnorm_, rope_, silu_mul
 
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="no C++ compiler: the PyTorch paths run")
-
-
-def _dense_reference(q, k, v, scale):
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
-    ctx, n = k.shape[0], q.shape[0]
-    allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
 
 
 STEPS = [
@@ -54,7 +44,7 @@ def test_kernel_matches_dense_reference_and_the_torch_path(monkeypatch, steps, h
     torch.testing.assert_close(got, torch_path, atol=2e-5, rtol=0)
     qsl = case.qsl
     for i, _ in enumerate(steps):
-        ref = _dense_reference(case.qs[i], case.full_k[i], case.full_v[i], d ** -0.5)
+        ref = dense_reference(case.qs[i], case.full_k[i], case.full_v[i], d ** -0.5, torch.float64)
         torch.testing.assert_close(got[qsl[i]:qsl[i + 1]], ref, atol=2e-5, rtol=0)
 
 

@@ -6,20 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_case import PagedCase
+from paged_case import PagedCase, dense_reference
 
 from hintkv.models.attention import AttentionMetadata, gather_context
-
-
-def _dense_reference(q, k, v, scale):
-    """Causal attention of the last len(q) positions over all of k/v ([L, H, D] layouts)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
-    ctx, n = k.shape[0], q.shape[0]
-    allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float())
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
@@ -34,7 +23,7 @@ def test_matches_dense_reference(dtype, atol, steps):
     qsl = case.qsl
     assert out.shape == (qsl[-1], 6, 8) and out.dtype == dtype
     for i, (new, ctx) in enumerate(steps):
-        ref = _dense_reference(case.qs[i], case.full_k[i], case.full_v[i], 8 ** -0.5)
+        ref = dense_reference(case.qs[i], case.full_k[i], case.full_v[i], 8 ** -0.5)
         torch.testing.assert_close(out[qsl[i]:qsl[i + 1]].float(), ref, atol=atol, rtol=0)
         k_back, v_back = gather_context(kv_cache, case.tables[i], ctx)  # new K/V landed in their slots
         assert torch.equal(k_back, case.full_k[i]) and torch.equal(v_back, case.full_v[i])
