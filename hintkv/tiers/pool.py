@@ -225,11 +225,6 @@ class PoolTier(Tier):
         with self._lock:
             return list(filterfalse(self._entries.__contains__, keys))
 
-    def known_among(self, keys: Iterable[bytes]) -> list[bytes]:
-        """The keys known here, in their order (one lock, no round trip)."""
-        with self._lock:
-            return list(filter(self._entries.__contains__, keys))
-
     def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
         for key, src in items:
             self.layout.check_payload(src)
@@ -555,12 +550,13 @@ class PoolTier(Tier):
         try:
             there = self._call(self.backend.exists, [e.pkey for _, _, e, _ in puts])
             todo = [i for i, ok in enumerate(there) if not ok]
-            for i, ok in enumerate(there):
-                if ok:  # content key: someone stored this very block already
-                    results[i] = True
-                    if puts[i][2].owned and self._entries.get(puts[i][0]) is puts[i][2]:
-                        self._num_owned -= 1
-                    puts[i][2].owned = False
+            with self._lock:  # the owned count changes under the lock, as in put and _pop
+                for i, ok in enumerate(there):
+                    if ok:  # content key: someone stored this very block already
+                        results[i] = True
+                        if puts[i][2].owned and self._entries.get(puts[i][0]) is puts[i][2]:
+                            self._num_owned -= 1
+                        puts[i][2].owned = False
             if todo:
                 blobs = self._frames([(puts[i][0], puts[i][1]) for i in todo])
                 stored = self._call(self.backend.put, [puts[i][2].pkey for i in todo],
