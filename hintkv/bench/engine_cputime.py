@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from hintkv.bench.common import emit_json, goal_at_least, log, print_table
+from hintkv.bench.common import emit_json, goal_at_least, log, print_table, ratio
 from hintkv.bench.engine_servers import VLLM_MODEL_ROOT, peer_hf_config
 from hintkv.bench.vllm_peer import vllm_python, write_model_dir
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             v = peer[kind].get(key) if peer else None
             label = f"prefill {key}" if kind == "prefill_ms" else f"decode step b{key}"
             rows.append({"figure": label, "hintkv cpu ms": h, "vllm cpu ms": v,
-                         "hintkv speed / vllm": None if v is None else v / h})
+                         "hintkv speed / vllm": ratio(v, h)})
     print_table(rows, ["figure", "hintkv cpu ms", "vllm cpu ms", "hintkv speed / vllm"])
     print("\nhintkv's CPU time by region (ms per step; one thread):")
     print_table([{"what": name, "total": r["step"], **{x: r[x] for x in REGIONS}} for name, r in ours["regions"].items()],
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     pre = [r["hintkv speed / vllm"] for r in rows if r["figure"].startswith("prefill") and r["vllm cpu ms"]]
     dec = [r["hintkv speed / vllm"] for r in rows if r["figure"].startswith("decode") and r["vllm cpu ms"]]
     b = max(batches)
-    w8 = ours["decode_step_ms"][str(b)] / ours["decode_step_ms"][f"{b} w8a8"]
+    w8 = ratio(ours["decode_step_ms"][str(b)], ours["decode_step_ms"][f"{b} w8a8"])
     emit_json({
         "bench": "engine_cputime", "model": MODEL, "threads": 1, "quick": args.quick,
         "elapsed_s": round(time.perf_counter() - t0, 1), "hintkv": ours, "vllm": peer,

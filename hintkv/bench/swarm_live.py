@@ -25,7 +25,7 @@ from hintkv.bench.common import (
     summarize,
 )
 from hintkv.bench.sessions import parse_metrics
-from hintkv.bench.swarm_pace import Speed, measure_speed, serving_s
+from hintkv.bench.swarm_pace import Speed, measure_speed, slowdown
 from hintkv.workload.agent import HintPlan
 from hintkv.workload.live import LiveResult, replay_live
 
@@ -106,14 +106,13 @@ def run_live(name: str, wl, args: argparse.Namespace, hints: bool, url: str, bpb
 def live_time_scale(wl, offline_scale: float, model_speed: Speed, measured: Speed) -> tuple[float, float]:
     """(live time scale, slowdown): the offline time scale kept at the offline model's serving time
     : tool time ratio on a server measured at `measured` (slowdown: its serving time / the model's)."""
-    slowdown = serving_s(wl, measured) / serving_s(wl, model_speed)
-    return offline_scale / slowdown, slowdown
+    sd = slowdown(wl, model_speed, measured)
+    return offline_scale / sd, sd
 
 
 async def server_slowdown(url: str, wl, args: argparse.Namespace, model_speed: Speed) -> float:
     """The server's serving time for `wl` over the offline model's, measured now."""
-    measured = await measure_speed(url, args.model, seed=args.seed)
-    return serving_s(wl, measured) / serving_s(wl, model_speed)
+    return slowdown(wl, model_speed, await measure_speed(url, args.model, seed=args.seed))
 
 
 async def _replay(wl, url: str, args: argparse.Namespace, hints: bool, time_scale: float,

@@ -63,6 +63,11 @@ def serving_s(wl: Workload, speed: Speed) -> float:
     return sum(speed.serve_s(new, out) for new, _, out in call_tokens(wl))
 
 
+def slowdown(wl: Workload, model: Speed, measured: Speed) -> float:
+    """`wl`'s serving time at `measured` over its serving time at `model`."""
+    return serving_s(wl, measured) / serving_s(wl, model)
+
+
 def deployment_serving_s(wl: Workload, profile: str = DEPLOYMENT_PROFILE) -> float:
     """The workload's serving time at full token scale (tokens / the workload's token scale) on
     `profile`: prefill of the new tokens over the cached prefix, then decode at batch 1."""

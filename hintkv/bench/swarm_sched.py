@@ -30,7 +30,7 @@ from typing import Any
 from hintkv.bench.common import add_common_args, emit_json, log, print_table
 from hintkv.bench.swarm import default_traces, trace_folder
 from hintkv.bench.swarm_goals import GOALS, reduction
-from hintkv.bench.swarm_pace import Speed, pace, reference_speed, serving_s
+from hintkv.bench.swarm_pace import Speed, fit_speed, pace, reference_speed, slowdown
 from hintkv.bench.swarm_study import size_workload
 from hintkv.bench.ttft_breakdown import breakdown_rows
 from hintkv.engine.admission import admission_names
@@ -56,9 +56,7 @@ def runs(admission: str) -> list[tuple[str, str, bool, bool, str]]:
 
 def profile_speed(cm: CostModel) -> Speed:
     """The profile as `swarm_pace` sees a server: lone cold prompts of 32 and 256 tokens, a decode."""
-    p32, p256 = cm.prefill_ms(32, 0), cm.prefill_ms(256, 0)
-    per = max(0.0, (p256 - p32) / 224) / 1e3
-    return Speed(max(0.0, p32 / 1e3 - 32 * per), per, cm.decode_ms(1, 64) / 1e3)
+    return fit_speed([(n, cm.prefill_ms(n, 0)) for n in (32, 256)], cm.decode_ms(1, 64))
 
 
 def lone_call_s(cm: CostModel, new: int, cached: int, out: int) -> float:
@@ -92,8 +90,7 @@ def cell(kind: str, seed: int, args: argparse.Namespace, cm: CostModel) -> list[
     base = OfflineConfig(block_size=16)
     base = replace(base, time_scale=pace(wl, reference_speed(base)))
     device = size_workload(wl, base, {}).device_blocks(args.device_fraction)
-    slowdown = serving_s(wl, profile_speed(cm)) / serving_s(wl, reference_speed(base))
-    ts = base.time_scale / slowdown
+    ts = base.time_scale / slowdown(wl, reference_speed(base), profile_speed(cm))
     floor = mean(unloaded_task_s(t.root, cm, ts)[0] for t in wl.tasks())
     out = []
     for name, policy, hints, host, adm in runs(args.admission):

@@ -94,6 +94,12 @@ def _decodes(sch: Scheduler, out: SchedulerOutput, i: int, budget: int) -> int:
     return served
 
 
+def _reserved(sch: Scheduler) -> int:
+    """Blocks the running and loading sequences still need to reach their end."""
+    bs, mml = sch.kv.block_size, sch.max_model_len
+    return sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table)) for s in [*sch.running, *sch.loading])
+
+
 def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) -> int:
     """Start waiting sequences in the admission policy's order while budget, sequence slots
     and blocks allow (`hintkv.engine.admission`), into the running list from index `at`;
@@ -101,11 +107,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
     if not sch.waiting:
         return budget
     policy = sch.admission
-    plan = StepPlan()
-    if policy.reserves:
-        bs, mml = sch.kv.block_size, sch.max_model_len
-        plan.reserved = sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table))
-                            for s in [*sch.running, *sch.loading])
+    plan = StepPlan(reserved=_reserved(sch) if policy.reserves else 0)
     for seq in policy.order(sch.waiting, sch.kv):
         if budget <= 0 or len(sch.running) + len(sch.loading) >= sch.max_num_seqs:
             return budget
@@ -142,7 +144,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
     return budget
 
 
-def make_room(sch: Scheduler, out: SchedulerOutput) -> None:
+def make_room(sch: Scheduler) -> None:
     """Swap decodes out for a new prefill (`AdmissionPolicy.swaps`): when the best waiting
     candidate that has not sent its first token has no room, preempt running decodes (past their
     first token, never preempted before) in the policy's order until it would fit; nobody when
@@ -154,8 +156,7 @@ def make_room(sch: Scheduler, out: SchedulerOutput) -> None:
     if head is None:
         return
     bs, mml = kv.block_size, sch.max_model_len
-    plan = StepPlan(reserved=sum(max(0, blocks_to_end(s, bs, mml) - len(s.block_table))
-                                 for s in [*sch.running, *sch.loading]))
+    plan = StepPlan(reserved=_reserved(sch))
     match = kv.match_prefix(head, keep=True, lower=False)
     if policy.room(head, match, kv, plan):
         return
@@ -175,7 +176,6 @@ def make_room(sch: Scheduler, out: SchedulerOutput) -> None:
     for v in chosen:
         sch.running.remove(v)
         sch.preempt(v)
-        out.swapped.append(v)
 
 
 def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:

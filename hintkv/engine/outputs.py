@@ -44,7 +44,6 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     out_of_room: list[Sequence] = field(default_factory=list)  # alone and still no room: finish
-    swapped: list[Sequence] = field(default_factory=list)  # decodes preempted for a new prefill's room
     started: float = 0.0  # the scheduler's clock when the step was scheduled
 
     @property

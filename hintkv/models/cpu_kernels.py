@@ -24,6 +24,7 @@ from types import ModuleType
 import torch
 
 from hintkv.models import cpu_ext
+from hintkv.models.compile import Regions, add_rmsnorm_, rope_, silu_mul
 
 _SOURCE = (Path(__file__).parent / "csrc" / "cpu_kernels.cpp").read_text()
 # -march=native: built on the machine that runs it; vector code is guarded by __AVX512F__
@@ -57,18 +58,13 @@ def attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, k
 def _add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, w: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or (residual is not None and not residual.is_contiguous()):
-        from hintkv.models.compile import add_rmsnorm_
-
         return add_rmsnorm_(x, residual, w, eps)
-    out, res = ops().add_rmsnorm(x, residual if residual is not None else x.new_empty(0), w, eps)
-    return out, res
+    return ops().add_rmsnorm(x, residual if residual is not None else x.new_empty(0), w, eps)
 
 
 def _rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
           head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if qkv.dtype != torch.float32 or not qkv.is_contiguous():
-        from hintkv.models.compile import rope_
-
         return rope_(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
     ops().rope_(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
     x = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, head_dim)
@@ -77,14 +73,10 @@ def _rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: in
 
 def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dtype != torch.float32 or not gate_up.is_contiguous():
-        from hintkv.models.compile import silu_mul
-
         return silu_mul(gate_up)
     return ops().silu_mul(gate_up)
 
 
 def regions():
     """compile.py's Regions with the fused C++ element-wise kernels (call only when `enabled()`)."""
-    from hintkv.models.compile import Regions
-
     return Regions(add_rmsnorm=_add_rmsnorm, rope=_rope, silu_mul=_silu_mul)

@@ -15,24 +15,22 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD = 256 << 20
 TRIM_THRESHOLD = 1 << 30
-_done: list[bool] = []
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds once per process; whether they are set (False off Linux / glibc)."""
-    if not _done:
-        ok = False
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-                    libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-            except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-                ok = False
-        _done.append(ok)
-    return _done[0]
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+            libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False

@@ -20,7 +20,7 @@ from torch import nn
 from hintkv.models import cpu_kernels
 from hintkv.models.attention import AttentionMetadata, paged_attention
 from hintkv.models.calibration import calibrate
-from hintkv.models.compile import Regions, add_rmsnorm_, compile_regions
+from hintkv.models.compile import Regions, compile_regions
 from hintkv.models.config import ModelConfig
 from hintkv.models.linear import (
     KERNELS,
@@ -44,10 +44,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = _param(dim, dtype=dtype, device=device)
         self.eps = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual); with no residual, (norm(x), x)."""
-        return add_rmsnorm_(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):

@@ -266,8 +266,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
     const int64_t half = NB * BS * Hkv * D;  // K -> V
 
-    // K of every (sequence, KV head) in key tiles, each transposed [D][KT] (tile t at t * D * KT),
-    // and V [S][D]: gathered once, shared by the sequence's query tiles
+    // K of every (sequence, KV head) in key tiles, each transposed [D][KT] (tile t at t * D * KT):
+    // gathered once, shared by the sequence's query tiles (V rows are read where they lie)
     std::vector<int64_t> koff(B * Hkv + 1, 0), spad(B);
     std::vector<char> direct(B);
     for (int64_t b = 0; b < B; ++b) {
