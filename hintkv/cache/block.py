@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hintkv.cache.hashing import BlockHash
+
+if TYPE_CHECKING:
+    from hintkv.cache.block_runs import _Run
 
 
 @dataclass(slots=True, eq=False)
@@ -15,6 +19,9 @@ class Block:
     # while indexed: the ranking group of its hash (kept by the pool from the ranking's
     # `block_moved`: a release files its run without a lookup per block in the group map)
     group: int = 0
+    # while cached (indexed, unreferenced): the run of the pool's victim order it was filed in
+    # (`cache.block_runs`); None otherwise
+    run: _Run | None = None
 
     @property
     def is_cached(self) -> bool:

@@ -7,9 +7,10 @@ Every block is in exactly one of three states:
 Cached blocks sit in one bucket per eviction class (`policies.base`). Inside a bucket, one NODE
 per group of blocks (`cache.ranking`: the blocks the same sessions hold, e.g. one session's own
 context), least recently used node first; inside a node, blocks in the order they were released
-(a sequence releases tail first, so a session's tail goes before its head). Nodes and buckets
-are dicts used as ordered queues (O(1) removal from the middle when a cached block is hit again,
-which a heap cannot do). Victims are popped from the lowest non-empty class, front node first,
+(a sequence releases tail first, so a session's tail goes before its head), each release's
+consecutive blocks of one group filed as ONE run (`cache.block_runs`: a release or a re-match
+costs a store per block, not dict entries). Nodes and buckets are dicts used as ordered queues
+(O(1) removal from the middle when a cached block is hit again, which a heap cannot do). Victims are popped from the lowest non-empty class, front node first,
 front block first: O(victims), never a scan or a per-block key. A session changing class moves
 its group's node to the back of another bucket: O(1), whatever the number of blocks. Under a
 policy without sessions (`lru`) there is one node per class: plain LRU.
@@ -27,12 +28,12 @@ from itertools import groupby, takewhile
 from operator import attrgetter
 
 from hintkv.cache.block import Block
+from hintkv.cache.block_runs import BlockRuns
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies import EvictionPolicy
 from hintkv.cache.ranking import ClassRanking
-from hintkv.tiers.order import ClassedLRU
 
-_hash_of, _id_of, _group_of = attrgetter("hash"), attrgetter("block_id"), attrgetter("group")
+_hash_of, _group_of = attrgetter("hash"), attrgetter("group")
 UNINDEX_LOG_MAX = 1 << 16  # unindexed hashes kept for cached prefix matches (`KVCacheManager`)
 
 EvictHook = Callable[[list[Block]], None]
@@ -49,7 +50,7 @@ class BlockPool:
         self.ranking.listeners.append(self)
         self._grouped = self.ranking.grouped
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: pop() gives 0 first
-        self._cached: ClassedLRU[int, Block] = ClassedLRU()  # class -> group node -> blocks
+        self._cached = BlockRuns()  # class -> group node -> runs of blocks (`cache.block_runs`)
         if self._grouped:  # a group changing class moves its node here (`ClassRanking`)
             self.ranking.node_orders.append(self._cached)
         self._index: dict[BlockHash, Block] = {}
@@ -93,12 +94,12 @@ class BlockPool:
     def class_of(self, b: Block) -> int:
         """The class of the bucket a cached unreferenced block sits in."""
         self.ranking.settle()
-        return self._cached.class_of(b.block_id)
+        return self._cached.class_of(b)
 
     def cached_free_blocks(self) -> list[Block]:
         """Every cached unreferenced block, in victim order."""
         self.ranking.settle()
-        return [b for _, b in self._cached.victims()]
+        return list(self._cached.victims())
 
     def leading_run(self, hashes: list[BlockHash]) -> list[Block]:
         """The blocks of the longest prefix of `hashes` in the index (a prefix match). Runs in C:
@@ -137,7 +138,7 @@ class BlockPool:
                 self.on_evict(victims)
             hashes = list(map(_hash_of, victims))
             self._log_unindexed(hashes)
-            self._cached.remove_many(list(map(_id_of, victims)))
+            self._cached.remove_many(victims)
             index = self._index
             for b, h in zip(victims, hashes):
                 del index[h]
@@ -155,7 +156,7 @@ class BlockPool:
         if n <= 0:
             return out
         self.ranking.settle()  # moves an arrival left pending (`ClassRanking.settle`)
-        for _, b in self._cached.victims():
+        for b in self._cached.victims():
             out.append(b)
             if len(out) >= n:
                 break
@@ -168,7 +169,7 @@ class BlockPool:
         for b in blocks:  # one pass (a 100K-token prompt matches thousands of blocks)
             n = b.ref_cnt
             if not n:
-                keep(b.block_id)
+                keep(b)
             b.ref_cnt = n + 1
         if cached:
             self._cached.remove_many(cached)
@@ -195,14 +196,13 @@ class BlockPool:
             return
         self.ranking.settle()  # nodes are refiled at the back of their class: it must be current
         groups = list(map(_group_of, cached))  # (kept on each indexed block: `block_moved`)
-        ids = list(map(_id_of, cached))
         if groups.count(groups[0]) == len(groups):  # one group (a session's own context): one run
-            self._file_run(ids, cached, groups[0])
+            self._file_run(cached, groups[0])
             return
         i = 0  # runs of one group (a context: its own part, then the shared prompt's)
         for g, run in groupby(groups):
             n = len(list(run))
-            self._file_run(ids[i:i + n], cached[i:i + n], g)
+            self._file_run(cached[i:i + n], g)
             i += n
 
     def register(self, block: Block, h: BlockHash) -> bool:
@@ -219,7 +219,7 @@ class BlockPool:
         """Free a cached, unreferenced block at once (its KV is forgotten). False if in use."""
         if block.ref_cnt > 0 or block.hash is None:
             return False
-        self._cached.remove(block.block_id)
+        self._cached.remove(block)
         del self._index[block.hash]
         self._log_unindexed([block.hash])
         block.hash = None
@@ -229,13 +229,11 @@ class BlockPool:
     # ---- nodes: a cached block sits in its group's node, the node in its class's bucket ------
     def _file(self, b: Block, group: int, front: bool = False) -> None:
         """File `b` in its group's node (one node for all under a policy without sessions)."""
-        self._cached.add(b.block_id, b, group if self._grouped else 0,
-                         self.ranking.group_class(group), front)
+        self._cached.add(b, group if self._grouped else 0, self.ranking.group_class(group), front)
 
-    def _file_run(self, ids: list[int], blocks: list[Block], group: int) -> None:
-        """`_file` of consecutive blocks of one group, in order, as one filing."""
-        self._cached.add_run(ids, blocks, group if self._grouped else 0,
-                             self.ranking.group_class(group))
+    def _file_run(self, blocks: list[Block], group: int) -> None:
+        """`_file` of consecutive blocks of one group, in order, as one run (takes the list)."""
+        self._cached.add_run(blocks, group if self._grouped else 0, self.ranking.group_class(group))
 
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None:
         """Ranking listener: the block holding `h` (if cached here) joins another group (at its
@@ -246,7 +244,7 @@ class BlockPool:
         b.group = group
         if b.ref_cnt > 0 or not self._grouped:
             return
-        self._cached.remove(b.block_id)
+        self._cached.remove(b)
         # a block joining a session's group extends it at the tail (the ranking reports them
         # head first): reclaimed before the blocks the group held already
         self._file(b, group, front=group != 0)
@@ -257,8 +255,8 @@ class BlockPool:
         empty = set(self._empty)
         self._cached.check_integrity()
         cached: set[int] = set()
-        for bid, b, node, c in self._cached.items():
-            assert b.block_id == bid, f"block {bid} is filed under another id"
+        for b, node, c in self._cached.items():
+            bid = b.block_id
             want = self.ranking.group_of(b.hash) if self._grouped else 0
             assert node == want, f"cached block {bid} sits in node {node}, its group is {want}"
             assert c == self.ranking.block_class(b.hash), \
@@ -279,6 +277,8 @@ class BlockPool:
         for bid in cached:
             b = self.blocks[bid]
             assert b.hash is not None and b.ref_cnt == 0, f"cached block {bid} has no hash"
+        assert all((b.run is not None) == (b.block_id in cached) for b in self.blocks), \
+            "a block's run disagrees with its state (only cached blocks sit in a run)"
         hashed = {b.block_id for b in self.blocks if b.hash is not None}
         assert hashed == {b.block_id for b in self._index.values()}, "prefix index out of sync"
         for h, b in self._index.items():
