@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-scale", type=float, default=1.0)
     p.add_argument("--max-calls", type=int, default=None, help="cut each agent to its first N calls")
     p.add_argument("--max-tasks", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16,
+                   help="the simulated engine's KV block size in tokens (vLLM's default on an H200: 16; the "
+                        "traces' own blocks are 64); printed in the report")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
@@ -217,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     costs = CostModel(profile)
     if args.instances < 1:
         print("hintkv sim: --instances must be >= 1", file=sys.stderr)
+        return 2
+    if args.block_size < 1:
+        print("hintkv sim: --block-size must be >= 1", file=sys.stderr)
         return 2
     default = CLUSTER_CONFIGS if args.instances > 1 else ONE_INSTANCE_CONFIGS
     names = ([n.strip() for n in args.configs.split(",") if n.strip()] if args.configs
@@ -240,24 +246,24 @@ def main(argv: list[str] | None = None) -> int:
         if name not in ORACLES:
             cfg = resolve(name, args.scheduling_policy)
             scheduling[name] = cfg.scheduling
-            results[name] = simulate(wl, cfg, costs, device_tokens,
+            results[name] = simulate(wl, cfg, costs, device_tokens, block_size=args.block_size,
                                      max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens,
                                      progress=not args.no_progress, instances=args.instances,
                                      max_inflight=args.max_inflight)
     oracles: dict[str, float] = {}
     rows = [_row(r, scheduling[n]) for n, r in results.items()]
-    blocks = device_tokens // 16
+    blocks = device_tokens // args.block_size
     for name in names:
         if name in ORACLES:
             per = {"oracle": 1, "oracle+host": 1 + HOST_FACTOR, "oracle+pool": 1 + HOST_FACTOR + POOL_FACTOR}
             cap = blocks * per[name] * args.instances  # one cache of the cluster's whole capacity
-            o = belady(results["lru"].accesses, cap, 16)
+            o = belady(results["lru"].accesses, cap, args.block_size)
             oracles[name] = o.hit_rate
             rows.append({"config": name, "calls": len(results["lru"].accesses), "hit_rate": o.hit_rate})
     print(f"hintkv sim --profile {profile.name}: {args.users} users, {args.instances} instance(s), "
           f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
-          f"device {device_tokens} tokens, seed {args.seed}")
+          f"device {device_tokens} tokens, block size {args.block_size}, seed {args.seed}")
     print_table(rows, list(rows[0]))
     breakdown = [b for n, r in results.items() for b in breakdown_rows(n, r.calls)]
     print("\nwhere the TTFT went (mean seconds per call; the parts sum to ttft_mean_s):")
@@ -272,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                "router": {n: r.router for n, r in results.items()},
                "pool": {n: r.pool_stats for n, r in results.items() if r.pool_stats},
                "seed": args.seed, "token_scale": args.token_scale, "device_tokens": device_tokens,
+               "block_size": args.block_size,
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "plots": plots, "scheduling": args.scheduling_policy,

@@ -108,3 +108,23 @@ def test_the_loop_runs_without_the_cyclic_collector_and_gives_it_back(workload, 
         assert not gc.isenabled()
         raise RuntimeError("a failing run")
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_block_size_is_simulated_and_printed(traces, capsys):
+    """`--block-size 64`: the engine, its tiers and the oracle all count 64-token blocks (an oracle
+    left at 16 would count a quarter of its hits and sit below the runs), and the report says so."""
+    from hintkv.cli import main
+
+    args = ["sim", "--profile", "h200-llama3-8b", "--users", "2", "--traces", traces, "--token-scale", "0.05",
+            "--max-calls", "3", "--max-tasks", "2", "--no-progress", "--device-tokens", "20000",
+            "--configs", "lru,sam+hints+host,oracle,oracle+host"]
+    assert main([*args, "--block-size", "64"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "block size 64" in out[0]
+    last = json.loads(out[-1])
+    assert last["block_size"] == 64
+    res = last["results"]
+    assert res["lru"]["hit_rate"] <= last["oracles"]["oracle"] + 1e-9
+    assert res["sam+hints+host"]["hit_rate"] <= last["oracles"]["oracle+host"] + 1e-9
+    assert res["sam+hints+host"]["hit_rate"] > 0
+    assert main([*args, "--block-size", "0"]) == 2
