@@ -6,10 +6,12 @@ makes it follow the agents, on top of what every tier already gets from `TierCon
     what                                   how
     session -> pooled keys tracker         the session registry's `held` lists (ownership by
                                            hash: a shared prefix is one key, held by many)
-    publish                                a finished request's full blocks are written through
-                                           to the pool (`publish`), so a session resumed on
-                                           another instance loads its prefix instead of
-                                           recomputing it
+    publish                                with `--pool-write-through`, a finished request's
+                                           full blocks are written through to the pool
+                                           (`publish`), so a session resumed on another
+                                           instance loads its whole prefix; by default the pool
+                                           gets only what no private tier keeps (the host
+                                           tier's evictions of live sessions' blocks)
     keep-alive of live sessions            every KEEPALIVE_EVERY_S, ONE batched call refreshes
                                            the pool's lease on every block that an active,
                                            waiting or suspended session holds (`tick`)

@@ -106,7 +106,7 @@ class SimPool:
     `policy`: "spm" (session-aware, SPM on when the engine takes hints) or "lru" (a plain store)."""
 
     def __init__(self, policy: str, capacity_blocks: int, real_block_bytes: int,
-                 write_through: bool = True) -> None:
+                 write_through: bool = False) -> None:
         if policy not in ("spm", "lru"):
             raise ValueError(f"pool policy must be spm or lru, not {policy!r}")
         self.policy = policy

@@ -17,7 +17,8 @@ are the issue's, computed from the runs.
 `--instances N` (> 1) runs N engines on one clock behind the router's placement code
 (`sim.cluster`) with the shared pool under each host tier (`sim.pool`): the configurations are
 then lru (device only), lru+pool (host + a plain LRU pool, `--pool-policy lru`) and
-sam+hints+pool (host + SPM), and the goals compare sam+hints+pool with lru+pool where the one
+sam+hints+pool (host + SPM, the server's default: no write-through), sam+hints+pool+wt (SPM with
+`--pool-write-through`), and the goals compare sam+hints+pool with lru+pool where the one
 instance compares sam+hints+host with lru+host. Peak host / pool bytes are cluster-wide.
 """
 
@@ -53,7 +54,7 @@ from hintkv.sim.workload import DEFAULT_TRACES, build_workload
 
 ORACLES = ("oracle", "oracle+host", "oracle+pool")
 ONE_INSTANCE_CONFIGS = ("lru", "lru+host", "sam+hints", "sam+hints+host", "oracle", "oracle+host")
-CLUSTER_CONFIGS = ("lru", "lru+pool", "sam+hints+pool", "sam+hints+pool-wt", "oracle", "oracle+pool")
+CLUSTER_CONFIGS = ("lru", "lru+pool", "sam+hints+pool", "sam+hints+pool+wt", "oracle", "oracle+pool")
 QUICK = {"token_scale": 0.25, "max_calls": 12, "max_tasks": 20}
 WALL_GOAL_S = 300.0  # 10 users, whole trace set, one configuration
 SCHEDULING = "short-first"  # hintkv's scheduler for the hinted configurations (lru runs keep fcfs)

@@ -38,7 +38,7 @@ class SimConfig:
     host: bool = False  # a host tier of HOST_FACTOR x the device pool
     pool: str | None = None  # the cluster's shared pool below the host: "spm" or "lru" (plain)
     scheduling: str = "fcfs"  # the scheduler's admission policy by name (`hintkv.engine.admission`)
-    pool_write_through: bool = True  # SPM publishes each finished request (off: host evictions only)
+    pool_write_through: bool = False  # SPM publishes each finished request (off: host evictions only)
 
 
 HOST_FACTOR = 4  # host tier size / device pool (bench swarm's setting)

@@ -58,7 +58,7 @@ def build_tier_stack(layout: BlockLayout, host_cache_memory: str | int | None = 
 def build_pool_tier(layout: BlockLayout, backend: str, size: str | int, policy: str = "spm",
                     directory: str | None = None, master: str | None = None,
                     metadata: str | None = None, timeout_s: float = 1.0,
-                    write_through: bool = True) -> PoolTier:
+                    write_through: bool = False) -> PoolTier:
     """The shared pool tier `--pool` asks for (`embedded` or `mooncake`), `size` bytes of it for
     this instance. A Mooncake instance mounts a segment a quarter larger than its share, so the
     master's own eviction (at its high watermark) rarely acts before ours does."""

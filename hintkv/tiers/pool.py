@@ -55,7 +55,7 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
     def __init__(self, layout: BlockLayout, backend: PoolBackend, capacity_bytes: int,
                  session_aware: bool = True, timeout_s: float = 1.0,
                  breaker: CircuitBreaker | None = None, key_prefix: str = "hkv", secret: bytes = b"",
-                 on_evict: OnEvict | None = None, write_through: bool = True) -> None:
+                 on_evict: OnEvict | None = None, write_through: bool = False) -> None:
         self.layout = layout
         self.backend = backend
         self.frame_nbytes = HEADER_SIZE + layout.nbytes

@@ -64,7 +64,8 @@ def _session_then_resume(engine, first):
 
 @pytest.mark.parametrize("kv", FORMATS)
 def test_a_quantised_session_resumes_on_another_instance_from_the_pool(kv, tmp_path):
-    opts = {"pool": "embedded", "pool_dir": str(tmp_path / "pool"), "pool_size": "4MiB", "kv_cache_dtype": kv}
+    opts = {"pool": "embedded", "pool_dir": str(tmp_path / "pool"), "pool_size": "4MiB", "kv_cache_dtype": kv,
+            "pool_write_through": True}
     a, b = tiny_engine(**opts), tiny_engine(**opts)
     same = tiny_engine(kv_tokens=32 * BLOCK, kv_cache_dtype=kv)  # the prefix from its own device pool
     try:

@@ -21,10 +21,12 @@ from tests.engine.tier_engine_helpers import (
 
 @pytest.fixture(params=["embedded-dir", "mooncake"])
 def pool_options(request, tmp_path):
+    """Write-through on (`--pool-write-through`): these tests follow a finished request's blocks."""
     if request.param == "mooncake":
         m = request.getfixturevalue("mooncake_master")
-        return {"pool": "mooncake", "pool_master": m.rpc_address, "pool_metadata": m.metadata_url}
-    return {"pool": "embedded", "pool_dir": str(tmp_path / "pool")}
+        return {"pool": "mooncake", "pool_master": m.rpc_address, "pool_metadata": m.metadata_url,
+                "pool_write_through": True}
+    return {"pool": "embedded", "pool_dir": str(tmp_path / "pool"), "pool_write_through": True}
 
 
 def test_a_session_moves_to_another_instance_and_loads_its_prefix(pool_options):
@@ -50,9 +52,10 @@ def test_a_session_moves_to_another_instance_and_loads_its_prefix(pool_options):
             e.close()
 
 
-def test_without_write_through_a_finished_request_leaves_the_pool_alone(tmp_path):
-    a = tiny_engine(pool_size="4MiB", pool="embedded", pool_dir=str(tmp_path / "pool"),
-                    pool_write_through=False)
+def test_by_default_a_finished_request_leaves_the_pool_alone(tmp_path):
+    """No write-through unless asked (`--pool-write-through`): the pool gets only what no private
+    tier keeps."""
+    a = tiny_engine(pool_size="4MiB", pool="embedded", pool_dir=str(tmp_path / "pool"))
     try:
         first = prompt(1, 4 * BLOCK)
         out, _ = generate(a, first, sid="s1")
@@ -111,7 +114,7 @@ def test_pool_figures_reach_metrics_and_bad_flags_are_refused(tmp_path):
     from hintkv.config import EngineConfig
     from hintkv.server.metrics import TierStatsCollector
 
-    a = tiny_engine(pool="embedded", pool_size="4MiB")
+    a = tiny_engine(pool="embedded", pool_size="4MiB", pool_write_through=True)
     try:
         generate(a, prompt(30, 3 * BLOCK), sid="m")
         a.tiers.stack.flush()

@@ -30,7 +30,8 @@ def test_breaker_opens_backs_off_and_closes_on_a_good_probe():
 def test_master_killed_mid_run_keeps_serving_and_recovers(fresh_master):
     m = fresh_master
     a = tiny_engine(pool="mooncake", pool_size="4MiB", pool_master=m.rpc_address,
-                    pool_metadata=m.metadata_url, pool_timeout_s=0.5, host_cache_memory="1MiB")
+                    pool_metadata=m.metadata_url, pool_timeout_s=0.5, host_cache_memory="1MiB",
+                    pool_write_through=True)
     ref = tiny_engine()
     try:
         generate(a, prompt(1, 4 * BLOCK), sid="s1")

@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
         e = AsyncLLM.from_config(EngineConfig(
             model="dummy:tiny", dtype="float32", device="cpu", block_size=BLOCK,
             kv_cache_tokens=64 * BLOCK, max_model_len=1024, max_num_seqs=8,
-            pool="embedded", pool_dir=pool_dir, pool_size="8MiB"))
+            pool="embedded", pool_dir=pool_dir, pool_size="8MiB", pool_write_through=True))
         engines.append(e)
         servers.append(BackgroundServer(build_app(e, [])).start())
     router = BackgroundServer(build_router_app([s.base_url for s in servers],
