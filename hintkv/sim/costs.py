@@ -115,10 +115,18 @@ class CostModel:
         """One decode step of `batch` sequences at (mean) context `context`."""
         if batch <= 0:
             return 0.0
-        bs, cs = self._batches, self._ctxs
+        bs, cs, rows = self._batches, self._ctxs, self._rows
         c = min(max(context, cs[0]), cs[-1])
-        rows = [_interp(cs, row, c) for row in self._rows]
-        ms = _interp(bs, rows, batch)
+        # `_interp(bs, [each row at c], batch)`, interpolating only the rows it reads
+        if len(bs) == 1 or batch <= bs[0]:
+            ms = _interp(cs, rows[0], c)
+        else:
+            i = min(bisect_right(bs, batch), len(bs) - 1)
+            y0, y1 = _interp(cs, rows[i - 1], c), _interp(cs, rows[i], c)
+            slope = (y1 - y0) / (bs[i] - bs[i - 1])
+            if batch > bs[-1]:
+                slope = max(slope, 0.0)
+            ms = y0 + slope * (batch - bs[i - 1])
         if context > cs[-1]:
             ms += batch * self.kv_read_ms(context - cs[-1])
         return ms

@@ -120,16 +120,23 @@ class SimEngine:
         self._waiting = False
         self._step()
 
-    def _wake(self) -> None:
+    def _wake(self, now: bool = False) -> None:
+        """Start a step if there is work and none is in flight: as a zero-delay event (requests
+        and copies due at this instant go first), or with `now` at once when nothing else is due
+        at this instant (the same order; one heap push and pop fewer per step)."""
         if self._waiting and self.clock.unwait(self.scheduler.kv.tiers.stack.mover):
             self._waiting = self._busy = False  # new work: look now, not after the next copy
         if not self._busy and self.scheduler.has_work():
             self._busy = True
-            self.clock.after(0.0, self._step)
+            due = self.clock.next_time()
+            if now and (due is None or due > self.clock()):
+                self._step()
+            else:
+                self.clock.after(0.0, self._step)
 
-    def _count_wait(self, sched: SchedulerOutput | None) -> None:
+    def _count_wait(self, sched: SchedulerOutput | None, num_tokens: int = 0) -> None:
         """Charge the waiting since the last mark (see `StepStats.wait_s`); `sched`: a step was
-        just scheduled (None: a request arrived)."""
+        just scheduled, of `num_tokens` batched tokens (None: a request arrived)."""
         cause, left, new, since = self._wait
         now = self.clock()
         if now > since:
@@ -139,7 +146,7 @@ class SimEngine:
             self._wait = (cause, left, new + 1, now)
             return
         s = self.scheduler
-        if sched.num_batched_tokens + self.cfg.block_size > s.max_num_batched_tokens:
+        if num_tokens + self.cfg.block_size > s.max_num_batched_tokens:
             cause = "budget"
         elif len(s.running) >= s.max_num_seqs:
             cause = "seqs"
@@ -149,7 +156,8 @@ class SimEngine:
 
     def _step(self) -> None:
         sched = self.scheduler.schedule()
-        self._count_wait(sched)
+        num_tokens = sched.num_batched_tokens
+        self._count_wait(sched, num_tokens)
         if not sched.scheduled:
             outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput())
             self._deliver(outputs)
@@ -168,7 +176,7 @@ class SimEngine:
             ms += self.costs.profile.idle_wakeup_ms
         self.stats.num_steps += 1
         self.stats.busy_s += ms / 1e3
-        self.stats.num_batched_tokens += sched.num_batched_tokens
+        self.stats.num_batched_tokens += num_tokens
         self.clock.after(ms / 1e3, lambda: self._finish_step(sched, ms / 1e3))
 
     def step_ms(self, sched: SchedulerOutput) -> float:
@@ -198,7 +206,7 @@ class SimEngine:
         outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput(tokens, forward_s))
         self._deliver(outputs)
         self._busy = False
-        self._wake()
+        self._wake(now=True)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = self.clock()
