@@ -19,9 +19,8 @@ def namespace_root(model: str, dtype: str, block_size: int, cache_salt: str | No
 
 
 def hash_block(parent: BlockHash, token_ids: list[int]) -> BlockHash:
-    h = hashlib.blake2b(parent, digest_size=16)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+    # one call over parent + tokens: the same digest as update(parent), update(tokens)
+    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
 def hash_blocks(root: BlockHash, token_ids: list[int], block_size: int,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import TYPE_CHECKING
 
 from hintkv.cache.gaps import GapEstimator
@@ -154,19 +155,17 @@ class SessionRegistry:
         the common prefix is diffed (a full-scale prompt is thousands of blocks)."""
         held = s.held
         n_old, n_new = len(held), len(hashes)
+        # (the filters run in C: `filterfalse` over a set's membership test)
         if n_new >= n_old and hashes[:n_old] == held:  # extended: nothing is dropped
-            old = set(held)
             removed = []
-            added = [h for h in hashes[n_old:] if h not in old]
+            added = list(filterfalse(set(held).__contains__, hashes[n_old:])) if n_new > n_old \
+                else []
         elif n_new < n_old and held[:n_new] == hashes:  # cut: nothing is added
-            new = set(hashes)
-            removed = [h for h in held[n_new:] if h not in new]
+            removed = list(filterfalse(set(hashes).__contains__, held[n_new:]))
             added = []
         else:
-            new = set(hashes)
-            old = set(held)
-            removed = [h for h in held if h not in new]
-            added = [h for h in hashes if h not in old]
+            removed = list(filterfalse(set(hashes).__contains__, held))
+            added = list(filterfalse(set(held).__contains__, hashes))
         orphans = []
         holders = self.holders
         key = s.key

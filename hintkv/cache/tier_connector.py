@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, wait
 from dataclasses import dataclass
-from itertools import takewhile
+from itertools import compress, takewhile
+from operator import attrgetter, not_
 
 import torch
 
@@ -53,6 +54,7 @@ from hintkv.tiers.ranks import RankBoard
 from hintkv.tiers.stack import TierStack
 
 log = logging.getLogger(__name__)
+_id_of = attrgetter("block_id")
 
 @dataclass(slots=True)
 class PendingLoad:
@@ -227,14 +229,16 @@ class TierConnector:
         """`offload`, also returning the blocks of `hashes` on the device: (written, already
         below, on device), from ONE walk of the session's blocks (SAM's offload hint walked them
         twice: 28% of a full-scale hinted simulation, py-spy)."""
+        # C-level passes (`compress`, `map`): a full-scale session holds thousands of blocks
         found = self.pool.lookup_many(hashes)
-        on_device = [h for h, b in zip(hashes, found) if b is not None]
+        on_device = list(compress(hashes, found))  # (a Block is always truthy)
         where = self.stack.lookup(on_device)
         n = len(on_device)
         if self.offload_mode == "deferred":
             return 0, n - where.count(None), n
-        fresh = [h for h, w in zip(on_device, where) if w is None]
-        ids = [b.block_id for b, w in zip(filter(None, found), where) if w is None]
+        missing = list(map(not_, where))  # not below yet (tier names are non-empty)
+        fresh = list(compress(on_device, missing))
+        ids = list(map(_id_of, compress(filter(None, found), missing)))
         batch = self._write_down(fresh, ids) if fresh else []
         self._offload_seq += 1
         self._num_offloads += 1
@@ -325,7 +329,7 @@ class TierConnector:
         """`prefetch`, also returning the blocks of `hashes` held below (as `where` counts them,
         before the prefetch): (scheduled, on device, below), from ONE walk of the session's
         blocks per index (SAM's prefetch hint walked them twice)."""
-        lower = [h for h, b in zip(hashes, self.pool.lookup_many(hashes)) if b is None]
+        lower = list(compress(hashes, map(not_, self.pool.lookup_many(hashes))))  # (C)
         where = self.stack.lookup(lower)
         below = len(lower) - where.count(None)
         in_flight = self._in_flight()

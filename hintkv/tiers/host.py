@@ -45,6 +45,10 @@ class HostTier(IndexedTier):
             ready: list[int] = []  # positions j in keys
             slots: list[int] = []
             parts: dict[int, Future[bool]] = {}
+            # the ready ones are touched as one batch, in key order (flushed before a `get`,
+            # which touches its own key: the order of touches is the keys')
+            touched: list[bytes] = []
+            touched_entries: list[Entry] = []
             for j, key in enumerate(keys):
                 entry = self._entries.get(key)
                 if entry is None:
@@ -52,11 +56,15 @@ class HostTier(IndexedTier):
                     parts[j] = resolved(False)
                     continue
                 if entry.ready:
-                    self._touch(key, entry)
+                    touched.append(key)
+                    touched_entries.append(entry)
                     ready.append(j)
                     slots.append(entry.slot)
                 else:
+                    self._touch_many(touched, touched_entries)
+                    touched, touched_entries = [], []
                     parts[j] = self.get(key, dst[rows[j]])
+            self._touch_many(touched, touched_entries)
             if ready:
                 afters = [f for s in set(slots) if (f := self._after(s)) is not None]
                 dst_rows = torch.tensor([rows[j] for j in ready])

@@ -189,8 +189,7 @@ class IndexedTier(TierIO, Tier):
     def contains_many(self, keys: list[bytes]) -> list[bool]:
         """`contains` for many keys under ONE lock acquisition (not one per key)."""
         with self._lock:
-            entries = self._entries
-            return [k in entries for k in keys]
+            return list(map(self._entries.__contains__, keys))  # (C: a run is thousands)
 
     def last_access(self, key: bytes) -> int:
         with self._lock:
@@ -276,6 +275,15 @@ class IndexedTier(TierIO, Tier):
         """An access: newest in its node, and its node newest in its class."""
         entry.last_access = self._tick()
         self._order.touch(key)
+
+    def _touch_many(self, keys: list[bytes], entries: list[Entry]) -> None:
+        """`_touch` of each, in order, as one call."""
+        clock = self._clock
+        for e in entries:
+            clock += 1
+            e.last_access = clock
+        self._clock = clock
+        self._order.touch_many(keys)
 
     def _refile(self, key: bytes, entry: Entry, regrouped: bool = False) -> None:
         node, cls = self._place(key)

@@ -130,6 +130,25 @@ class ClassedLRU(Generic[K, V]):
         items[key] = items.pop(key)
         bucket[node] = items
 
+    def touch_many(self, keys: list[K]) -> None:
+        """`touch` of each key, in order, as one call (a load's run of blocks): the same order
+        as one `touch` each; a node moves once, where its last touched key puts it."""
+        node_of, node_cls, buckets = self._node_of, self._node_cls, self._buckets
+        last: dict[Hashable, OrderedDict[K, V]] = {}  # node -> its items, by last touch
+        prev = items = None
+        for key in keys:
+            node = node_of[key]
+            if node is not prev:
+                items = buckets[node_cls[node]][node]
+                last.pop(node, None)
+                last[node] = items
+                prev = node
+            items.move_to_end(key)
+        for node, items in last.items():
+            bucket = buckets[node_cls[node]]
+            del bucket[node]
+            bucket[node] = items
+
     def move_node(self, node: Hashable, cls: int, again: bool = False) -> bool:
         """A group changed class: its node (if any) goes to the back of `cls`. O(1). `again`:
         also when it is in `cls` already (it left and came back)."""

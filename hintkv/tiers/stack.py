@@ -84,8 +84,9 @@ class TierStack:
             return [None] * len(keys)
         top = self.tiers[0]  # the first tier asks for every key: no index lists (a session's chain)
         found = top.contains_many(keys)
-        name = top.name
-        out: list[str | None] = [name if ok else None for ok in found]
+        out: list[str | None] = list(map({True: top.name, False: None}.__getitem__, found))  # (C)
+        if len(self.tiers) == 1:
+            return out
         todo = [i for i, ok in enumerate(found) if not ok]
         for t in self.tiers[1:]:
             if not todo:
