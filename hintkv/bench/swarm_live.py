@@ -33,7 +33,7 @@ from hintkv.workload.live import LiveResult, replay_live
 LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
         ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True),
         ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True))
-HINTED_ADMISSION = "prefill-first"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
+HINTED_ADMISSION = "prefill-fair"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
 LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": HINTED_ADMISSION, "sam+host": HINTED_ADMISSION,
                   "qlru+host": HINTED_ADMISSION, "lru+host/pf": HINTED_ADMISSION,
                   "lru+host/sf": "short-first"}  # offline: ADMISSION

@@ -1,7 +1,7 @@
 """`hintkv bench swarm_sched`: the live swarm's TTFT in simulated time: where the queue goes.
 
     hintkv bench swarm_sched [--quick] [--kinds swe-agent,claude-code] [--seeds 0,1,2]
-                             [--admission prefill-first] [--profile local|FILE] [--users 10]
+                             [--admission prefill-fair] [--profile local|FILE] [--users 10]
 
 `hintkv bench swarm`'s live runs on `hintkv.sim`'s engine instead of a server: the same workload
 (`--quick`: 6 calls an agent at token scale 1/16), the same device (`--device-fraction` of the
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-calls", type=int, default=6)
     p.add_argument("--token-scale", type=float, default=1 / 16)
     p.add_argument("--device-fraction", type=float, default=0.35)
-    p.add_argument("--admission", default="prefill-first", choices=admission_names(),
+    p.add_argument("--admission", default="prefill-fair", choices=admission_names(),
                    help="the hinted runs' scheduler (and of the lru+host/A, qlru+host/A rows)")
     p.add_argument("--profile", default="local", help="`local` (hintkv sim calibrate) or a profile JSON file")
     args = p.parse_args(argv)

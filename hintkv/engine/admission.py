@@ -29,14 +29,8 @@
   for tens of steps while short prefills queue behind it (head-of-line blocking), and because
   keys only age, a long one is overtaken only by sequences that arrived before its own deadline:
   it waits at most about as long again as it computes (no starvation).
-- `prefill-first` (`short-first`, and swap-out for a new prefill): when the best waiting request
-  that has not had its first token has no room, running decodes (past their first token) are
-  preempted for it, most output left first, each request at most once, and wait behind the new
-  prefills. Their blocks go down to the host tier as they are evicted (under hints their session
-  holds what the request computed) and load back: a swap, not a recompute. Without a lower tier
-  nothing is swapped (it is `short-first`). On a small device most of a waiting request's wait is
-  decodes holding the blocks (the `--quick` swarm: ~2 decodes holding ~40 of 56 blocks, the head
-  needing ~21): TTFT counts only the prefill, and a decode set aside costs the host a copy.
+- `prefill-first`, `prefill-fair`: `short-first` plus swapping running decodes out to the host tier
+  for a new prefill without room (`hintkv.engine.admission_swap`).
 
 The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
 and sizes. New policies register with `@register_admission("name")`.
@@ -125,6 +119,10 @@ class AdmissionPolicy:
         preempted to make room for a new prefill, when `swaps` (the scheduler stops as soon as
         the room is there, and preempts nobody if all of them would not make it)."""
         return []
+
+    def may_swap(self, waiting: Iterable[Sequence]) -> bool:
+        """When `swaps`: False holds every running decode this step (no swap is considered)."""
+        return True
 
     def forget(self, request_id: str) -> None:
         """The request left (finished or aborted)."""
@@ -280,16 +278,4 @@ class ShortFirstAdmission(CacheAwareAdmission):
         assert all(v <= self.step for v in self.seen.values()), "a sequence seen in a future step"
 
 
-@register_admission("prefill-first")
-class PrefillFirstAdmission(ShortFirstAdmission):
-    """`short-first`, and a new prefill that has no room preempts running decodes for it
-    (`batching.make_room`; see the module docstring)."""
-
-    swaps = True
-
-    def swap_victims(self, decodes: list[Sequence]) -> list[Sequence]:
-        return sorted(decodes, key=lambda s: (s.num_output_tokens - s.sampling.max_tokens, -len(s.block_table)))
-
-    def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
-        ranked = super().order(waiting, kv)  # new prefills first: a decode set aside waits for them
-        return [s for s in ranked if s.first_token_time is None] + [s for s in ranked if s.first_token_time is not None]
+from hintkv.engine import admission_swap  # noqa: E402,F401  (registers the swapping policies)

@@ -150,8 +150,8 @@ def make_room(sch: Scheduler) -> None:
     first token, never preempted before) in the policy's order until it would fit; nobody when
     all of them would not make it. Runs before the running pass, so no victim is scheduled."""
     policy, kv = sch.admission, sch.kv
-    if kv.tiers is None:
-        return  # nowhere to swap to: a preempted decode would be recomputed
+    if kv.tiers is None or not policy.may_swap(sch.waiting):
+        return  # nowhere to swap to (a preempted decode would be recomputed), or the policy holds
     head = next((s for s in policy.order(sch.waiting, kv) if s.first_token_time is None), None)
     if head is None:
         return
