@@ -1,6 +1,6 @@
 """`hintkv sim calibrate`: measure the `local` profile with the real engine on this machine.
 
-    hintkv sim calibrate [--model dummy:tiny] [--quick] [--out ~/.cache/hintkv/sim/local.json]
+    hintkv sim calibrate [--model dummy:tiny] [--quick] [--cpu-time] [--out ~/.cache/hintkv/sim/local.json]
     hintkv sim calibrate --server http://127.0.0.1:8000 --model dummy:tiny   # sim.calibrate_server
 
 The engine (`LLMEngine`, the same one `hintkv serve` runs) is driven through its public calls
@@ -17,6 +17,10 @@ are in a served request:
 
 The median of `repeats` runs per point (`--quick`: fewer points, 2 runs; about a minute on 2
 cores with dummy:tiny). The result is a `Profile` written as JSON.
+
+`--cpu-time` times each step in this process's CPU time with one torch thread instead of wall
+time: on a machine other jobs load, wall figures are not monotone in the work (a 16-token prefill
+measured 572 ms vs 262 ms for 128 tokens at load 6) while CPU time is what the engine itself spends.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ MIB64 = 64 * 2**20
 class _Rig:
     """One engine and a source of fresh prompts."""
 
-    def __init__(self, model: str, kv_tokens: int, budget: int, seed: int) -> None:
+    def __init__(self, model: str, kv_tokens: int, budget: int, seed: int, cpu_time: bool = False) -> None:
         from hintkv.config import EngineConfig
         from hintkv.engine.llm_engine import LLMEngine
 
@@ -52,6 +56,7 @@ class _Rig:
         self.rng = random.Random(seed)
         self.vocab = min(self.engine.model_config.vocab_size, 49152)
         self.n = 0
+        self.clock = time.process_time if cpu_time else time.perf_counter
 
     def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(16, self.vocab) for _ in range(n)]
@@ -70,9 +75,9 @@ class _Rig:
             self.engine.step()
 
     def timed_step(self) -> float:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.engine.step()
-        return (time.perf_counter() - t0) * 1e3
+        return (self.clock() - t0) * 1e3
 
 
 def _prefill_ms(rig: _Rig, new: int, cached: int) -> float:
@@ -140,12 +145,24 @@ def local_links() -> dict[str, Link]:
 
 
 def calibrate(model: str = "dummy:tiny", quick: bool = False, seed: int = 0,
-              progress=None, grid: dict | None = None) -> Profile:
-    """`grid`: the points to measure (keys of `FULL`); default `FULL` or `QUICK`."""
-    grid = grid or (QUICK if quick else FULL)
+              progress=None, grid: dict | None = None, cpu_time: bool = False) -> Profile:
+    """`grid`: the points to measure (keys of `FULL`); default `FULL` or `QUICK`. `cpu_time`: steps
+    timed in process CPU time on one torch thread (the previous thread count comes back after)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if cpu_time:
+        torch.set_num_threads(1)
+    try:
+        return _calibrate(model, quick, seed, progress, grid or (QUICK if quick else FULL), cpu_time)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _calibrate(model: str, quick: bool, seed: int, progress, grid: dict, cpu_time: bool) -> Profile:
     max_new = max(grid["new"])
     kv_tokens = 4 * (max(grid["cached"]) + max_new + max(grid["batch"]) * (max(grid["context"]) + 16))
-    rig = _Rig(model, kv_tokens, max(max_new, max(grid["batch"]) * max(grid["context"])), seed)
+    rig = _Rig(model, kv_tokens, max(max_new, max(grid["batch"]) * max(grid["context"])), seed, cpu_time)
     _prefill_ms(rig, 64, 0)  # warm-up: first calls pay for allocation and kernel selection
     _decode_ms(rig, 1, 64)
     points = []
@@ -167,23 +184,31 @@ def calibrate(model: str = "dummy:tiny", quick: bool = False, seed: int = 0,
     eng = rig.engine
     kv_per_token = kv_bytes_per_block(eng.model_config, 1, eng.dtype)
     links = local_links()
+    timing = "process CPU time, 1 torch thread" if cpu_time else f"wall time, {os.cpu_count()} cpus"
     return Profile("local", f"measured by `hintkv sim calibrate` ({model}, cpu, float32, "
-                   f"{os.cpu_count()} cpus, {'quick' if quick else 'full'} grid)", kv_per_token,
+                   f"{timing}, {'quick' if quick else 'full'} grid)", kv_per_token,
                    points, decode, links, copy_overlap=0.0, step_overhead_ms=0.0,
                    device_kv_tokens=2**30 // kv_per_token,  # the engine's CPU default: 1 GiB of KV
-                   extra={"model": model, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                   extra={"model": model, "timing": "cpu" if cpu_time else "wall",
+                          "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hintkv sim calibrate", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="dummy:tiny")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--cpu-time", action="store_true", help="time steps in process CPU time on one torch "
+                   "thread (a loaded machine's wall clock is not the engine's cost)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=LOCAL_PATH)
     p.add_argument("--server", default=None, help="measure through this running server's HTTP API "
                    "(sim.calibrate_server) instead of an in-process engine")
     args = p.parse_args(argv)
     say = lambda m: print(f"[calibrate] {m}", file=sys.stderr, flush=True)
+    if args.server and args.cpu_time:
+        print("hintkv sim calibrate: --cpu-time measures an in-process engine, not a --server",
+              file=sys.stderr)
+        return 2
     if args.server:
         from hintkv.engine.model_runner import kv_bytes_per_block
         from hintkv.models.presets import PRESETS
@@ -199,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         kv = kv_bytes_per_block(PRESETS[preset], 1, torch.float32)
         prof = calibrate_server(args.server, args.model, kv, QUICK if args.quick else FULL, args.seed, progress=say)
     else:
-        prof = calibrate(args.model, args.quick, args.seed, progress=say)
+        prof = calibrate(args.model, args.quick, args.seed, progress=say, cpu_time=args.cpu_time)
     prof.save(args.out)
     print(f"wrote profile 'local' to {args.out}")
     return 0

@@ -127,3 +127,21 @@ def test_idle_wakeup_round_trips_and_defaults_to_zero(tmp_path):
     assert Profile.from_json(d).idle_wakeup_ms == 12.5
     d.pop("idle_wakeup_ms")
     assert Profile.from_json(d).idle_wakeup_ms == 0.0
+
+
+def test_calibrate_in_cpu_time_runs_on_one_thread_and_says_so(capsys):
+    """`--cpu-time`: each step timed in process CPU time on ONE torch thread (restored after), and
+    the profile records how it was timed; `--server` cannot be timed that way (exit 2)."""
+    import torch
+
+    from hintkv.sim.calibrate import calibrate, main
+
+    grid = {"new": (16, 64), "cached": (0,), "batch": (1,), "context": (64,), "repeats": 1}
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    prof = calibrate("dummy:tiny", grid=grid, cpu_time=True, progress=lambda _: seen.append(torch.get_num_threads()))
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+    assert "process CPU time, 1 torch thread" in prof.source and prof.extra["timing"] == "cpu"
+    assert all(ms > 0 for _, _, ms in prof.prefill_points) and prof.decode_points[0][2] > 0
+    assert main(["--cpu-time", "--server", "http://127.0.0.1:9"]) == 2
