@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from hintkv.cache.sessions import Session
 
 
+_NO_CHANGE = RankDelta(MappingProxyType({}), MappingProxyType({}))  # frozen: shared safely
+
+
 class ClassListener(Protocol):
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None: ...
 
@@ -139,6 +142,8 @@ class ClassRanking:
     def take_delta(self) -> RankDelta:
         """Changes since the last call, frozen: regrouped blocks and re-classed groups."""
         self.settle()
+        if not (self._delta_blocks or self._delta_groups):
+            return _NO_CHANGE  # most steps (the simulator's polls: 22 us each building one)
         blocks, self._delta_blocks = self._delta_blocks, {}
         groups, self._delta_groups = self._delta_groups, {}
         return RankDelta(MappingProxyType(blocks), MappingProxyType(groups))

@@ -153,3 +153,19 @@ def test_a_class_that_comes_back_refiles_the_node_as_two_moves_do():
             came_back = True
         assert caches[0].seen() == caches[1].seen(), f"step {step}: lazy and eager differ"
     assert came_back, "the sequence never brought a's class back next to b's (test setup)"
+
+
+def test_take_delta_with_no_change_is_empty_and_loses_nothing():
+    """A step with no class change hands the tiers an empty delta (one shared object, not built
+    per step); the next change still reaches them whole."""
+    c = Cache("sam", lazy=True)
+    c.sam.on_arrival(SessionRef("t", "a", "a"))
+    c.sam.on_done(c.sessions.get("t", "a").key, c.context("a", 3))
+    first = c.kv.ranking.take_delta()
+    assert set(first.blocks) == set(c.context("a", 3))
+    assert not c.kv.ranking.take_delta() and not c.kv.ranking.take_delta()
+    c.sam.on_arrival(SessionRef("t", "d", "d"))
+    c.sam.on_done(c.sessions.get("t", "d").key, c.context("d", 2))
+    again = c.kv.ranking.take_delta()
+    assert set(again.blocks) == set(c.context("d", 2))  # the shared prefix regrouped too
+    assert not first.blocks.keys() - set(c.context("a", 3))  # the first delta was not reused
