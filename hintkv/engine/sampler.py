@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from hintkv.engine.types import SamplingParams
+from hintkv.models import cpu_kernels
 
 
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
@@ -30,7 +31,9 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
     """logits: [N, V] float32 -> one token id per row."""
-    out = logits.argmax(dim=-1).tolist()
+    out = cpu_kernels.argmax(logits)  # C++ on CPU float32 logits, same result as torch's
+    if out is None:
+        out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         pr = probs(logits[i], p)
         if pr is not None:

@@ -48,6 +48,54 @@ def test_kernel_matches_dense_reference_and_the_torch_path(monkeypatch, steps, h
         torch.testing.assert_close(got[qsl[i]:qsl[i + 1]], ref, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("steps", [[(300, 400)], [(1, 120)] * 8])
+def test_kernel_gives_the_same_bits_on_one_thread_and_two(steps):
+    """Above SERIAL_MACS (a 300-token prefill over 100 cached) the work items are split over the
+    threads, below it (a decode batch) the calling thread runs them all: items are independent, so
+    the output is bitwise the same either way and equal to the reference."""
+    hq, hkv, d, bs = 8, 2, 64, 16
+    nblocks = sum(-(-c // bs) for _, c in steps) + 3
+    case = PagedCase.build(steps, seed=4, d=d, hq=hq, hkv=hkv, bs=bs, nblocks=nblocks)
+    cache = torch.zeros(2, nblocks, bs, hkv, d)
+    case.fill(cache)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = case.attend(cache)
+        torch.set_num_threads(1)
+        one = case.attend(cache)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    for i, _ in enumerate(steps):
+        ref = dense_reference(case.qs[i], case.full_k[i], case.full_v[i], d ** -0.5, torch.float64)
+        torch.testing.assert_close(two[case.qsl[i]:case.qsl[i + 1]], ref, atol=2e-5, rtol=0)
+
+
+def test_argmax_is_torchs():
+    """Greedy sampling's argmax: the first maximum, a NaN counts as the maximum (torch's rule), -0.0 ties
+    0.0, rows of any length (a vector body and a scalar tail) and strided rows; other cases: None."""
+    gen = torch.Generator().manual_seed(5)
+    for n, v in ((1, 49152), (8, 49152), (3, 17), (2, 5), (4, 1)):
+        x = torch.randn(n, v, generator=gen)
+        assert cpu_kernels.argmax(x) == x.argmax(-1).tolist()
+    x = torch.zeros(7, 100)
+    x[0, 50] = x[0, 80] = 1.0              # a tie: the first
+    x[1, 70] = x[1, 90] = float("nan")     # NaNs beat everything: the first NaN
+    x[2, 5] = float("inf")
+    x[3] = -float("inf")                   # every value -inf: index 0
+    x[4, 99] = float("nan")                # a NaN in the scalar tail
+    x[5] = -0.0
+    x[5, 20] = 0.0                         # -0.0 == 0.0: index 0
+    x[6, 3] = float("nan")
+    x[6, 40] = float("inf")
+    assert cpu_kernels.argmax(x) == x.argmax(-1).tolist() == [50, 70, 5, 0, 99, 0, 3]
+    wide = torch.randn(3, 130, generator=gen)
+    assert cpu_kernels.argmax(wide[:, 7:107]) == wide[:, 7:107].argmax(-1).tolist()  # rows at stride 130
+    assert cpu_kernels.argmax(torch.randn(2, 10).double()) is None
+    assert cpu_kernels.argmax(torch.randn(10)) is None
+
+
 def test_kernel_reads_a_strided_query_and_leaves_other_cases_to_torch():
     """q as the model passes it (a view into the fused qkv rows); bf16 or head_dim % 16 != 0: None."""
     case = PagedCase.build([(9, 20), (1, 5)], seed=2, d=16, hq=4, hkv=2, bs=4, nblocks=10)

@@ -16,6 +16,8 @@
 //   (x's rows may be strided: a W8A8 GEMM returns a view of a wider buffer)
 // rope_(qkv [T, (Hq + 2 Hkv) D], cos [T, D/2], sin [T, D/2], Hq, Hkv, D): q and k rotated in place
 // silu_mul(gate_up [T, 2 I]) -> [T, I]
+// argmax_rows(x [N, V]) -> N ints: torch.argmax(x, -1) (first maximum; a NaN counts as the maximum),
+//   vectorised and without an OpenMP region (greedy sampling's few rows)
 //
 // Vector code is AVX-512 (guarded by __AVX512F__), with a plain loop of the same arithmetic
 // otherwise. exp is a Cephes-style polynomial (relative error ~2e-7 on the range softmax uses).
@@ -37,6 +39,11 @@ constexpr int KT = 32;        // keys per tile
 constexpr int MR = 8;         // query rows per score micro-tile
 constexpr int TILE_ROWS = 64; // query rows (tokens x group) per work item, at most
 constexpr int DIRECT_ROWS = 16; // a sequence with at most this many rows reads K untransposed
+// A step whose attention is fewer multiply-adds than this runs on the calling thread alone: an OpenMP
+// region costs a worker's wake-up (tens of us when the pool's threads sleep between regions, as in the
+// server, whose engine thread is not the process's first OpenMP thread), more than a decode step's
+// attention (decode b8 at a 128-token context: 1M multiply-adds, ~50 us on one thread per layer).
+constexpr int64_t SERIAL_MACS = int64_t(1) << 21;
 
 #if defined(__AVX512F__)
 inline __m512 exp16(__m512 x) {
@@ -275,9 +282,16 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
         spad[b] = direct[b] ? 0 : (cp[b] + KT - 1) / KT * KT;
         for (int64_t h = 0; h < Hkv; ++h) koff[b * Hkv + h + 1] = koff[b * Hkv + h] + D * spad[b];
     }
+    const int64_t tq = std::max<int64_t>(1, TILE_ROWS / G);  // query tokens per work item
+    int64_t macs = 0;  // QK and PV multiply-adds of the whole step (upper bound: full key tiles)
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = qp[b + 1] - qp[b];
+        macs += 2 * Hkv * G * D * n * cp[b];
+    }
+    const bool serial = macs < SERIAL_MACS;
     static thread_local std::vector<float> kbuf;  // per calling thread: engines may run in several
     float* kt = scratch(kbuf, koff[B * Hkv]);
-    at::parallel_for(0, B * Hkv, 1, [&](int64_t i0, int64_t i1) {
+    auto transpose = [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
             const int64_t b = i / Hkv, h = i % Hkv, S = direct[b] ? 0 : cp[b], P = spad[b];
             float* kb = kt + koff[i];
@@ -293,17 +307,20 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
             for (int64_t key = S; key < P; ++key)
                 for (int64_t d = 0; d < D; ++d) kb[(key / KT) * D * KT + d * KT + key % KT] = 0.f;
         }
-    });
+    };
+    if (koff[B * Hkv] > 0) {  // none when every sequence reads K directly (decodes)
+        if (serial) transpose(0, B * Hkv);
+        else at::parallel_for(0, B * Hkv, 1, transpose);
+    }
 
-    const int64_t tq = std::max<int64_t>(1, TILE_ROWS / G);  // query tokens per work item
     std::vector<Item> items;
     for (int64_t b = 0; b < B; ++b)
         for (int64_t t0 = 0, n = qp[b + 1] - qp[b]; t0 < n; t0 += tq)
             for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, t0, std::min(n, t0 + tq)});
     const int64_t ni = static_cast<int64_t>(items.size());
     // round-robin: causal tiles grow in cost along a sequence, so thread k takes items k, k + nt, ...
-    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ni));
-    at::parallel_for(0, nt, 1, [&](int64_t w0, int64_t w1) {
+    const int64_t nt = serial ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ni));
+    auto work = [&](int64_t w0, int64_t w1) {
         const int64_t rmax = tq * G;
         std::vector<float> qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax);
         std::vector<int64_t> lastb(rmax);
@@ -359,7 +376,9 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
                     }
             }
         }
-    });
+    };
+    if (nt == 1) work(0, 1);
+    else at::parallel_for(0, nt, 1, work);
     return out;
 }
 
@@ -451,5 +470,50 @@ torch::Tensor silu_mul(torch::Tensor gu) {
             for (; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
         }
     });
+    return out;
+}
+
+std::vector<int64_t> argmax_rows(torch::Tensor x) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1 && x.size(1) > 0,
+                "x must be float32 [N, V > 0] with contiguous rows");
+    const int64_t N = x.size(0), V = x.size(1), xs = x.stride(0);
+    std::vector<int64_t> out(N);
+    for (int64_t n = 0; n < N; ++n) {  // few rows (one per sampling sequence): no OpenMP region
+        const float* r = x.data_ptr<float>() + n * xs;
+        int64_t i = 0, nan_at = -1;
+        float m = -std::numeric_limits<float>::infinity();
+#if defined(__AVX512F__)
+        __m512 vm = _mm512_set1_ps(m);
+        __mmask16 nan = 0;
+        for (; i + 16 <= V; i += 16) {
+            const __m512 v = _mm512_loadu_ps(r + i);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            vm = _mm512_max_ps(vm, v);
+        }
+        m = _mm512_reduce_max_ps(vm);
+        if (nan) nan_at = 0;  // rescanned below for the first NaN's index
+#endif
+        for (; i < V; ++i) {
+            if (r[i] != r[i]) { nan_at = 0; break; }
+            m = std::max(m, r[i]);
+        }
+        int64_t best = -1;
+        if (nan_at >= 0) {  // torch.argmax: a NaN is the maximum, the first one wins
+            for (int64_t j = 0; j < V && best < 0; ++j)
+                if (r[j] != r[j]) best = j;
+        } else {  // the first index holding the maximum (-0.0 == 0.0, like torch's comparison)
+            int64_t j = 0;
+#if defined(__AVX512F__)
+            const __m512 vmax = _mm512_set1_ps(m);
+            for (; j + 16 <= V && best < 0; j += 16) {
+                const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(r + j), vmax, _CMP_EQ_OQ);
+                if (eq) best = j + __builtin_ctz(static_cast<unsigned>(eq));
+            }
+#endif
+            for (; j < V && best < 0; ++j)
+                if (r[j] == m) best = j;
+        }
+        out[n] = best;
+    }
     return out;
 }
