@@ -11,7 +11,7 @@ eager walk per change would have done, in one pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -30,7 +30,7 @@ _first_move = itemgetter(3, 1, 2)
 _last_move = itemgetter(0, 1, 2)
 
 
-def settle_changes(groups: Iterable[Group], chain: list[int], delta: dict[int, int | None],
+def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int, int | None],
                    orders: list) -> int:
     """Apply one holder's class changes `chain` (old, c1, ..., now) to each of `groups` as one
     walk: counts as after the last change, `top` set, and each group whose class moved at any
@@ -40,10 +40,33 @@ def settle_changes(groups: Iterable[Group], chain: list[int], delta: dict[int, i
     own context, a prefix others hold): a group whose class no change reaches only has its
     counts moved by the net change, and a group the holder holds alone moves at every change
     (consecutive classes of a chain differ), to the last."""
-    moved = []
-    num_moves = 0
     first_cls, last_cls, hi = chain[0], chain[-1], max(chain)
     num_changes = len(chain) - 1
+    # the usual shape (a request's end): one group held by this holder alone (its own context),
+    # every other one held higher by others; then only the lone group moves, to the last class
+    alone = None
+    for g in groups:
+        if g.top > hi:
+            continue
+        if alone is not None or len(g.holders) != 1:
+            break
+        alone = g
+    else:
+        if first_cls != last_cls:
+            for g in groups:
+                counts = g.counts
+                counts[first_cls] -= 1
+                counts[last_cls] += 1
+        if alone is None:
+            return 0
+        alone.top = last_cls
+        gid = alone.gid
+        delta[gid] = last_cls
+        for order in orders:
+            order.move_node(gid, last_cls, True)
+        return num_changes
+    moved = []
+    num_moves = 0
     for i, g in enumerate(groups):
         top = g.top
         if top > hi:  # its class is held higher by others: no change moves it
