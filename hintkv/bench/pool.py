@@ -186,8 +186,10 @@ def run_one(policy: str, router: str, swarm, args, kv_tokens: int, pool_bytes: i
     row: dict[str, Any] = {"run": policy, "router": router}
     master = None
     try:
+        # write-through on: this bench measures the pool itself (a roomy host tier would keep
+        # every block out of it otherwise), as it did when write-through was the default
         pool_args = ["--pool", args.backend, "--pool-size", str(pool_bytes),
-                     "--pool-policy", policy]
+                     "--pool-policy", policy, "--pool-write-through"]
         if args.backend == "mooncake":
             from hintkv.pool.master import MooncakeMaster
             master = MooncakeMaster(log_path=f"{tempfile.gettempdir()}/hintkv-bench-pool-master.log")

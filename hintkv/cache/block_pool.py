@@ -9,8 +9,9 @@ per group of blocks (`cache.ranking`: the blocks the same sessions hold, e.g. on
 context), least recently used node first; inside a node, blocks in the order they were released
 (a sequence releases tail first, so a session's tail goes before its head), each release's
 consecutive blocks of one group filed as ONE run (`cache.block_runs`: a release or a re-match
-costs a store per block, not dict entries). Nodes and buckets are dicts used as ordered queues
-(O(1) removal from the middle when a cached block is hit again, which a heap cannot do). Victims are popped from the lowest non-empty class, front node first,
+costs a store per block, not dict entries). Nodes and buckets are dicts used as ordered queues,
+a block hit again leaves its run in O(1) (which a heap cannot do). Victims are popped from the
+lowest non-empty class, front node first,
 front block first: O(victims), never a scan or a per-block key. A session changing class moves
 its group's node to the back of another bucket: O(1), whatever the number of blocks. Under a
 policy without sessions (`lru`) there is one node per class: plain LRU.

@@ -228,6 +228,8 @@ class BlockRuns:
                 total = 0
                 for run in node.runs:
                     assert run.node is node, "a run points at another node"
+                    assert not run.clean or (run.start == 0 and len(run.blocks) == run.live), \
+                        "a clean run has stale entries"
                     valid = [b for b in run.blocks if b.run is run]
                     assert len(valid) == run.live > 0, "a run's live count is off (or it is dead)"
                     assert all(b.run is not run for b in run.blocks[:run.start]), \

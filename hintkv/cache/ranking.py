@@ -16,7 +16,7 @@ removing a holder is one XOR, so a block's new group is found in O(1); 0 is "nob
 
 Listeners (the device pool) hear `block_moved(h, group, cls)` when a block enters another group
 (head first, so a pool filing each at the front of its group keeps the group tail first); a
-group's class change moves its node in each of `node_orders` (the pool's `ClassedLRU`: one node
+group's class change moves its node in each of `node_orders` (the pool's `BlockRuns`, the tiers' `ClassedLRU`: one node
 per group in its class's bucket), so a session changing state moves one node. The same changes are gathered in
 a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
 Runs on the engine thread, under its state lock, like the registry it follows.
@@ -60,7 +60,7 @@ class ClassListener(Protocol):
 
 
 class NodeOrder(Protocol):
-    """A victim order with one node per group (`tiers.order.ClassedLRU`)."""
+    """A victim order with one node per group (`cache.block_runs.BlockRuns`, `tiers.order.ClassedLRU`)."""
 
     def move_node(self, node: int, cls: int, again: bool = False) -> bool: ...
 

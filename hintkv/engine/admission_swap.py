@@ -12,11 +12,11 @@ so a swap turns that wait into TTFT saved; what it costs is the displaced decode
   arrive after it, and further swaps go on while it waits. TTFT is short, but in a busy swarm
   displaced decodes queue behind a stream of newcomers: calls get long (issue 8, session 8: task
   time +7-16% over `lru+host` under fcfs on swe-agent, simulated).
-- `prefill-fair` (bounded loss): a displaced decode goes back first, ahead of every new prefill;
-  while one waits nothing more is swapped out, and a candidate behind it is admitted only when it
-  fits beside it (its blocks to the end are reserved). So a decode loses at most the time until
-  room comes free again, the wait the newcomer it made room for would have had: the newcomer's
-  TTFT comes out of the wait, not out of the decodes.
+- `prefill-fair` (bounded loss): a displaced decode lets at most `MAX_OVERTAKES` new prefills go
+  first (the newcomer it made room for is the first); then it is due: it goes back first, ahead of
+  every new prefill, while a due one waits nothing more is swapped out, and a candidate behind it
+  is admitted only when it fits beside it (its blocks to the end are reserved). So a decode loses
+  a bounded number of newcomers' prefills, not a stream of them.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ class PrefillFairAdmission(PrefillFirstAdmission):
         super().admitted(seq, plan)
         if displaced(seq):
             self.overtaken.pop(seq.request_id, None)
+            if seq.request_id in self._waiting_displaced:  # no longer waiting: a later admission
+                self._waiting_displaced.remove(seq.request_id)  # this step does not overtake it
             return
         for rid in self._waiting_displaced:
             self.overtaken[rid] = self.overtaken.get(rid, 0) + 1
@@ -105,3 +107,9 @@ class PrefillFairAdmission(PrefillFirstAdmission):
     def forget(self, request_id: str) -> None:
         super().forget(request_id)
         self.overtaken.pop(request_id, None)
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        assert all(v >= 1 for v in self.overtaken.values()), "an overtake count below one"
+        assert self.overtaken.keys() <= set(self._waiting_displaced), \
+            "an overtake count for a request that is not a waiting displaced decode"

@@ -195,7 +195,7 @@ class Scheduler:
             self.running.append(seq)
         self.admission.order_running(self.running, budget)
         if self.admission.swaps and self.waiting:
-            batching.make_room(self)  # decodes set aside for a new prefill (prefill-first)
+            batching.make_room(self)  # decodes set aside for a new prefill (the swapping policies)
         capped: list[ScheduledSeq] = []  # running prefills that left part of their chunk to others
         budget, i = batching.schedule_running(self, out, budget, 0, capped)
         if not out.preempted:

@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.instances < 1:
         print("hintkv sim: --instances must be >= 1", file=sys.stderr)
         return 2
-    if args.block_size < 1:
-        print("hintkv sim: --block-size must be >= 1", file=sys.stderr)
+    if args.block_size < 1 or args.block_size & (args.block_size - 1):
+        print("hintkv sim: --block-size must be a power of two", file=sys.stderr)
         return 2
     default = CLUSTER_CONFIGS if args.instances > 1 else ONE_INSTANCE_CONFIGS
     names = ([n.strip() for n in args.configs.split(",") if n.strip()] if args.configs

@@ -51,11 +51,9 @@ CONFIGS = {
     # many instances: the shared pool (Mooncake-like) under each host tier
     "lru+pool": SimConfig("lru+pool", "lru", hints=False, host=True, pool="lru"),
     "sam+hints+pool": SimConfig("sam+hints+pool", "sam", hints=True, host=True, pool="spm"),
-    # SPM with its write-through on / off, whatever the default
+    # SPM with its write-through on (`sam+hints+pool` is the default: off)
     "sam+hints+pool+wt": SimConfig("sam+hints+pool+wt", "sam", hints=True, host=True, pool="spm",
                                    pool_write_through=True),
-    "sam+hints+pool-wt": SimConfig("sam+hints+pool-wt", "sam", hints=True, host=True, pool="spm",
-                                   pool_write_through=False),
 }
 
 

@@ -1,5 +1,5 @@
-"""Victim order by class, then group, then recency: the one structure the device pool, the host
-and the disk index share.
+"""Victim order by class, then group, then recency: the structure the host and disk indexes use
+(the device pool keeps the same order in runs of blocks: `cache.block_runs.BlockRuns`).
 
     bucket per class (lowest reclaimed first)
       └─ node per group (cache.ranking: blocks the same sessions hold), least recently used first

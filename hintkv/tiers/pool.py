@@ -1,7 +1,8 @@
 """The pool tier: a shared KV pool (`hintkv.pool` backend: embedded or Mooncake) behind the
-`Tier` contract, at the bottom of the stack (device -> host -> disk -> pool). The index and
-every decision about it (known, owned, victims) are here; the I/O (op queue, worker, batched
-backend calls) is `tiers.pool_worker`, keys and frames `tiers.pool_frames`.
+`Tier` contract, at the bottom of the stack (device -> host -> disk -> pool). Every decision
+about the index (known, owned, victims) is here; the I/O (op queue, worker, batched backend
+calls) is `tiers.pool_worker`, which records each call's outcome into the index under the tier
+lock (entries stored, deduplicated, missing); keys and frames are `tiers.pool_frames`.
 
 What it adds to the contract:
   - Frames (`tiers.pool_frames`): a foreign, torn or racing blob is a miss, never wrong KV.
@@ -232,7 +233,6 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
         with self._lock:
             e = self._entries.get(key)
             return e.last_access if e is not None else -1
-
 
     def check_integrity(self) -> None:
         """Waits for queued I/O; then the index is within capacity and, if the pool is up,

@@ -8,10 +8,9 @@ the decode it made room for out in turn). Outputs are always the ones a roomy de
 from __future__ import annotations
 
 import pytest
-from tier_engine_helpers import BLOCK, prompt, session, tiny_engine
+from tier_engine_helpers import BLOCK, prompt, run_arrivals, tiny_engine
 
 from hintkv.engine.admission import make_admission
-from hintkv.engine.types import GenerateRequest, SamplingParams
 
 # (request, prompt, max_tokens, step it arrives): a decodes long; b, c, d each need 6 of the
 # device's 8 blocks to their end, so b takes a's room and c, d find no room beside whoever runs
@@ -21,25 +20,7 @@ ARRIVALS = [("a", prompt(11, 4 * BLOCK), 40, 0), ("b", prompt(12, 5 * BLOCK), 4,
 
 def run(engine) -> tuple[dict[str, list[int]], dict[str, int], dict[str, int]]:
     """(outputs, step of the first token, step of the end) per request."""
-    out: dict[str, list[int]] = {rid: [] for rid, *_ in ARRIVALS}
-    first: dict[str, int] = {}
-    end: dict[str, int] = {}
-    for i in range(10_000):
-        for rid, tokens, n, at in ARRIVALS:
-            if i == at:
-                engine.add_request(GenerateRequest(rid, list(tokens), SamplingParams(
-                    temperature=0, max_tokens=n, ignore_eos=True), session=session(rid)))
-        for o in engine.step():
-            if o.new_token_ids and o.request_id not in first:
-                first[o.request_id] = i
-            out[o.request_id] += o.new_token_ids
-            if o.finished:
-                end[o.request_id] = i
-        engine.check_integrity()
-        engine.scheduler.admission.check_integrity()
-        if len(end) == len(ARRIVALS):
-            return out, first, end
-    raise AssertionError("the requests never finished")
+    return run_arrivals(engine, ARRIVALS)
 
 
 def swapping_engine(policy: str, **kwargs):
@@ -81,3 +62,24 @@ def test_prefill_first_lets_every_newcomer_go_first(reference):
 def test_bad_max_overtakes_is_refused():
     with pytest.raises(ValueError, match="max_overtakes"):
         make_admission("prefill-fair", max_overtakes=0)
+
+
+def test_a_displaced_decode_admitted_is_not_overtaken_later_in_the_same_step():
+    """A due displaced decode and then a new prefill admitted in one step: the prefill does not
+    count as overtaking the decode (it no longer waits), and `check_integrity` holds after."""
+    from hintkv.cache.manager import KVCacheManager
+    from hintkv.cache.policies import make_policy
+    from hintkv.engine.admission import StepPlan
+    from tests.engine.test_scheduler import make_seq
+
+    fair = make_admission("prefill-fair", max_overtakes=1)
+    kv = KVCacheManager(16, BLOCK, make_policy("lru"))
+    d, n = make_seq("d", prompt(1, BLOCK)), make_seq("n", prompt(2, BLOCK))
+    d.first_token_time = 1.0  # it had its first token: a decode set aside
+    fair.overtaken["d"] = 1
+    assert fair.order([n, d], kv)[0] is d  # due: back first
+    plan = StepPlan()
+    fair.admitted(d, plan)
+    fair.admitted(n, plan)
+    assert "d" not in fair.overtaken
+    fair.check_integrity()

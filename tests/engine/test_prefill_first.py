@@ -1,4 +1,4 @@
-"""`prefill-first` (engine/admission.py): a new prefill without room swaps running decodes out to
+"""`prefill-first` (engine/admission_swap.py): a new prefill without room swaps running decodes out to
 the host tier, on the real engine (dummy:tiny, a host tier): the newcomer's first token comes
 before the decode it displaced finishes (under `short-first` it waits for it), the displaced
 decode comes back by loading what it computed from the host (its session holds those blocks
@@ -7,9 +7,8 @@ output is the one a roomy device gives. Without a lower tier nobody is swapped."
 
 from __future__ import annotations
 
-from tier_engine_helpers import BLOCK, prompt, session, tiny_engine
+from tier_engine_helpers import BLOCK, prompt, run_arrivals, tiny_engine
 
-from hintkv.engine.types import GenerateRequest, SamplingParams
 from tests.engine.test_scheduler import make_seq
 from tests.engine.test_scheduling_policies import make_sched, step
 
@@ -20,29 +19,7 @@ B = prompt(12, 5 * BLOCK)  # arrives while a decodes; needs 6 blocks to its end:
 def run_pair(engine, hints: bool) -> tuple[dict[str, list[int]], dict[str, int], dict[str, int]]:
     """a starts and decodes a few tokens, then b arrives; (outputs, step of the first token, step
     of the end) per request."""
-    out: dict[str, list[int]] = {"a": [], "b": []}
-    first: dict[str, int] = {}
-    end: dict[str, int] = {}
-
-    def add(rid: str, tokens: list[int], n: int) -> None:
-        engine.add_request(GenerateRequest(rid, list(tokens), SamplingParams(temperature=0, max_tokens=n,
-                                                                             ignore_eos=True),
-                                           session=session(rid) if hints else None))
-
-    add("a", A, 40)
-    for i in range(10_000):
-        if i == 6:
-            add("b", B, 4)
-        for o in engine.step():
-            if o.new_token_ids and o.request_id not in first:
-                first[o.request_id] = i
-            out[o.request_id] += o.new_token_ids
-            if o.finished:
-                end[o.request_id] = i
-        engine.check_integrity()
-        if len(end) == 2:
-            return out, first, end
-    raise AssertionError("the requests never finished")
+    return run_arrivals(engine, [("a", A, 40, 0), ("b", B, 4, 6)], hints)
 
 
 def reference() -> dict[str, list[int]]:

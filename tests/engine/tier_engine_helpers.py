@@ -58,3 +58,29 @@ def settle(engine: LLMEngine) -> None:
         if engine.tiers.idle():
             return
     raise AssertionError("tier moves never settled")
+
+
+def run_arrivals(engine: LLMEngine, arrivals: list[tuple[str, list[int], int, int]], hints: bool = True
+                 ) -> tuple[dict[str, list[int]], dict[str, int], dict[str, int]]:
+    """Step `engine` until every request of `arrivals` (request id, prompt, max_tokens, the step it
+    arrives at) has finished, checking the engine and its admission policy after each step;
+    (outputs, step of the first token, step of the end) per request."""
+    out: dict[str, list[int]] = {rid: [] for rid, *_ in arrivals}
+    first: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for i in range(10_000):
+        for rid, tokens, n, at in arrivals:
+            if i == at:
+                engine.add_request(GenerateRequest(rid, list(tokens), SamplingParams(
+                    temperature=0, max_tokens=n, ignore_eos=True), session=session(rid) if hints else None))
+        for o in engine.step():
+            if o.new_token_ids and o.request_id not in first:
+                first[o.request_id] = i
+            out[o.request_id] += o.new_token_ids
+            if o.finished:
+                end[o.request_id] = i
+        engine.check_integrity()
+        engine.scheduler.admission.check_integrity()
+        if len(end) == len(arrivals):
+            return out, first, end
+    raise AssertionError("the requests never finished")

@@ -131,3 +131,28 @@ def test_pool_figures_reach_metrics_and_bad_flags_are_refused(tmp_path):
                        ({"pool_policy": "fifo"}, "--pool-policy")):
         with pytest.raises(ValueError, match=field):
             EngineConfig(model="dummy:tiny", **bad)
+
+
+def test_by_default_the_host_tiers_evictions_reach_the_pool(tmp_path):
+    """Write-through off (the default): what the host tier evicts goes to the pool, and a session
+    whose blocks left both private tiers resumes from the pool with the right output."""
+    a = tiny_engine(pool_size="4MiB", pool="embedded", pool_dir=str(tmp_path / "pool"),
+                    host_cache_memory="512KiB")  # 4 blocks of dummy:tiny
+    fresh = tiny_engine()
+    try:
+        host_blocks = a.tiers.stack.tiers[0].capacity_blocks
+        first = prompt(1, 4 * BLOCK)
+        out, _ = generate(a, first, sid="s0")
+        for i in range(1, 4 + host_blocks // 4 + 2):  # push s0 off the device and the host tier
+            generate(a, prompt(10 + i, 4 * BLOCK), sid=f"s{i}")
+        a.tiers.stack.flush()
+        stats = a.tier_stats()["pool"]
+        assert stats["published"] == 0 and stats["puts"] > 0
+        resumed = first + out + prompt(2, BLOCK)
+        out_a, cached = generate(a, resumed, sid="s0")
+        assert out_a == generate(fresh, resumed)[0]
+        assert cached >= 4 * BLOCK and a.kv.hit_tokens_by_tier.get("pool", 0) >= 4 * BLOCK
+        a.tiers.check_integrity()
+    finally:
+        a.close()
+        fresh.close()

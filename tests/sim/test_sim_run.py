@@ -128,3 +128,4 @@ def test_block_size_is_simulated_and_printed(traces, capsys):
     assert res["sam+hints+host"]["hit_rate"] <= last["oracles"]["oracle+host"] + 1e-9
     assert res["sam+hints+host"]["hit_rate"] > 0
     assert main([*args, "--block-size", "0"]) == 2
+    assert main([*args, "--block-size", "24"]) == 2  # the engine's blocks are a power of two
