@@ -124,7 +124,7 @@ class EngineConfig:
         False, "SPM writes every finished request's blocks through to the pool (default: only what "
         "no private tier keeps, i.e. what the host tier evicts): a session that moves to another "
         "instance (failover, rebalancing) then loads its whole prefix there, at the cost of pool "
-        "traffic and bytes (docs/benchmarks.md: at 100 users it cost 28% in TTFT at full token scale and saved 26% at half scale)")
+        "traffic and bytes (docs/benchmarks.md: at 100 users it cost 28 percent in TTFT at full token scale and saved 26 percent at half scale)")
     pool_dir: str | None = _opt(None, "embedded pool: a directory shared by the instances on "
                                 "this machine (none: in this process only)")
     pool_master: str | None = _opt(None, "mooncake pool: the master's RPC address, HOST:PORT "

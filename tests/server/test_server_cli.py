@@ -87,6 +87,16 @@ def test_every_config_field_is_a_flag_with_help():
     assert engine_config_from_args(defaults) == EngineConfig()
 
 
+@pytest.mark.parametrize("command", ["serve", "router", "pool", "sim"])
+def test_help_renders(command, capsys):
+    """`hintkv COMMAND --help` prints every flag's help (argparse %-formats each help text: a bare
+    percent sign in one broke `hintkv serve --help` once)."""
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
 def test_server_options_from_flags():
     from hintkv.cli import config_from_args
     from hintkv.server.options import ServerOptions
