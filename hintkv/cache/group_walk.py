@@ -59,11 +59,7 @@ def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int,
                 counts[last_cls] += 1
         if alone is None:
             return 0
-        alone.top = last_cls
-        gid = alone.gid
-        delta[gid] = last_cls
-        for order in orders:
-            order.move_node(gid, last_cls, True)
+        _file(alone, last_cls, delta, orders)
         return num_changes
     moved = []
     num_moves = 0
@@ -114,12 +110,16 @@ def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int,
     else:
         return num_moves
     for g, top in ordered:
-        g.top = top
-        gid = g.gid
-        delta[gid] = top
-        for order in orders:
-            order.move_node(gid, top, True)
+        _file(g, top, delta, orders)
     return num_moves
+
+
+def _file(g: Group, top: int, delta: dict[int, int | None], orders: list) -> None:
+    """`g`'s class is `top` now: written to the delta, its node at the back of `top` in each order."""
+    g.top = top
+    delta[g.gid] = top
+    for order in orders:
+        order.move_node(g.gid, top, True)
 
 
 def move_orders(moved: list[tuple]) -> tuple[list[tuple[Group, int]], list[tuple[Group, int]]]:
