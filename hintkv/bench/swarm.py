@@ -88,7 +88,7 @@ from hintkv.workload.traces import Scale
 from hintkv.workload.users import KINDS, build_workload
 
 SWEEP = (0.2, 0.35, 0.5, 1.0)
-SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host")  # what the goals and plots read
+SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru", "qlru+host")  # what the goals and plots read
 GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
 COLUMNS = ["run", "where", "admission", "time_scale", "rounds", "calls", "errors", "hit_rate", "host_hit_rate",
            "recomputed_tokens", "computed_tokens", "preemptions", "queue_mean", "ttft_mean_s", "ttft_spread",
@@ -242,7 +242,9 @@ def _strip(runs: dict[str, Any]) -> dict[str, Any]:
 def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
                   main: tuple[Any, dict]) -> list[dict[str, Any]]:
     """Captured headroom of sam (+ hints) over lru, device only and with the host tier, at the
-    issue's users x capacities (offline); `main` (workload, memo) is reused at `--users`."""
+    issue's users x capacities (offline), against the plain oracle (`captured`) and the pinned one
+    (`captured_pinned`, the goal's reference while it bounds every run: `swarm_goals`); `main`
+    (workload, memo) is reused at `--users`."""
     out = []
     folder = trace_folder(args.traces, args.kind)
     for users in sorted({u for u, _ in GRID if not args.quick or u == args.users}):
@@ -260,13 +262,13 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
                 continue
             dev = sizing.device_blocks(frac)
             runs = run_configs(wl, base, dev, round(dev * args.host_ratio), memo,
-                               names=("lru", "lru+host", "sam", "sam+host", "qlru+host"), hinted=args.policy)
-            for tier, lru, sam, oracle in (("device", "lru", "sam", "oracle"),
-                                           ("host", "lru+host", "sam+host", "oracle+host")):
-                lo, hi, got = runs[lru]["hit_rate"], runs[oracle]["hit_rate"], runs[sam]["hit_rate"]
-                out.append({"users": users, "fraction": frac, "tier": tier, "lru": lo, "sam": got, "oracle": hi,
-                            "qlru+host": runs["qlru+host"]["hit_rate"] if tier == "host" else None,
-                            "captured": captured(got, lo, hi)})
+                               names=SWEEP_RUNS, hinted=args.policy)
+            for tier, sfx in (("device", ""), ("host", "+host")):
+                lo, hi, got = (runs[n + sfx]["hit_rate"] for n in ("lru", "oracle", "sam"))
+                pin = runs["oracle" + sfx + "/pinned"]["hit_rate"]
+                out.append({"users": users, "fraction": frac, "tier": tier, "lru": lo, "sam": got,
+                            "qlru": runs["qlru" + sfx]["hit_rate"], "oracle": hi, "pinned": pin,
+                            "captured": captured(got, lo, hi), "captured_pinned": captured(got, lo, pin)})
             log(f"grid: {users} users at {frac}: done")
     return out
 

@@ -85,3 +85,41 @@ def test_admission_column_names_what_the_server_runs():
     assert admission_of("lru", []) == "fcfs"
     assert admission_of("sam+host", ["--scheduling-policy", "short-first"]) == "short-first"
     assert admission_of("lru", ["--scheduling-policy=cache-aware"]) == "cache-aware"
+
+
+@pytest.mark.parametrize("users,seed", [(3, 2), (5, 7)])
+def test_pinned_oracle_bounds_every_run_at_every_capacity_of_the_sweep(users, seed):
+    """The headroom goal's reference (`oracle/pinned`: never evicts a running request's blocks) is
+    never below lru, qlru or sam, device only and with the host tier, at each sweep capacity; and
+    never above the plain oracle's ceiling (the ideal hit rate)."""
+    from hintkv.bench.swarm import SWEEP, SWEEP_RUNS
+    from hintkv.bench.swarm_goals import headroom_reference
+
+    wl = build_workload("swe-agent", TRACES / "swe-agent", users, scale=Scale(1 / 32, max_calls=6), seed=seed)
+    base = OfflineConfig()
+    memo: dict = {}
+    sizing = size_workload(wl, base, memo)
+    sweep = {}
+    for f in SWEEP:
+        dev = sizing.device_blocks(f)
+        runs = sweep[f] = run_configs(wl, base, dev, 4 * dev, memo, names=SWEEP_RUNS)
+        for sfx in ("", "+host"):
+            pin = runs["oracle" + sfx + "/pinned"]["hit_rate"]
+            assert pin <= sizing.ideal_hit_rate + 1e-9
+            for n in ("lru", "qlru", "sam"):
+                assert runs[n + sfx]["hit_rate"] <= pin + 1e-9, (f, n + sfx)
+    assert headroom_reference(sweep, []) == ("oracle/pinned", [])
+
+
+def test_headroom_goal_keeps_the_plain_oracle_when_the_pinned_one_is_beaten():
+    """A run above the pinned oracle means it is not a bound: the goal says so and is judged
+    against the plain oracle; while it bounds every run, the goal reads it."""
+    row = {"users": 10, "fraction": 0.35, "tier": "device", "lru": 0.30, "qlru": 0.33, "sam": 0.36,
+           "oracle": 0.50, "pinned": 0.38, "captured": captured(0.36, 0.30, 0.50)}
+    g = compute_goals({}, {}, {}, [row])["captured_headroom"]
+    assert g["reference"] == "oracle/pinned" and g["bound_violations"] == []
+    assert g["measured"] == pytest.approx(0.75) and g["met"]
+    assert g["vs_unpinned_oracle"] == pytest.approx(0.3)
+    g = compute_goals({}, {}, {}, [{**row, "qlru": 0.39}])["captured_headroom"]
+    assert g["reference"] == "oracle" and len(g["bound_violations"]) == 1
+    assert g["measured"] == pytest.approx(0.3) and not g["met"]
