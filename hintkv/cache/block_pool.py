@@ -153,15 +153,10 @@ class BlockPool:
     def choose_victims(self, n: int) -> list[Block]:
         """The `n` cached blocks reclaimed first: lowest class first, front node of its bucket
         first, front block of the node first. Pure: changes nothing. O(n + classes)."""
-        out: list[Block] = []
         if n <= 0:
-            return out
+            return []
         self.ranking.settle()  # moves an arrival left pending (`ClassRanking.settle`)
-        for b in self._cached.victims():
-            out.append(b)
-            if len(out) >= n:
-                break
-        return out
+        return self._cached.first(n)
 
     def touch(self, blocks: list[Block]) -> None:
         """Blocks matched by a new sequence: referenced again (leaving the cached-free set)."""
@@ -178,21 +173,24 @@ class BlockPool:
     def release(self, blocks: list[Block]) -> None:
         """A sequence lets go of its blocks; the last block first so prefixes outlive suffixes.
         Consecutive cached blocks of one group are filed as one run; empty ones in between do
-        not break a run."""
-        freed: list[Block] = []
-        keep = freed.append
+        not break a run. One pass sorts the blocks that come free into cached and empty."""
+        cached: list[Block] = []
+        keep = cached.append
+        empty: list[int] = []
         for b in reversed(blocks):
             n = b.ref_cnt - 1
-            if n < 0:
-                raise AssertionError(f"block {b.block_id} released twice")
-            b.ref_cnt = n
-            if not n:
-                keep(b)
-        if not freed:
-            return
-        cached = [b for b in freed if b.hash is not None]
-        if len(cached) < len(freed):
-            self._empty.extend(b.block_id for b in freed if b.hash is None)
+            if n:
+                if n < 0:
+                    raise AssertionError(f"block {b.block_id} released twice")
+                b.ref_cnt = n
+            else:
+                b.ref_cnt = 0
+                if b.hash is None:
+                    empty.append(b.block_id)
+                else:
+                    keep(b)
+        if empty:
+            self._empty.extend(empty)
         if not cached:
             return
         self.ranking.settle()  # nodes are refiled at the back of their class: it must be current

@@ -207,6 +207,18 @@ class BlockRuns:
                 for run in node.runs:
                     yield from run.blocks_in()
 
+    def first(self, n: int) -> list[Block]:
+        """The first `n` blocks of `victims()` (fewer if fewer are filed), as a list: an
+        allocation's victims without a generator frame per level and block."""
+        out: list[Block] = []
+        for cls in sorted(self._buckets):
+            for node in self._buckets[cls].values():
+                for run in node.runs:
+                    out.extend(islice(run.blocks_in(), n - len(out)))
+                    if len(out) >= n:
+                        return out
+        return out
+
     def items(self) -> Iterator[tuple[Block, int, int]]:
         """(block, node, class) of every filed block, in victim order."""
         for cls in sorted(self._buckets):

@@ -169,7 +169,11 @@ class TierConnector:
     # ---- down ----------------------------------------------------------------------------
     def on_device_evict(self, victims: list[Block]) -> None:
         """Pool hook: `victims` are about to be reused. Queue the kept ones; no copy here."""
-        kept = [(b.hash, b.block_id) for b in victims if b.hash is not None and self.keep(b.hash)]
+        if self.hints:  # `keep` of each, against the live ranking's held set at once
+            held = self.ranking.held()
+            kept = [(h, b.block_id) for b in victims if (h := b.hash) is not None and h in held]
+        else:
+            kept = [(h, b.block_id) for b in victims if (h := b.hash) is not None]
         if kept:
             with self._queue_lock:
                 self._write_queue.extend(kept)

@@ -1,6 +1,6 @@
 """`BlockRuns` (the device pool's victim order by runs) against `ClassedLRU` (one entry per block,
 the simple reference): after any sequence of filings (runs, single blocks at the back or the
-front), removals (single, many, victims taken from the front), node moves and partial reads of
+front), removals (single, many, victims taken from the front by `first`), node moves and partial reads of
 the victim order, both give the same order, counts and classes."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_same_order_as_classed_lru(ops) -> None:
             runs.remove_many([blocks[i] for i in ids])
             ref.remove_many(ids)
         elif kind == "victims":  # an allocation: the first n victims taken out
-            taken = [b for b, _ in zip(runs.victims(), range(o[1]))]
+            taken = runs.first(o[1])  # what `BlockPool.choose_victims` takes
             want = [k for (k, _), _ in zip(ref.victims(), range(o[1]))]
             assert [b.block_id for b in taken] == want
             runs.remove_many(taken)
@@ -81,6 +81,7 @@ def test_same_order_as_classed_lru(ops) -> None:
         else:  # a partial read changes nothing (it may trim stale entries)
             got = [b.block_id for b, _ in zip(runs.victims(), range(o[1]))]
             assert got == [k for (k, _), _ in zip(ref.victims(), range(o[1]))]
+            assert [b.block_id for b in runs.first(o[1])] == got
         _same(runs, ref, blocks)
 
 
