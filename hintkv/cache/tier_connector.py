@@ -323,11 +323,15 @@ class TierConnector:
         into device blocks taken only from KV ranked below running sessions.
         Returns (blocks scheduled, blocks already on the device)."""
         found = self.pool.lookup_many(hashes)
-        on_device = len(found) - found.count(None)
+        missing = found.count(None)
+        if not missing:  # all on the device (a predicted resume's usual case): nothing to load
+            return 0, len(found)
+        lower = list(compress(hashes, map(not_, found)))  # (C)
         in_flight = self._in_flight()
-        todo = [h for h, b in zip(hashes, found) if b is None and h not in in_flight]
+        todo = [h for h in lower if h not in in_flight] if in_flight else lower
         room = self.room_below_protected()
-        return self._prefetch_run(todo[:room], self.stack.lookup_run(todo[:room])), on_device
+        todo = todo[:room]
+        return self._prefetch_run(todo, self.stack.lookup_run(todo)), len(found) - missing
 
     def prefetch_counted(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
         """`prefetch`, also returning the blocks of `hashes` held below (as `where` counts them,

@@ -136,6 +136,7 @@ def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
         if kv.tiers.idle():
             break
     assert [kv.pool.lookup(h) is not None for h in parked] == [True, True, False, False]
+    assert kv.tiers.prefetch(parked[:2]) == (0, 2)  # all on the device: nothing to load
     kv.check_integrity()
     stack.close()
 
