@@ -186,17 +186,21 @@ class BlockRuns:
         if node is None:
             return False
         old = node.cls
-        if old == cls and not again:
-            return False
-        del self._buckets[old][gid]
+        bucket = self._buckets[old]
+        if old == cls:  # back in its class (a request's end): to its back, one bucket read
+            if not again:
+                return False
+            del bucket[gid]
+            bucket[gid] = node
+            return True
+        del bucket[gid]
         bucket = self._buckets.get(cls)
         if bucket is None:
             bucket = self._buckets[cls] = {}
         bucket[gid] = node
-        if old != cls:
-            node.cls = cls
-            self._counts[old] -= node.count
-            self._counts[cls] = self._counts.get(cls, 0) + node.count
+        node.cls = cls
+        self._counts[old] -= node.count
+        self._counts[cls] = self._counts.get(cls, 0) + node.count
         return True
 
     def victims(self) -> Iterator[Block]:

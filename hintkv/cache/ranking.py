@@ -162,15 +162,20 @@ class ClassRanking:
         new = s.rank_cls = self.policy.session_class(s, now)
         if old is not None and new != old:
             pending = self._pending
-            if pending is not None and pending[0] is not s:
-                self._settle()  # another session's moves came first
-                pending = None
             if pending is None:
-                self._pending = (s, [old, new])
+                chain = [old, new]
+            elif pending[0] is s:  # its arrival's moves, still pending: one walk for both
+                chain = pending[1]
+                chain.append(new)
             else:
-                pending[1].append(new)
-            if not (defer and self.lazy):
-                self._settle()
+                self._settle()  # another session's moves came first
+                chain = [old, new]
+            if defer and self.lazy:
+                self._pending = (s, chain)
+            else:  # walked now (`_settle`, without filing the chain as pending first)
+                self._pending = None
+                self.num_moves += settle_changes(s.rank_groups.values(), chain,
+                                                 self._delta_groups, self.node_orders)
         self._unscheduled[s.key] = (s, now)  # its recheck is computed at the next tick
 
     def settle(self) -> None:

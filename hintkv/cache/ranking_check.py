@@ -37,6 +37,7 @@ def check_ranking(r: ClassRanking, sessions: Mapping[str, Session]) -> None:
         "group sizes out of sync (or an empty group was kept)"
     for gid, g in r._groups.items():
         assert g.gid == gid, "a group is filed under another id"
+        assert g.alone == (len(g.holders) == 1), "a group's lone-holder flag is stale"
         counts = [0] * r.num_classes
         for k in g.holders:
             counts[sessions[k].rank_cls] += 1

@@ -44,6 +44,7 @@ BANDS = (16.0, 8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125)  # r / Q beyond each: one c
 PROTECTED = FIRST_BAND + len(BANDS) + 1  # 11: prefetched or TTL
 RUNNING = PROTECTED  # the top class (name kept for callers of sam-v1's constant)
 DUE_WITHIN_TURNAROUND = FIRST_BAND + sum(1 for t in BANDS if t >= 1.0)  # 7: r <= Q
+_FARTHEST = BANDS[0]
 MAX_RECHECK_S = 5.0  # estimates drift (shared gap and turnaround means): re-rank at least this often
 _LIVE_CHILD = (SessionState.ACTIVE, SessionState.WAITING)
 
@@ -85,10 +86,12 @@ class SAMPolicy(EvictionPolicy):
 
     def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
         """Predicted return of a session away between calls (no live sub-agents)."""
-        expected, stale = self.sessions.predicted_gap(s)
-        if now - s.last_done > stale:
+        own = s.gaps  # its own history first (`predicted_gap`, inline: every request's end)
+        expected, stale = own.prediction if own.n >= 2 else self.sessions.predicted_gap(s)
+        away = now - s.last_done
+        if away > stale:
             return None
-        return expected + q - (now - s.last_done)
+        return expected + q - away
 
     def _gone_after(self, s: Session, now: float) -> float | None:
         """Seconds until an away session is presumed gone (a class change of its own); None:
@@ -124,6 +127,8 @@ class SAMPolicy(EvictionPolicy):
         r = self._waiting_next_use(s, now, q)
         if r is None:
             return GONE
+        if r > _FARTHEST * q:  # `band_class`'s first test, inline: a request's end, mostly
+            return FIRST_BAND
         return band_class(r, q)
 
     def recheck_after(self, s: Session, now: float) -> float | None:
