@@ -108,3 +108,36 @@ def test_a_session_that_just_arrived_is_due_within_its_turnaround(t: float) -> N
     _cycle(reg, "warm", 0.0, 0.3)  # a finished call: the registry has a turnaround (not a binary fraction)
     s = reg.on_arrival("t", "s", "s", t)
     assert pol.session_class(s, t) == DUE_WITHIN_TURNAROUND
+
+
+@settings(max_examples=300, deadline=None)
+@given(gaps=st.lists(st.floats(0.01, 500.0), max_size=5), away=st.floats(0.0, 5000.0),
+       tool=st.sampled_from([None, "bash"]))
+def test_a_waiting_session_ranks_in_the_band_of_its_predicted_return(gaps, away, tool) -> None:
+    """`session_class` (its reads inlined: every request's end computes it) is the band of
+    the registry's predicted gap plus the turnaround, or GONE past the stale bound, whatever the
+    session's history (own gaps, its tool's, everyone's, none)."""
+    reg, pol = _setup()
+    _cycle(reg, "warm", 0.0, 0.3)
+    t, s = 10.0, None
+    for g in [*gaps, None]:
+        s = reg.on_arrival("t", "s", "s", t, tool)
+        reg.on_done(s.key, [b"s"], t + 0.5)
+        t += 0.5 + (g or 0.0)
+    now = s.last_done + away
+    expected, stale = reg.predicted_gap(s)
+    q = reg.predicted_turnaround()
+    want = GONE if now - s.last_done > stale else band_class(expected + q - (now - s.last_done), q)
+    assert pol.session_class(s, now) == want
+
+
+def test_every_session_aware_policy_ranks_waiting_sessions_as_away() -> None:
+    """`SAMPolicy.session_class` skips reading `away_states` for a waiting session: every
+    subclass may widen the away states, never drop waiting."""
+    from hintkv.cache.policies import policy_names
+    from hintkv.cache.policies.sam import SAMPolicy
+    from hintkv.cache.sessions import SessionState
+    for name in policy_names():
+        pol = make_policy(name, sessions=SessionRegistry())
+        if isinstance(pol, SAMPolicy):
+            assert SessionState.WAITING in pol.away_states, name
