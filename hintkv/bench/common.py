@@ -222,10 +222,14 @@ class ServerSpec:
 
     name: str  # label in logs and tables
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # added to os.environ
+    env: dict[str, str | None] = field(default_factory=dict)  # added to os.environ; None: removed from it
     health_path: str = "/health"
     startup_timeout_s: float = 180.0
     cwd: str | None = None
+
+    def environ(self) -> dict[str, str]:
+        """The server's environment: this process's, with `env` applied."""
+        return {k: v for k, v in {**os.environ, **self.env}.items() if v is not None}
 
 
 class ServerProcess:
@@ -246,7 +250,7 @@ class ServerProcess:
     def launch(self) -> Self:
         """Start the process without waiting for it (`start` then waits for health)."""
         argv = [a.replace("{port}", str(self.port)) for a in self.spec.argv]
-        env = {**os.environ, **self.spec.env}
+        env = self.spec.environ()
         log(f"starting {self.spec.name}: {' '.join(argv)}  (log: {self.log_path})")
         self._t0 = time.perf_counter()
         with open(self.log_path, "wb") as logf:

@@ -103,5 +103,7 @@ def vllm_server(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "WARNING",
+        # hintkv's own OpenMP wait policy (hintkv/openmp_env.py) is not passed on: the peer runs its own
+        "GOMP_SPINCOUNT": None,
     }
     return ServerSpec(name=f"vllm-{served_name}", argv=argv, env=env, startup_timeout_s=DEFAULT_STARTUP_TIMEOUT_S)

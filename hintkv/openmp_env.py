@@ -1,0 +1,32 @@
+"""How long an idle OpenMP thread spins before it sleeps: libgomp's short spin, set before torch loads it.
+
+libgomp reads GOMP_SPINCOUNT once, when torch's import loads it. A worker that finished a parallel
+region, and the thread that waits for it at the region's end, spin that many times and then sleep
+on a futex. libgomp's default is 300,000 spins (milliseconds) while it manages no more threads than
+CPUs, 100 once it manages more. A process whose regions all start on one thread (pytest, `python -m
+hintkv.bench.*`, the simulator's calibration) has one pool and got the long spin; the server, whose
+engine thread is not the main thread, already ran at 100.
+
+Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks.md "Tenth session (speed)"):
+- under load 8-10, one pool: a decode b1 step 400-1,490 ms with the default spin, 32-61 ms at 100
+  (a whole run 44-76 s -> 8-12 s wall, 17-23 s -> 3.4-4.1 s CPU): spinners take the CPUs the other
+  threads need;
+- on free cores (SCHED_FIFO, interleaved in one process): spinning 2,000 or 10,000 times cut the
+  engine's sleeps 2.4-12x and changed no figure by more than the noise (prefill 128 / 512 / 2048,
+  decode b1 / b8: 0.94-1.06x): a wake-up is not what a step waits for.
+So the process keeps libgomp's short spin everywhere, unless the user chose a wait policy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+SPIN_COUNT = 100  # libgomp's own value for an oversubscribed process
+
+
+def bound_openmp_spin(env: MutableMapping[str, str] = os.environ) -> None:
+    """Set GOMP_SPINCOUNT to `SPIN_COUNT` unless the user chose (GOMP_SPINCOUNT, OMP_WAIT_POLICY). It
+    counts only in a process that has not loaded libgomp yet (not imported torch), and children."""
+    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+        env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)

@@ -1,0 +1,54 @@
+"""hintkv bounds libgomp's spin before torch loads it (`hintkv/openmp_env.py`); the bench's vLLM peer
+does not inherit that choice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from hintkv.bench.common import ServerSpec
+from hintkv.bench.vllm_peer import vllm_server
+from hintkv.openmp_env import SPIN_COUNT, bound_openmp_spin
+
+_POLICY_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+
+
+def test_the_spin_is_bounded_unless_the_user_chose_a_policy():
+    env: dict[str, str] = {}
+    bound_openmp_spin(env)
+    assert env == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    for chosen in ({"GOMP_SPINCOUNT": "300000"}, {"OMP_WAIT_POLICY": "active"}):
+        env = dict(chosen)
+        bound_openmp_spin(env)
+        assert env == chosen
+
+
+def _fresh(code: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _POLICY_VARS}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300, check=True).stdout.split()
+
+
+def test_importing_hintkv_sets_it_before_torch_is_loaded():
+    assert _fresh("import os, sys, hintkv; print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)") == [
+        str(SPIN_COUNT), "False"]
+    # and the command line's sub-commands (which import torch later) see it
+    code = ("import os, sys\nfrom hintkv.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
+    assert _fresh(code)[-2:] == [str(SPIN_COUNT), "False"]
+
+
+def test_a_none_in_a_server_spec_removes_the_variable(monkeypatch):
+    monkeypatch.setenv("GOMP_SPINCOUNT", "100")
+    monkeypatch.setenv("HINTKV_TEST_KEPT", "1")
+    spec = ServerSpec(name="s", argv=["true"], env={"GOMP_SPINCOUNT": None, "HINTKV_TEST_ADDED": "2"})
+    env = spec.environ()
+    assert "GOMP_SPINCOUNT" not in env and env["HINTKV_TEST_KEPT"] == "1" and env["HINTKV_TEST_ADDED"] == "2"
+
+
+def test_the_vllm_peer_does_not_inherit_hintkvs_spin(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOMP_SPINCOUNT", str(SPIN_COUNT))
+    monkeypatch.setenv("HINTKV_VLLM_PYTHON", sys.executable)  # only the spec is built, nothing runs
+    spec = vllm_server(tmp_path, "m", dtype="float32", max_model_len=256, kv_cache_gib=1.0)
+    assert "GOMP_SPINCOUNT" not in spec.environ()
