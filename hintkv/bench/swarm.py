@@ -12,17 +12,20 @@ run, order rotated, each round a fresh copy of the workload; each live row is th
 rounds, the timed goals reductions of medians with the per-round spread beside them):
   1 lru         `--eviction-policy lru --scheduling-policy fcfs`, no hints (vLLM + prefix caching)
   2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
-  3 sam         `--eviction-policy sam --scheduling-policy prefill-fair`, the protocol's hints sent
-                (device only, prefill-fair swaps nothing: it is short-first there)
-  4 sam+host    the same with the host tier (a new prefill swaps decodes out to the host; a
-                displaced decode goes back after at most a few newcomers: `engine.admission_swap`)
-  5 qlru+host   `--eviction-policy qlru --scheduling-policy prefill-fair`, no hints, host tier: the
+  3 sam         `--eviction-policy sam --scheduling-policy prefill-judged`, the protocol's hints sent
+                (device only, prefill-judged swaps nothing: it is short-first there)
+  4 sam+host    the same with the host tier (a new prefill swaps decodes out to the host when the
+                wait it saves exceeds the delay it costs, judged from the engine's measured step
+                costs and load: `engine.swap_gain`; a displaced decode goes back after at most a
+                few newcomers: `engine.admission_swap`)
+  5 qlru+host   `--eviction-policy qlru --scheduling-policy prefill-judged`, no hints, host tier: the
                 engine's own knowledge (its queue) with sam's scheduler, so neither the queue nor
                 the scheduler is credited to hints
-  6 lru+host/pf lru + host tier under the hinted runs' scheduler (prefill-fair), no hints: what the
-                scheduler alone gives lru+host
+  6 lru+host/pf lru + host tier under the hinted runs' scheduler (prefill-judged), no hints: what
+                the scheduler alone gives lru+host
   (+ `--peer URL`: any OpenAI-compatible server, no hints; `--runs` picks live runs, among them
-  `lru+host/sf`: lru + host tier under short-first)
+  `lru+host/sf`: lru + host tier under short-first, and `sam+host/fair`, `sam+host/sf`: sam+host
+  under prefill-fair and short-first, the hinted scheduler's A/B)
 Each live run also prints where its TTFT went (the engine's `ttft_parts`: queue, load, blocked,
 shared, compute; `other_s` is HTTP and tokenizing), for every call and for the p90+ tail.
 Offline (`hintkv.replay`: the real cache code, virtual clock, no model, same admission per run):

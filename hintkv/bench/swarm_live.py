@@ -32,11 +32,13 @@ from hintkv.workload.live import LiveResult, replay_live
 # (name, eviction policy, hints, host tier?)
 LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", "sam", True, False),
         ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True),
-        ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True))
-HINTED_ADMISSION = "prefill-fair"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
+        ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True),
+        ("sam+host/fair", "sam", True, True), ("sam+host/sf", "sam", True, True))
+HINTED_ADMISSION = "prefill-judged"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
 LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": HINTED_ADMISSION, "sam+host": HINTED_ADMISSION,
                   "qlru+host": HINTED_ADMISSION, "lru+host/pf": HINTED_ADMISSION,
-                  "lru+host/sf": "short-first"}  # offline: ADMISSION
+                  "lru+host/sf": "short-first", "sam+host/fair": "prefill-fair",
+                  "sam+host/sf": "short-first"}  # offline: ADMISSION
 DEFAULT_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host", "lru+host/pf")
 
 

@@ -1,7 +1,7 @@
 """`hintkv bench swarm_sched`: the live swarm's TTFT in simulated time: where the queue goes.
 
     hintkv bench swarm_sched [--quick] [--kinds swe-agent,claude-code] [--seeds 0,1,2]
-                             [--admission prefill-fair] [--profile local|FILE] [--users 10]
+                             [--admission prefill-judged] [--profile local|FILE] [--users 10]
 
 `hintkv bench swarm`'s live runs on `hintkv.sim`'s engine instead of a server: the same workload
 (`--quick`: 6 calls an agent at token scale 1/16), the same device (`--device-fraction` of the
@@ -30,6 +30,7 @@ from typing import Any
 from hintkv.bench.common import add_common_args, emit_json, log, print_table
 from hintkv.bench.swarm import default_traces, trace_folder
 from hintkv.bench.swarm_goals import GOALS, reduction
+from hintkv.bench.swarm_live import HINTED_ADMISSION
 from hintkv.bench.swarm_pace import Speed, fit_speed, pace, reference_speed, slowdown
 from hintkv.bench.swarm_study import size_workload
 from hintkv.bench.ttft_breakdown import breakdown_rows
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-calls", type=int, default=6)
     p.add_argument("--token-scale", type=float, default=1 / 16)
     p.add_argument("--device-fraction", type=float, default=0.35)
-    p.add_argument("--admission", default="prefill-fair", choices=admission_names(),
+    p.add_argument("--admission", default=HINTED_ADMISSION, choices=admission_names(),
                    help="the hinted runs' scheduler (and of the lru+host/A, qlru+host/A rows)")
     p.add_argument("--profile", default="local", help="`local` (hintkv sim calibrate) or a profile JSON file")
     args = p.parse_args(argv)

@@ -29,8 +29,10 @@
   for tens of steps while short prefills queue behind it (head-of-line blocking), and because
   keys only age, a long one is overtaken only by sequences that arrived before its own deadline:
   it waits at most about as long again as it computes (no starvation).
-- `prefill-first`, `prefill-fair`: `short-first` plus swapping running decodes out to the host tier
-  for a new prefill without room (`hintkv.engine.admission_swap`).
+- `prefill-first`, `prefill-fair`, `prefill-judged`: `short-first` plus swapping running decodes out
+  to the host tier for a new prefill without room (`hintkv.engine.admission_swap`; `prefill-judged`
+  swaps only when the newcomer's wait it saves exceeds the displaced decodes' delay, from the
+  engine's measured step costs and load: `hintkv.engine.swap_gain`).
 
 The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
 and sizes. New policies register with `@register_admission("name")`.
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hintkv.cache.manager import KVCacheManager, PrefixMatch
+    from hintkv.engine.outputs import SchedulerOutput
     from hintkv.engine.sequence import Sequence
 
 _REGISTRY: dict[str, Callable[..., AdmissionPolicy]] = {}
@@ -124,6 +127,15 @@ class AdmissionPolicy:
         """When `swaps`: False holds every running decode this step (no swap is considered)."""
         return True
 
+    def swap_pays(self, head: Sequence, victims: list[Sequence], decodes: list[Sequence], short: int,
+                  kv: KVCacheManager) -> bool:
+        """When `swaps`: preempting `victims` (enough for `head`, `short` blocks short of room)
+        is worth it; `decodes` are every running decode that could be swapped."""
+        return True
+
+    def stepped(self, sched: SchedulerOutput, now: float) -> None:
+        """A step scheduled at `sched.started` ended at `now` (the scheduler's clock)."""
+
     def forget(self, request_id: str) -> None:
         """The request left (finished or aborted)."""
 
@@ -143,6 +155,13 @@ def blocks_to_end(seq: Sequence, block_size: int, max_model_len: int | None = No
     if max_model_len is not None:
         end = min(end, max_model_len)
     return -(-max(end, seq.num_tokens) // block_size)
+
+
+def swap_frees(seq: Sequence, block_size: int, max_model_len: int | None) -> int:
+    """Blocks a running decode gives back when swapped out (or when it ends): the ones only it
+    holds, and the ones it would still have allocated to reach its end."""
+    return (sum(1 for b in seq.block_table if b.ref_cnt == 1)
+            + max(0, blocks_to_end(seq, block_size, max_model_len) - len(seq.block_table)))
 
 
 def resident_blocks(seq: Sequence, kv: KVCacheManager) -> int:
@@ -279,3 +298,4 @@ class ShortFirstAdmission(CacheAwareAdmission):
 
 
 from hintkv.engine import admission_swap  # noqa: E402,F401  (registers the swapping policies)
+from hintkv.engine import swap_gain  # noqa: E402,F401  (registers prefill-judged)

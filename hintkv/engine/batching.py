@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hintkv.engine import ttft
-from hintkv.engine.admission import StepPlan, blocks_to_end
+from hintkv.engine.admission import StepPlan, blocks_to_end, swap_frees
 from hintkv.engine.outputs import ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
 
@@ -148,7 +148,8 @@ def make_room(sch: Scheduler) -> None:
     """Swap decodes out for a new prefill (`AdmissionPolicy.swaps`): when the best waiting
     candidate that has not sent its first token has no room, preempt running decodes (past their
     first token, never preempted before) in the policy's order until it would fit; nobody when
-    all of them would not make it. Runs before the running pass, so no victim is scheduled."""
+    all of them would not make it, or when the policy judges the swap not worth it
+    (`AdmissionPolicy.swap_pays`). Runs before the running pass, so no victim is scheduled."""
     policy, kv = sch.admission, sch.kv
     if kv.tiers is None or not policy.may_swap(sch.waiting):
         return  # nowhere to swap to (a preempted decode would be recomputed), or the policy holds
@@ -164,14 +165,15 @@ def make_room(sch: Scheduler) -> None:
     short = need - (kv.free_room(match) - plan.reserved)
     decodes = [s for s in sch.running if s.first_token_time is not None and s.num_preemptions == 0
                and s.num_computed_tokens >= s.num_tokens - 1]
-    chosen = []
+    chosen, left = [], short
     for v in policy.swap_victims(decodes):
         chosen.append(v)
-        short -= (sum(1 for b in v.block_table if b.ref_cnt == 1)
-                  + max(0, blocks_to_end(v, bs, mml) - len(v.block_table)))
-        if short <= 0:
+        left -= swap_frees(v, bs, mml)
+        if left <= 0:
             break
     else:
+        return
+    if not policy.swap_pays(head, chosen, decodes, short, kv):
         return
     for v in chosen:
         sch.running.remove(v)

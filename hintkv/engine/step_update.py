@@ -31,6 +31,7 @@ def update_from_output(sch: Scheduler, sched: SchedulerOutput,
                if seq.status is not SeqStatus.FINISHED]  # (unless aborted meanwhile)
     now = sch.clock()  # the step's tokens all arrive now
     ttft.stepped(sched, now)
+    sch.admission.stepped(sched, now)
     kv = sch.kv
     if kv.tiers is not None and runner.forward_s is not None and sched.scheduled:
         kv.tiers.costs.observe_prefill(sched.num_batched_tokens, runner.forward_s)

@@ -81,7 +81,8 @@ def test_timed_goals_are_reductions_of_medians_over_interleaved_rounds():
 def test_admission_column_names_what_the_server_runs():
     from hintkv.bench.swarm_live import LIVE_ADMISSION, admission_of
 
-    assert admission_of("sam+host", []) == LIVE_ADMISSION["sam+host"] == "prefill-fair"
+    assert admission_of("sam+host", []) == LIVE_ADMISSION["sam+host"] == "prefill-judged"
+    assert admission_of("sam+host/fair", []) == "prefill-fair" and admission_of("sam+host/sf", []) == "short-first"
     assert admission_of("lru", []) == "fcfs"
     assert admission_of("sam+host", ["--scheduling-policy", "short-first"]) == "short-first"
     assert admission_of("lru", ["--scheduling-policy=cache-aware"]) == "cache-aware"

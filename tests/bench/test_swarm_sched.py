@@ -18,12 +18,12 @@ def test_quick_rows_and_goals_are_consistent(capsys):
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = {r["run"]: r for r in report["rows"]}
     floor = rows.pop("unloaded")["task_mean_s"]
-    assert report["admission"] == "prefill-fair"  # the hinted runs' default scheduler
-    assert set(rows) == {name for name, *_ in swarm_sched.runs("prefill-fair")}
+    assert report["admission"] == "prefill-judged"  # the hinted runs' default scheduler
+    assert set(rows) == {name for name, *_ in swarm_sched.runs("prefill-judged")}
     assert 0 < floor <= min(r["task_mean_s"] for r in rows.values())  # no run beats the unloaded floor
     t = report["goals"]["task_e2e_reduction_vs_lru"]
     assert t["reachable_per_cell"] == [pytest.approx(1 - floor / rows["lru"]["task_mean_s"])]
-    assert rows["sam+host"]["admission"] == "prefill-fair" and rows["lru+host"]["admission"] == "fcfs"
+    assert rows["sam+host"]["admission"] == "prefill-judged" and rows["lru+host"]["admission"] == "fcfs"
     for r in rows.values():
         assert 0.0 <= r["hit_rate"] <= 1.0 and r["ttft_mean_s"] > 0
         assert sum(r[k] for k in swarm_sched.PARTS) == pytest.approx(r["ttft_mean_s"], rel=1e-6)
