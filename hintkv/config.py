@@ -148,7 +148,10 @@ class EngineConfig:
     speculative: str | None = _opt(
         None, "speculative decoding from the session's own text: ngram (prompt lookup over the "
         "request) | suffix (suffix counts over the session's requests and responses)")
-    num_speculative_tokens: int = _opt(4, "drafts verified per decode step with --speculative")
+    num_speculative_tokens: int = _opt(15, "the most drafts verified per decode step with --speculative")
+    speculative_draft_length: str = _opt(
+        "adaptive", "adaptive (a draft fills the verify step's row bucket, 7, and grows to 15 after a draft "
+        "accepted whole: engine/spec/draft_length.py) | fixed (--num-speculative-tokens every step)")
     speculative_scope: str = _opt("session", "suffix drafts from the session's text, or the "
                                   "tenant's (all its sessions)")
 
@@ -194,6 +197,9 @@ class EngineConfig:
             raise ValueError(f"speculative must be ngram or suffix, not {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError("num_speculative_tokens must be in [1, 32]")
+        if self.speculative_draft_length not in ("fixed", "adaptive"):
+            raise ValueError("speculative_draft_length must be fixed or adaptive, "
+                             f"not {self.speculative_draft_length!r}")
         if self.speculative_scope not in ("session", "tenant"):
             raise ValueError(f"speculative_scope must be session or tenant, not {self.speculative_scope!r}")
 

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = None
     if not args.no_spec and not on_gpu:
         log("agent decode workload: speculative decoding (SmolLM2, swe-agent turns)")
-        spec_rows, spec, n_turns = run_spec_bench(args.quick, default_traces(), args.seed, 4)
+        spec_rows, spec, n_turns = run_spec_bench(args.quick, default_traces(), args.seed)
         print(f"\nagent decode workload: {n_turns} swe-agent turns, SmolLM2, greedy, up to 128 tokens")
         print_table(spec_rows, SPEC_COLUMNS)
     for model, r in results.items():

@@ -18,15 +18,19 @@ TRACES = Path(default_traces())
 
 
 def test_goal_reads_the_best_identical_mode():
-    base = ModeFigures(tokens=100, decode_s=10.0, forwards=100, outputs=[[1, 2, 3]],
+    base = ModeFigures(tokens=100, decode_s=10.0, decode_cpu_s=8.0, forwards=100, outputs=[[1, 2, 3]],
                        per_turn=[(50, 5.0, 50), (50, 5.0, 50)])
     fast_wrong = ModeFigures(tokens=100, decode_s=2.0, forwards=20, drafts=100, accepted=80, outputs=[[1, 2, 4]],
                              per_turn=[(50, 1.0, 10), (50, 1.0, 10)])
-    ok = ModeFigures(tokens=100, decode_s=5.0, forwards=50, drafts=80, accepted=50, outputs=[[1, 2, 3]],
+    ok = ModeFigures(tokens=100, decode_s=5.0, decode_cpu_s=3.2, forwards=50, drafts=80, accepted=50,
+                     outputs=[[1, 2, 3]],
                      per_turn=[(50, 2.0, 20), (50, 3.0, 30)])
     rows, modes = summarize({None: base, "ngram": fast_wrong, "suffix": ok}, 4)
     assert [r["identical"] for r in rows] == [True, False, True]
     assert modes["suffix"]["speedup"] == pytest.approx(2.0)
+    assert modes["suffix"]["speedup_cpu_time"] == pytest.approx(2.5) and rows[2]["vs none (CPU)"] == pytest.approx(2.5)
+    assert rows[2]["k"] == "<=4 adaptive" and rows[0]["k"] == 0
+    assert summarize({None: base, "suffix": ok}, 4, "fixed")[0][1]["k"] == "4"
     assert modes["suffix"]["tokens_per_forward"] == 2.0 and modes["suffix"]["acceptance"] == 50 / 80
     # per turn: 25 vs 10 tok/s and 16.7 vs 10 tok/s
     assert modes["suffix"]["speedup_per_turn"] == [2.5, pytest.approx(1.667)]
@@ -35,7 +39,8 @@ def test_goal_reads_the_best_identical_mode():
     assert rows[2]["per-turn min/med/max"] == "1.67/2.08/2.50" and rows[0]["per-turn min/med/max"] == "-"
     g = spec_goal(modes)
     assert g == {"target": 1.8, "measured": pytest.approx(2.0), "met": True, "mode": "suffix",
-                 "per_turn_min_median_max": modes["suffix"]["speedup_min_median_max"], "turns": 2}
+                 "per_turn_min_median_max": modes["suffix"]["speedup_min_median_max"], "turns": 2,
+                 "cpu_time": pytest.approx(2.5)}
     ok.decode_s = 8.0
     assert spec_goal(summarize({None: base, "ngram": fast_wrong, "suffix": ok}, 4)[1])["met"] is False
 

@@ -73,9 +73,10 @@ def plain(prompts) -> dict[str, list[int]]:
     return run(engine(None), prompts, 24)
 
 
-@pytest.mark.parametrize("spec", ["ngram", "suffix"])
-def test_greedy_output_is_identical_and_drafts_are_accepted(spec, prompts, plain):
-    e = engine(spec)
+@pytest.mark.parametrize("spec,k", [("ngram", 4), ("suffix", 4), ("ngram", 15)])
+def test_greedy_output_is_identical_and_drafts_are_accepted(spec, k, prompts, plain):
+    """k=15: the adaptive draft length (the default) grows to 15 drafts in the copied code (16-row verifies)."""
+    e = engine(spec, k)
     out = run(e, prompts, 24)
     assert out == plain
     s = e.scheduler
@@ -100,3 +101,22 @@ def test_sampled_speculation_runs_within_limits(prompts):
               sampling={"temperature": 0.7, "top_p": 0.9, "seed": 3})
     assert all(len(v) == 16 for v in out.values())
     assert e.scheduler.num_draft_tokens > 0
+
+
+def test_adaptive_drafts_of_15_verify_to_the_same_greedy_tokens(prompts):
+    """The adaptive draft length reaches 15 drafts (a 16-row verify step) in copied code; the output
+    stays that of decoding one token at a time."""
+    e = engine("ngram", 15)
+    lengths: list[int] = []
+    propose = e.scheduler.proposer.propose
+
+    def recording(seq, k):  # the real proposer runs; its draft lengths are recorded
+        draft = propose(seq, k)
+        lengths.append(len(draft))
+        return draft
+
+    e.scheduler.proposer.propose = recording
+    out = run(e, prompts[:1], 64)
+    assert max(lengths) == 15
+    assert out == run(engine(None), prompts[:1], 64)
+    assert e.kv.pool.num_in_use == 0

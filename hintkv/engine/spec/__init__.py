@@ -5,11 +5,13 @@ verification of k drafts in one forward (`verify.py`, tensors; only the model ru
     runner.run():          logits at the last real token and every draft -> verify -> accepted + 1
     scheduler.update():    accepted drafts keep their KV; rejected ones are rolled back
 
-Proposers register by name (`--speculative ngram|suffix`).
+Proposers register by name (`--speculative ngram|suffix`); how many drafts a step asks for is a
+policy around them (`draft_length.py`: `--speculative-draft-length adaptive | fixed`).
 """
 
 from __future__ import annotations
 
+from hintkv.engine.spec.draft_length import DRAFT_LENGTHS, AdaptiveDraftLength
 from hintkv.engine.spec.ngram import NgramProposer
 from hintkv.engine.spec.proposer import Proposer
 from hintkv.engine.spec.suffix import SuffixProposer
@@ -31,7 +33,10 @@ def make_speculative(cfg) -> Proposer | None:
     if cfg.speculative is None:
         return None
     kwargs = {"scope": cfg.speculative_scope} if cfg.speculative == "suffix" else {}
-    return make_proposer(cfg.speculative, cfg.num_speculative_tokens, **kwargs)
+    proposer = make_proposer(cfg.speculative, cfg.num_speculative_tokens, **kwargs)
+    if cfg.speculative_draft_length == "adaptive":
+        return AdaptiveDraftLength(proposer, cfg.num_speculative_tokens)
+    return proposer
 
 
-__all__ = ["PROPOSERS", "NgramProposer", "Proposer", "SuffixProposer", "make_proposer", "make_speculative"]
+__all__ = ["DRAFT_LENGTHS", "PROPOSERS", "AdaptiveDraftLength", "NgramProposer", "Proposer", "SuffixProposer", "make_proposer", "make_speculative"]
