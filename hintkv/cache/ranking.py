@@ -35,6 +35,7 @@ one eager walk per change gives (tests/cache/test_lazy_ranking.py).
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 from collections.abc import Callable, Iterable, KeysView, Mapping
@@ -241,6 +242,15 @@ class ClassRanking:
             self.session_changed(s, now)
             n += 1
         return n
+
+    def next_recheck(self) -> float:
+        """The earliest time at which `tick` re-ranks a session (math.inf: none is scheduled;
+        -math.inf: sessions changed since the last tick, whose rechecks that tick schedules).
+        A read only: a driver may skip the ticks before it (the simulator's decode stretches).
+        A superseded recheck still counts (its tick is early, never late)."""
+        if self._unscheduled:
+            return -math.inf
+        return self._rechecks[0][0] if self._rechecks else math.inf
 
     # ---- internals -------------------------------------------------------------------------
     def _push_rechecks(self) -> None:

@@ -60,6 +60,14 @@ class SessionAwareManager:
         if self.kv.tiers is not None and self.predict_resume:
             self.predict(now)
 
+    def next_due(self) -> float:
+        """The earliest time at which `on_step` acts (a session's recheck or a predicted resume;
+        math.inf: nothing scheduled): steps starting before it change nothing here."""
+        due = self.kv.ranking.next_recheck()
+        if self.kv.tiers is not None and self.predict_resume and self._resumes:
+            due = min(due, self._resumes[0][0])
+        return due
+
     def predict(self, now: float) -> int:
         """Prefetch the waiting sessions whose predicted return is within the lead time, up to
         the step's budget of held blocks examined. Returns the blocks examined."""

@@ -87,6 +87,10 @@ class SessionPoolManager:
         if self.pool.keep_alive(self.held(), known_only=True):
             self.counters.num_keepalive_ticks += 1
 
+    def quiet(self, now: float) -> bool:
+        """`tick(now)` would do nothing (a driver may skip it: the simulator's decode stretches)."""
+        return not self.pool.session_aware or now - self._last_keepalive < KEEPALIVE_EVERY_S
+
     def stats(self) -> dict:
         c = self.counters
         return {**self.pool.pool_stats(), "published": c.num_published,

@@ -39,6 +39,7 @@ from hintkv.engine.types import (
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.pool import SimPool
+from hintkv.sim.stretch import Stretch, finish, plan
 from hintkv.sim.tiers import sim_tiers
 
 WAIT_CAUSES = ("step", "budget", "seqs", "room")
@@ -58,6 +59,7 @@ class StepStats:
     num_steps: int = 0
     busy_s: float = 0.0  # simulated seconds of forward passes
     num_batched_tokens: int = 0
+    num_stretches: int = 0  # decode stretches run as one event (`sim.stretch`)
     peak_host_blocks: int = 0
     host_block_seconds: float = 0.0  # integral of host blocks over simulated time
     _last_t: float = 0.0
@@ -71,8 +73,12 @@ class StepStats:
 
 class SimEngine:
     def __init__(self, cfg: EngineConfig, costs: CostModel, clock: EventClock, num_blocks: int,
-                 host_blocks: int = 0, model_name: str = "sim", pool: SimPool | None = None) -> None:
+                 host_blocks: int = 0, model_name: str = "sim", pool: SimPool | None = None,
+                 fast_decode: bool = True) -> None:
+        """`fast_decode`: a stretch of steps that only decode runs as one event (`sim.stretch`;
+        the same report); False steps each one."""
         self.cfg = cfg
+        self.fast_decode = fast_decode
         self.costs = costs
         self.clock = clock
         self.scheduler = Scheduler.from_config(cfg, num_blocks, clock=clock)
@@ -84,7 +90,7 @@ class SimEngine:
         self._pending: dict[str, _Pending] = {}
         self._busy = False  # a step is in flight (its completion is queued on the clock)
         self._waiting = False  # nothing to schedule until one of our copies lands (clock.wait)
-        self._last_end = -1.0  # when the last forward finished (a later start: woken from idle)
+        self.last_end = -1.0  # when the last forward finished (a later start: woken from idle)
         # since the last step: (its bound, requests it left waiting, arrivals since, when)
         self._wait = ("room", 0, 0, 0.0)
 
@@ -172,12 +178,17 @@ class SimEngine:
             return
         self.scheduler.kv.flush_write_downs()  # as LLMEngine.step: victims are written down first
         ms = self.step_ms(sched)
-        if self.clock() > self._last_end:  # the engine slept: the live thread pays a wake-up
+        if self.clock() > self.last_end:  # the engine slept: the live thread pays a wake-up
             ms += self.costs.profile.idle_wakeup_ms
         self.stats.num_steps += 1
         self.stats.busy_s += ms / 1e3
         self.stats.num_batched_tokens += num_tokens
-        self.clock.after(ms / 1e3, lambda: self._finish_step(sched, ms / 1e3))
+        st = plan(self, sched, ms, SIM_TOKEN) if self.fast_decode else None
+        if st is not None:
+            self.stats.num_stretches += 1
+            self.clock.at(st.times[-1], lambda: self._finish_stretch(sched, st))
+        else:
+            self.clock.after(ms / 1e3, lambda: self._finish_step(sched, ms / 1e3))
 
     def step_ms(self, sched: SchedulerOutput) -> float:
         chunks, decodes = [], []
@@ -189,24 +200,40 @@ class SimEngine:
                 chunks.append((s.num_new_tokens, c))
         return self.costs.step_ms(chunks, decodes)
 
-    def _track_host(self) -> None:
+    def host_blocks(self) -> int | None:
+        """Blocks the host tier holds now (None: no host tier)."""
         tiers = self.scheduler.kv.tiers
-        if tiers is None:
-            return
-        st, now = self.stats, self.clock()
-        n = tiers.stack.tiers[0].usage().num_blocks
+        return None if tiers is None else tiers.stack.tiers[0].usage().num_blocks
+
+    def _track_host(self) -> None:
+        n = self.host_blocks()
+        if n is not None:
+            self.track_host(self.clock(), n)
+
+    def track_host(self, now: float, n: int) -> None:
+        """The host tier held `n` blocks at `now` (its peak and time integral)."""
+        st = self.stats
         st.host_block_seconds += st._last_host * (now - st._last_t)
         st._last_t, st._last_host = now, n
         st.peak_host_blocks = max(st.peak_host_blocks, n)
 
     def _finish_step(self, sched: SchedulerOutput, forward_s: float) -> None:
-        self._last_end = self.clock()
+        self.last_end = self.clock()
         self._track_host()
         tokens = [[SIM_TOKEN] if s.samples else [] for s in sched.scheduled]
         outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput(tokens, forward_s))
         self._deliver(outputs)
         self._busy = False
         self._wake(now=True)
+
+    def _finish_stretch(self, sched: SchedulerOutput, st: Stretch) -> None:
+        finish(self, sched, st, SIM_TOKEN)  # no request finished, every first token was out
+        self._busy = False
+        self._wake(now=True)
+
+    def mark_wait(self, when: float) -> None:
+        """A step scheduled at `when` left nobody waiting, and nobody arrived since."""
+        self._wait = (self._wait[0], 0, 0, when)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = self.clock()

@@ -168,9 +168,10 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
              block_size: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
              time_scale: float = 1.0, progress: bool = False,
              on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True,
-             instances: int = 1, max_inflight: int = 8) -> SimResult:
+             instances: int = 1, max_inflight: int = 8, fast_decode: bool = True) -> SimResult:
     """`instances` SimEngines of `device_tokens` each on one clock, placed by the router's code
-    (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool."""
+    (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool;
+    `fast_decode`: decode stretches as one event each (`sim.stretch`; the same result)."""
     cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        eviction_policy=config.policy, hints=config.hints, scheduling_policy=config.scheduling)
@@ -179,8 +180,8 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
     host_blocks = HOST_FACTOR * num_blocks if config.host else 0
     pool = (SimPool(config.pool, POOL_FACTOR * num_blocks, real_block_bytes(costs, block_size),
                     write_through=config.pool_write_through) if config.pool else None)
-    engines = [SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks, pool=pool)
-               for _ in range(instances)]
+    engines = [SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks, pool=pool,
+                         fast_decode=fast_decode) for _ in range(instances)]
     cluster = SimCluster(engines, max_inflight)
     total = workload.num_calls
     bar = _Progress(config.name, total) if progress else None
