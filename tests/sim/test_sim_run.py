@@ -92,6 +92,13 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
         assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling"}
     ratio = last["goals"]["hit_rate_ratio_vs_lru"]  # no run hits more than the oracle with its tiers
     assert 0 < ratio["measured"] <= ratio["ceiling"] + 1e-9
+    # no policy takes more off a task than its whole serving time, nor off TTFT than all but compute
+    for name in ("task_e2e_reduction_vs_lru", "ttft_reduction_vs_lru_host"):
+        g = last["goals"][name]
+        assert g["measured"] <= g["ceiling"] < 1, name
+    assert 0 < last["zero_serving_task_s"] <= min(r["task_mean_s"] for r in last["results"].values()
+                                                  if "task_mean_s" in r)
+    assert "ceiling" in "\n".join(out[:-1])  # the goals table is printed
     assert last["goals"]["sim_wall_s_per_config"]["measured"] > 0
 
 
@@ -129,3 +136,23 @@ def test_block_size_is_simulated_and_printed(traces, capsys):
     assert res["sam+hints+host"]["hit_rate"] > 0
     assert main([*args, "--block-size", "0"]) == 2
     assert main([*args, "--block-size", "24"]) == 2  # the engine's blocks are a power of two
+
+
+def test_zero_serving_time_leaves_each_single_agent_task_its_tool_time(workload, costs):
+    """The instant server (`sim.ideal`) takes exactly each call's serving time off a task that is
+    one agent's calls in sequence, and no simulated task is shorter than its bound."""
+    from hintkv.sim.ideal import zero_serving_spans
+
+    res = simulate(workload, CONFIGS["sam+hints+host"], costs, device_tokens=_room(workload))
+    bound = {t.task_id: t.e2e_s for t in zero_serving_spans(workload)}
+    sessions: dict[str, set] = {}
+    serving: dict[str, float] = {}
+    for c in res.calls:
+        sessions.setdefault(c.task_id, set()).add(c.session_id)
+        serving[c.task_id] = serving.get(c.task_id, 0.0) + c.e2e_s
+    single = [t for t in res.tasks if len(sessions[t.task_id]) == 1]
+    assert single and len(single) < len(res.tasks)  # both kinds are in the slice
+    for t in single:
+        assert bound[t.task_id] == pytest.approx(t.e2e_s - serving[t.task_id], abs=1e-6)
+    for t in res.tasks:
+        assert bound[t.task_id] <= t.e2e_s + 1e-9

@@ -1,0 +1,83 @@
+"""The issue's goals from a `hintkv sim` run's results, and the ceilings no policy can pass.
+
+    goals(results, oracles, users, zero_serving_task_s) -> {"ttft_reduction_vs_lru": {...}, ...}
+
+Each goal is `{"target", "measured", "met"}` computed from the runs (`bench.common.goal_at_*`);
+the ones these traces cap carry a `ceiling` computed from the runs too.
+"""
+
+from __future__ import annotations
+
+from hintkv.bench.common import goal_at_least, goal_at_most
+from hintkv.sim.simulate import SimResult
+
+WALL_GOAL_S = 300.0  # 10 users, whole trace set, one configuration
+
+
+def _reduction(base: float | None, new: float | None) -> float | None:
+    if base is None or new is None or base <= 0:
+        return None
+    return 1 - new / base
+
+
+def _compute_only_ttft(r: SimResult | None) -> float | None:
+    """Mean TTFT of `r` if each call waited for nothing: its own prefill compute only."""
+    parts = [] if r is None else [c.ttft_parts["compute_s"] for c in r.calls if c.ttft_parts]
+    return sum(parts) / len(parts) if parts else None
+
+
+def goals(results: dict[str, SimResult], oracles: dict[str, float], users: int,
+          zero_serving_task_s: float | None = None) -> dict:
+    """The issue's goals from the runs (a run that was not made: measured None, not met).
+    Captured headroom pairs like with like: (sam+hints+host - lru+host) / (oracle+host - lru+host).
+    `ceiling`s: the most any policy could reach on these traces: hit rate, the oracle's over lru's;
+    task, with zero serving time (`zero_serving_task_s`, `sim.ideal`); TTFT vs lru+host, the hinted
+    run's calls with their own prefill compute only (no queue, load, blocked or shared time)."""
+    cluster = "sam+hints+pool" in results
+    lru = results.get("lru")
+    lru_host = results.get("lru+pool" if cluster else "lru+host")
+    hinted = results.get("sam+hints+pool" if cluster else "sam+hints+host")
+
+    def get(r, attr):
+        return None if r is None else getattr(r, attr)
+
+    hl, hh, hlh = get(lru, "hit_rate"), get(hinted, "hit_rate"), get(lru_host, "hit_rate")
+    ho = oracles.get("oracle+pool" if cluster else "oracle+host")
+    headroom = None
+    if hlh is not None and hh is not None and ho is not None and ho - hlh > 1e-9:
+        headroom = (hh - hlh) / (ho - hlh)
+    walls = [r.wall_s for r in results.values()]
+    return {
+        "ttft_reduction_vs_lru": goal_at_least(0.6, _reduction(get(lru, "mean_ttft_s"), get(hinted, "mean_ttft_s"))),
+        "ttft_reduction_vs_lru_host": {**goal_at_least(
+            0.3, _reduction(get(lru_host, "mean_ttft_s"), get(hinted, "mean_ttft_s"))),
+            "ceiling": _reduction(get(lru_host, "mean_ttft_s"), _compute_only_ttft(hinted))},
+        "task_e2e_reduction_vs_lru": {**goal_at_least(
+            0.3, _reduction(get(lru, "mean_task_s"), get(hinted, "mean_task_s"))),
+            "ceiling": _reduction(get(lru, "mean_task_s"), zero_serving_task_s)},
+        # ceiling: the best any placement could do with the same tiers (the oracle's hit rate / lru's)
+        "hit_rate_ratio_vs_lru": {**goal_at_least(1.33, None if not hl or hh is None else hh / hl),
+                                  "ceiling": None if not hl or ho is None else ho / hl},
+        "peak_host_bytes_reduction_vs_lru_host": goal_at_least(
+            0.25, _reduction(_peak_below(lru_host), _peak_below(hinted))),
+        "captured_headroom_vs_oracle": goal_at_least(0.7, headroom),
+        "sim_wall_s_per_config": goal_at_most(WALL_GOAL_S if users <= 10 else 1800.0, max(walls) if walls else None),
+    }
+
+
+def separation(results: dict[str, SimResult], scheduling: str) -> dict:
+    """Hints vs the same scheduler without hints: mean TTFT and task reductions of each hinted
+    run vs `lru[+host|+pool]/<scheduling>` (what hints give beyond the scheduler)."""
+    out = {}
+    for hinted, base in (("sam+hints+host", "lru+host"), ("sam+hints+host", "lru"), ("sam+hints+pool", "lru+pool")):
+        h, same = results.get(hinted), results.get(f"{base}/{scheduling}")
+        if h is not None and same is not None:
+            out[f"{hinted}_vs_{base}/{scheduling}"] = {
+                "ttft_reduction": _reduction(same.mean_ttft_s, h.mean_ttft_s),
+                "task_e2e_reduction": _reduction(same.mean_task_s, h.mean_task_s)}
+    return out
+
+
+def _peak_below(r: SimResult | None) -> int | None:
+    """Peak bytes held below the device: host tiers (summed peaks) + the shared pool."""
+    return None if r is None else r.peak_host_bytes + r.peak_pool_bytes
