@@ -66,18 +66,22 @@ def compare(reference, candidate, token_lists: list[list[int]], kv_cache_dtype: 
     with `reference` (float KV), and both perplexities; `one_by_one`: the candidate runs every token
     as a decode step (the kernels of few-row steps), else the text as one chunk (a prefill's)."""
     agree = total = 0
+    kl = 0.0  # sum over positions of KL(reference || candidate): continuous where top-1 counts ties' flips
     nll = {"reference": 0.0, "candidate": 0.0}
     for ids in token_lists:
         logits = {"reference": _logits_over_cache(reference, ids, "auto"),
                   "candidate": _logits_over_cache(candidate, ids, kv_cache_dtype, one_by_one)}
         agree += int((logits["reference"].argmax(-1) == logits["candidate"].argmax(-1)).sum())
+        kl += float(torch.nn.functional.kl_div(logits["candidate"].float().log_softmax(-1),
+                                               logits["reference"].float().log_softmax(-1),
+                                               log_target=True, reduction="sum"))
         total += len(ids)
         target = torch.tensor(ids[1:])
         for k, lg in logits.items():
             nll[k] += float(torch.nn.functional.cross_entropy(lg[:-1].cpu(), target, reduction="sum"))
     n_pred = sum(len(ids) - 1 for ids in token_lists)
     return {"top1_agreement": agree / total, "ppl_reference": math.exp(nll["reference"] / n_pred),
-            "ppl_candidate": math.exp(nll["candidate"] / n_pred), "tokens": total}
+            "ppl_candidate": math.exp(nll["candidate"] / n_pred), "kl_per_token": kl / total, "tokens": total}
 
 
 def fixed_token_lists(tokenizer) -> list[list[int]]:

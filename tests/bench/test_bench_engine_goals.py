@@ -8,14 +8,21 @@ from hintkv.bench.engine_report import compute_goals
 
 
 def test_kv_goals_follow_the_rows():
-    rows = [{"kv": "int8", "capacity vs float32": 3.76, "capacity vs bfloat16": 1.88, "top-1 agreement": 0.99},
-            {"kv": "fp8", "capacity vs float32": 1.5, "capacity vs bfloat16": 0.75, "top-1 agreement": 0.9}]
+    rows = [{"kv": "int8", "capacity vs float32": 3.76, "capacity vs bfloat16": 1.88, "top-1 agreement": 0.99,
+             "KL/token": 0.0007, "tokens": 295},
+            {"kv": "fp8", "capacity vs float32": 1.5, "capacity vs bfloat16": 0.75, "top-1 agreement": 0.9,
+             "KL/token": 0.0035, "tokens": 295}]
     g = compute_goals({}, Workload.for_run(True), None, None, rows, "float32")
     assert g["kv_int8_capacity_vs_float32"] == {"target": 2.0, "measured": 3.76, "met": True, "vs_bfloat16": 1.88}
     assert g["kv_int8_top1_agreement"]["met"] is True
     assert g["kv_fp8_capacity_vs_float32"]["met"] is False and g["kv_fp8_top1_agreement"]["met"] is False
+    fp8 = g["kv_fp8_top1_agreement"]
+    assert fp8["kl_per_token"] == 0.0035 and fp8["tokens"] == 295
+    assert "0.00350/token is 5.0x int8's" in fp8["why"] and "one token of 295 is 0.0034" in fp8["why"]
+    assert "why" not in g["kv_int8_top1_agreement"]
     missing = compute_goals({}, Workload.for_run(True), None, None, None, "float32")
-    assert all(missing[f"kv_{k}_top1_agreement"] == {"target": 0.97, "measured": None, "met": False}
+    assert all(missing[f"kv_{k}_top1_agreement"] == {"target": 0.97, "measured": None, "met": False,
+                                                     "kl_per_token": None, "tokens": None}
                for k in KV_FORMATS)
 
 
@@ -23,3 +30,4 @@ def test_kv_rows_measure_capacity_from_the_block_sizes():
     rows = {r["kv"]: r for r in kv_quant_rows("bfloat16")}
     # SmolLM2: head_dim 64 -> 68-byte rows against 128 bytes of bfloat16
     assert rows["int8"]["capacity vs bfloat16"] == 128 / 68 and rows["fp8"]["top-1 agreement"] > 0.9
+    assert rows["fp8"]["KL/token"] > rows["int8"]["KL/token"] > 0  # fp8's 3 mantissa bits: the larger error
