@@ -4,26 +4,36 @@
 `load_inline` (g++ and ninja; ~1 minute the first time on this machine, then cached under
 ~/.cache/torch_extensions) and returns the module, or None after one warning when it cannot be
 built (no compiler, no ninja): callers then run their eager PyTorch ops. The module name carries
-the hash of the source and flags, so checkouts of other versions share the build cache and a
-same-named build of other source is never loaded.
+the hash of the source, the flags and the torch installation it builds against, so checkouts of
+other versions share the build cache, a same-named build of other source is never loaded, and two
+virtual environments (the lead's fresh-clone CI and /work/main/.venv) do not rebuild each other's
+.so: torch writes its include paths into the build's ninja file, and a changed file rebuilt it on
+every switch (session 10: a rebuild killed mid-way left a lock every later load waited on).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from types import ModuleType
 
 _built: dict[str, ModuleType | None] = {}
 
 
+def build_tag(source: str, cflags: list[str], torch_dir: str) -> str:
+    """The build's name suffix: one per (source, flags, torch installation)."""
+    return hashlib.sha1("\0".join([source, " ".join(cflags), torch_dir]).encode()).hexdigest()[:12]
+
+
 def load(name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType | None:
     """The built extension `name` (cached per process), or None when it cannot be built (warned once)."""
     if name not in _built:
         try:
+            import torch
             from torch.utils.cpp_extension import load_inline
 
-            tag = hashlib.sha1((source + " ".join(cflags)).encode()).hexdigest()[:12]
+            tag = build_tag(source, cflags, os.path.dirname(torch.__file__))
             _built[name] = load_inline(name=f"{name}_{tag}", cpp_sources=source, functions=functions,
                                        extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
