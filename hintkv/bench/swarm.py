@@ -82,7 +82,7 @@ from hintkv.bench.swarm_rounds import (
     shared_pace,
     spread,
 )
-from hintkv.bench.swarm_study import ADMISSION, captured, run_configs, size_workload
+from hintkv.bench.swarm_study import ADMISSION, bound_violations, captured, run_configs, size_workload
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.cache.policies import policy_names
 from hintkv.replay import OfflineConfig
@@ -91,7 +91,6 @@ from hintkv.workload.traces import Scale
 from hintkv.workload.users import KINDS, build_workload
 
 SWEEP = (0.2, 0.35, 0.5, 1.0)
-SWEEP_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru", "qlru+host")  # what the goals and plots read
 GRID = ((10, 0.1), (10, 0.35), (32, 0.1), (32, 0.35))  # (users, device fraction) of the headroom goal
 COLUMNS = ["run", "where", "admission", "time_scale", "rounds", "calls", "errors", "hit_rate", "host_hit_rate",
            "recomputed_tokens", "computed_tokens", "preemptions", "queue_mean", "ttft_mean_s", "ttft_spread",
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         paced = (tscale, reference_speed(base))
         offline = run_configs(wl, base, device, host, memo, hinted=args.policy)
         sweep = {f: run_configs(wl, base, sizing.device_blocks(f), round(sizing.device_blocks(f) * args.host_ratio),
-                                memo, names=SWEEP_RUNS, hinted=args.policy) for f in SWEEP}
+                                memo, hinted=args.policy) for f in SWEEP}
         grid = headroom_grid(args, scale, base, (wl, memo))
         log(f"offline done at {time.perf_counter() - t0:.0f}s")
         urls: dict[str, tuple[str, bool]] = {}
@@ -264,14 +263,16 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
             if u != users:
                 continue
             dev = sizing.device_blocks(frac)
-            runs = run_configs(wl, base, dev, round(dev * args.host_ratio), memo,
-                               names=SWEEP_RUNS, hinted=args.policy)
+            runs = run_configs(wl, base, dev, round(dev * args.host_ratio), memo, hinted=args.policy)
+            bad = bound_violations(runs, f"{users} users {frac}")
             for tier, sfx in (("device", ""), ("host", "+host")):
                 lo, hi, got = (runs[n + sfx]["hit_rate"] for n in ("lru", "oracle", "sam"))
-                pin = runs["oracle" + sfx + "/pinned"]["hit_rate"]
+                pin = runs["oracle" + sfx + "/pinned"]
                 out.append({"users": users, "fraction": frac, "tier": tier, "lru": lo, "sam": got,
-                            "qlru": runs["qlru" + sfx]["hit_rate"], "oracle": hi, "pinned": pin,
-                            "captured": captured(got, lo, hi), "captured_pinned": captured(got, lo, pin)})
+                            "qlru": runs["qlru" + sfx]["hit_rate"], "oracle": hi, "pinned": pin["hit_rate"],
+                            "pinned_schedule": pin["schedule"], "captured": captured(got, lo, hi),
+                            "captured_pinned": captured(got, lo, pin["hit_rate"]),
+                            "violations": [b for b in bad if ("+host" in b.split(" at ")[0]) == (sfx != "")]})
             log(f"grid: {users} users at {frac}: done")
     return out
 

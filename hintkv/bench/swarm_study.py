@@ -54,18 +54,16 @@ def unbounded_blocks(wl: Workload, block_size: int) -> int:
 
 
 def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo: dict,
-                names: tuple[str, ...] | None = None, hinted: str = "sam") -> dict[str, dict[str, Any]]:
-    """The compared configurations at one capacity, plus the oracles (device, device + host):
+                hinted: str = "sam") -> dict[str, dict[str, Any]]:
+    """Every configuration of CONFIGS at one capacity, plus the oracles (device, device + host):
     `oracle` is Belady over lru's accesses (it may evict a running request's blocks, which no
-    engine can); `oracle/pinned` is the best `belady_pinned` (running requests' blocks stay) over
-    the schedules of the runs done here, each its own: the reference of the headroom goal
-    (docs/benchmarks.md, "Captured headroom's reference"). `hinted`: the policy of the hinted
-    runs (named `sam`, `sam+host` in the table)."""
+    engine can); `oracle/pinned` is `pinned_reference` (the headroom goal's reference:
+    docs/benchmarks.md, "Captured headroom's reference"). The main table, the sweep and the grid
+    all call this, so a cell's reference never depends on which rows a caller reads. `hinted`:
+    the policy of the hinted runs (named `sam`, `sam+host` in the table)."""
     out: dict[str, dict[str, Any]] = {}
     results: dict[str, OfflineResult] = {}
     for name, policy, hints, with_host, admission in CONFIGS:
-        if names is not None and name not in names:
-            continue
         policy = hinted if policy == "sam" else policy
         cfg = replace(base, policy=policy, hints=hints, device_blocks=device, host_blocks=host if with_host else 0,
                       scheduling=admission)
@@ -75,16 +73,41 @@ def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo:
         r = results[name] = memo[key]
         out[name] = offline_row(r)
     bs = base.block_size
-    ref_dev = results.get("lru") or next(iter(results.values()))
-    ref_host = results.get("lru+host") or ref_dev
-    out["oracle"] = {"hit_rate": belady(ref_dev.accesses, device, bs).hit_rate}
-    out["oracle+host"] = {"hit_rate": belady(ref_host.accesses, device + host, bs).hit_rate}
-    for name, level, cap in (("oracle/pinned", False, device), ("oracle+host/pinned", True, device + host)):
-        own = [belady_pinned(r.accesses, cap, bs).hit_rate for n, r in results.items() if HOST[n] == level]
-        if own:
-            out[name] = {"hit_rate": max(own)}
+    out["oracle"] = {"hit_rate": belady(results["lru"].accesses, device, bs).hit_rate}
+    out["oracle+host"] = {"hit_rate": belady(results["lru+host"].accesses, device + host, bs).hit_rate}
+    out["oracle/pinned"] = pinned_reference(results, device, bs, with_host=False)
+    out["oracle+host/pinned"] = pinned_reference(results, device + host, bs, with_host=True)
     out["_device_blocks"], out["_host_blocks"] = device, host
     return out
+
+
+def pinned_reference(results: dict[str, OfflineResult], capacity: int, block_size: int,
+                     with_host: bool) -> dict[str, Any]:
+    """The captured-headroom reference at one capacity: the best `belady_pinned` (never evicts a
+    running request's blocks, as no engine can) over the schedule (own accesses) of EVERY
+    configuration of CONFIGS at this tier (device only, or with the host tier), lru/ca included.
+    The set is fixed, so the reference does not depend on which runs a caller compares; adding a
+    schedule can only raise it. Returns {"hit_rate", "schedule": the configuration whose schedule
+    gave it}."""
+    names = [c[0] for c in CONFIGS if c[3] == with_host]
+    missing = [n for n in names if n not in results]
+    if missing:
+        raise ValueError(f"pinned reference needs every configuration's schedule; missing {missing}")
+    best = max(((belady_pinned(results[n].accesses, capacity, block_size).hit_rate, n) for n in names),
+               key=lambda x: x[0])
+    return {"hit_rate": best[0], "schedule": best[1]}
+
+
+def bound_violations(runs: dict[str, dict[str, Any]], where: str) -> list[str]:
+    """Every configuration of one cell (`run_configs`) above its tier's pinned reference: then the
+    pinned oracle is not a bound there (`swarm_goals.headroom_reference` falls back)."""
+    bad = []
+    for name, _, _, with_host, _ in CONFIGS:
+        ref = "oracle+host/pinned" if with_host else "oracle/pinned"
+        got, pin = runs.get(name, {}).get("hit_rate"), runs.get(ref, {}).get("hit_rate")
+        if pin is None or (got is not None and got > pin + 1e-9):
+            bad.append(f"{name} at {where}: {got} > pinned {pin}")
+    return bad
 
 
 def offline_row(r: OfflineResult) -> dict[str, Any]:
