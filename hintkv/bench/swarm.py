@@ -7,44 +7,17 @@ One workload (`hintkv.workload.users`: N seeded users over real traces, closed l
 one set of capacities: the device KV pool is `--device-fraction` of the workload's peak working
 set (blocks held by live sessions, measured by the offline replay), the host tier `--host-ratio`
 times the device. Live runs, each against its own `hintkv serve` (real HTTP, real model),
-measured in interleaved rounds (`swarm_rounds.py`: every server up, then `--rounds` rounds of every
-run, order rotated, each round a fresh copy of the workload; each live row is the median of its
-rounds, the timed goals reductions of medians with the per-round spread beside them):
-  1 lru         `--eviction-policy lru --scheduling-policy fcfs`, no hints (vLLM + prefix caching)
-  2 lru+host    the same with the host tier (vLLM + CPU offload / LMCache)
-  3 sam         `--eviction-policy sam --scheduling-policy prefill-judged`, the protocol's hints sent
-                (device only, prefill-judged swaps nothing: it is short-first there)
-  4 sam+host    the same with the host tier (a new prefill swaps decodes out to the host when the
-                wait it saves exceeds the delay it costs, judged from the engine's measured step
-                costs and load: `engine.swap_gain`; a displaced decode goes back after at most a
-                few newcomers: `engine.admission_swap`)
-  5 qlru+host   `--eviction-policy qlru --scheduling-policy prefill-judged`, no hints, host tier: the
-                engine's own knowledge (its queue) with sam's scheduler, so neither the queue nor
-                the scheduler is credited to hints
-  6 lru+host/pf lru + host tier under the hinted runs' scheduler (prefill-judged), no hints: what
-                the scheduler alone gives lru+host
-  (+ `--peer URL`: any OpenAI-compatible server, no hints; `--runs` picks live runs, among them
-  `lru+host/sf`: lru + host tier under short-first, and `sam+host/fair`, `sam+host/sf`: sam+host
-  under prefill-fair and short-first, the hinted scheduler's A/B)
-Each live run also prints where its TTFT went (the engine's `ttft_parts`: queue, load, blocked,
-shared, compute; `other_s` is HTTP and tokenizing), for every call and for the p90+ tail.
-Offline (`hintkv.replay`: the real cache code, virtual clock, no model, same admission per run):
-the same plus qlru, `lru/ca` (lru with cache-aware admission: what the scheduler gives alone)
-and the Belady oracle at these capacities, the ideal hit
-rate, a capacity sweep (0.2/0.35/0.5/1.0 of the working set) and the headroom grid of issue 8
-(capacities 0.1 and 0.35, 10 and 32 users). A table, PNG plots (`--plots`), then one JSON line
-with every goal of issue 8, computed from the runs. `--quick` cuts each agent to 3 calls (three
-rounds of six live runs stay within a few minutes) and runs the headroom grid at `--users` only.
-
-The pace (`swarm_pace.py`): the trace's seconds are divided by a time scale chosen so that an
-agent's tool time is as long, next to one of its calls, as in the deployment the trace came from
-(an H200 serving Llama-3-8B at full token scale); every server is measured once before the first
-round and every live run keeps that ratio at the servers' median slowdown (`--live-pace
-measured`), so the contention, and with it every hit rate, does not depend on how fast or busy the
-machine is. The table's `time_scale` is trace seconds per replay second: the offline model's for
-offline rows, the shared live one for live rows. Parts: `swarm_live.py` (servers, one live replay,
-its row), `swarm_rounds.py` (the rounds, medians), `swarm_study.py` (the offline runs and the
-oracle), `swarm_goals.py` (the goals), `swarm_plots.py`.
+measured in interleaved rounds (`swarm_rounds.py`; each live row is the median of its rounds):
+lru, lru+host (fcfs, no hints: vLLM, + CPU offload), sam, sam+host (hints, `prefill-judged`),
+qlru+host and lru+host/pf (the hinted runs' scheduler, no hints); `--runs` picks among `LIVE`
+(`swarm_live.py`), `--peer URL` adds any OpenAI-compatible server. Offline (`hintkv.replay`, the
+real cache code on a virtual clock): every configuration of `swarm_study.CONFIGS`, the Belady
+oracle and the pinned one (the headroom goal's reference), a capacity sweep and issue 8's headroom
+grid. Then a table, PNG plots (`--plots`) and one JSON line with every goal of issue 8, computed
+from the runs. What each run is, the pace (`swarm_pace.py`), the parts and the measured figures:
+docs/benchmarks.md, "`hintkv bench swarm`". prefill-judged is the hinted default: in the simulated
+cells (`bench swarm_sched`) it equals prefill-fair; live runs at load could not separate it from
+prefill-fair or short-first. `--quick`: 3 calls an agent, the grid at `--users` only.
 """
 
 from __future__ import annotations

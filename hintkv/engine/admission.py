@@ -83,7 +83,7 @@ class StepPlan:
 class AdmissionPolicy:
     name = "base"
     reserves = False  # True: the scheduler tracks StepPlan.reserved for `room`
-    swaps = False  # True: a new prefill without room may preempt running decodes (`swap_victims`)
+    swaps = False  # True: a new prefill without room may preempt running decodes (engine.admission_swap)
 
     def __init__(self, max_model_len: int | None = None) -> None:
         self.max_model_len = max_model_len
@@ -117,22 +117,6 @@ class AdmissionPolicy:
     def admitted(self, seq: Sequence, plan: StepPlan) -> None:
         """`seq` was admitted (past the candidates in `plan.passed`)."""
 
-    def swap_victims(self, decodes: list[Sequence]) -> list[Sequence]:
-        """Running decodes (past their first token, never preempted before) in the order they are
-        preempted to make room for a new prefill, when `swaps` (the scheduler stops as soon as
-        the room is there, and preempts nobody if all of them would not make it)."""
-        return []
-
-    def may_swap(self, waiting: Iterable[Sequence]) -> bool:
-        """When `swaps`: False holds every running decode this step (no swap is considered)."""
-        return True
-
-    def swap_pays(self, head: Sequence, victims: list[Sequence], decodes: list[Sequence], short: int,
-                  kv: KVCacheManager) -> bool:
-        """When `swaps`: preempting `victims` (enough for `head`, `short` blocks short of room)
-        is worth it; `decodes` are every running decode that could be swapped."""
-        return True
-
     def stepped(self, sched: SchedulerOutput, now: float) -> None:
         """A step scheduled at `sched.started` ended at `now` (the scheduler's clock)."""
 
@@ -155,13 +139,6 @@ def blocks_to_end(seq: Sequence, block_size: int, max_model_len: int | None = No
     if max_model_len is not None:
         end = min(end, max_model_len)
     return -(-max(end, seq.num_tokens) // block_size)
-
-
-def swap_frees(seq: Sequence, block_size: int, max_model_len: int | None) -> int:
-    """Blocks a running decode gives back when swapped out (or when it ends): the ones only it
-    holds, and the ones it would still have allocated to reach its end."""
-    return (sum(1 for b in seq.block_table if b.ref_cnt == 1)
-            + max(0, blocks_to_end(seq, block_size, max_model_len) - len(seq.block_table)))
 
 
 def resident_blocks(seq: Sequence, kv: KVCacheManager) -> int:

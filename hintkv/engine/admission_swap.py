@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 MAX_OVERTAKES = 4  # new prefills a displaced decode lets go first (measured in `bench swarm_sched`: docs/benchmarks.md)
 
 
+def swap_frees(seq: Sequence, block_size: int, max_model_len: int | None) -> int:
+    """Blocks a running sequence gives back when swapped out (or when it ends): the ones only it
+    holds, and the ones it would still have allocated to reach its end."""
+    return (sum(1 for b in seq.block_table if b.ref_cnt == 1)
+            + max(0, blocks_to_end(seq, block_size, max_model_len) - len(seq.block_table)))
+
+
 def displaced(seq: Sequence) -> bool:
     """A waiting sequence that had its first token: a decode swapped (or preempted) out."""
     return seq.first_token_time is not None
@@ -47,7 +54,21 @@ class PrefillFirstAdmission(ShortFirstAdmission):
     swaps = True
 
     def swap_victims(self, decodes: list[Sequence]) -> list[Sequence]:
+        """Running decodes (past their first token, never preempted before) in the order they are
+        preempted to make room for a new prefill (`batching.make_room` stops as soon as the room is
+        there, and preempts nobody if all of them would not make it): most output left first."""
         return sorted(decodes, key=lambda s: (s.num_output_tokens - s.sampling.max_tokens, -len(s.block_table)))
+
+    def may_swap(self, waiting: Iterable[Sequence]) -> bool:
+        """False holds every running decode this step (no swap is considered)."""
+        return True
+
+    def swap_pays(self, head: Sequence, victims: list[Sequence], enders: list[Sequence], short: int,
+                  cached_blocks: int, kv: KVCacheManager) -> bool:
+        """Preempting `victims` (enough for `head`, `short` blocks short of room, `cached_blocks`
+        of its prompt on the device) is worth it; `enders` are every running sequence, whose
+        ends free room too."""
+        return True
 
     def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
         ranked = super().order(waiting, kv)  # new prefills first: a decode set aside waits for them

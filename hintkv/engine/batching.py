@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hintkv.engine import ttft
-from hintkv.engine.admission import StepPlan, blocks_to_end, swap_frees
+from hintkv.engine.admission import StepPlan, blocks_to_end
+from hintkv.engine.admission_swap import swap_frees
 from hintkv.engine.outputs import ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
 
@@ -149,7 +150,7 @@ def make_room(sch: Scheduler) -> None:
     candidate that has not sent its first token has no room, preempt running decodes (past their
     first token, never preempted before) in the policy's order until it would fit; nobody when
     all of them would not make it, or when the policy judges the swap not worth it
-    (`AdmissionPolicy.swap_pays`). Runs before the running pass, so no victim is scheduled."""
+    (`swap_pays`: engine.admission_swap). Runs before the running pass, so no victim is scheduled."""
     policy, kv = sch.admission, sch.kv
     if kv.tiers is None or not policy.may_swap(sch.waiting):
         return  # nowhere to swap to (a preempted decode would be recomputed), or the policy holds
@@ -173,7 +174,7 @@ def make_room(sch: Scheduler) -> None:
             break
     else:
         return
-    if not policy.swap_pays(head, chosen, decodes, short, kv):
+    if not policy.swap_pays(head, chosen, sch.running, short, len(match.blocks), kv):
         return
     for v in chosen:
         sch.running.remove(v)
