@@ -329,7 +329,10 @@ class TierConnector:
         lower = list(compress(hashes, map(not_, found)))  # (C)
         in_flight = self._in_flight()
         todo = [h for h in lower if h not in in_flight] if in_flight else lower
-        room = self.room_below_protected()
+        # the session is WAITING (class below protected): its own cached head must not be
+        # a victim of loading its tail, so the room is only what ranks below its head
+        own = [self.pool.class_of(b) for b in found if b is not None and b.ref_cnt == 0]
+        room = self.room_below_protected(min(own, default=self.protected_class))
         todo = todo[:room]
         return self._prefetch_run(todo, self.stack.lookup_run(todo)), len(found) - missing
 
@@ -357,11 +360,14 @@ class TierConnector:
         self._prefetches.append(self._load(todo[:n], blocks, tiers[:n]))
         return n
 
-    def room_below_protected(self) -> int:
+    def room_below_protected(self, cls: int | None = None) -> int:
         """Free blocks a prefetch may take: empty ones, and cached ones of classes below the
-        policy's protected class (O(classes); under `lru` nothing is protected)."""
+        policy's protected class, and below `cls` if given (the lowest class of the blocks the
+        prefetch keeps: a predicted prefetch never evicts its own session's head). O(classes);
+        under `lru` nothing is protected."""
         empty = self.pool.num_free - self.pool.num_cached_free
-        return empty + self.pool.num_cached_below(self.protected_class)
+        limit = self.protected_class if cls is None else min(cls, self.protected_class)
+        return empty + self.pool.num_cached_below(limit)
 
     def _in_flight(self) -> set[BlockHash]:
         return {h for p in self._prefetches for h in p.hashes}

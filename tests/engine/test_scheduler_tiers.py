@@ -137,6 +137,48 @@ def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
             break
     assert [kv.pool.lookup(h) is not None for h in parked] == [True, True, False, False]
     assert kv.tiers.prefetch(parked[:2]) == (0, 2)  # all on the device: nothing to load
+    # the whole session again: its head (class 2, waiting) is all that ranks below "run", and a
+    # predicted prefetch never evicts its own head to load its tail
+    assert kv.tiers.prefetch(parked) == (0, 2)
+    assert [kv.pool.lookup(h) is not None for h in parked] == [True, True, False, False]
+    kv.check_integrity()
+    stack.close()
+
+
+def test_prefetch_takes_blocks_ranked_below_its_own_head(tmp_path):
+    """The room of a predicted prefetch is what ranks below the session's own head, not nothing:
+    unheld cached blocks make way for its tail."""
+    kv, io, stack = _setup(tmp_path)
+    sessions = kv.ranking.policy.sessions
+    kv.tiers.hints = True
+    running = hash_blocks(ROOT, list(range(16)), BS)  # 4 blocks of a running session
+    unheld = hash_blocks(ROOT, list(range(900, 908)), BS)  # 2 blocks nobody holds
+    blocks = kv.pool.allocate(6)
+    for b, h in zip(blocks, running + unheld):
+        kv.pool.register(b, h)
+    kv.pool.release(blocks)
+    sessions.on_arrival("t", "run", "run", now=0.0)
+    sessions.on_done("t\x1frun", running, now=0.0)
+    sessions.on_arrival("t", "run", "run", now=1.0)
+    later = list(range(500, 516))
+    _store(stack, io, later, 4)
+    parked = hash_blocks(ROOT, later, BS)
+    sessions.on_arrival("t", "p", "p", now=0.0)
+    sessions.on_done("t\x1fp", parked, now=0.0)
+    assert kv.tiers.prefetch(parked[:2]) == (2, 0)  # into the two empty blocks
+    for _ in range(100):
+        stack.flush()
+        kv.tiers.poll()
+        if kv.tiers.idle():
+            break
+    assert kv.tiers.prefetch(parked) == (2, 2)  # the tail takes the unheld blocks, not the head
+    for _ in range(100):
+        stack.flush()
+        kv.tiers.poll()
+        if kv.tiers.idle():
+            break
+    assert all(kv.pool.lookup(h) is not None for h in parked + running)
+    assert all(kv.pool.lookup(h) is None for h in unheld)
     kv.check_integrity()
     stack.close()
 
