@@ -152,6 +152,11 @@ class EngineConfig:
     speculative_draft_length: str = _opt(
         "adaptive", "adaptive (a draft fills the verify step's row bucket, 7, and grows to 15 after a draft "
         "accepted whole: engine/spec/draft_length.py) | fixed (--num-speculative-tokens every step)")
+    speculative_max_rows: int = _opt(
+        16, "the most rows (real tokens + drafts) a step verifies drafts in: drafts only take the rows the "
+        "step's real tokens leave, shared among its decodes (8 decodes: 1 draft each; 16 or more: none). "
+        "16 is the CPU float32 kernels' largest row bucket (models/linear.py: 1, 8, 16); past it a "
+        "verify costs a plain GEMM and an LM-head row per draft (vLLM's analogue: disable_by_batch_size)")
     speculative_scope: str = _opt("session", "suffix drafts from the session's text, or the "
                                   "tenant's (all its sessions)")
 
@@ -197,6 +202,8 @@ class EngineConfig:
             raise ValueError(f"speculative must be ngram or suffix, not {self.speculative!r}")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError("num_speculative_tokens must be in [1, 32]")
+        if self.speculative_max_rows < 2:
+            raise ValueError("speculative_max_rows must be at least 2 (one token and one draft)")
         if self.speculative_draft_length not in ("fixed", "adaptive"):
             raise ValueError("speculative_draft_length must be fixed or adaptive, "
                              f"not {self.speculative_draft_length!r}")

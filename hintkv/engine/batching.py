@@ -10,6 +10,9 @@ Two passes over the scheduler's queues, both called from `Scheduler.schedule`:
 - `admit_waiting`: waiting sequences in the admission policy's order while budget, sequence
   slots and blocks allow; a prefix that continues in a lower tier is loaded first (LOADING).
 
+Speculative drafts come last (`add_drafts`), from what the step's real tokens left: a rejected
+draft never displaces a real decode token, a prefill chunk or an admission.
+
 Each transition adds to the request's TTFT parts (`engine.ttft`).
 """
 
@@ -34,12 +37,11 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
     `capped` (the first pass; None after the admissions): the policy may have a prefill yield
     to waiting candidates or take part of its chunk (noted there)."""
     while i < len(sch.running) and budget > 0:
-        if sch.proposer is None:
-            served = _decodes(sch, out, i, budget)
-            if served:
-                budget -= served
-                i += served
-                continue  # (a decode that did not fit comes next: the path below preempts)
+        served = _decodes(sch, out, i, budget)
+        if served:
+            budget -= served
+            i += served
+            continue  # (a decode that did not fit comes next: the path below preempts)
         seq = sch.running[i]
         if capped is not None and sch.waiting and sch.admission.yields(seq, sch.waiting, sch.kv, budget):
             break  # this prefill and the ones after it go after the admissions
@@ -47,11 +49,6 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         full = n
         if capped is not None:
             n = sch.admission.cap(seq, n, budget, bool(sch.waiting))
-        drafts = drafts_for(sch, seq, n, budget)
-        if drafts and sch.kv.can_append(seq, n + len(drafts)):
-            n += len(drafts)
-        else:
-            drafts = []
         while not sch.kv.can_append(seq, n):
             victim = sch.running.pop()
             if victim is seq:
@@ -67,8 +64,8 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         else:
             sch.kv.append(seq, n)
             seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
-            out.scheduled.append(ScheduledSeq(seq, n, drafts))
-            if n < full and not drafts:
+            out.scheduled.append(ScheduledSeq(seq, n))
+            if n < full:
                 capped.append(out.scheduled[-1])
             budget -= n
             i += 1
@@ -192,12 +189,33 @@ def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, 
                              - len(seq.block_table))
 
 
-def drafts_for(sch: Scheduler, seq: Sequence, n: int, budget: int) -> list[int]:
-    """Drafts for a sequence whose next token this step samples; never more than its output
-    room, the model's length or the step's budget allow (each costs a KV slot)."""
-    if sch.proposer is None or n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
-        return []
-    room = min(sch.proposer.num_speculative_tokens, budget - 1,
+def add_drafts(sch: Scheduler, out: SchedulerOutput, budget: int) -> None:
+    """Drafts for the step's decodes (one real token each, its next token sampled), last: at most
+    `budget` tokens (what the real tokens left) and never past `sch.spec_max_rows` rows in the
+    whole step (`--speculative-max-rows`). What is left is shared in order, each decode taking at
+    most an even share of it (rounded up), so 8 decodes under 16 rows verify one draft each and 16
+    or more verify none (vLLM's `disable_by_batch_size`, from the row count). None in a step that
+    preempted: the blocks are short."""
+    if sch.proposer is None or out.preempted:
+        return
+    left = min(budget, sch.spec_max_rows - out.num_batched_tokens)
+    decodes = [s for s in out.scheduled if s.num_new_tokens == 1 and s.samples and s.seq.num_output_tokens]
+    for j, s in enumerate(decodes):
+        if left <= 0:
+            return
+        drafts = drafts_for(sch, s.seq, -(-left // (len(decodes) - j)))
+        if drafts and sch.kv.can_append(s.seq, 1 + len(drafts)):
+            sch.kv.append(s.seq, 1 + len(drafts))
+            s.seq.peak_kv_blocks = max(s.seq.peak_kv_blocks, len(s.seq.block_table))
+            s.num_new_tokens += len(drafts)
+            s.spec_token_ids = drafts
+            left -= len(drafts)
+
+
+def drafts_for(sch: Scheduler, seq: Sequence, limit: int) -> list[int]:
+    """At most `limit` drafts for a decoding sequence; never more than its output room or the
+    model's length allow (each costs a KV slot)."""
+    room = min(sch.proposer.num_speculative_tokens, limit,
                seq.sampling.max_tokens - seq.num_output_tokens - 1)
     if sch.max_model_len is not None:
         room = min(room, sch.max_model_len - seq.num_tokens - 1)

@@ -82,6 +82,7 @@ class LLMEngine:
         self.scheduler = Scheduler.from_config(cfg, self.num_blocks, eos_token_ids=eos,
                                                max_model_len=self.max_model_len)
         self.scheduler.proposer = make_speculative(cfg)
+        self.scheduler.spec_max_rows = cfg.speculative_max_rows
         sam = self.scheduler.sam
         self.janitor = None if sam is None else SessionJanitor(sam, SessionBounds(
             cfg.session_ended_grace, cfg.session_idle_expiry, cfg.max_sessions,

@@ -83,6 +83,7 @@ class Scheduler:
         self.num_prompt_tokens = 0  # prompt tokens of added requests
         self.num_prompt_tokens_computed = 0  # prompt tokens run through the model (incl. recomputes)
         self.proposer: Proposer | None = None  # speculative decoding: drafts for decoding sequences
+        self.spec_max_rows = 16  # the most rows (real tokens + drafts) a step with drafts runs
         self.num_draft_tokens = 0  # drafts verified
         self.num_accepted_tokens = 0  # of which accepted
 
@@ -208,7 +209,8 @@ class Scheduler:
                     self.kv.append(s.seq, s.num_new_tokens)
                     budget -= extra
             if yielded and budget > 0:  # and then to the prefills that yielded
-                batching.schedule_running(self, out, budget, len(self.running) - yielded, None)
+                budget, _ = batching.schedule_running(self, out, budget, len(self.running) - yielded, None)
+        batching.add_drafts(self, out, budget)  # from what the real tokens left
         return out
 
     # ---- update (hintkv.engine.step_update) ------------------------------------------------

@@ -95,12 +95,25 @@ def test_kv_written_while_speculating_serves_a_later_request(prompts, plain):
     assert again == run(engine(None), [follow], 8)["r0"]
 
 
-def test_sampled_speculation_runs_within_limits(prompts):
-    e = engine("suffix")
-    out = run(e, prompts[:1], 16, session=SessionRef("t", "s", ""),
+@pytest.mark.parametrize("k", [4, 15])
+def test_sampled_speculation_runs_within_limits(prompts, k):
+    """k=15 (the shipped cap): rejection sampling verifies the adaptive lengths' longer drafts (7+)."""
+    e = engine("suffix", k)
+    lengths: list[int] = []
+    propose = e.scheduler.proposer.propose
+
+    def recording(seq, n):  # the real proposer runs; its draft lengths are recorded
+        draft = propose(seq, n)
+        lengths.append(len(draft))
+        return draft
+
+    e.scheduler.proposer.propose = recording
+    out = run(e, prompts[:1], 32, session=SessionRef("t", "s", ""),
               sampling={"temperature": 0.7, "top_p": 0.9, "seed": 3})
-    assert all(len(v) == 16 for v in out.values())
+    assert all(len(v) == 32 for v in out.values())
     assert e.scheduler.num_draft_tokens > 0
+    assert max(lengths) == min(k, 7) or max(lengths) > 7
+    assert e.kv.pool.num_in_use == 0
 
 
 def test_adaptive_drafts_of_15_verify_to_the_same_greedy_tokens(prompts):
