@@ -14,19 +14,33 @@ Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks.md "Tent
 - on free cores (SCHED_FIFO, interleaved in one process): spinning 2,000 or 10,000 times cut the
   engine's sleeps 2.4-12x and changed no figure by more than the noise (prefill 128 / 512 / 2048,
   decode b1 / b8: 0.94-1.06x): a wake-up is not what a step waits for.
-So the process keeps libgomp's short spin everywhere, unless the user chose a wait policy.
+So the process keeps libgomp's short spin everywhere, unless the user chose a wait policy. A peer
+process that runs its own wait policy (the bench's vLLM) gets the environment without hintkv's
+value, and with the user's own when they set one (`peer_environ`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 SPIN_COUNT = 100  # libgomp's own value for an oversubscribed process
+SET_BY_HINTKV = False  # GOMP_SPINCOUNT in os.environ is hintkv's (True), not the user's
 
 
 def bound_openmp_spin(env: MutableMapping[str, str] = os.environ) -> None:
     """Set GOMP_SPINCOUNT to `SPIN_COUNT` unless the user chose (GOMP_SPINCOUNT, OMP_WAIT_POLICY). It
     counts only in a process that has not loaded libgomp yet (not imported torch), and children."""
+    global SET_BY_HINTKV
     if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
         env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        SET_BY_HINTKV = SET_BY_HINTKV or env is os.environ
+
+
+def peer_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment (or `env`) for a peer process with its own wait policy: without
+    the GOMP_SPINCOUNT hintkv set, with the user's own when they set one."""
+    env = dict(os.environ if env is None else env)
+    if SET_BY_HINTKV:
+        env.pop("GOMP_SPINCOUNT", None)
+    return env

@@ -1,5 +1,5 @@
-"""hintkv bounds libgomp's spin before torch loads it (`hintkv/openmp_env.py`); the bench's vLLM peer
-does not inherit that choice."""
+"""hintkv bounds libgomp's spin before torch loads it (`hintkv/openmp_env.py`); the bench's vLLM peers
+(the server and engine_cputime's child) do not inherit that choice, and get the user's own."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 
 from hintkv.bench.common import ServerSpec
 from hintkv.bench.vllm_peer import vllm_server
-from hintkv.openmp_env import SPIN_COUNT, bound_openmp_spin
+from hintkv import openmp_env
+from hintkv.openmp_env import SPIN_COUNT, bound_openmp_spin, peer_environ
 
 _POLICY_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 
@@ -24,8 +25,8 @@ def test_the_spin_is_bounded_unless_the_user_chose_a_policy():
         assert env == chosen
 
 
-def _fresh(code: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k not in _POLICY_VARS}
+def _fresh(code: str, **user: str) -> list[str]:
+    env = {**{k: v for k, v in os.environ.items() if k not in _POLICY_VARS}, **user}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300, check=True).stdout.split()
 
@@ -49,6 +50,22 @@ def test_a_none_in_a_server_spec_removes_the_variable(monkeypatch):
 
 def test_the_vllm_peer_does_not_inherit_hintkvs_spin(monkeypatch, tmp_path):
     monkeypatch.setenv("GOMP_SPINCOUNT", str(SPIN_COUNT))
+    monkeypatch.setattr(openmp_env, "SET_BY_HINTKV", True)
     monkeypatch.setenv("HINTKV_VLLM_PYTHON", sys.executable)  # only the spec is built, nothing runs
     spec = vllm_server(tmp_path, "m", dtype="float32", max_model_len=256, kv_cache_gib=1.0)
     assert "GOMP_SPINCOUNT" not in spec.environ()
+
+
+def test_the_vllm_peer_gets_the_users_own_spin(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")  # the user chose it for both sides (a fair run)
+    monkeypatch.setattr(openmp_env, "SET_BY_HINTKV", False)
+    monkeypatch.setenv("HINTKV_VLLM_PYTHON", sys.executable)
+    spec = vllm_server(tmp_path, "m", dtype="float32", max_model_len=256, kv_cache_gib=1.0)
+    assert spec.environ()["GOMP_SPINCOUNT"] == "0"
+    assert peer_environ()["GOMP_SPINCOUNT"] == "0"  # engine_cputime's vLLM child: the same helper
+
+
+def test_a_fresh_process_knows_whose_spin_it_is():
+    code = "import hintkv\nfrom hintkv.openmp_env import peer_environ as p\nprint(p().get('GOMP_SPINCOUNT'))"
+    assert _fresh(code) == ["None"]  # hintkv set it: the peer does not get it
+    assert _fresh(code, GOMP_SPINCOUNT="0") == ["0"]  # the user set it: the peer keeps it

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import time
@@ -38,6 +37,7 @@ import torch
 from hintkv.bench.common import emit_json, goal_at_least, log, print_table, ratio
 from hintkv.bench.engine_servers import VLLM_MODEL_ROOT, peer_hf_config
 from hintkv.bench.vllm_peer import vllm_python, write_model_dir
+from hintkv.openmp_env import peer_environ
 
 MODEL = "dummy:tiny"
 DECODE_CONTEXT = 128
@@ -161,7 +161,7 @@ def vllm_figures(lengths: list[int], batches: list[int], reps: int, k: int) -> d
         return None
     model_dir = write_model_dir(peer_hf_config(MODEL), VLLM_MODEL_ROOT / MODEL.replace(":", "_"), min_positions=4096)
     spec = {"model_dir": str(model_dir), "lengths": lengths, "batches": batches, "repeats": reps, "decode_tokens": k}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**peer_environ(), "OMP_NUM_THREADS": "1"}  # the user's wait policy, not hintkv's
     child = Path(__file__).with_name("cputime_vllm_child.py")
     log("vLLM: starting in process (compiles its graph first, 1-3 min)")
     proc = subprocess.run([str(py), str(child), json.dumps(spec)], check=False, capture_output=True,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hintkv.bench.common import ServerSpec
+from hintkv.openmp_env import peer_environ
 
 VLLM_PREFIX_BLOCK_TOKENS = 128  # vLLM CPU's prefix-cache block size
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # ~30 s with a warm compile cache; a first start compiles for minutes
@@ -103,7 +104,7 @@ def vllm_server(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "WARNING",
-        # hintkv's own OpenMP wait policy (hintkv/openmp_env.py) is not passed on: the peer runs its own
-        "GOMP_SPINCOUNT": None,
+        # hintkv's own OpenMP wait policy is not passed on, the user's is (openmp_env.peer_environ)
+        "GOMP_SPINCOUNT": peer_environ().get("GOMP_SPINCOUNT"),
     }
     return ServerSpec(name=f"vllm-{served_name}", argv=argv, env=env, startup_timeout_s=DEFAULT_STARTUP_TIMEOUT_S)
