@@ -150,8 +150,9 @@ class EngineConfig:
         "request) | suffix (suffix counts over the session's requests and responses)")
     num_speculative_tokens: int = _opt(15, "the most drafts verified per decode step with --speculative")
     speculative_draft_length: str = _opt(
-        "adaptive", "adaptive (a draft fills the verify step's row bucket, 7, and grows to 15 after a draft "
-        "accepted whole: engine/spec/draft_length.py) | fixed (--num-speculative-tokens every step)")
+        "adaptive", "adaptive (7 drafts, which fill one decode's 8-row bucket on CPU float32 (CUDA and bfloat16 "
+        "have no row buckets), growing to 15 after a draft accepted whole: engine/spec/draft_length.py) | "
+        "fixed (--num-speculative-tokens every step); both within --speculative-max-rows")
     speculative_max_rows: int = _opt(
         16, "the most rows (real tokens + drafts) a step verifies drafts in: drafts only take the rows the "
         "step's real tokens leave, shared among its decodes (8 decodes: 1 draft each; 16 or more: none). "

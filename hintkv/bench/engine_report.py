@@ -125,9 +125,11 @@ def compute_goals(results: dict[str, dict[str, Any]], w: Workload,
         kv_goals[f"kv_{name}_top1_agreement"].update({"kl_per_token": r.get("KL/token"), "tokens": r.get("tokens")})
     fp8, int8 = kv_goals["kv_fp8_top1_agreement"], kv.get("int8", {})
     if fp8["measured"] is not None and not fp8["met"] and fp8["kl_per_token"] and int8.get("KL/token"):
-        fp8["why"] = (f"fp8's KL to float KV {fp8['kl_per_token']:.5f}/token is {fp8['kl_per_token'] / int8['KL/token']:.1f}x "
-                      f"int8's at the same capacity (int8 top-1 {int8.get('top-1 agreement')}): e4m3 keeps 3 mantissa "
-                      f"bits, so each value's relative error is up to 2^-4 whatever its row's scale; one token of "
+        times = fp8["kl_per_token"] / int8["KL/token"]
+        fp8["why"] = (f"fp8's KL to float KV {fp8['kl_per_token']:.5f}/token is {times:.1f}x "
+                      f"int8's {_capacities(kv.get('fp8', {}), int8, dtype)} (int8 top-1 "
+                      f"{_rounded(int8.get('top-1 agreement'))}): e4m3 keeps 3 mantissa bits, so each value's "
+                      f"relative error is up to 2^-4 whatever its row's scale; one token of "
                       f"{fp8['tokens']} is {1 / fp8['tokens']:.4f} of top-1")
     return {
         **kv_goals,
@@ -140,6 +142,20 @@ def compute_goals(results: dict[str, dict[str, Any]], w: Workload,
         "cuda_graphs": cuda_graphs_goal(results),
         "cached_2048_ttft_vs_cold_128": goal_at_most(1.5, _worst(cached, pick=max)),
     }
+
+
+def _capacities(fp8: dict[str, Any], int8: dict[str, Any], dtype: str) -> str:
+    """The two formats' measured capacities, "the same" only when they are."""
+    a, b = fp8.get(f"capacity vs {dtype}"), int8.get(f"capacity vs {dtype}")
+    if a is None or b is None:
+        return "(capacities not measured)"
+    if abs(a - b) < 1e-9:
+        return f"at the same capacity ({a:.2f}x {dtype})"
+    return f"at {a:.2f}x {dtype}'s capacity vs int8's {b:.2f}x"
+
+
+def _rounded(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def cuda_graphs_goal(results: dict[str, dict[str, Any]]) -> dict[str, Any]:

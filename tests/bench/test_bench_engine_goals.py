@@ -19,7 +19,12 @@ def test_kv_goals_follow_the_rows():
     fp8 = g["kv_fp8_top1_agreement"]
     assert fp8["kl_per_token"] == 0.0035 and fp8["tokens"] == 295
     assert "0.00350/token is 5.0x int8's" in fp8["why"] and "one token of 295 is 0.0034" in fp8["why"]
+    assert "same capacity" not in fp8["why"] and "at 1.50x float32's capacity vs int8's 3.76x" in fp8["why"]
+    assert "int8 top-1 0.990" in fp8["why"]
     assert "why" not in g["kv_int8_top1_agreement"]
+    rows[1]["capacity vs float32"] = 3.76  # the real rows: both 68-byte rows
+    same = compute_goals({}, Workload.for_run(True), None, None, rows, "float32")["kv_fp8_top1_agreement"]["why"]
+    assert "at the same capacity (3.76x float32)" in same
     missing = compute_goals({}, Workload.for_run(True), None, None, None, "float32")
     assert all(missing[f"kv_{k}_top1_agreement"] == {"target": 0.97, "measured": None, "met": False,
                                                      "kl_per_token": None, "tokens": None}

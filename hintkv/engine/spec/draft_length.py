@@ -14,6 +14,11 @@ unverified, and one that spills into the next bucket pays a step up.
   again, and a longer one verifies about twice the tokens at 1.7/1.4 of the cost. Never more than
   `num_speculative_tokens`.
 
+The buckets are CPU float32's (`MklPackedKernel`); CUDA and bfloat16 have none, and the policy is
+still the default there. The buckets count a whole step's rows: with several decodes in a step the
+scheduler caps the drafts by `--speculative-max-rows` (`engine/batching.py` `add_drafts`), and a
+proposer gets `k` below its length then.
+
 Offline, on the greedy outputs of swe-agent turns (tokens per forward, then the speed-up that the
 cost model above gives): the old 4 quick turns ngram k=4 2.17 / 1.84x, k=7 2.38 / 2.05x, adaptive
 7/15 2.56 / 2.18x; 16 turns k=4 2.78 / 2.26x, adaptive 3.79 / 3.03x. Through the engine, 8 quick
