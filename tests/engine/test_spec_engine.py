@@ -133,3 +133,14 @@ def test_adaptive_drafts_of_15_verify_to_the_same_greedy_tokens(prompts):
     assert max(lengths) == 15
     assert out == run(engine(None), prompts[:1], 64)
     assert e.kv.pool.num_in_use == 0
+
+
+@pytest.mark.parametrize("spec,k", [("ngram", 4), ("ngram", 15)])
+def test_sampled_verification_of_a_point_mass_is_greedy(spec, k, prompts, plain):
+    """top_p ~ 0 makes each row's distribution its top token: rejection sampling (the sampled path,
+    not the greedy one) must then accept exactly the drafts greedy would, at k=15 too (drafts of 7+)."""
+    e = engine(spec, k)
+    out = run(e, prompts, 24, sampling={"temperature": 0.7, "top_p": 1e-9, "seed": 3})
+    assert out == plain
+    s = e.scheduler
+    assert s.num_accepted_tokens > 0 and s.num_draft_tokens > s.num_accepted_tokens  # some rejected too
