@@ -95,19 +95,25 @@ def test_kv_written_while_speculating_serves_a_later_request(prompts, plain):
     assert again == run(engine(None), [follow], 8)["r0"]
 
 
-@pytest.mark.parametrize("k", [4, 15])
-def test_sampled_speculation_runs_within_limits(prompts, k):
-    """k=15 (the shipped cap): rejection sampling verifies the adaptive lengths' longer drafts (7+)."""
-    e = engine("suffix", k)
+def record_draft_lengths(e) -> list[int]:
+    """Wrap `e`'s proposer so the real one still runs; the list fills with each draft's length."""
     lengths: list[int] = []
     propose = e.scheduler.proposer.propose
 
-    def recording(seq, n):  # the real proposer runs; its draft lengths are recorded
+    def recording(seq, n):
         draft = propose(seq, n)
         lengths.append(len(draft))
         return draft
 
     e.scheduler.proposer.propose = recording
+    return lengths
+
+
+@pytest.mark.parametrize("k", [4, 15])
+def test_sampled_speculation_runs_within_limits(prompts, k):
+    """k=15 (the shipped cap): rejection sampling verifies the adaptive lengths' longer drafts (7+)."""
+    e = engine("suffix", k)
+    lengths = record_draft_lengths(e)
     out = run(e, prompts[:1], 32, session=SessionRef("t", "s", ""),
               sampling={"temperature": 0.7, "top_p": 0.9, "seed": 3})
     assert all(len(v) == 32 for v in out.values())
@@ -120,15 +126,7 @@ def test_adaptive_drafts_of_15_verify_to_the_same_greedy_tokens(prompts):
     """The adaptive draft length reaches 15 drafts (a 16-row verify step) in copied code; the output
     stays that of decoding one token at a time."""
     e = engine("ngram", 15)
-    lengths: list[int] = []
-    propose = e.scheduler.proposer.propose
-
-    def recording(seq, k):  # the real proposer runs; its draft lengths are recorded
-        draft = propose(seq, k)
-        lengths.append(len(draft))
-        return draft
-
-    e.scheduler.proposer.propose = recording
+    lengths = record_draft_lengths(e)
     out = run(e, prompts[:1], 64)
     assert max(lengths) == 15
     assert out == run(engine(None), prompts[:1], 64)
