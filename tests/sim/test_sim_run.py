@@ -89,13 +89,21 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
         assert row["other_s"] == pytest.approx(0, abs=1e-6)  # the simulator's clock sees all of it
     assert set(last["oracles"]) == {"oracle", "oracle+host"}
     for g in last["goals"].values():
-        assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling"}
-    ratio = last["goals"]["hit_rate_ratio_vs_lru"]  # no run hits more than the oracle with its tiers
+        assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling", "compute_share"}
+    ratio = last["goals"]["hit_rate_ratio_vs_lru"]
     assert 0 < ratio["measured"] <= ratio["ceiling"] + 1e-9
-    # no policy takes more off a task than its whole serving time, nor off TTFT than all but compute
-    for name in ("task_e2e_reduction_vs_lru", "ttft_reduction_vs_lru_host"):
-        g = last["goals"][name]
-        assert g["measured"] <= g["ceiling"] < 1, name
+    # the oracle is the best Belady over every run's own access order: no run of its tier hits more
+    assert set(last["oracle_schedules"].values()) <= set(last["results"])
+    for name, r in last["results"].items():
+        if name not in last["oracles"]:
+            tier = "oracle+host" if "host" in name else "oracle"
+            assert r["hit_rate"] <= last["oracles"][tier] + 1e-9, name
+    # no policy takes more off a task than its whole serving time
+    task = last["goals"]["task_e2e_reduction_vs_lru"]
+    assert task["measured"] <= task["ceiling"] < 1
+    # the TTFT figure is the hinted run with its waits removed, labelled as such: no ceiling claimed
+    ttft = last["goals"]["ttft_reduction_vs_lru_host"]
+    assert "ceiling" not in ttft and 0 <= ttft["compute_share"] < 1
     assert 0 < last["zero_serving_task_s"] <= min(r["task_mean_s"] for r in last["results"].values()
                                                   if "task_mean_s" in r)
     assert "ceiling" in "\n".join(out[:-1])  # the goals table is printed
