@@ -54,6 +54,9 @@ def plan(eng: SimEngine, sched: SchedulerOutput, ms0: float, token: int) -> Stre
         n_prompt = seq.num_prompt_tokens
         if s.num_new_tokens != 1 or s.spec_token_ids or c < n_prompt or seq.first_token_time is None:
             return None
+        if not s.samples:  # a preempted sequence recomputing past its prompt, 1 token left it by
+            return None    # the budget: the real step samples nothing for it (reachable only with a
+            # token budget at or below the running count; no test reaches it cheaply, see sim2's report)
         p = seq.sampling
         if token in p.stop_token_ids or (token in sch.eos_token_ids and not p.ignore_eos):
             return None

@@ -98,10 +98,12 @@ def _admission_state(policy) -> tuple:
 
 
 @pytest.mark.parametrize("scheduling", ["short-first", "prefill-judged"])
-def test_every_state_a_stretch_passes_through_is_the_stepped_one(costs, scheduling):
+def test_every_state_a_stretch_passes_through_is_the_stepped_one(costs, scheduling, monkeypatch):
     """At every clock event of the stretched run the engine is where stepping each decode has it
     at that time (a commit, an allocation or a policy step skipped inside a stretch shows here
-    even when the final figures happen to agree)."""
+    even when the final figures happen to agree). Every step feeds the tier cost model's prefill
+    estimate here (its 64-token floor lowered to 1), so the stretch's replay of it is compared too."""
+    monkeypatch.setattr("hintkv.cache.tier_costs.MIN_PREFILL_TOKENS", 1)
     slow, slow_eng = _trajectory(costs, fast=False, scheduling=scheduling)
     fast, fast_eng = _trajectory(costs, fast=True, scheduling=scheduling)
     assert fast_eng.stats.num_stretches > 0 and len(fast) < len(slow)
