@@ -231,6 +231,11 @@ class SimEngine:
         self._busy = False
         self._wake(now=True)
 
+    def awaits_first(self, request_id: str) -> bool:
+        """True while a submitted request has not delivered its first token (or finish) yet."""
+        p = self._pending.get(request_id)
+        return p is not None and not p.got_first
+
     def mark_wait(self, when: float) -> None:
         """A step scheduled at `when` left nobody waiting, and nobody arrived since."""
         self._wait = (self._wait[0], 0, 0, when)

@@ -54,17 +54,17 @@ class InstantEngine:
 
 def zero_serving_spans(workload: Workload, block_size: int = 16, time_scale: float = 1.0) -> list:
     """Each task's span (`simulate.TaskSpan`) with every call served at the instant it is sent."""
-    from hintkv.sim.simulate import _spans, _whole
+    from hintkv.sim.simulate import task_spans, whole_program
 
     clock = EventClock()
     driver = ProgramDriver(SimCluster([InstantEngine(clock, block_size)]), hints=False,
                            time_scale=time_scale)
-    driver.start(_whole(workload_programs(workload, HintPlan(hints=False))))
+    driver.start(whole_program(workload_programs(workload, HintPlan(hints=False))))
     while clock.run_next():
         pass
     if len(driver.calls) != workload.num_calls or not driver.done:
         raise RuntimeError("the instant-server replay stopped early")
-    return _spans(driver.calls)
+    return task_spans(driver.calls)
 
 
 def zero_serving_task_s(workload: Workload, block_size: int = 16, time_scale: float = 1.0) -> float:

@@ -121,7 +121,8 @@ class SimResult:
         return len(self.calls) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _spans(calls: list[CallRecord]) -> list[TaskSpan]:
+def task_spans(calls: list[CallRecord]) -> list[TaskSpan]:
+    """Each task's span: its first call sent to its last call's end."""
     spans: dict[str, TaskSpan] = {}
     for c in calls:
         end = c.sent_s + (c.e2e_s or 0.0)
@@ -159,7 +160,7 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _whole(run):
+def whole_program(run):
     """The workload's `Run` (every user after its start delay) as one program."""
     yield run
 
@@ -195,7 +196,7 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
     driver = ProgramDriver(cluster, config.hints, time_scale, on_call=seen, range_evicts=range_evicts)
     t0 = time.perf_counter()
     with no_cyclic_gc():
-        driver.start(_whole(workload_programs(workload, HintPlan(hints=config.hints))))
+        driver.start(whole_program(workload_programs(workload, HintPlan(hints=config.hints))))
         while clock.run_next():
             if clock.num_events % GC_EVERY_EVENTS == 0:
                 gc.collect()
@@ -208,7 +209,7 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
     cluster.check_integrity()
     schs = [e.scheduler for e in engines]
     edits = dict(driver.num_edits)
-    res = SimResult(config.name, driver.calls, _spans(driver.calls),
+    res = SimResult(config.name, driver.calls, task_spans(driver.calls),
                     sum(e.stats.num_steps for e in engines), sum(e.stats.busy_s for e in engines),
                     clock(), wall, clock.num_events, sum(s.num_preemptions for s in schs),
                     sum(s.num_prompt_tokens for s in schs), sum(s.num_prompt_tokens_computed for s in schs),

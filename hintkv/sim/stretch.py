@@ -60,8 +60,7 @@ def plan(eng: SimEngine, sched: SchedulerOutput, ms0: float, token: int) -> Stre
         p = seq.sampling
         if token in p.stop_token_ids or (token in sch.eos_token_ids and not p.ignore_eos):
             return None
-        pending = eng._pending.get(seq.request_id)
-        if pending is not None and not pending.got_first:
+        if eng.awaits_first(seq.request_id):
             return None
         n = len(seq.token_ids)
         k = min(k,
