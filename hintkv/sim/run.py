@@ -202,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             per = {"oracle": 1, "oracle+host": 1 + HOST_FACTOR, "oracle+pool": 1 + HOST_FACTOR + POOL_FACTOR}
             cap = blocks * per[name] * args.instances  # one cache of the cluster's whole capacity
             # the best Belady over every run's own access order (a schedule reads blocks in its own order)
-            oracles[name], oracle_schedules[name] = max(
-                (belady(r.accesses, cap, args.block_size).hit_rate, n) for n, r in results.items())
+            oracles[name], oracle_schedules[name] = max(  # a tie keeps the first run's name (lru's)
+                ((belady(r.accesses, cap, args.block_size).hit_rate, n) for n, r in results.items()),
+                key=lambda x: x[0])
             rows.append({"config": name, "calls": len(results["lru"].accesses), "hit_rate": oracles[name]})
     print(f"hintkv sim --profile {profile.name}: {args.users} users, {args.instances} instance(s), "
           f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
