@@ -34,6 +34,7 @@ LEVELS = 2
 # few-row kernel `int8_cpu.gemv`; more rows go through torch._int_mm (a GEMM that reuses each weight).
 GEMV_ROWS = 16
 _EMPTY = torch.empty(0)
+AMX = True  # gemv on AMX tiles where the CPU has them (`int8_cpu.has_amx()`); False: the AVX512-VNNI loop
 ALPHA = 0.5  # SmoothQuant's migration strength (calibration.py says how it was chosen)
 
 
@@ -70,10 +71,11 @@ def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, 
 
 
 def block_weight(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`int8_cpu.gemv`'s layout of an int8 `w_t` [K, N]: 16-channel blocks [ceil(N/16), ceil(K/4), 16, 4]
-    (zero padded), and w_comp [N] int32 = 128 sum_k w[n, k] (its u8-activation offset)."""
+    """`int8_cpu.gemv`'s layout of an int8 `w_t` [K, N]: 16-channel blocks [ceil(N/16), ceil(K/64) * 16, 16, 4]
+    (zero padded: K to 64, AMX's tile depth), and w_comp [N] int32 = 128 sum_k w[n, k] (the VNNI path's
+    u8-activation offset)."""
     w = w_t.t()
-    (n, k), pad_n, pad_k = w.shape, -w.shape[0] % 16, -w.shape[1] % 4
+    (n, k), pad_n, pad_k = w.shape, -w.shape[0] % 16, -w.shape[1] % 64
     wp = F.pad(w, (0, pad_k, 0, pad_n))
     blocks = wp.reshape((n + pad_n) // 16, 16, (k + pad_k) // 4, 4).permute(0, 2, 1, 3).contiguous()
     return blocks, w.sum(dim=1, dtype=torch.int32).mul_(128)
@@ -86,7 +88,7 @@ def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_s
     fused = None if x.is_cuda else int8_cpu.ops()
     if fused is not None and blocked is not None and x.shape[0] * levels <= GEMV_ROWS and fused.has_fast_gemv():
         return fused.gemv(x.float(), _EMPTY if inv_smooth is None else inv_smooth, blocked[0], w_scale,
-                          blocked[1], levels)
+                          blocked[1], levels, AMX)
     if fused is not None:  # the same arithmetic in two calls instead of ~20 (`int8_cpu.py`)
         xq, x_scale = fused.quantize_rows(x.float(), _EMPTY if inv_smooth is None else inv_smooth, levels)
         if x.shape[0] == 1 and levels == 2:

@@ -3,6 +3,7 @@ the one-row path, SmoothQuant's identity, calibration, and the head's exact top 
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -131,29 +132,32 @@ def test_fused_cpu_ops_give_the_eager_int8_values(monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
 
 
-def test_few_row_kernel_gives_the_int_mm_result():
-    """int8_cpu.gemv (decode / verify steps: the weight in 16-channel blocks, u8 activations with the
-    offset taken back out) sums the same int8 products as torch._int_mm, for shapes that need padding."""
-    from hintkv.models import int8_cpu
+@pytest.mark.parametrize("amx", [True, False])
+def test_few_row_kernel_gives_the_int_mm_result(monkeypatch, amx):
+    """int8_cpu.gemv (decode / verify steps: the weight in 16-channel blocks; on AMX tiles where the CPU
+    has them, else AVX512-VNNI with u8 activations and the offset taken back out) sums the same int8
+    products as torch._int_mm, for shapes that need padding."""
+    from hintkv.models import int8, int8_cpu
     from hintkv.models.int8 import GEMV_ROWS, block_weight
 
     fused = int8_cpu.ops()
     assert fused is not None
     if not fused.has_fast_gemv():
-        import pytest
-
         pytest.skip("no AVX512-VNNI here: int8_linear keeps torch._int_mm for few rows")
-    k, n = 90, 100  # neither a multiple of 4 / 16: the blocks are padded
-    inv = torch.rand(k, generator=torch.Generator().manual_seed(1)) + 0.5
-    w_t, w_scale = quantize_weight(torch.randn(n, k, generator=torch.Generator().manual_seed(2)), 1.0 / inv)
-    blocked = block_weight(w_t)
-    assert blocked[0].shape == (7, 23, 16, 4)
-    for levels in (1, 2):
-        for rows in (1, 3, GEMV_ROWS // levels):
-            x = _x(rows, k, seed=rows)
-            got = int8_linear(x, w_t, w_scale, inv, levels, blocked)
-            want = int8_linear(x, w_t, w_scale, inv, levels)  # no blocks: quantize + _int_mm + rescale
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if amx and not fused.has_amx():
+        pytest.skip("no AMX here: gemv runs the VNNI loop")
+    monkeypatch.setattr(int8, "AMX", amx)
+    for k, n in ((90, 100), (200, 260)):  # neither a multiple of 64 / 16: the blocks are padded
+        inv = torch.rand(k, generator=torch.Generator().manual_seed(1)) + 0.5
+        w_t, w_scale = quantize_weight(torch.randn(n, k, generator=torch.Generator().manual_seed(2)), 1.0 / inv)
+        blocked = block_weight(w_t)
+        assert blocked[0].shape == (-(-n // 16), -(-k // 64) * 16, 16, 4)
+        for levels in (1, 2):
+            for rows in (1, 3, GEMV_ROWS // levels):
+                x = _x(rows, k, seed=rows)
+                got = int8_linear(x, w_t, w_scale, inv, levels, blocked)
+                want = int8_linear(x, w_t, w_scale, inv, levels)  # no blocks: quantize + _int_mm + rescale
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_fine_kernel_is_float_on_many_rows_and_two_level_on_few():

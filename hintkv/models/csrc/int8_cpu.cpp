@@ -1,0 +1,312 @@
+// W8A8's CPU ops (int8_cpu.py says what each computes and why; built by cpu_ext.load).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HINTKV_AMX 1
+#endif
+
+// One row's `levels` int8 rows: r [K] (smoothed; overwritten by the residual), level l's row at
+// q + l * qstride, its scale at s[l * sstride]. x * (1 / s) rounded half to even, then r - v s.
+static void quantize_row(float* r, int64_t K, int64_t levels, int8_t* q, int64_t qstride, float* s,
+                         int64_t sstride) {
+    for (int64_t l = 0; l < levels; ++l) {
+        float amax = 0.f;
+        int64_t k = 0;
+#if defined(__AVX2__)
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 vmax = _mm256_setzero_ps();
+        for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(r + k), absmask));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vmax);
+        for (float v : lanes) amax = std::max(amax, v);
+#endif
+        for (; k < K; ++k) amax = std::max(amax, std::fabs(r[k]));
+        const float scale = std::max(amax, 1e-30f) / 127.0f;
+        const float inv = 1.0f / scale;
+        int8_t* qrow = q + l * qstride;
+        k = 0;
+#if defined(__AVX2__)
+        const __m256 vinv = _mm256_set1_ps(inv), vs = _mm256_set1_ps(scale);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (; k + 32 <= K; k += 32) {
+            __m256i i32[4];
+            for (int j = 0; j < 4; ++j) {
+                const __m256 x = _mm256_loadu_ps(r + k + 8 * j);
+                const __m256 v = _mm256_round_ps(_mm256_mul_ps(x, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm256_storeu_ps(r + k + 8 * j, _mm256_sub_ps(x, _mm256_mul_ps(v, vs)));
+                i32[j] = _mm256_cvtps_epi32(v);
+            }
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(qrow + k), _mm256_permutevar8x32_epi32(p, order));
+        }
+#endif
+        for (; k < K; ++k) {
+            const float v = std::nearbyint(r[k] * inv);
+            qrow[k] = static_cast<int8_t>(v);
+            r[k] = r[k] - v * scale;
+        }
+        s[l * sstride] = scale;
+    }
+}
+
+// rows [m0, m1) of x (times inv_smooth) into q [levels*M, K] and s [levels*M]
+static void quantize_range(const float* xp, const float* sp, int64_t M, int64_t K, int64_t levels, int8_t* qp,
+                           float* op, int64_t m0, int64_t m1) {
+    std::vector<float> r(K);
+    for (int64_t m = m0; m < m1; ++m) {
+        const float* row = xp + m * K;
+        if (sp) {
+            for (int64_t k = 0; k < K; ++k) r[k] = row[k] * sp[k];
+        } else {
+            std::copy(row, row + K, r.begin());
+        }
+        quantize_row(r.data(), K, levels, qp + m * K, M * K, op + m, M);
+    }
+}
+
+static void check_x(const torch::Tensor& x, const torch::Tensor& inv_smooth) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
+    TORCH_CHECK(inv_smooth.numel() == 0 || (inv_smooth.numel() == x.size(1) && inv_smooth.scalar_type() == torch::kFloat32),
+                "inv_smooth must be float32 [K]");
+}
+
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x, torch::Tensor inv_smooth, int64_t levels) {
+    check_x(x, inv_smooth);
+    x = x.contiguous();
+    const int64_t M = x.size(0), K = x.size(1);
+    auto sm = inv_smooth.contiguous();
+    auto q = torch::empty({levels * M, K}, torch::kInt8);
+    auto s = torch::empty({levels * M, 1}, torch::kFloat32);
+    const float* xp = x.data_ptr<float>();
+    const float* sp = sm.numel() ? sm.data_ptr<float>() : nullptr;
+    int8_t* qp = q.data_ptr<int8_t>();
+    float* op = s.data_ptr<float>();
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { quantize_range(xp, sp, M, K, levels, qp, op, m0, m1); });
+    return {q, s};
+}
+
+torch::Tensor rescale(torch::Tensor acc, torch::Tensor s, torch::Tensor w_scale, int64_t levels) {
+    TORCH_CHECK(acc.scalar_type() == torch::kInt32 && acc.dim() == 2, "acc must be int32 [levels*M, N]");
+    acc = acc.contiguous();
+    const int64_t N = acc.size(1), M = acc.size(0) / levels;
+    auto sc = s.contiguous(), ws = w_scale.contiguous();
+    auto y = torch::empty({M, N}, torch::kFloat32);
+    const int32_t* ap = acc.data_ptr<int32_t>();
+    const float* sp = sc.data_ptr<float>();
+    const float* wp = ws.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m) {
+            float* yrow = yp + m * N;
+            const int32_t* a0 = ap + m * N;
+            const float s0 = sp[m];
+            for (int64_t n = 0; n < N; ++n) yrow[n] = static_cast<float>(a0[n]) * s0;
+            for (int64_t l = 1; l < levels; ++l) {
+                const int32_t* al = ap + (l * M + m) * N;
+                const float sl = sp[l * M + m];
+                for (int64_t n = 0; n < N; ++n) yrow[n] += static_cast<float>(al[n]) * sl;
+            }
+            for (int64_t n = 0; n < N; ++n) yrow[n] *= wp[n];
+        }
+    });
+    return y;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static constexpr bool kVnni = true;
+// G activation rows (u8, q + 128, as int32 groups of 4) against one 16-channel block of the weight
+// ([Kq][16][4] int8): acc[g] holds the block's 16 dot products, no horizontal sums.
+template <int G>
+static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t Kq, int32_t (*out)[16]) {
+    __m512i acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_si512();
+    for (int64_t kq = 0; kq < Kq; ++kq) {
+        const __m512i wv = _mm512_loadu_si512(wb + kq * 64);
+        for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], _mm512_set1_epi32(a[g][kq]), wv);
+    }
+    for (int g = 0; g < G; ++g) _mm512_storeu_si512(out[g], acc[g]);
+}
+#else
+static constexpr bool kVnni = false;
+template <int G>
+static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t Kq, int32_t (*out)[16]) {
+    for (int g = 0; g < G; ++g) {
+        const uint8_t* ag = reinterpret_cast<const uint8_t*>(a[g]);
+        for (int j = 0; j < 16; ++j) {
+            int32_t sum = 0;
+            for (int64_t kq = 0; kq < Kq; ++kq)
+                for (int t = 0; t < 4; ++t) sum += static_cast<int32_t>(ag[kq * 4 + t]) * wb[kq * 64 + j * 4 + t];
+            out[g][j] = sum;
+        }
+    }
+}
+#endif
+
+bool has_fast_gemv() { return kVnni; }
+
+#ifdef HINTKV_AMX
+// AMX: one tdpbssd multiplies a tile of up to 16 int8 activation rows x 64 k by 16 k-quads x 16
+// channels of the weight (gemv's 16-channel blocks, 16 quads at a time: block_weight pads K to 64),
+// 16 x 16 x 64 multiply-adds where a dpbusd does 16 x 4 for one activation row. Linux hands a
+// process the tile registers only after it asks (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA), once.
+static bool amx_ready() {
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ok;
+}
+
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// tiles 0-3: accumulators (R rows x 16 int32), 4: activations (R x 64 int8), 5-7: weight (16 x 64)
+static void amx_configure(int R) {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = t < 5 ? R : 16;
+    _tile_loadconfig(&c);
+}
+
+// G (1-4) consecutive 16-channel blocks against R activation rows a [R, Kq * 4] (row stride lda):
+// out [G][R][16] int32
+template <int G>
+static void amx_blocks(const int8_t* a, int64_t lda, const int8_t* wb, int64_t Kq, int32_t* out, int R) {
+    _tile_zero(0);
+    if (G > 1) _tile_zero(1);
+    if (G > 2) _tile_zero(2);
+    if (G > 3) _tile_zero(3);
+    for (int64_t kq = 0; kq < Kq; kq += 16) {
+        _tile_loadd(4, a + kq * 4, lda);
+        _tile_loadd(5, wb + kq * 64, 64);
+        _tile_dpbssd(0, 4, 5);
+        if (G > 1) { _tile_loadd(6, wb + (Kq + kq) * 64, 64); _tile_dpbssd(1, 4, 6); }
+        if (G > 2) { _tile_loadd(7, wb + (2 * Kq + kq) * 64, 64); _tile_dpbssd(2, 4, 7); }
+        if (G > 3) { _tile_loadd(5, wb + (3 * Kq + kq) * 64, 64); _tile_dpbssd(3, 4, 5); }
+    }
+    _tile_stored(0, out, 64);
+    if (G > 1) _tile_stored(1, out + R * 16, 64);
+    if (G > 2) _tile_stored(2, out + 2 * R * 16, 64);
+    if (G > 3) _tile_stored(3, out + 3 * R * 16, 64);
+}
+
+// gemv's AMX path: the quantized rows qp [R, K] (R = levels * M <= 16) against the blocked weight,
+// signed x signed (no u8 offset), each group of 4 blocks rescaled as gemv's VNNI path does.
+static torch::Tensor gemv_amx(const int8_t* qp, const std::vector<float>& s, int64_t M, int64_t K, int64_t levels,
+                              const torch::Tensor& wb, const torch::Tensor& w_scale) {
+    const int64_t R = levels * M, Nb = wb.size(0), Kq = wb.size(1), lda = Kq * 4, N = w_scale.numel();
+    std::vector<int8_t> a(R * lda, 0);
+    for (int64_t r = 0; r < R; ++r) std::copy(qp + r * K, qp + (r + 1) * K, a.data() + r * lda);
+    auto y = torch::empty({M, N}, torch::kFloat32);
+    float* yp = y.data_ptr<float>();
+    const int8_t* wp = wb.data_ptr<int8_t>();
+    auto wsc = w_scale.contiguous();
+    const float* wsp = wsc.data_ptr<float>();
+    const int64_t groups = (Nb + 3) / 4;
+    // a chunk of at least ~4M multiply-adds (a tile multiply does ~16x a dpbusd row's work)
+    const int64_t grain = std::max<int64_t>(4, (1 << 22) / std::max<int64_t>(1, 64 * Kq * 4 * R));
+    at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+        amx_configure(static_cast<int>(R));
+        std::vector<int32_t> acc(4 * R * 16);
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t nb0 = g * 4, nblocks = std::min<int64_t>(4, Nb - nb0);
+            const int8_t* wbp = wp + nb0 * Kq * 64;
+            switch (nblocks) {
+                case 4: amx_blocks<4>(a.data(), lda, wbp, Kq, acc.data(), R); break;
+                case 3: amx_blocks<3>(a.data(), lda, wbp, Kq, acc.data(), R); break;
+                case 2: amx_blocks<2>(a.data(), lda, wbp, Kq, acc.data(), R); break;
+                default: amx_blocks<1>(a.data(), lda, wbp, Kq, acc.data(), R); break;
+            }
+            for (int64_t b = 0; b < nblocks; ++b) {
+                const int32_t* ob = acc.data() + b * R * 16;
+                const int64_t n0 = (nb0 + b) * 16, n1 = std::min<int64_t>(n0 + 16, N);
+                for (int64_t m = 0; m < M; ++m) {
+                    for (int64_t n = n0; n < n1; ++n) {
+                        float v = static_cast<float>(ob[m * 16 + n - n0]) * s[m];
+                        for (int64_t l = 1; l < levels; ++l)
+                            v += static_cast<float>(ob[(l * M + m) * 16 + n - n0]) * s[l * M + m];
+                        yp[m * N + n] = v * wsp[n];
+                    }
+                }
+            }
+        }
+        _tile_release();
+    });
+    return y;
+}
+bool has_amx() { return amx_ready(); }
+#else
+bool has_amx() { return false; }
+#endif
+
+// y [M, N] ~= x [M, K] W^T for a few rows: quantize x (levels), then read the int8 weight once for
+// all levels*M activation rows. `wb` is the weight in 16-channel blocks [ceil(N/16), ceil(K/4), 16, 4]
+// (`block_weight` in int8.py) so AVX512-VNNI's dpbusd (u8 x s8, 4 products per int32 lane) fills 16
+// channels per instruction; activations go in as q + 128 and w_comp [>= N] = 128 sum_k w[n, k]
+// takes the offset back out. Then each row's levels are rescaled and summed.
+torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, torch::Tensor w_scale,
+                   torch::Tensor w_comp, int64_t levels, bool amx) {
+    check_x(x, inv_smooth);
+    TORCH_CHECK(wb.dim() == 4 && wb.scalar_type() == torch::kInt8 && wb.is_contiguous() && wb.size(2) == 16 &&
+                wb.size(3) == 4 && wb.size(1) * 4 >= x.size(1), "wb must be contiguous int8 [Nb, Kq, 16, 4]");
+    const int64_t N = w_scale.numel();
+    TORCH_CHECK(w_comp.scalar_type() == torch::kInt32 && w_comp.numel() >= N && wb.size(0) * 16 >= N,
+                "w_comp must be int32 [>= N]");
+    x = x.contiguous();
+    const int64_t M = x.size(0), K = x.size(1), R = levels * M, Nb = wb.size(0), Kq = wb.size(1);
+    auto sm = inv_smooth.contiguous();
+    auto q = torch::empty({R, K}, torch::kInt8);
+    std::vector<float> s(R);
+    quantize_range(x.data_ptr<float>(), sm.numel() ? sm.data_ptr<float>() : nullptr, M, K, levels,
+                   q.data_ptr<int8_t>(), s.data(), 0, M);
+    const int8_t* qp = q.data_ptr<int8_t>();
+#ifdef HINTKV_AMX
+    if (amx && R <= 16 && Kq % 16 == 0 && amx_ready()) return gemv_amx(qp, s, M, K, levels, wb, w_scale);
+#endif
+    std::vector<int32_t> a(R * Kq, 0x80808080);  // u8 rows, q + 128, padded with 128 (q = 0)
+    for (int64_t r = 0; r < R; ++r) {
+        uint8_t* ar = reinterpret_cast<uint8_t*>(a.data() + r * Kq);
+        for (int64_t k = 0; k < K; ++k) ar[k] = static_cast<uint8_t>(qp[r * K + k]) ^ 0x80;
+    }
+    auto y = torch::empty({M, N}, torch::kFloat32);
+    float* yp = y.data_ptr<float>();
+    const int8_t* wp = wb.data_ptr<int8_t>();
+    auto wsc = w_scale.contiguous();
+    auto wcc = w_comp.contiguous();
+    const float* wsp = wsc.data_ptr<float>();
+    const int32_t* cp = wcc.data_ptr<int32_t>();
+    // a chunk of at least ~1M multiply-adds: a small weight's call stays on one thread (a fork / join
+    // costs about as much as its whole GEMV)
+    const int64_t grain = std::max<int64_t>(8, (1 << 20) / std::max<int64_t>(1, 16 * Kq * 4 * R));
+    at::parallel_for(0, Nb, grain, [&](int64_t b0, int64_t b1) {
+        std::vector<int32_t> acc(R * 16);
+        auto out = reinterpret_cast<int32_t (*)[16]>(acc.data());
+        std::vector<const int32_t*> rows(R);
+        for (int64_t r = 0; r < R; ++r) rows[r] = a.data() + r * Kq;
+        for (int64_t nb = b0; nb < b1; ++nb) {
+            const int8_t* wbp = wp + nb * Kq * 64;
+            int64_t r = 0;
+            for (; r + 8 <= R; r += 8) block_dot<8>(rows.data() + r, wbp, Kq, out + r);
+            for (; r + 4 <= R; r += 4) block_dot<4>(rows.data() + r, wbp, Kq, out + r);
+            for (; r < R; ++r) block_dot<1>(rows.data() + r, wbp, Kq, out + r);
+            const int64_t n0 = nb * 16, n1 = std::min<int64_t>(n0 + 16, N);
+            for (int64_t m = 0; m < M; ++m) {
+                for (int64_t n = n0; n < n1; ++n) {
+                    float v = static_cast<float>(out[m][n - n0] - cp[n]) * s[m];
+                    for (int64_t l = 1; l < levels; ++l)
+                        v += static_cast<float>(out[l * M + m][n - n0] - cp[n]) * s[l * M + m];
+                    yp[m * N + n] = v * wsp[n];
+                }
+            }
+        }
+    });
+    return y;
+}
