@@ -95,6 +95,9 @@ class Access:
     ended_before: int = -1  # how many requests had been admitted when this one ended (-1: never ran)
     admitted_s: float = 0.0  # virtual time of its admission (the eviction audit's clock)
     session_id: str = ""  # the session that sent it (the eviction audit: who reads a block next)
+    # device blocks the engine held for it while it ran: its prompt's and completion's full blocks
+    # and the partial last one (0: just the blocks above, `belady_pinned` counts no more)
+    footprint: int = 0
 
 
 @dataclass(slots=True)
@@ -258,7 +261,8 @@ class OfflineEngine:
             seq.num_computed_tokens = hit
             self.result.host_loaded += n_host
             p.stat.hit_tokens, p.stat.host_tokens = hit, n_host * bs
-            self.result.accesses.append(Access(hashes, seq.num_prompt_tokens, [], -1, self.loop.now, p.stat.session_id))
+            self.result.accesses.append(Access(hashes, seq.num_prompt_tokens, [], -1, self.loop.now, p.stat.session_id,
+                                               len(seq.block_table)))
             self._running[seq.request_id] = seq
             start = self.loop.now
             prefill = (seq.num_prompt_tokens - hit) * self.cfg.prefill_s_per_token + n_host * self.cfg.load_s_per_block

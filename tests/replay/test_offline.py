@@ -65,3 +65,12 @@ def test_deferred_offload_and_exclusive_host_keep_fewer_host_blocks(team):
         OfflineConfig(host_mode="both")
     with pytest.raises(ValueError, match="offload_mode"):
         OfflineConfig(offload_mode="later")
+
+
+def test_each_access_records_the_device_blocks_its_request_held(team):
+    """`Access.footprint` (what `belady_pinned` holds for a running request) is the block table the
+    engine gave it: every full block of its prompt and completion, plus the partial last one."""
+    r = replay_offline(team, OfflineConfig(policy="sam", hints=True, device_blocks=300))
+    ran = [a for a in r.accesses if a.ended_before >= 0]
+    assert ran and all(a.footprint - len(set(a.prompt) | set(a.written)) in (0, 1) for a in ran)
+    assert any(a.footprint == len(set(a.prompt) | set(a.written)) + 1 for a in ran)  # partial blocks exist

@@ -22,6 +22,7 @@ class A:
     prompt: list
     written: list = field(default_factory=list)
     ended_before: int = -1
+    footprint: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -92,6 +93,25 @@ def test_pinned_oracle_keeps_running_requests_blocks():
     seq = [A([b"a"], [b"a"], 1), A([b"b"], [b"b"], 3), A([b"a"], [b"a"], 3)]
     assert belady(seq, 1, 10).hit_tokens == 10
     assert belady_pinned(seq, 1, 10).hit_tokens == 0
+
+
+def test_pinned_oracle_holds_the_device_blocks_the_engine_held():
+    """A running request holds its partial last block too (`Access.footprint`): no hash names it
+    and no prompt reads it, but it takes a device block until the request ends, as in the engine.
+    Capacity 2: a runs alone and ends; b runs with a partial block (footprint 2), so beside b's
+    block only its partial one fits: a (unpinned) must go and its re-read misses. Counting only
+    named blocks, a and b fit and a hits."""
+    seq = [A([b"a"], [b"a"], 1, footprint=2), A([b"b"], [b"b"], 3, footprint=2), A([b"a"], [b"a"], 3)]
+    assert belady_pinned(seq, 2, 10).hit_tokens == 0
+    named = [A(x.prompt, x.written, x.ended_before) for x in seq]
+    assert belady_pinned(named, 2, 10).hit_tokens == 10
+    # the partial block goes when its request ends: capacity 3, b (with a partial block) ends
+    # before c runs, so a, b and c fit and both re-reads hit (held on, b would go at c: 10 tokens)
+    seq = [A([b"a"], [b"a"], 1), A([b"b"], [b"b"], 2, footprint=2), A([b"c"], [b"c"], 5), A([b"a"], [b"a"], 5),
+           A([b"b"], [b"b"], 5)]
+    assert belady_pinned(seq, 3, 10).hit_tokens == 20
+    seq = [A([b"a"], [b"a"], 1, footprint=2), A([b"b"], [b"b"], 2, footprint=1), A([b"a"], [b"a"], 4)]
+    assert belady_pinned(seq, 2, 10).hit_tokens == 10  # b has no partial block: a and b fit
 
 
 @pytest.fixture(scope="module")
