@@ -252,7 +252,7 @@ class BlockPool:
     def check_integrity(self) -> None:
         self.ranking.settle()
         empty = set(self._empty)
-        self._cached.check_integrity()
+        self._cached.check_integrity(self.ranking.groups())
         cached: set[int] = set()
         for b, node, c in self._cached.items():
             bid = b.block_id

@@ -23,10 +23,14 @@ Not thread-safe: the pool's owner (the engine thread, under its state lock) guar
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from hintkv.cache.block import Block
+
+if TYPE_CHECKING:
+    from hintkv.cache.group_walk import Group
 
 
 class _Run:
@@ -179,12 +183,17 @@ class BlockRuns:
                 del self._nodes[node.gid]
 
     # ---- order -----------------------------------------------------------------------------
-    def move_node(self, gid: int, cls: int, again: bool = False) -> bool:
+    def move_node(self, gid: int, cls: int, again: bool = False, group: Group | None = None) -> bool:
         """A group changed class: its node (if any) goes to the back of `cls`. O(1). `again`:
-        also when it is in `cls` already (it left and came back)."""
-        node = self._nodes.get(gid)
-        if node is None:
-            return False
+        also when it is in `cls` already (it left and came back). `group` (the ranking's group
+        `gid`): its `node` caches ours (a node that emptied has count 0 and is never reused)."""
+        node = group.node if group is not None else None
+        if node is None or not node.count:
+            node = self._nodes.get(gid)
+            if node is None:
+                return False
+            if group is not None:
+                group.node = node
         old = node.cls
         bucket = self._buckets[old]
         if old == cls:  # back in its class (a request's end): to its back, one bucket read
@@ -231,7 +240,11 @@ class BlockRuns:
                     for b in run.blocks_in():
                         yield b, gid, cls
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, groups: Iterable[Group] = ()) -> None:
+        """Also: each of `groups` (the ranking's) caches no node but ours for its id."""
+        for g in groups:
+            assert g.node is None or not g.node.count or self._nodes.get(g.gid) is g.node, \
+                f"group {g.gid} caches a node that is not its node here"
         seen: set[int] = set()
         counts: dict[int, int] = {}
         num_nodes = 0

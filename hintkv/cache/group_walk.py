@@ -18,14 +18,18 @@ from operator import itemgetter
 
 @dataclass(slots=True)
 class Group:
+    # (the fields a request end's walk reads come first: one cache line of the object)
     gid: int  # its id: the XOR of its holders' tokens
-    holders: frozenset[str]  # fixed: another holder set is another group
-    counts: list[int]  # holders per class
     top: int  # the group's class: the highest class with a holder
-    num_blocks: int = 0
+    counts: list[int]  # holders per class
+    holders: frozenset[str]  # fixed: another holder set is another group
     # held by one session (its own context): read by every walk, kept so a walk does not
     # touch the holder set (a cache miss per group in a request's end)
     alone: bool = field(init=False)
+    # the device pool's node of this group (`BlockRuns.move_node` caches it here: a walk then
+    # reads no node map); stale once the node emptied (its count 0), then looked up again
+    node: object = field(default=None, init=False)
+    num_blocks: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.alone = len(self.holders) == 1
@@ -68,7 +72,7 @@ def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int,
         alone.top = last_cls  # `_file`, inline (a call less on every request's end)
         delta[alone.gid] = last_cls
         for order in orders:
-            order.move_node(alone.gid, last_cls, True)
+            order.move_node(alone.gid, last_cls, True, alone)
         return num_changes
     moved = []
     num_moves = 0
@@ -128,7 +132,7 @@ def _file(g: Group, top: int, delta: dict[int, int | None], orders: list) -> Non
     g.top = top
     delta[g.gid] = top
     for order in orders:
-        order.move_node(g.gid, top, True)
+        order.move_node(g.gid, top, True, g)
 
 
 def move_orders(moved: list[tuple]) -> tuple[list[tuple[Group, int]], list[tuple[Group, int]]]:

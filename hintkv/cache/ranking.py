@@ -63,7 +63,8 @@ class ClassListener(Protocol):
 class NodeOrder(Protocol):
     """A victim order with one node per group (`cache.block_runs.BlockRuns`, `tiers.order.ClassedLRU`)."""
 
-    def move_node(self, node: int, cls: int, again: bool = False) -> bool: ...
+    def move_node(self, node: int, cls: int, again: bool = False,
+                  group: _Group | None = None) -> bool: ...  # `group`: may cache the node on it
 
 
 class ClassRanking:
@@ -75,8 +76,9 @@ class ClassRanking:
         self._rng = random.Random(seed)
         self._group_of: dict[BlockHash, int] = {}  # held hash -> its group id
         self._groups: dict[int, _Group] = {}
-        # session key -> the groups it is a holder of (id -> group: a walk reads no other map)
-        self._groups_in: dict[str, dict[int, _Group]] = {}
+        # session key -> the session, for each session that has held blocks (a new group is
+        # added to each holder's `rank_groups`, a dropped one taken out)
+        self._holder: dict[str, Session] = {}
         self._delta_blocks: dict[BlockHash, int | None] = {}
         self._delta_groups: dict[int, int | None] = {}
         self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
@@ -115,6 +117,10 @@ class ClassRanking:
 
     def is_held(self, h: BlockHash) -> bool:
         return h in self._group_of
+
+    def groups(self) -> Iterable[_Group]:
+        """Every group (a live view, for integrity checks)."""
+        return self._groups.values()
 
     def held(self) -> KeysView[BlockHash]:
         """Every held hash (a live view: read it on the engine thread, do not keep it)."""
@@ -175,7 +181,7 @@ class ClassRanking:
                 self._pending = (s, chain)
             else:  # walked now (`_settle`, without filing the chain as pending first)
                 self._pending = None
-                self.num_moves += settle_changes(s.rank_groups.values(), chain,
+                self.num_moves += settle_changes(s.rank_groups, chain,
                                                  self._delta_groups, self.node_orders)
         self._unscheduled[s.key] = (s, now)  # its recheck is computed at the next tick
 
@@ -194,7 +200,7 @@ class ClassRanking:
         first), so the order is exactly the eager one."""
         s, chain = self._pending
         self._pending = None
-        self.num_moves += settle_changes(s.rank_groups.values(), chain, self._delta_groups,
+        self.num_moves += settle_changes(s.rank_groups, chain, self._delta_groups,
                                          self.node_orders)
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
@@ -208,10 +214,8 @@ class ClassRanking:
         token = self._token.get(s.key)
         if token is None:
             token = self._token[s.key] = self._rng.getrandbits(64) | 1
-        mine = self._groups_in.get(s.key)
-        if mine is None:
-            mine = self._groups_in[s.key] = s.rank_groups  # one map, read from either side
-        assert mine is s.rank_groups, "a session's groups are filed twice"
+        mine = self._holder.setdefault(s.key, s)
+        assert mine is s, "two sessions under one key hold blocks"
         # head first: the pool files each regrouped block at the FRONT of its new group, so the
         # group ends up tail first (the registry hands them tail first)
         for h in reversed(list(removed)):
@@ -224,8 +228,9 @@ class ClassRanking:
         if self._pending is not None:
             self._settle()
         self._unscheduled.pop(key, None)
-        if not self._groups_in.get(key):
-            self._groups_in.pop(key, None)
+        s = self._holder.get(key)
+        if s is None or not s.rank_groups:
+            self._holder.pop(key, None)
             self._token.pop(key, None)
 
     def tick(self, now: float, sessions: Mapping[str, Session], budget: int | None = None) -> int:
@@ -277,10 +282,12 @@ class ClassRanking:
                 holders = g_old.holders - {key}
             counts = list(g_old.counts) if g_old else [0] * self.num_classes
             counts[cls] += 1 if joining else -1
-            g_new = self._groups[new] = _Group(new, holders, counts,
-                                               max(c for c, n in enumerate(counts) if n))
+            g_new = self._groups[new] = _Group(new, max(c for c, n in enumerate(counts) if n),
+                                               counts, holders)
+            holder = self._holder
             for k in holders:
-                self._groups_in.setdefault(k, {})[new] = g_new
+                hs = holder[k]
+                hs.rank_groups = (*hs.rank_groups, g_new)
             self._delta_groups[new] = g_new.top
         assert g_new is None or (key in g_new.holders) == joining, "group id collision"
         if g_old is not None:
@@ -303,10 +310,10 @@ class ClassRanking:
 
     def _drop_group(self, gid: int, g: _Group) -> None:
         del self._groups[gid]
+        holder = self._holder
         for k in g.holders:
-            mine = self._groups_in.get(k)
-            if mine is not None:
-                mine.pop(gid, None)
+            hs = holder[k]
+            hs.rank_groups = tuple([x for x in hs.rank_groups if x is not g])
         self._delta_groups[gid] = None
 
     def check_integrity(self, sessions: Mapping[str, Session]) -> None:

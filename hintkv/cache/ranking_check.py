@@ -41,12 +41,12 @@ def check_ranking(r: ClassRanking, sessions: Mapping[str, Session]) -> None:
         counts = [0] * r.num_classes
         for k in g.holders:
             counts[sessions[k].rank_cls] += 1
-            assert gid in r._groups_in.get(k, ()), "a holder does not list its group"
+            assert any(x is g for x in sessions[k].rank_groups), "a holder does not list its group"
         assert counts == g.counts, "a group's class counts are stale"
         assert g.top == max(c for c, n in enumerate(counts) if n), "a group's class is stale"
     for s in sessions.values():
-        mine = r._groups_in.get(s.key)
-        assert mine is None or mine is s.rank_groups, "a session reads other groups than ours"
-    for k, mine in r._groups_in.items():
-        assert all(r._groups.get(gid) is g and k in g.holders for gid, g in mine.items()), \
+        mine = s.rank_groups
+        assert len({id(g) for g in mine}) == len(mine), "a session lists a group twice"
+        assert all(r._groups.get(g.gid) is g and s.key in g.holders for g in mine), \
             "a session lists a group it does not hold"
+        assert not mine or r._holder.get(s.key) is s, "a holder is filed under another session"

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from hintkv.cache.ranking import ClassRanking
 
 PREFETCH_GRACE_S = 30.0  # a prefetched session counts as about to run for this long
+# the children of a session that never had any: one shared empty set (a class computation tests
+# `s.children` on every request end; a set of its own per session is a cache miss there). A
+# session gets a set of its own with its first child (`_ensure`).
+NO_CHILDREN: frozenset[str] = frozenset()
 
 
 class SessionState(enum.Enum):
@@ -42,7 +46,7 @@ class Session:
     tenant: str
     session_id: str
     parent: str | None  # key of the parent session; None for a root
-    children: set[str] = field(default_factory=set)
+    children: set[str] | frozenset[str] = NO_CHILDREN  # keys of its sub-agents
     state: SessionState = SessionState.WAITING
     held: list[BlockHash] = field(default_factory=list)
     num_inflight: int = 0
@@ -54,9 +58,10 @@ class Session:
     protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
     prefetched_until: float = 0.0
     # `ClassRanking`'s state of this session, kept on it (a class change reads no other map):
-    # the groups of blocks it holds, its class (None: none yet) and its event count (a recheck
-    # computed before the latest event is void)
-    rank_groups: dict = field(default_factory=dict)
+    # the groups of blocks it holds (in the order it joined them: a tuple, one object a class
+    # change walks), its class (None: none yet) and its event count (a recheck computed before
+    # the latest event is void)
+    rank_groups: tuple = ()
     rank_cls: int | None = None
     rank_version: int = 0
 
@@ -96,7 +101,10 @@ class SessionRegistry:
                 pkey = self._ensure(tenant, parent_id, None).key
             s = self.sessions[key] = Session(key, tenant, session_id, pkey)
             if pkey is not None:
-                self.sessions[pkey].children.add(key)
+                p = self.sessions[pkey]
+                if p.children is NO_CHILDREN:
+                    p.children = set()
+                p.children.add(key)
         return s
 
     def is_held(self, h: BlockHash) -> bool:

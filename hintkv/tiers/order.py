@@ -149,9 +149,9 @@ class ClassedLRU(Generic[K, V]):
             del bucket[node]
             bucket[node] = items
 
-    def move_node(self, node: Hashable, cls: int, again: bool = False) -> bool:
+    def move_node(self, node: Hashable, cls: int, again: bool = False, group: object = None) -> bool:
         """A group changed class: its node (if any) goes to the back of `cls`. O(1). `again`:
-        also when it is in `cls` already (it left and came back)."""
+        also when it is in `cls` already (it left and came back). (`group`: unused here.)"""
         node_cls = self._node_cls
         old = node_cls.get(node)
         if old is None:

@@ -1,7 +1,9 @@
 """`BlockRuns` (the device pool's victim order by runs) against `ClassedLRU` (one entry per block,
 the simple reference): after any sequence of filings (runs, single blocks at the back or the
 front), removals (single, many, victims taken from the front by `first`), node moves and partial reads of
-the victim order, both give the same order, counts and classes."""
+the victim order, both give the same order, counts and classes. A move may hand the ranking's
+group, which caches its node (`Group.node`): a stale cache (the node emptied, then another one
+filed under the same id) must never be moved."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from hintkv.cache.block import Block
 from hintkv.cache.block_runs import BlockRuns
+from hintkv.cache.group_walk import Group
 from hintkv.tiers.order import ClassedLRU
 
 NUM_BLOCKS = 24
@@ -24,12 +27,13 @@ op = st.one_of(
     st.tuples(st.just("remove"), st.integers(0, NUM_BLOCKS - 1)),
     st.tuples(st.just("remove_many"), st.lists(st.integers(0, NUM_BLOCKS - 1), max_size=10)),
     st.tuples(st.just("victims"), st.integers(0, 6)),
-    st.tuples(st.just("move"), st.sampled_from(GROUPS), st.sampled_from(CLASSES), st.booleans()),
+    st.tuples(st.just("move"), st.sampled_from(GROUPS), st.sampled_from(CLASSES), st.booleans(),
+              st.booleans()),
     st.tuples(st.just("peek"), st.integers(0, 5)),
 )
 
 
-def _same(runs: BlockRuns, ref: ClassedLRU, blocks: list[Block]) -> None:
+def _same(runs: BlockRuns, ref: ClassedLRU, blocks: list[Block], groups: list[Group]) -> None:
     assert [(b.block_id, g, c) for b, g, c in runs.items()] == \
         [(k, g, c) for k, _, g, c in ref.items()]
     assert len(runs) == len(ref)
@@ -41,7 +45,7 @@ def _same(runs: BlockRuns, ref: ClassedLRU, blocks: list[Block]) -> None:
         assert (b in runs) == (b.block_id in ref)
         if b in runs:
             assert runs.class_of(b) == ref.class_of(b.block_id)
-    runs.check_integrity()
+    runs.check_integrity(groups)
     ref.check_integrity()
 
 
@@ -51,6 +55,7 @@ def test_same_order_as_classed_lru(ops) -> None:
     blocks = [Block(i) for i in range(NUM_BLOCKS)]
     runs: BlockRuns = BlockRuns()
     ref: ClassedLRU[int, Block] = ClassedLRU()
+    groups = [Group(g, 0, [1], frozenset({"k"})) for g in GROUPS]  # kept across the whole run
     for o in ops:
         kind = o[0]
         if kind == "run":
@@ -77,12 +82,13 @@ def test_same_order_as_classed_lru(ops) -> None:
             runs.remove_many(taken)
             ref.remove_many(want)
         elif kind == "move":
-            assert runs.move_node(o[1], o[2], again=o[3]) == ref.move_node(o[1], o[2], again=o[3])
+            group = groups[o[1]] if o[4] else None
+            assert runs.move_node(o[1], o[2], o[3], group) == ref.move_node(o[1], o[2], again=o[3])
         else:  # a partial read changes nothing (it may trim stale entries)
             got = [b.block_id for b, _ in zip(runs.victims(), range(o[1]))]
             assert got == [k for (k, _), _ in zip(ref.victims(), range(o[1]))]
             assert [b.block_id for b in runs.first(o[1])] == got
-        _same(runs, ref, blocks)
+        _same(runs, ref, blocks, groups)
 
 
 def test_a_front_run_that_lost_a_block_is_not_extended() -> None:
@@ -95,3 +101,18 @@ def test_a_front_run_that_lost_a_block_is_not_extended() -> None:
     runs.add(a, 1, 0, front=True)
     assert list(runs.victims()) == [a, b]
     runs.check_integrity()
+
+
+def test_a_group_never_moves_its_stale_cached_node() -> None:
+    """A group caches its node on a move; once that node emptied (dropped) and another one was
+    filed under the same id, a move reaches the new node, not the dropped one."""
+    a, b = Block(0), Block(1)
+    runs = BlockRuns()
+    g = Group(1, 0, [1], frozenset({"k"}))
+    runs.add(a, 1, 0)
+    assert runs.move_node(1, 2, False, g)  # caches the node on the group
+    runs.remove(a)  # the node empties: dropped
+    runs.add(b, 1, 0)  # another node under the same id, in class 0
+    assert runs.move_node(1, 2, False, g)
+    assert [(x.block_id, n, c) for x, n, c in runs.items()] == [(1, 1, 2)]
+    runs.check_integrity([g])

@@ -58,7 +58,8 @@ class _Order:
     def __init__(self) -> None:
         self.moves: list[tuple[int, int, bool]] = []
 
-    def move_node(self, node: int, cls: int, again: bool = False) -> bool:
+    def move_node(self, node: int, cls: int, again: bool = False, group: Group | None = None) -> bool:
+        assert group is None or group.gid == node, "a walk hands another group's node"
         self.moves.append((node, cls, again))
         return True
 
@@ -70,8 +71,8 @@ def test_walk_is_one_eager_step_per_change(case):
     groups = []
     for i, counts in enumerate(all_counts):
         holders = frozenset(f"k{i}_{j}" for j in range(sum(counts)))
-        groups.append(Group(i, holders, list(counts),
-                            max(c for c, n in enumerate(counts) if n)))
+        groups.append(Group(i, max(c for c, n in enumerate(counts) if n), list(counts),
+                            holders))
     delta: dict[int, int | None] = {}
     order = _Order()
     num_moves = settle_changes(groups, chain, delta, [order])

@@ -31,6 +31,7 @@ UNHELD = 0  # the class of blocks no live session holds: always reclaimed first
 class EvictionPolicy:
     """Session -> class. Must be a pure function of the session and the clock."""
 
+    __slots__ = ("sessions",)  # a slot: read by every class computation (one object, no dict)
     name = "base"
     num_classes = 1  # classes are 0 .. num_classes - 1; 0 is reclaimed first
     # Blocks of this class and above belong to sessions running now (or protected): a prefetch

@@ -30,13 +30,13 @@ system's own observed history (gaps, turnaround); no constant depends on a workl
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hintkv.cache.policies.base import EvictionPolicy, register_policy
 from hintkv.cache.sessions import PREFETCH_GRACE_S, SessionState
 
 if TYPE_CHECKING:
-    from hintkv.cache.sessions import Session
+    from hintkv.cache.sessions import Session, SessionRegistry
 
 GONE = 1
 FIRST_BAND = 2
@@ -64,6 +64,13 @@ class SAMPolicy(EvictionPolicy):
     # widens these and predicts the wait in `_waiting_next_use`
     away_states: tuple[SessionState, ...] = (SessionState.WAITING,)
     live_child_states: tuple[SessionState, ...] = _LIVE_CHILD
+    __slots__ = ("_own_wait",)
+
+    def __init__(self, sessions: SessionRegistry | None = None, **context: Any) -> None:
+        super().__init__(sessions, **context)
+        # `_waiting_next_use` is this class's: `session_class` computes it inline (every request
+        # end: a call less); a subclass's own is called
+        self._own_wait = type(self)._waiting_next_use is SAMPolicy._waiting_next_use
 
     def next_use(self, s: Session, now: float) -> float | None:
         """Predicted seconds until `s`'s blocks are read again (math.inf: after its live
@@ -130,9 +137,17 @@ class SAMPolicy(EvictionPolicy):
         q = reg.turnaround_q  # (`predicted_turnaround()`, read directly)
         if s.children and self._after_children(s):
             return FIRST_BAND  # next use after its live sub-agents: r = inf, the farthest band
-        r = self._waiting_next_use(s, now, q)
-        if r is None:
-            return GONE
+        if self._own_wait:  # `_waiting_next_use`, inline
+            own = s.gaps
+            expected, stale = own.prediction if own.n >= 2 else reg.predicted_gap(s)
+            away = now - s.last_done
+            if away > stale:
+                return GONE
+            r = expected + q - away
+        else:
+            r = self._waiting_next_use(s, now, q)
+            if r is None:
+                return GONE
         if r > _FARTHEST * q:  # `band_class`'s first test, inline: a request's end, mostly
             return FIRST_BAND
         return band_class(r, q)
