@@ -151,7 +151,11 @@ class W8A8HeadKernel(W8A8Kernel):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         logits = super().__call__(x2)  # [M, V] in x's dtype
-        top = logits.topk(min(self.RESCORE, logits.shape[-1]), dim=-1).indices  # [M, R]
+        k, fused = min(self.RESCORE, logits.shape[-1]), None if x.is_cuda else int8_cpu.ops()
+        if fused is not None and logits.dtype == torch.float32:
+            top = fused.topk_indices(logits, k)  # [M, R], the same set as topk's, in no order
+        else:
+            top = logits.topk(k, dim=-1).indices
         exact = torch.bmm(self.weight[top], x2.unsqueeze(-1)).squeeze(-1)  # [M, R]
         if self.bias is not None:
             exact = exact + self.bias[top]

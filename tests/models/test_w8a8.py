@@ -180,3 +180,21 @@ def test_fine_kernel_is_float_on_many_rows_and_two_level_on_few():
     lin.set_kernel("w8a8")
     one_level_err = float((lin(few) - F.linear(few, lin.weight)).norm())
     assert fine_err < one_level_err / 3, (fine_err, one_level_err)
+
+
+def test_topk_indices_is_the_set_torch_topk_picks():
+    """int8_cpu.topk_indices (the LM head's rescoring set): the same indices as torch.topk, in any order,
+    where the largest sit anywhere in the row (its first k, its tail past the last 16-value chunk)."""
+    from hintkv.models import int8_cpu
+
+    fused = int8_cpu.ops()
+    assert fused is not None
+    g = torch.Generator().manual_seed(8)
+    for m, v, k in ((1, 49152, 16), (8, 1000, 16), (3, 37, 5), (2, 16, 16)):
+        logits = torch.randn(m, v, generator=g)
+        logits[0, :k] += 10.0  # the first row's best are its first k (the initial set)
+        logits[-1, -3:] += 10.0  # the last row's three best are in its tail
+        got = fused.topk_indices(logits, k)
+        assert got.shape == (m, k) and got.dtype == torch.int64
+        want = logits.topk(k, dim=-1).indices
+        assert torch.equal(got.sort(-1).values, want.sort(-1).values)
