@@ -161,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(variant_rows, ["model", "variant", "metric", "ratio vs hintkv", "per-round spread"])
     if accuracy:
-        print(f"\nw8a8 SmolLM2 vs float32 on {accuracy['tokens']} tokens: top-1 agreement "
-              f"{accuracy['top1_agreement']:.3f}, perplexity {accuracy['ppl_candidate']:.2f} vs "
-              f"{accuracy['ppl_reference']:.2f} (prefill kernels); token by token (decode kernels): "
-              f"{accuracy['decode_top1_agreement']:.3f}, {accuracy['decode_ppl_candidate']:.2f}")
+        a, ci = accuracy, lambda k: "-".join(f"{v:.3f}" for v in accuracy.get(f"{k}_ci95", []))
+        print(f"\nw8a8 SmolLM2 vs float32 on {a['tokens']} tokens (95% CI over texts): top-1 agreement "
+              f"{a['top1_agreement']:.3f} ({ci('top1_agreement')}), perplexity {a['ppl_candidate']:.2f} vs "
+              f"{a['ppl_reference']:.2f} (prefill kernels); in {a['decode_step_tokens']}-token steps (decode kernels): "
+              f"{a['decode_top1_agreement']:.3f} ({ci('decode_top1_agreement')}), {a['decode_ppl_candidate']:.2f}")
     kv_rows = kv_quant_rows(args.dtype) if not on_gpu else None
     if kv_rows:
         print(f"\nKV cache formats (SmolLM2, KV read back from the cache vs float KV, {args.dtype} model):")

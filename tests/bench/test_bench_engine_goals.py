@@ -21,7 +21,14 @@ def test_kv_goals_follow_the_rows():
     assert "0.00350/token is 5.0x int8's" in fp8["why"] and "one token of 295 is 0.0034" in fp8["why"]
     assert "same capacity" not in fp8["why"] and "at 1.50x float32's capacity vs int8's 3.76x" in fp8["why"]
     assert "int8 top-1 0.990" in fp8["why"]
-    assert "why" not in g["kv_int8_top1_agreement"]
+    assert "why" not in g["kv_int8_top1_agreement"] and "ci95" not in g["kv_int8_top1_agreement"]
+    rows[0]["top-1 95% CI"] = "0.9850-0.9930"  # the evaluation set's bootstrap interval travels with the goal
+    assert compute_goals({}, Workload.for_run(True), None, None, rows, "float32")["kv_int8_top1_agreement"][
+        "ci95"] == "0.9850-0.9930"
+    acc = {"top1_agreement": 0.98, "top1_agreement_ci95": [0.975, 0.985], "decode_top1_agreement": 0.975,
+           "decode_top1_agreement_ci95": [0.97, 0.98]}
+    w8 = compute_goals({}, Workload.for_run(True), acc, None, None, "float32")["w8a8_top1_agreement"]
+    assert w8["measured"] == 0.975 and w8["decode_top1_agreement_ci95"] == [0.97, 0.98]
     rows[1]["capacity vs float32"] = 3.76  # the real rows: both 68-byte rows
     same = compute_goals({}, Workload.for_run(True), None, None, rows, "float32")["kv_fp8_top1_agreement"]["why"]
     assert "at the same capacity (3.76x float32)" in same
@@ -32,7 +39,7 @@ def test_kv_goals_follow_the_rows():
 
 
 def test_kv_rows_measure_capacity_from_the_block_sizes():
-    rows = {r["kv"]: r for r in kv_quant_rows("bfloat16")}
+    rows = {r["kv"]: r for r in kv_quant_rows("bfloat16", texts="fixed")}
     # SmolLM2: head_dim 64 -> 68-byte rows against 128 bytes of bfloat16
     assert rows["int8"]["capacity vs bfloat16"] == 128 / 68 and rows["fp8"]["top-1 agreement"] > 0.9
     assert rows["fp8"]["KL/token"] > rows["int8"]["KL/token"] > 0  # fp8's 3 mantissa bits: the larger error
