@@ -84,8 +84,8 @@ def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo:
 def pinned_reference(results: dict[str, OfflineResult], capacity: int, block_size: int,
                      with_host: bool) -> dict[str, Any]:
     """The captured-headroom reference at one capacity: the best `belady_pinned` (never evicts a
-    running request's blocks, as no engine can, and holds its partial last block as the engine
-    does) over the schedule (own accesses) of EVERY
+    running request's blocks, as no engine can, and holds its partial last block as the offline
+    replay does: it reserves prompt + max_tokens at admission) over the schedule (own accesses) of EVERY
     configuration of CONFIGS at this tier (device only, or with the host tier), lru/ca included.
     The set is fixed, so the reference does not depend on which runs a caller compares; adding a
     schedule can only raise it. Returns {"hit_rate", "schedule": the configuration whose schedule

@@ -20,7 +20,8 @@ more distinct blocks), the "documented bound" of issue 8. `capacity=None` is the
 `belady_pinned` is the same choice under the engine's constraints the plain oracle ignores: a
 running request's blocks stay resident from its admission to its end (`Access.ended_before`),
 so only blocks no running request holds can be evicted; and a running request holds every device
-block the engine gave it (`Access.footprint`), its partial last block included: no hash names
+block the offline replay gave it (`Access.footprint`; the replay reserves prompt + max_tokens at
+admission, the live engine grows block by block), its partial last block included: no hash names
 that one and no later prompt reads it, so the named blocks alone undercount the engine's use (by
 one block a running request: 4-5% of the quick workload's 21-23-block device). When pins alone
 exceed the capacity it
