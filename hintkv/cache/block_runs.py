@@ -190,10 +190,10 @@ class BlockRuns:
         node = group.node if group is not None else None
         if node is None or not node.count:
             node = self._nodes.get(gid)
+            if group is not None:
+                group.node = node  # (None: a dropped node is not kept alive nor read again)
             if node is None:
                 return False
-            if group is not None:
-                group.node = node
         old = node.cls
         bucket = self._buckets[old]
         if old == cls:  # back in its class (a request's end): to its back, one bucket read

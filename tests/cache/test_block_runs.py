@@ -116,3 +116,6 @@ def test_a_group_never_moves_its_stale_cached_node() -> None:
     assert runs.move_node(1, 2, False, g)
     assert [(x.block_id, n, c) for x, n, c in runs.items()] == [(1, 1, 2)]
     runs.check_integrity([g])
+    runs.remove(b)  # dropped again, and no other node: the group forgets the dropped one
+    assert not runs.move_node(1, 0, True, g)
+    assert g.node is None
