@@ -62,6 +62,7 @@ class Probe:
         regions.rope = self._timed("rope", regions.rope)
         regions.silu_mul = self._timed("silu_mul", regions.silu_mul)
         model.compute_logits = self._timed("lm_head", model.compute_logits)
+        model.greedy_tokens = self._timed("lm_head", model.greedy_tokens)  # greedy steps: argmax without logits
         from hintkv.models.linear import Linear
 
         for mod in model.modules():

@@ -115,7 +115,14 @@ class ModelRunner:
         rows: list[int] = []  # every logit row needed: one per sequence, k + 1 with drafts
         for (_, s), r in zip(sampling, inputs.sample_rows):
             rows.extend(range(r, r + s.num_spec_tokens + 1))
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        hidden_rows = hidden[torch.tensor(rows, device=self.device)]
+        if len(rows) == len(sampling) and all(s.seq.sampling.greedy for _, s in sampling):
+            tokens = self.model.greedy_tokens(hidden_rows)  # no drafts, all greedy: argmax without logits
+            if tokens is not None:
+                for (i, _), tok in zip(sampling, tokens):
+                    out[i] = [tok]
+                return ModelRunnerOutput(out)
+        logits = self.model.compute_logits(hidden_rows)
         plain = [j for j, (_, s) in enumerate(sampling) if not s.num_spec_tokens]
         first = [0]  # the first logit row of each sampling sequence
         for _, s in sampling:

@@ -5,6 +5,7 @@
     rope.py            rotate-half RoPE with default / linear / llama3 scaling
     llama.py           LlamaForCausalLM: forward(ids, positions, meta, kv_caches), compute_logits,
                        load_state_dict_hf (fused qkv and gate_up), prepare(quantization), compile()
+    greedy_head.py     a greedy step's tokens without the logits: int8-screened LM head, exact float argmax
     linear.py          how every GEMM runs: dense | mkl (packed, CPU float32) | w8a8 (torch._int_mm)
     compile.py         the step's element-wise regions, eager in place or torch.compile'd (eager fallback)
     loader.py          load_model(spec, dtype, device, seed, quantization) -> LoadedModel

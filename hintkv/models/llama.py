@@ -22,6 +22,7 @@ from hintkv.models.attention import AttentionMetadata, paged_attention
 from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, compile_regions
 from hintkv.models.config import ModelConfig
+from hintkv.models.greedy_head import GreedyHead
 from hintkv.models.linear import (
     KERNELS,
     Linear,
@@ -112,6 +113,7 @@ class LlamaForCausalLM(nn.Module):
         use_cpp = torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_kernels.enabled()
         self.regions = cpu_kernels.regions() if use_cpp else Regions()
         self._lm_head_kernel: LinearKernel = LinearKernel(self.lm_head, None)
+        self._greedy_head = GreedyHead(self.lm_head)
 
     @property
     def device(self) -> torch.device:
@@ -145,6 +147,8 @@ class LlamaForCausalLM(nn.Module):
         self._lm_head_kernel = KERNELS[head](self.lm_head, None)
         counts[head] = counts.get(head, 0) + 1
         self.quantization = quantization
+        if quantization is None:
+            self._greedy_head.refresh()  # its int8 copy now, not in the first request's step
         return counts
 
     def compile(self) -> Regions:
@@ -163,6 +167,11 @@ class LlamaForCausalLM(nn.Module):
         """
         self._lm_head_kernel.refresh()
         return self._lm_head_kernel(hidden).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
+        """[N, hidden] -> each row's argmax token without computing the logits (`greedy_head.py`, CPU
+        float32), or None where that does not apply (w8a8's head: its argmax is of its own logits)."""
+        return self._greedy_head(hidden) if self.quantization is None else None
 
     @torch.inference_mode()
     def load_state_dict_hf(self, sd: dict[str, torch.Tensor]) -> None:

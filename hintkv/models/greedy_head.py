@@ -1,0 +1,79 @@
+"""Greedy decoding's LM head: each row's argmax of x W^T without reading the float weight whole.
+
+A greedy step needs one token per row, not the logits. On a CPU the LM head is the largest GEMM of a
+decode step and it is bound by the bytes it reads (dummy:tiny: 49152 x 512 float32 = 100 MB, ~37% of a
+one-row step's CPU time); vLLM reads all of it. Here an int8 copy (per-row scale, a quarter of the
+bytes) and x quantised per row give approximate logits through integer dot products (AVX-512 VNNI)
+with a proved error bound, and only the rows whose bound reaches the best lower bound are recomputed
+in float32 (`csrc/greedy_head.cpp` says how):
+
+    |x . w_r - a_r| <= |x|_1 err_r + |x - x~|_1 127 scale_r,   err_r = max_i |w_ri - scale_r q_ri| + float's margin
+
+so the true argmax is always among the recomputed rows, and the answer is the float32 argmax (as
+exact as the full GEMM's: both are float32 dot products; a tie within float rounding may differ).
+
+    GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI, finite weight (int8 copy made)
+    GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from hintkv.models import cpu_ext, cpu_kernels
+
+_SOURCE = (Path(__file__).parent / "csrc" / "greedy_head.cpp").read_text()
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
+
+
+def ops() -> ModuleType | None:
+    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_vnni"], _CFLAGS)
+
+
+def quantise_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 rows, per-row scale, per-row error bound err_r, int32 row sums) of a float32 weight [V, H]."""
+    w = w.detach().float()
+    amax = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = amax / 127
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    resid = (w - q.float() * scale[:, None]).abs().amax(dim=1)
+    # both dot products (int8 approximate, float exact) round: each is within H * 2^-24 * |x|_1 * amax
+    # of the real value (Higham's gamma_H); 2^-22 doubles that margin once more
+    err = resid + amax * (w.shape[1] * 2.0 ** -22)
+    return q.contiguous(), scale.contiguous(), err.contiguous(), q.sum(dim=1, dtype=torch.int32)
+
+
+class GreedyHead:
+    """The screened argmax of one LM-head weight; re-prepared when the weight changes (like linear.py's kernels)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self._key: tuple[int, int] | None = None
+        self._prepared: tuple[torch.Tensor, ...] | None = None
+
+    def applies(self) -> bool:
+        """CPU float32 and the C++ kernels on (HINTKV_CPU_KERNELS), built with VNNI; HINTKV_GREEDY_HEAD=0 turns it off."""
+        w = self.weight
+        return (w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous()
+                and os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0" and cpu_kernels.enabled()
+                and ops() is not None and ops().has_vnni())
+
+    def refresh(self) -> bool:
+        """Prepare the int8 copy if the weight changed; False when the screen cannot serve it."""
+        key = (self.weight.data_ptr(), self.weight._version)
+        if key != self._key:
+            self._key = key
+            self._prepared = quantise_rows(self.weight) if self.applies() and bool(
+                torch.isfinite(self.weight).all()) else None
+        return self._prepared is not None
+
+    @torch.inference_mode()
+    def __call__(self, hidden: torch.Tensor) -> list[int] | None:
+        if hidden.dtype != torch.float32 or hidden.dim() != 2 or not self.refresh():
+            return None
+        out = ops().screened_argmax(hidden.contiguous(), *self._prepared, self.weight)
+        return out if len(out) == hidden.shape[0] else None  # empty: a non-finite row
