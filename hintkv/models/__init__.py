@@ -6,7 +6,9 @@
     llama.py           LlamaForCausalLM: forward(ids, positions, meta, kv_caches), compute_logits,
                        load_state_dict_hf (fused qkv and gate_up), prepare(quantization), compile()
     greedy_head.py     a greedy step's tokens without the logits: int8-screened LM head, exact float argmax
-    linear.py          how every GEMM runs: dense | mkl (packed, CPU float32) | w8a8 (torch._int_mm)
+    linear.py          how every GEMM runs: dense | mkl (CPU float32: gemv_cpu.py's C++ for <= 12 rows, else
+                       MKL-packed) | w8a8 (torch._int_mm)
+    gemv_cpu.py        few-row float32 GEMMs in C++ (decode steps): W read where it lies, prefetched
     compile.py         the step's element-wise regions, eager in place or torch.compile'd (eager fallback)
     loader.py          load_model(spec, dtype, device, seed, quantization) -> LoadedModel
     gguf_loader.py     llama.cpp GGUF: dequantize, undo Q/K permutation, BPE tokenizer from metadata

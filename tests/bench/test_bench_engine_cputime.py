@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 
+import torch
+
 from hintkv.bench.engine_cputime import REGIONS, Probe, main
 from hintkv.bench.engine_measure import Workload
 from hintkv.bench.engine_servers import hintkv_spec, server_threads
@@ -27,7 +29,12 @@ def test_regions_are_parts_of_the_step_and_the_step_still_generates():
     assert sum(r.get(x, 0.0) for x in REGIONS) <= r["step"]
     with p.module_timers():
         steps = p.decode(2, 3)
-    assert len(steps) == 3 and all(s.get("sample", 0.0) > 0 and s.get("attention", 0.0) > 0 for s in steps)
+    # greedy rows: the sampler runs only where the LM head's screen does not (greedy_head.py), and that
+    # screen's time is the LM head's
+    model = p.engine.runner.model
+    screened = model.greedy_tokens(torch.zeros(1, model.config.hidden_size)) is not None
+    assert len(steps) == 3 and all(s.get("attention", 0.0) > 0 and s.get("lm_head", 0.0) > 0 for s in steps)
+    assert all((s.get("sample", 0.0) > 0) != screened for s in steps)
     assert all(sum(s.get(x, 0.0) for x in REGIONS) <= s["step"] for s in steps)
     assert not p.engine.has_work()
 

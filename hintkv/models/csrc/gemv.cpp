@@ -1,0 +1,88 @@
+// Few-row float32 GEMMs on a CPU (gemv_cpu.py): y [M, N] = x [M, K] W^T (+ b) for M <= 12 rows (decode
+// steps, short verifies), W [N, K] read where it lies, row-major.
+//
+// Such a step reads every weight once and does little arithmetic per byte, so it is bound by memory:
+// MKL's packed GEMM read dummy:tiny's layer weights at ~9 GB/s where its LM head (one 100 MB GEMM)
+// reached ~18, the difference being per-call ramp-up. Here blocks of weight rows are dotted with all
+// x rows at once (R x M independent FMA chains; x stays in L1), and each block prefetches the block
+// PREFETCH_ROWS rows on, because hardware prefetchers stop at every 4 KiB page.
+// gemv(x [M, K] contiguous, w [N, K] contiguous, b [N] or empty) -> y [M, N], all float32.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t PREFETCH_ROWS = 16;
+
+// y[i * ldy + r] = x_i . w_r for R weight rows and M x rows (both of K values, row stride K)
+template <int R, int M>
+inline void dots(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+#if defined(__AVX512F__)
+    __m512 c[R][M];
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < M; ++i) c[r][i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < K; d += 16) {
+        const __mmask16 m = K - d >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - d)) - 1);
+        __m512 xv[M];
+        for (int i = 0; i < M; ++i) xv[i] = _mm512_maskz_loadu_ps(m, x + i * K + d);
+        for (int r = 0; r < R; ++r) {
+            _mm_prefetch(reinterpret_cast<const char*>(w + (r + PREFETCH_ROWS) * K + d), _MM_HINT_T0);
+            const __m512 wv = _mm512_maskz_loadu_ps(m, w + r * K + d);
+            for (int i = 0; i < M; ++i) c[r][i] = _mm512_fmadd_ps(xv[i], wv, c[r][i]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < M; ++i) y[i * ldy + r] = _mm512_reduce_add_ps(c[r][i]);
+#else
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < M; ++i) {
+            float s = 0.f;
+            for (int64_t d = 0; d < K; ++d) s += x[i * K + d] * w[r * K + d];
+            y[i * ldy + r] = s;
+        }
+#endif
+}
+
+// every x row against weight rows [r, r + R)
+template <int R>
+inline void block(const float* x, int64_t M, int64_t K, const float* w, float* y, int64_t N) {
+    int64_t i = 0;
+    if constexpr (R == 8) {
+        if (M == 1) return dots<8, 1>(x, K, w, y, N);  // 8 chains for a lone row
+        for (; i + 4 <= M; i += 4) {
+            dots<4, 4>(x + i * K, K, w, y + i * N, N);
+            dots<4, 4>(x + i * K, K, w + 4 * K, y + i * N + 4, N);
+        }
+    }
+    for (; i < M; ++i) dots<R, 1>(x + i * K, K, w, y + i * N, N);
+}
+
+}  // namespace
+
+torch::Tensor gemv(torch::Tensor x, torch::Tensor w, torch::Tensor b) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32 [M, K]");
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.size(1) == x.size(1),
+                "w must be contiguous float32 [N, K]");
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+    const bool has_b = b.numel() > 0;
+    TORCH_CHECK(!has_b || (b.scalar_type() == torch::kFloat32 && b.is_contiguous() && b.numel() == N), "b must be float32 [N]");
+    auto y = torch::empty({M, N}, x.options());
+    const float* xp = x.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const int64_t nb = N / 8;
+    at::parallel_for(0, nb + 1, 16, [&](int64_t b0, int64_t b1) {
+        for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t r = blk * 8;
+            if (blk < nb) block<8>(xp, M, K, wp + r * K, yp + r, N);
+            else
+                for (int64_t rr = r; rr < N; ++rr) block<1>(xp, M, K, wp + rr * K, yp + rr, N);
+        }
+    });
+    if (has_b) y.add_(b);
+    return y;
+}
