@@ -136,12 +136,17 @@ class CostModel:
         """One forward: prefill `chunks` as (new, cached) plus one token for each decode."""
         over = self.profile.step_overhead_ms
         if not chunks:
-            if not decode_contexts:
-                return 0.0
-            return over + self.decode_ms(len(decode_contexts), sum(decode_contexts) // len(decode_contexts))
+            return self.decode_step_ms(len(decode_contexts), sum(decode_contexts))
         total = sum(n for n, _ in chunks) + len(decode_contexts)
         return (over + self.cold_ms(total) + sum(self.attn_ms(n, c) for n, c in chunks)
                 + sum(self.kv_read_ms(c) for c in decode_contexts))
+
+    def decode_step_ms(self, batch: int, context_sum: int) -> float:
+        """A decode-only step of `batch` sequences whose contexts sum to `context_sum` (what
+        `step_ms((), contexts)` gives; a decode stretch's steps need only the batch and the sum)."""
+        if batch <= 0:
+            return 0.0
+        return self.profile.step_overhead_ms + self.decode_ms(batch, context_sum // batch)
 
     # ---- copies --------------------------------------------------------------------------
     def transfer_ms(self, src: str, dst: str, nbytes: int) -> float:

@@ -88,12 +88,13 @@ def plan(eng: SimEngine, sched: SchedulerOutput, ms0: float, token: int) -> Stre
         return None
     due = sch.sam.next_due() if sch.sam is not None else math.inf
     ms = [ms0]
-    costs = eng.costs
+    step_ms = eng.costs.decode_step_ms
+    batch, total = len(contexts), sum(contexts)
     for i in range(1, k):
         t = times[i]
         if t >= due or (spm is not None and not spm.quiet(t)):
             break
-        m = costs.step_ms((), [c + i for c in contexts])
+        m = step_ms(batch, total + i * batch)  # = costs.step_ms((), [c + i for c in contexts]), exactly
         end = t + max(0.0, m / 1e3)
         if end >= nxt:
             break
