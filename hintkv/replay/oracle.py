@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NEVER = float("inf")
 
@@ -44,6 +44,8 @@ NEVER = float("inf")
 class OracleResult:
     prompt_tokens: int
     hit_tokens: int
+    # each access's hit tokens, in access order (`belady` only; the sim's per-call TTFT bound)
+    access_hit_tokens: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def hit_rate(self) -> float:
@@ -61,10 +63,12 @@ def belady(accesses: Sequence, capacity_blocks: int | None, block_size: int) -> 
     depth: dict[bytes, int] = {}
     heap: list[tuple[float, int, bytes]] = []  # (-next read, -depth, hash), lazily invalidated
     hit_tokens = prompt_tokens = 0
+    per: list[int] = []
 
     for i, a in enumerate(accesses):
         prompt_tokens += a.prompt_tokens
-        hit_tokens += _resident_run(a.prompt, resident) * block_size
+        per.append(_resident_run(a.prompt, resident) * block_size)
+        hit_tokens += per[-1]
         for d, h in enumerate(_unique(a.prompt, a.written)):
             nxt = _next_read(reads, h, i)
             resident[h] = nxt
@@ -75,7 +79,7 @@ def belady(accesses: Sequence, capacity_blocks: int | None, block_size: int) -> 
                 neg, negd, h = heapq.heappop(heap)
                 if resident.get(h) == -neg and depth.get(h) == -negd:
                     del resident[h]
-    return OracleResult(prompt_tokens, hit_tokens)
+    return OracleResult(prompt_tokens, hit_tokens, tuple(per))
 
 
 def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> OracleResult:
