@@ -64,6 +64,21 @@ def test_mixed_step_and_copies():
     assert cm.exposed_copy_ms(gb) < 0.2 * gb  # the calibration shows the reload hides behind compute
 
 
+def test_a_decode_step_from_its_batch_and_context_sum_is_the_step_exactly():
+    """`decode_step_ms(batch, sum)` is what a decode stretch asks per step; it must be
+    `step_ms((), contexts)` to the last bit, or a stretch's report drifts from stepping each."""
+    import random
+
+    rnd = random.Random(7)
+    for name in ("h200-llama3-8b", "h200-llama3-70b"):
+        cm = CostModel(load_profile(name))
+        for _ in range(300):
+            ctx = [rnd.randrange(1, 400_000) for _ in range(rnd.randrange(1, 300))]
+            want = cm.profile.step_overhead_ms + cm.decode_ms(len(ctx), sum(ctx) // len(ctx))
+            assert cm.decode_step_ms(len(ctx), sum(ctx)) == cm.step_ms((), ctx) == want
+        assert cm.decode_step_ms(0, 0) == cm.step_ms((), ()) == 0.0
+
+
 def test_profile_round_trips_through_json(tmp_path):
     p = load_profile("h200-llama3-70b")
     p.save(tmp_path / "p.json")
