@@ -73,7 +73,8 @@ def belady(accesses: Sequence, capacity_blocks: int | None, block_size: int) -> 
             nxt = _next_read(reads, h, i)
             resident[h] = nxt
             depth[h] = d
-            heapq.heappush(heap, (-nxt, -d, h))
+            if capacity_blocks is not None:  # unbounded: nothing is ever evicted
+                heapq.heappush(heap, (-nxt, -d, h))
         if capacity_blocks is not None:
             while len(resident) > capacity_blocks:
                 neg, negd, h = heapq.heappop(heap)

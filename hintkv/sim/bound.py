@@ -50,20 +50,28 @@ def ttft_bound_s(costs: CostModel, accesses: Sequence, capacity_blocks: int | No
     """Mean TTFT with each call's prefill alone at Belady's hits for `accesses` at the capacity."""
     if not accesses:
         return None
-    hits = belady(accesses, capacity_blocks, block_size).access_hit_tokens
+    return bound_at_hits_s(costs, accesses, belady(accesses, capacity_blocks, block_size).access_hit_tokens,
+                           budget)
+
+
+def bound_at_hits_s(costs: CostModel, accesses: Sequence, hits: Sequence[int], budget: int) -> float | None:
+    """Mean TTFT with each call's prefill alone at the given hits (one per access, in order)."""
+    if not accesses:
+        return None
     return sum(prefill_alone_s(costs, a.prompt_tokens, h, budget)
                for a, h in zip(accesses, hits, strict=True)) / len(accesses)
 
 
-def ttft_bounds(costs: CostModel, results: dict, oracle_schedules: dict[str, str], capacities: dict[str, int],
-                block_size: int, budget: int) -> dict[str, float]:
-    """The TTFT bounds a report prints: at the oracle with the most tiers that ran (its best
-    schedule's access order and its capacity), and at compulsory misses (the same order)."""
+def ttft_bounds(costs: CostModel, results: dict, oracle_schedules: dict[str, str],
+                oracle_hits: dict[str, Sequence[int]], block_size: int, budget: int) -> dict:
+    """The TTFT bounds a report prints: at the oracle with the most tiers that ran (its per-access
+    hits on its best schedule's access order, `oracle_hits`), and at compulsory misses (the same
+    order, an unbounded cache)."""
     name = next((n for n in ("oracle+pool", "oracle+host") if n in oracle_schedules), None)
     if name is None:
         return {}
     accesses = results[oracle_schedules[name]].accesses
-    return {"oracle": name, "bound_s": ttft_bound_s(costs, accesses, capacities[name], block_size, budget),
+    return {"oracle": name, "bound_s": bound_at_hits_s(costs, accesses, oracle_hits[name], budget),
             "compulsory_s": ttft_bound_s(costs, accesses, None, block_size, budget)}
 
 

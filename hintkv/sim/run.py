@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                                      max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode)
     oracles: dict[str, float] = {}
     oracle_schedules: dict[str, str] = {}  # oracle -> the run whose access order gave it
+    oracle_hits: dict[str, tuple[int, ...]] = {}  # oracle -> each access's hits in that order
     rows = [_row(r, scheduling[n]) for n, r in results.items()]
     blocks = device_tokens // args.block_size
     per = {"oracle": 1, "oracle+host": 1 + HOST_FACTOR, "oracle+pool": 1 + HOST_FACTOR + POOL_FACTOR}
@@ -204,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         if name in ORACLES:
             cap = caps[name]
             # the best Belady over every run's own access order (a schedule reads blocks in its own order)
-            oracles[name], oracle_schedules[name] = max(  # a tie keeps the first run's name (lru's)
-                ((belady(r.accesses, cap, args.block_size).hit_rate, n) for n, r in results.items()),
-                key=lambda x: x[0])
+            best, oracle_schedules[name] = max(  # a tie keeps the first run's name (lru's)
+                ((belady(r.accesses, cap, args.block_size), n) for n, r in results.items()),
+                key=lambda x: x[0].hit_rate)
+            oracles[name], oracle_hits[name] = best.hit_rate, best.access_hit_tokens
             rows.append({"config": name, "calls": len(results["lru"].accesses), "hit_rate": oracles[name]})
     print(f"hintkv sim --profile {profile.name}: {args.users} users, {args.instances} instance(s), "
           f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nthe TTFT with each call's own prefill alone split out (mean s per call: alone_s = its uncached "
           "tokens at its own hits alone on the instance; beside_s = the rest of its forward steps' time)")
     print_table(alone, list(alone[0]))
-    bounds = ttft_bounds(costs, results, oracle_schedules, caps, args.block_size, budget)
+    bounds = ttft_bounds(costs, results, oracle_schedules, oracle_hits, args.block_size, budget)
     if bounds:
         print(f"TTFT bound (each call's own prefill alone): {bounds['bound_s']:.4f} s at {bounds['oracle']}'s "
               f"hits, {bounds['compulsory_s']:.4f} s at compulsory misses")
