@@ -81,6 +81,11 @@ class EngineConfig:
         "fcfs", "admission order: fcfs (vLLM) | cache-aware (resident prefix first, room reserved to the end) "
         "| short-first (least uncached prefill first, aged; long prefills share the step with waiting ones)"
     )
+    load_timing: str = _opt(
+        "same-step", "when a request whose prefix a lower tier holds computes: same-step (wait for the "
+        "load inside the step that starts it when the wait costs the step's others less than the step "
+        "it saves) | next-step (the first step after the load lands)"
+    )
     offload_mode: str = _opt(
         "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "
         "copy as a cached block that is evicted with no write when room is needed) | eager (drop "
@@ -182,6 +187,10 @@ class EngineConfig:
 
         if self.scheduling_policy not in admission_names():
             raise ValueError(f"scheduling_policy must be one of {admission_names()}, not {self.scheduling_policy!r}")
+        from hintkv.engine.load_timing import load_timing_names  # light: no torch
+
+        if self.load_timing not in load_timing_names():
+            raise ValueError(f"load_timing must be one of {load_timing_names()}, not {self.load_timing!r}")
         from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES  # light: no torch
 
         if self.offload_mode not in OFFLOAD_MODES:

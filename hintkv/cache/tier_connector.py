@@ -297,6 +297,22 @@ class TierConnector:
     def load_ready(self, key: str) -> bool:
         return self._loads[key].ready(self.clock())
 
+    def load_tiers(self, key: str) -> list[str]:
+        """The tier each block of `key`'s pending load comes from."""
+        return self._loads[key].tiers
+
+    def wait_load(self, key: str, timeout_s: float) -> bool:
+        """Block until `key`'s load has landed or `timeout_s` passes (a copy in real time only:
+        `Mover.real_time`; else False at once). True: it landed (`finish_load` takes it)."""
+        batch = self._loads[key].batch
+        if not self.stack.mover.real_time:
+            return False
+        if not batch.done() and timeout_s > 0:
+            t0 = time.perf_counter()
+            wait([batch], timeout=timeout_s)
+            self.counters.load_wait_s += time.perf_counter() - t0
+        return batch.done()
+
     def finish_load(self, key: str) -> tuple[int, list[str]]:
         """Scatter the leading run of good blocks of a ready load into the device; returns
         (blocks loaded, their tiers). The caller registers them and advances its sequence."""

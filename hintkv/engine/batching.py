@@ -8,7 +8,9 @@ Two passes over the scheduler's queues, both called from `Scheduler.schedule`:
   list when blocks run out; a prefill may yield to a better waiting candidate or take part of
   its chunk (the admission policy's `yields`/`cap`).
 - `admit_waiting`: waiting sequences in the admission policy's order while budget, sequence
-  slots and blocks allow; a prefix that continues in a lower tier is loaded first (LOADING).
+  slots and blocks allow; a prefix that continues in a lower tier is loaded first (LOADING);
+  `land_new_loads` then waits for those loads as the load timing allows (`engine.load_timing`:
+  `same-step` computes a host hit in the step its load starts) and schedules the ones that landed.
 
 Speculative drafts come last (`add_drafts`), from what the step's real tokens left: a rejected
 draft never displaces a real decode token, a prefill chunk or an admission.
@@ -139,6 +141,33 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
         at += 1
         out.scheduled.append(ScheduledSeq(seq, n))
         budget -= n
+    return budget
+
+
+def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: list[Sequence]) -> int:
+    """Loads started by this step's admissions (`started`): wait for each as long as the load
+    timing allows (`engine.load_timing`) and compute the ones that landed in this step, with what
+    the budget leaves; the others stay LOADING. Returns the budget left."""
+    kv, timing = sch.kv, sch.load_timing
+    for seq in started:
+        if budget <= 0:
+            break
+        limit = timing.wait_limit(kv.tiers.load_tiers(seq.request_id), kv.tiers.costs, out)
+        if limit <= 0 or not kv.tiers.wait_load(seq.request_id, limit):
+            continue
+        now = sch.clock()
+        out.started = now  # the wait is not the forward pass (ttft.stepped, the step costs)
+        kv.finish_load(seq)
+        ttft.loaded(seq, now)
+        sch.loading.remove(seq)
+        seq.status = SeqStatus.RUNNING
+        sch.running.append(seq)
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if kv.can_append(seq, n):
+            kv.append(seq, n)
+            seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
     return budget
 
 

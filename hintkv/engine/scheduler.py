@@ -44,6 +44,7 @@ from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, Sessi
 from hintkv.config import EngineConfig
 from hintkv.engine import batching, step_update, ttft
 from hintkv.engine.admission import AdmissionPolicy, make_admission
+from hintkv.engine.load_timing import make_load_timing
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from hintkv.engine.request_metrics import request_metrics
 from hintkv.engine.sequence import SeqStatus, Sequence
@@ -61,8 +62,9 @@ class Scheduler:
                  sam: SessionAwareManager | None = None, hints: bool = True,
                  eos_token_ids: Iterable[int] = (),
                  max_model_len: int | None = None, clock: Clock = time.monotonic,
-                 admission: AdmissionPolicy | str = "fcfs") -> None:
+                 admission: AdmissionPolicy | str = "fcfs", load_timing: str = "next-step") -> None:
         self.kv = kv
+        self.load_timing = make_load_timing(load_timing)  # when a lower-tier hit computes
         self.admission = (make_admission(admission, max_model_len=max_model_len)
                           if isinstance(admission, str) else admission)
         self.sam = sam
@@ -100,7 +102,7 @@ class Scheduler:
         sam.predict_resume = cfg.hints
         return cls(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, sam=sam, hints=cfg.hints,
                    eos_token_ids=eos_token_ids, max_model_len=max_model_len, clock=clock,
-                   admission=cfg.scheduling_policy)
+                   admission=cfg.scheduling_policy, load_timing=cfg.load_timing)
 
     @property
     def sessions(self) -> SessionRegistry | None:
@@ -201,7 +203,10 @@ class Scheduler:
         budget, i = batching.schedule_running(self, out, budget, 0, capped)
         if not out.preempted:
             yielded = len(self.running) - i  # prefills behind a better waiting candidate (or no budget)
+            loads = len(self.loading)
             budget = batching.admit_waiting(self, out, budget, at=i)
+            if len(self.loading) > loads:  # loads this step started: computed now if they land
+                budget = batching.land_new_loads(self, out, budget, self.loading[loads:])
             for s in capped:  # what the admissions left goes back to the capped prefills
                 extra = min(s.seq.num_tokens - s.seq.num_computed_tokens - s.num_new_tokens, budget)
                 if extra > 0 and self.kv.can_append(s.seq, s.num_new_tokens + extra):

@@ -48,6 +48,8 @@ class _SimFuture(Future):
 
 
 class VirtualMover(Mover):
+    real_time = False  # copies complete on the event clock: nothing may block on one
+
     def __init__(self, clock: EventClock, costs: CostModel, real_block_bytes: int) -> None:
         # No thread pool, no CUDA stream: everything happens on the event clock.
         self._clock = clock

@@ -82,6 +82,8 @@ def gather(futures: list[Future[bool]]) -> Future[list[bool]]:
 class Mover:
     """Thread pool (+ CUDA copy stream) that runs transfers and counts them per direction."""
 
+    real_time = True  # its copies complete in real time: the engine may block on one
+
     def __init__(self, num_workers: int = 2, use_cuda_stream: bool | None = None) -> None:
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")

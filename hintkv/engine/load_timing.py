@@ -1,0 +1,85 @@
+"""When a sequence whose prefix a lower tier holds computes: in the step its load starts, or later.
+
+    timing = make_load_timing("same-step")
+    limit = timing.wait_limit(n_blocks, tiers, costs, out)  # seconds this step may wait; 0: don't
+
+A sequence admitted with a prefix held below (host, disk) is LOADING while its blocks come back
+(`batching.admit_waiting`); it takes no budget in that step.
+
+- `next-step`: it computes in the first step after its load landed. The copy overlaps the
+  current step's forward pass, and the sequence waits for the rest of that step: a host hit of a
+  few milliseconds of copying waits a whole step (beside a running decode, 62.8 ms of a 333 ms
+  TTFT: tenth session, in-process).
+- `same-step` (the default; what a synchronous KV connector does, e.g. LMCache's retrieve before
+  vLLM's forward): the step waits for the load inside `schedule()` and computes the sequence in
+  that step, when the wait costs the step's other sequences less than the step it saves: each
+  of the k sequences already in the step waits w, the loaded one gains one step (at least the
+  step's own forward time F), so it waits only while k·w <= F, with w and F from the tier
+  connector's measured costs (bandwidth per tier, prefill seconds per token; F counts the
+  step's batched tokens only, which undervalues a decode step: the rule errs on not waiting).
+  With nothing else in the step the engine would idle for the load anyway: it waits up to a
+  few times the expected copy (at least the engine's own idle wait). A load not landed by the limit stays LOADING and computes in a
+  later step, exactly as `next-step`.
+
+Only a mover whose copies run in real time can be waited for (`Mover.real_time`): the
+simulator's copies complete on its event clock, so there every policy acts as `next-step`.
+New policies register with `@register_load_timing("name")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hintkv.cache.tier_costs import TransferCosts
+    from hintkv.engine.outputs import SchedulerOutput
+
+IDLE_WAIT_FACTOR = 3.0  # nothing else in the step: wait up to this many expected copies,
+IDLE_MIN_WAIT_S = 0.05  # and at least as long as an idle engine waits for loads (LLMEngine.step)
+
+_REGISTRY: dict[str, Callable[[], LoadTiming]] = {}
+
+
+def register_load_timing(name: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+    return deco
+
+
+def load_timing_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_load_timing(name: str) -> LoadTiming:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"unknown load timing {name!r} (known: {', '.join(load_timing_names())})") from None
+
+
+class LoadTiming:
+    name = "base"
+
+    def wait_limit(self, tiers: list[str], costs: TransferCosts, out: SchedulerOutput) -> float:
+        """Seconds the step being scheduled (`out`, so far) may wait for a load of one block
+        from each of `tiers` before its forward pass; 0: leave it for a later step."""
+        return 0.0
+
+
+@register_load_timing("next-step")
+class NextStep(LoadTiming):
+    pass
+
+
+@register_load_timing("same-step")
+class SameStep(LoadTiming):
+    def wait_limit(self, tiers: list[str], costs: TransferCosts, out: SchedulerOutput) -> float:
+        expected = sum(costs.load_s(t) for t in tiers)
+        others = len(out.scheduled)
+        if not others:
+            return max(IDLE_WAIT_FACTOR * expected, IDLE_MIN_WAIT_S)
+        limit = costs.prefill_s_per_token * out.num_batched_tokens / others
+        return limit if expected <= limit else 0.0

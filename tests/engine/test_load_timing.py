@@ -1,0 +1,128 @@
+"""Load timing (`engine/load_timing.py`) on the real scheduler, KV manager and host tier, no model:
+`same-step` computes a host hit in the step its load starts; it leaves a load the step cannot
+afford to wait for (or `next-step` leaves every load) to a later step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintkv.cache.hashing import hash_blocks, namespace_root
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.tier_connector import TierConnector
+from hintkv.config import EngineConfig
+from hintkv.engine.load_timing import load_timing_names
+from hintkv.engine.outputs import ModelRunnerOutput
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.types import SamplingParams
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.host import HostTier
+from hintkv.tiers.stack import TierStack
+
+BS = 4
+ROOT = namespace_root("test", "float32", BS, None)
+GENEROUS_S_PER_TOKEN = 1.0  # the step's estimated forward: seconds per batched token (a long wait allowed)
+
+
+def _setup(timing: str):
+    kv = KVCacheManager(16, BS, make_policy("lru", sessions=SessionRegistry()))
+    io = DeviceBlockIO([torch.zeros(2, 16, BS, 1, 2) for _ in range(2)])
+    stack = TierStack([HostTier(io.layout, 16 * io.layout.nbytes)])
+    kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=False)
+    kv.tiers.costs.prefill_s_per_token = GENEROUS_S_PER_TOKEN
+    return Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, load_timing=timing), kv, io, stack
+
+
+def _seq(rid: str, tokens: list[int]) -> Sequence:
+    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=2), ROOT)
+
+
+def _store(stack, io, tokens: list[int], num_blocks: int) -> list[torch.Tensor]:
+    hashes = hash_blocks(ROOT, tokens, BS)[:num_blocks]
+    payloads = [torch.full(io.layout.shape, float(i + 1)) for i in range(num_blocks)]
+    assert all(f.result() for f in stack.store(list(zip(hashes, payloads))))
+    stack.flush()
+    return payloads
+
+
+def _running_decode(sched: Scheduler) -> Sequence:
+    """A sequence past its prompt, decoding (so the step has another sequence in it)."""
+    b = _seq("b", list(range(100, 106)))
+    sched.add_request(b)
+    out = sched.schedule()
+    assert [s.seq for s in out.scheduled] == [b]
+    sched.update_from_output(out, ModelRunnerOutput.from_tokens([7]))
+    assert b.num_output_tokens == 1 and b.status is SeqStatus.RUNNING
+    return b
+
+
+def test_same_step_computes_a_host_hit_in_the_step_its_load_starts():
+    sched, kv, io, stack = _setup("same-step")
+    b = _running_decode(sched)
+    a = _seq("a", list(range(13)))
+    payloads = _store(stack, io, a.token_ids, 3)
+    sched.add_request(a)
+    out = sched.schedule()
+    assert a.status is SeqStatus.RUNNING
+    assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"b": 1, "a": 1}
+    assert a.num_computed_tokens == 12 and a.num_cached_tokens == 12
+    assert kv.hit_tokens_by_tier == {"device": 0, "host": 12}
+    got = torch.empty((3, *io.layout.shape))
+    io.read([blk.block_id for blk in a.block_table[:3]], got)
+    assert all(torch.equal(got[i], p) for i, p in enumerate(payloads))
+    assert out.started >= a.ttft_mark - a.ttft.load_s  # the step starts after the wait
+    assert a.ttft.load_s >= 0 and a.ttft.compute_s == 0
+    assert b.status is SeqStatus.RUNNING
+    sched.check_integrity()
+    stack.close()
+
+
+def test_same_step_leaves_a_load_the_step_cannot_afford_for_a_later_step():
+    """The expected copy (2 s a block, 6 s for the three: still cheaper than recomputing, 4 s a
+    block) costs the decode beside it more than the step it saves (1 s of estimated forward for
+    its one token): no wait; the load lands and computes in a later step."""
+    sched, kv, io, stack = _setup("same-step")
+    kv.tiers.costs.bandwidth["host"] = io.layout.nbytes / 2.0
+    b = _running_decode(sched)
+    a = _seq("a", list(range(13)))
+    _store(stack, io, a.token_ids, 3)
+    sched.add_request(a)
+    out = sched.schedule()
+    assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [b]
+    assert kv.tiers.counters.load_wait_s == 0
+    for _ in range(100):
+        stack.flush()
+        if kv.load_ready(a):
+            break
+    out = sched.schedule()
+    assert a.status is SeqStatus.RUNNING and a.num_cached_tokens == 12
+    sched.check_integrity()
+    stack.close()
+
+
+def test_next_step_computes_a_host_hit_after_its_load_landed():
+    sched, kv, io, stack = _setup("next-step")
+    a = _seq("a", list(range(13)))
+    _store(stack, io, a.token_ids, 3)
+    sched.add_request(a)
+    out = sched.schedule()
+    assert a.status is SeqStatus.LOADING and out.scheduled == []
+    for _ in range(100):
+        stack.flush()
+        if kv.load_ready(a):
+            break
+    out = sched.schedule()
+    assert a.status is SeqStatus.RUNNING
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1)]
+    sched.check_integrity()
+    stack.close()
+
+
+def test_load_timing_is_validated_at_the_edge():
+    assert {"next-step", "same-step"} <= set(load_timing_names())
+    assert EngineConfig(model="dummy:tiny").load_timing == "same-step"
+    with pytest.raises(ValueError, match="load_timing"):
+        EngineConfig(model="dummy:tiny", load_timing="soon")
