@@ -88,6 +88,22 @@ def test_admission_column_names_what_the_server_runs():
     assert admission_of("lru", ["--scheduling-policy=cache-aware"]) == "cache-aware"
 
 
+def test_the_report_says_which_workload_its_goals_were_computed_on():
+    from hintkv.bench.swarm import goals_workload
+
+    assert goals_workload(None, 1 / 16).startswith("the full workload")
+    assert "smoke test" in goals_workload(3, 1 / 16) and "first 3 calls" in goals_workload(3, 1 / 16)
+
+
+def test_the_next_step_rows_are_their_runs_with_the_old_load_timing():
+    from hintkv.bench.swarm_live import LIVE, LIVE_ADMISSION, LIVE_SERVER_ARGS
+
+    runs = {name: rest for name, *rest in LIVE}
+    for ns, base in (("lru+host/ns", "lru+host"), ("sam+host/ns", "sam+host")):
+        assert runs[ns] == runs[base] and LIVE_ADMISSION[ns] == LIVE_ADMISSION[base]
+        assert LIVE_SERVER_ARGS[ns] == ["--load-timing", "next-step"] and base not in LIVE_SERVER_ARGS
+
+
 @pytest.mark.parametrize("users,seed", [(3, 2), (5, 7)])
 def test_pinned_oracle_bounds_every_run_at_every_capacity_of_the_sweep(users, seed):
     """The headroom goal's reference (`oracle/pinned`: never evicts a running request's blocks) is
