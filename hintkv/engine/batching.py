@@ -144,10 +144,13 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
     return budget
 
 
-def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: list[Sequence]) -> int:
+def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: list[Sequence],
+                   at: int) -> int:
     """Loads started by this step's admissions (`started`): wait for each as long as the load
     timing allows (`engine.load_timing`) and compute the ones that landed in this step, with what
-    the budget leaves; the others stay LOADING. Returns the budget left."""
+    the budget leaves, into the running list from index `at` (before the prefills that yielded:
+    the pass that serves those later must not meet them again); the others stay LOADING. Returns
+    the budget left."""
     kv, timing = sch.kv, sch.load_timing
     for seq in started:
         if budget <= 0:
@@ -161,7 +164,8 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         ttft.loaded(seq, now)
         sch.loading.remove(seq)
         seq.status = SeqStatus.RUNNING
-        sch.running.append(seq)
+        sch.running.insert(at, seq)
+        at += 1
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         if kv.can_append(seq, n):
             kv.append(seq, n)

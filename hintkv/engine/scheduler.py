@@ -205,8 +205,10 @@ class Scheduler:
             yielded = len(self.running) - i  # prefills behind a better waiting candidate (or no budget)
             loads = len(self.loading)
             budget = batching.admit_waiting(self, out, budget, at=i)
-            if len(self.loading) > loads:  # loads this step started: computed now if they land
-                budget = batching.land_new_loads(self, out, budget, self.loading[loads:])
+            if len(self.loading) > loads:  # loads this step started: computed now if they land,
+                # running after the admissions and before the prefills that yielded
+                budget = batching.land_new_loads(self, out, budget, self.loading[loads:],
+                                                 at=len(self.running) - yielded)
             for s in capped:  # what the admissions left goes back to the capped prefills
                 extra = min(s.seq.num_tokens - s.seq.num_computed_tokens - s.num_new_tokens, budget)
                 if extra > 0 and self.kv.can_append(s.seq, s.num_new_tokens + extra):

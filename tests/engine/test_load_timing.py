@@ -27,13 +27,14 @@ ROOT = namespace_root("test", "float32", BS, None)
 GENEROUS_S_PER_TOKEN = 1.0  # the step's estimated forward: seconds per batched token (a long wait allowed)
 
 
-def _setup(timing: str):
-    kv = KVCacheManager(16, BS, make_policy("lru", sessions=SessionRegistry()))
-    io = DeviceBlockIO([torch.zeros(2, 16, BS, 1, 2) for _ in range(2)])
+def _setup(timing: str, num_blocks: int = 16, budget: int = 64, admission: str = "fcfs"):
+    kv = KVCacheManager(num_blocks, BS, make_policy("lru", sessions=SessionRegistry()))
+    io = DeviceBlockIO([torch.zeros(2, num_blocks, BS, 1, 2) for _ in range(2)])
     stack = TierStack([HostTier(io.layout, 16 * io.layout.nbytes)])
     kv.tiers = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=False)
     kv.tiers.costs.prefill_s_per_token = GENEROUS_S_PER_TOKEN
-    return Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, load_timing=timing), kv, io, stack
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=budget, load_timing=timing, admission=admission)
+    return sched, kv, io, stack
 
 
 def _seq(rid: str, tokens: list[int]) -> Sequence:
@@ -99,6 +100,30 @@ def test_same_step_leaves_a_load_the_step_cannot_afford_for_a_later_step():
             break
     out = sched.schedule()
     assert a.status is SeqStatus.RUNNING and a.num_cached_tokens == 12
+    sched.check_integrity()
+    stack.close()
+
+
+def test_a_landed_load_runs_before_the_prefills_that_yielded_and_only_once():
+    """short-first: a long running prefill yields the step to the host hit, which lands in the
+    step; the pass that then gives the yielded prefill what is left must not schedule the landed
+    sequence a second time (it did when the landed one went to the end of the running list: the
+    same KV appended twice, a live engine step failed)."""
+    sched, kv, io, stack = _setup("same-step", num_blocks=32, budget=16, admission="short-first")
+    b = _running_decode(sched)
+    long = _seq("long", list(range(200, 240)))
+    sched.add_request(long)
+    out = sched.schedule()
+    assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"b": 1, "long": 15}
+    a = _seq("a", list(range(13)))
+    _store(stack, io, a.token_ids, 3)
+    sched.add_request(a)
+    out = sched.schedule()
+    ids = [s.seq.request_id for s in out.scheduled]
+    assert a.status is SeqStatus.RUNNING and sorted(ids) == ["a", "b", "long"]
+    assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"b": 1, "a": 1, "long": 14}
+    assert sched.running.index(a) < sched.running.index(long)
+    sched.update_from_output(out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
     sched.check_integrity()
     stack.close()
 
