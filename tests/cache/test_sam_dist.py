@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hintkv.cache.gaps import GapEstimator
 from hintkv.cache.policies import make_policy
-from hintkv.cache.policies.sam import FIRST_BAND, GONE
+from hintkv.cache.policies.sam import FIRST_BAND, GONE, band_class
 from hintkv.cache.sessions import SessionRegistry
 
 
@@ -39,6 +39,25 @@ def test_a_long_wait_predicts_a_long_remaining_wait():
     soon, later = dist.next_use(s, t + 0.5), dist.next_use(s, t + 5.5)
     assert soon < 5.0
     assert later > 50.0
+
+
+def test_a_subclass_prediction_sets_its_waiting_class():
+    """`SAMPolicy.session_class` computes sam's own wait inline; a subclass's `_waiting_next_use`
+    (sam-dist's) must still decide its class. The heavy-tail session above, just done: sam's EWMA
+    mean expects it in ~13 s, sam-dist's residual in ~1.5 s, so they file it in different bands."""
+    reg = SessionRegistry(protect_budget_blocks=100)
+    t = 0.0
+    for g in (1.0, 1.0, 60.0, 1.0, 1.0, 60.0, 1.0, 1.0):
+        _cycle(reg, "s", t, t + 0.5)
+        t += 0.5 + g
+    s = _cycle(reg, "s", t, t + 0.5)
+    sam, dist = make_policy("sam", sessions=reg), make_policy("sam-dist", sessions=reg)
+    q = reg.predicted_turnaround()
+    for now in (t + 0.5, t + 1.0, t + 2.0, t + 5.5):
+        for policy in (sam, dist):  # each class is the band of that policy's own prediction
+            r = policy.next_use(s, now)
+            assert policy.session_class(s, now) == (GONE if r is None else band_class(r, q))
+    assert dist.session_class(s, t + 0.5) > sam.session_class(s, t + 0.5)  # due sooner: a nearer band
 
 
 def test_suspended_session_is_ranked_by_its_return_not_presumed_gone():
