@@ -41,13 +41,14 @@ EvictHook = Callable[[list[Block]], None]
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, policy: EvictionPolicy,
-                 ranking: ClassRanking | None = None) -> None:
+    def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
         if num_blocks < 1:
             raise ValueError("the KV pool needs at least one block")
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.policy = policy
-        self.ranking = ranking if ranking is not None else ClassRanking(policy)
+        # its own ranking, never shared: a group caches ONE pool's node (`Group.node`), so a
+        # second pool's `BlockRuns` on the same ranking would move the first pool's nodes
+        self.ranking = ClassRanking(policy)
         self.ranking.listeners.append(self)
         self._grouped = self.ranking.grouped
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: pop() gives 0 first

@@ -16,8 +16,8 @@ removing a holder is one XOR, so a block's new group is found in O(1); 0 is "nob
 
 Listeners (the device pool) hear `block_moved(h, group, cls)` when a block enters another group
 (head first, so a pool filing each at the front of its group keeps the group tail first); a
-group's class change moves its node in each of `node_orders` (the pool's `BlockRuns`, the tiers' `ClassedLRU`: one node
-per group in its class's bucket), so a session changing state moves one node. The same changes are gathered in
+group's class change moves its node in `node_orders` (the pool's `BlockRuns`: one node per group
+in its class's bucket), so a session changing state moves one node. The same changes are gathered in
 a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
 Runs on the engine thread, under its state lock, like the registry it follows.
 
@@ -91,8 +91,8 @@ class ClassRanking:
         self._pending: tuple[Session, list[int]] | None = None
         self.lazy = True  # False: an arrival moves its groups at once (the reference tests compare)
         self.listeners: list[ClassListener] = []
-        # orders keeping one node per group (the device pool's): a group's class change moves
-        # its node there directly (`move_node`, again: also when it came back to its class)
+        # the device pool's `BlockRuns` (one only: a group caches its node, `Group.node`): a group's
+        # class change moves its node there directly (`move_node`, again: also when back in its class)
         self.node_orders: list[NodeOrder] = []
         self.num_moves = 0  # class changes reported (of a regrouped block or of a whole group)
         self.clock: Callable[[], float] = time.monotonic  # for events that carry no time
