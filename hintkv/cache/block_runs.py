@@ -191,7 +191,8 @@ class BlockRuns:
         if node is None or not node.count:
             node = self._nodes.get(gid)
             if group is not None:
-                group.node = node  # (None: a dropped node is not kept alive nor read again)
+                group.node = node  # (None: a dropped node is not read again; until this lookup
+                # the group kept it alive, with no runs: no blocks held)
             if node is None:
                 return False
         old = node.cls
