@@ -10,7 +10,8 @@ import pytest
 
 from hintkv.replay import belady
 from hintkv.sim.agents import flatten
-from hintkv.sim.run import ONE_INSTANCE_CONFIGS
+from hintkv.sim.bound import bound_at_hits_s
+from hintkv.sim.run import ONE_INSTANCE_CONFIGS, resolve
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, no_cyclic_gc, simulate
 from hintkv.sim.workload import build_workload
 
@@ -174,3 +175,34 @@ def test_zero_serving_time_leaves_each_single_agent_task_its_tool_time(workload,
         assert bound[t.task_id] == pytest.approx(t.e2e_s - serving[t.task_id], abs=1e-6)
     for t in res.tasks:
         assert bound[t.task_id] <= t.e2e_s + 1e-9
+
+
+def test_the_ttft_ceiling_is_each_calls_prefill_alone_at_the_oracle_host_hits(traces, costs, capsys):
+    """The report's `ttft_bounds.bound_s` (the TTFT goal's `ceiling`) recomputed from outside: Belady's
+    per-access hits at the oracle+host capacity on the best run's access order, each call's prefill
+    alone at them. A bound scaled, taken at the device-only oracle's hits or at the wrong budget fails."""
+    from hintkv.cli import main
+
+    budget = 2048  # below the longest uncached tails: the chunking shows in the bound
+    wl = build_workload([traces], 3, 0, 0.05, 6, 6)  # what `hintkv sim` builds from the args below
+    device = _room(wl)  # the device capacity binds, so the device-only oracle hits less
+    assert main(["sim", "--profile", "h200-llama3-8b", "--users", "3", "--seed", "0", "--traces", traces,
+                 "--token-scale", "0.05", "--max-calls", "6", "--max-tasks", "6", "--no-progress",
+                 "--device-tokens", str(device), "--max-num-batched-tokens", str(budget),
+                 "--configs", "lru,sam+hints+host,oracle,oracle+host"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    runs = {n: simulate(wl, resolve(n, last["scheduling"]), costs, device, max_num_batched_tokens=budget)
+            for n in ("lru", "sam+hints+host")}
+    cap = {"oracle": device // 16, "oracle+host": device // 16 * (1 + HOST_FACTOR)}
+    best = runs[last["oracle_schedules"]["oracle+host"]].accesses
+    for name, blocks in cap.items():  # the chosen order is the best one at that capacity
+        assert max(belady(r.accesses, blocks, 16).hit_rate for r in runs.values()) == pytest.approx(
+            last["oracles"][name], abs=1e-12), name
+    hits = {n: belady(best, blocks, 16).access_hit_tokens for n, blocks in cap.items()}
+    want = bound_at_hits_s(costs, best, hits["oracle+host"], budget)
+    bounds = last["ttft_bounds"]
+    assert bounds["oracle"] == "oracle+host"
+    assert bounds["bound_s"] == pytest.approx(want, rel=1e-12)
+    # the check means something: the device-only oracle's hits and the default budget give other bounds
+    assert bound_at_hits_s(costs, best, hits["oracle"], budget) > want * 1.05
+    assert bound_at_hits_s(costs, best, hits["oracle+host"], 8192) < want * 0.995
