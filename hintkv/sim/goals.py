@@ -5,7 +5,8 @@
 Each goal is `{"target", "measured", "met"}` computed from the runs (`bench.common.goal_at_*`);
 the hit-rate, task and TTFT-vs-lru+host goals carry a `ceiling` computed from the runs too (TTFT:
 `sim.bound`, each call's own prefill alone at the oracle's hits; `ceiling_compulsory` at compulsory
-misses, a strict bound); the TTFT goal also carries `compute_share`, which is NOT a bound (see
+misses; both a bound for the engine's budget-filling chunking, on this access order, see
+`sim.bound`); the TTFT goal also carries `compute_share`, which is NOT a bound (see
 `_compute_share_ttft`).
 """
 
