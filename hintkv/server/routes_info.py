@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request, Response
 
 from hintkv.server.api_responses import ModelCard, ModelList
@@ -25,4 +27,7 @@ async def health() -> Response:
 
 @router.get("/metrics", dependencies=[Depends(require_metrics_access)])
 async def metrics(request: Request) -> Response:
-    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)
+    # rendered in a worker thread: the collectors read the engine under its state lock, which a step
+    # holds (a same-step load wait, a long prefill); on the event loop that would stall every stream
+    body = await asyncio.to_thread(server_state(request).metrics.render)
+    return Response(body, media_type=CONTENT_TYPE)

@@ -4,9 +4,11 @@ stream chunk) and the per-request histograms on /metrics."""
 from __future__ import annotations
 
 import json
+import sys
+import threading
 
 import httpx
-from server_testing import BLOCK_SIZE, LiveServer
+from server_testing import BLOCK_SIZE, LiveServer, wait_until
 
 
 def _post(live_server: LiveServer, path: str, body: dict) -> httpx.Response:
@@ -55,3 +57,33 @@ def test_metrics_endpoint_has_request_histograms(live_server):
     assert samples["hintkv_request_peak_kv_blocks_count"] >= 1
     assert "hintkv_request_spec_acceptance_ratio_count" in samples
     assert "hintkv_spec_draft_tokens_total" in samples
+
+
+def _a_thread_waits_in_tier_stats() -> bool:
+    return any(f.f_code.co_name == "tier_stats" and "llm_engine" in f.f_code.co_filename
+               for frame in sys._current_frames().values() for f in _frames(frame))
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def test_a_scrape_waiting_on_the_engine_lock_does_not_stall_the_server(live_server):
+    """A step holds the engine's state lock (a same-step load wait): a /metrics scrape then waits
+    for it, but off the event loop, so every other request is still served (review_policy F1)."""
+    scraped: list[httpx.Response] = []
+    lock = live_server.engine.engine.lock
+    with lock:
+        scrape = threading.Thread(target=lambda: scraped.append(
+            httpx.get(live_server.base_url + "/metrics", headers=live_server.headers, timeout=120)))
+        scrape.start()
+        assert wait_until(_a_thread_waits_in_tier_stats)  # the scrape is blocked on the lock
+        # with the scrape on the event loop this never answers (the deadline is not a timing check)
+        assert httpx.get(live_server.base_url + "/health", timeout=30).status_code == 200
+        r = httpx.get(live_server.base_url + "/v1/models", headers=live_server.headers, timeout=30)
+        assert r.status_code == 200 and not scraped
+    scrape.join(timeout=120)
+    assert scraped and scraped[0].status_code == 200
+    assert "hintkv_prompt_tokens_computed" in scraped[0].text
