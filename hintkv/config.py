@@ -82,9 +82,10 @@ class EngineConfig:
         "| short-first (least uncached prefill first, aged; long prefills share the step with waiting ones)"
     )
     load_timing: str = _opt(
-        "same-step", "when a request whose prefix a lower tier holds computes: same-step (wait for the "
-        "load inside the step that starts it when the wait costs the step's others less than the step "
-        "it saves) | next-step (the first step after the load lands)"
+        "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "
+        "after its load lands) | same-step (opt-in: wait for the load inside the step that starts it "
+        "when the wait costs the step's others less than the step it saves; the wait holds the engine's "
+        "state lock, and no clean A/B shows it faster: docs/benchmarks.md, eleventh session)"
     )
     offload_mode: str = _opt(
         "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "

@@ -4,6 +4,8 @@ afford to wait for (or `next-step` leaves every load) to a later step."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -62,6 +64,8 @@ def _running_decode(sched: Scheduler) -> Sequence:
 
 def test_same_step_computes_a_host_hit_in_the_step_its_load_starts():
     sched, kv, io, stack = _setup("same-step")
+    ticks = itertools.count()
+    sched.clock = lambda: float(next(ticks))  # every reading distinct: the step's start is exact
     b = _running_decode(sched)
     a = _seq("a", list(range(13)))
     payloads = _store(stack, io, a.token_ids, 3)
@@ -74,8 +78,9 @@ def test_same_step_computes_a_host_hit_in_the_step_its_load_starts():
     got = torch.empty((3, *io.layout.shape))
     io.read([blk.block_id for blk in a.block_table[:3]], got)
     assert all(torch.equal(got[i], p) for i, p in enumerate(payloads))
-    assert out.started >= a.ttft_mark - a.ttft.load_s  # the step starts after the wait
-    assert a.ttft.load_s >= 0 and a.ttft.compute_s == 0
+    # the step's forward starts when the load landed (a's mark), not when schedule() began: the
+    # wait is load time (a.ttft.load_s), not the step's forward (ttft.stepped, the step costs)
+    assert out.started == a.ttft_mark and a.ttft.load_s > 0 and a.ttft.compute_s == 0
     assert b.status is SeqStatus.RUNNING
     sched.check_integrity()
     stack.close()
@@ -148,6 +153,6 @@ def test_next_step_computes_a_host_hit_after_its_load_landed():
 
 def test_load_timing_is_validated_at_the_edge():
     assert {"next-step", "same-step"} <= set(load_timing_names())
-    assert EngineConfig(model="dummy:tiny").load_timing == "same-step"
+    assert EngineConfig(model="dummy:tiny").load_timing == "next-step"  # same-step is opt-in
     with pytest.raises(ValueError, match="load_timing"):
         EngineConfig(model="dummy:tiny", load_timing="soon")
