@@ -60,6 +60,7 @@ from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.cache.policies import policy_names
 from hintkv.replay import OfflineConfig
 from hintkv.workload.live import LiveResult
+from hintkv.workload.program import Workload
 from hintkv.workload.traces import Scale
 from hintkv.workload.users import KINDS, build_workload
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nwhere the live TTFT went (mean seconds per call; other_s: HTTP and tokenizing):")
         print_table(breakdown, BREAKDOWN_COLUMNS)
     goals = compute_goals(live, offline, sweep, grid)
-    judged_on = goals_workload(max_calls, args.token_scale)
+    judged_on = goals_workload(wl, max_calls, grid_users(args))
     print(f"\ngoals computed on: {judged_on}")
     plots = make_plots(args.plots, live_results, sweep, offline) if args.plots else []
     emit_json({"bench": "swarm", "quick": args.quick, "seed": args.seed, "model": args.model,
@@ -211,19 +212,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def goals_workload(max_calls: int | None, token_scale: float) -> str:
+def goals_workload(wl: Workload, max_calls: int | None, grid: list[int]) -> str:
     """What the goals were computed on: issue 8 sets them for the whole workload; the first calls
     of each agent are a trajectory's opening (swe-agent, 3 calls: 45% of each prompt new vs 1.2%
-    over whole trajectories; docs/benchmarks.md), a smoke test, not the goals' setting."""
-    if max_calls is None:
-        return f"the full workload (every call, token scale {token_scale:g})"
-    return (f"each agent's first {max_calls} calls (token scale {token_scale:g}): a smoke test; "
-            "issue 8's goals are for the full workload")
+    over whole trajectories; docs/benchmarks.md), a smoke test. Every call was replayed when no
+    agent reached `max_calls` (one of exactly `max_calls` calls may have been cut: not claimed
+    whole); `grid`: the user counts of the headroom grid this run computed."""
+    m, full_grid = wl.meta, sorted({u for u, _ in GRID})
+    what = (f"{m['kind']}, {m['users']} users x {m['tasks_per_user']} task(s), token scale {m['token_scale']:g}, "
+            f"headroom grid at {'/'.join(map(str, grid))} users")
+    if max_calls is not None and max(len(a.calls) for t in wl.tasks() for a in t.agents()) >= max_calls:
+        return f"each agent's first {max_calls} calls ({what}): a smoke test; issue 8's goals are for the full workload"
+    if grid != full_grid:
+        return f"every call ({what}): the captured-headroom goal is set at {'/'.join(map(str, full_grid))} users"
+    return f"the full workload (every call; {what})"
 
 
 def _strip(runs: dict[str, Any]) -> dict[str, Any]:
     return {k: ({kk: vv for kk, vv in v.items() if kk != "host_samples"} if isinstance(v, dict) else v)
             for k, v in runs.items()}
+
+
+def grid_users(args: argparse.Namespace) -> list[int]:
+    """The headroom grid's user counts this run computes (--quick: `--users` only)."""
+    return sorted({u for u, _ in GRID if not args.quick or u == args.users})
 
 
 def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
@@ -234,7 +246,7 @@ def headroom_grid(args: argparse.Namespace, scale: Scale, base: OfflineConfig,
     (workload, memo) is reused at `--users`."""
     out = []
     folder = trace_folder(args.traces, args.kind)
-    for users in sorted({u for u, _ in GRID if not args.quick or u == args.users}):
+    for users in grid_users(args):
         if users == args.users:
             wl, memo = main
         else:

@@ -34,16 +34,17 @@ LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", 
         ("sam+host", "sam", True, True), ("qlru+host", "qlru", False, True),
         ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True),
         ("sam+host/fair", "sam", True, True), ("sam+host/sf", "sam", True, True),
-        ("lru+host/ns", "lru", False, True), ("sam+host/ns", "sam", True, True))
+        ("lru+host/ss", "lru", False, True), ("sam+host/ss", "sam", True, True))
 HINTED_ADMISSION = "prefill-judged"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
 LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": HINTED_ADMISSION, "sam+host": HINTED_ADMISSION,
                   "qlru+host": HINTED_ADMISSION, "lru+host/pf": HINTED_ADMISSION,
                   "lru+host/sf": "short-first", "sam+host/fair": "prefill-fair",
-                  "sam+host/sf": "short-first", "lru+host/ns": "fcfs",
-                  "sam+host/ns": HINTED_ADMISSION}  # offline: ADMISSION
-# the /ns rows: their run with `--load-timing next-step` (a host hit computes in the step after its
-# load landed; every other run: the engine's default `same-step`, engine/load_timing.py)
-LIVE_SERVER_ARGS = {"lru+host/ns": ["--load-timing", "next-step"], "sam+host/ns": ["--load-timing", "next-step"]}
+                  "sam+host/sf": "short-first", "lru+host/ss": "fcfs",
+                  "sam+host/ss": HINTED_ADMISSION}  # offline: ADMISSION
+# the /ss rows: their run with the opt-in `--load-timing same-step` (a host hit computes in the step its
+# load starts; every other run: the engine's default `next-step`, engine/load_timing.py). A row's own
+# arguments come after `--server-arg`, so no `--server-arg` can turn a /ss row back.
+LIVE_SERVER_ARGS = {"lru+host/ss": ["--load-timing", "same-step"], "sam+host/ss": ["--load-timing", "same-step"]}
 DEFAULT_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host", "lru+host/pf")
 
 
@@ -91,7 +92,7 @@ def launch_servers(args: argparse.Namespace, device: int, host: int, bpb: int,
                   *([] if hints else ["--ignore-hints"]),
                   *(["--host-cache-memory", str(host * bpb)] if with_host else []),
                   *(["--offload-mode", args.hinted_offload_mode, "--host-mode", args.hinted_host_mode]
-                    if with_host and hints else []), *LIVE_SERVER_ARGS.get(name, []), *args.server_arg]
+                    if with_host and hints else []), *args.server_arg, *LIVE_SERVER_ARGS.get(name, [])]
         out[name] = (ServerProcess(hintkv_server(args.model, name=f"swarm-{name.replace('/', '-')}", extra_args=server)).launch(), hints)
 
 

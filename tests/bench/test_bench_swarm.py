@@ -89,19 +89,35 @@ def test_admission_column_names_what_the_server_runs():
 
 
 def test_the_report_says_which_workload_its_goals_were_computed_on():
+    """"the full workload" only when every call of every agent was replayed on the whole headroom
+    grid; a cap no agent reaches replays every call (review_policy F2: `--max-calls 1000` was
+    called a smoke test); users and kind are named either way."""
     from hintkv.bench.swarm import goals_workload
 
-    assert goals_workload(None, 1 / 16).startswith("the full workload")
-    assert "smoke test" in goals_workload(3, 1 / 16) and "first 3 calls" in goals_workload(3, 1 / 16)
+    def wl(max_calls):
+        return build_workload("swe-agent", TRACES / "swe-agent", 2, scale=Scale(1 / 64, max_calls=max_calls), seed=0)
+
+    whole = wl(None)
+    longest = max(len(a.calls) for t in whole.tasks() for a in t.agents())
+    for max_calls in (None, longest + 1, 1000):
+        label = goals_workload(wl(max_calls), max_calls, [10, 32])
+        assert label.startswith("the full workload") and "swe-agent, 2 users" in label, label
+    cut = goals_workload(wl(3), 3, [10, 32])
+    assert "smoke test" in cut and "first 3 calls" in cut and "2 users" in cut
+    assert "smoke test" in goals_workload(wl(longest), longest, [10, 32])  # may have cut the longest: not claimed
+    part = goals_workload(whole, None, [2])
+    assert not part.startswith("the full workload") and "grid at 2 users" in part and "10/32" in part
 
 
-def test_the_next_step_rows_are_their_runs_with_the_old_load_timing():
+def test_the_same_step_rows_are_their_runs_with_the_opt_in_load_timing():
     from hintkv.bench.swarm_live import LIVE, LIVE_ADMISSION, LIVE_SERVER_ARGS
+    from hintkv.config import EngineConfig
 
+    assert EngineConfig(model="dummy:tiny").load_timing == "next-step"  # same-step is opt-in
     runs = {name: rest for name, *rest in LIVE}
-    for ns, base in (("lru+host/ns", "lru+host"), ("sam+host/ns", "sam+host")):
-        assert runs[ns] == runs[base] and LIVE_ADMISSION[ns] == LIVE_ADMISSION[base]
-        assert LIVE_SERVER_ARGS[ns] == ["--load-timing", "next-step"] and base not in LIVE_SERVER_ARGS
+    for ss, base in (("lru+host/ss", "lru+host"), ("sam+host/ss", "sam+host")):
+        assert runs[ss] == runs[base] and LIVE_ADMISSION[ss] == LIVE_ADMISSION[base]
+        assert LIVE_SERVER_ARGS[ss] == ["--load-timing", "same-step"] and base not in LIVE_SERVER_ARGS
 
 
 @pytest.mark.parametrize("users,seed", [(3, 2), (5, 7)])
