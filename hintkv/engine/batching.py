@@ -152,13 +152,20 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
     the pass that serves those later must not meet them again); the others stay LOADING. Returns
     the budget left."""
     kv, timing = sch.kv, sch.load_timing
+    waited = 0.0  # the limit is the step's: what earlier loads of this step waited counts
     for seq in started:
         if budget <= 0:
             break
-        limit = timing.wait_limit(kv.tiers.load_tiers(seq.request_id), kv.tiers.costs, out)
-        if limit <= 0 or not kv.tiers.wait_load(seq.request_id, limit):
+        limit = timing.wait_limit(kv.tiers.load_tiers(seq.request_id), kv.tiers.costs, out,
+                                  later=len(sch.running) - at) - waited
+        if limit <= 0:
             continue
+        t0 = sch.clock()
+        landed = kv.tiers.wait_load(seq.request_id, limit)
         now = sch.clock()
+        waited += now - t0
+        if not landed:
+            continue
         out.started = now  # the wait is not the forward pass (ttft.stepped, the step costs)
         kv.finish_load(seq)
         ttft.loaded(seq, now)

@@ -17,8 +17,10 @@ A sequence admitted with a prefix held below (host, disk) is LOADING while its b
   step's own forward time F), so it waits only while k·w <= F, with w and F from the tier
   connector's measured costs (bandwidth per tier, prefill seconds per token; F counts the
   step's batched tokens only, which undervalues a decode step: the rule errs on not waiting).
-  With nothing else in the step the engine would idle for the load anyway: it waits up to a
-  few times the expected copy (at least the engine's own idle wait). A load not landed by the limit stays LOADING and computes in a
+  With nothing else in the step (a running prefill that yielded to the load counts: it runs
+  later in the step) the engine would idle for the load anyway: it waits up to a
+  few times the expected copy (at least the engine's own idle wait). The limit is the step's:
+  what earlier loads of the step waited is taken off the next one's (`batching.land_new_loads`). A load not landed by the limit stays LOADING and computes in a
   later step, exactly as `next-step`.
 
 Only a mover whose copies run in real time can be waited for (`Mover.real_time`): the
@@ -63,9 +65,10 @@ def make_load_timing(name: str) -> LoadTiming:
 class LoadTiming:
     name = "base"
 
-    def wait_limit(self, tiers: list[str], costs: TransferCosts, out: SchedulerOutput) -> float:
-        """Seconds the step being scheduled (`out`, so far) may wait for a load of one block
-        from each of `tiers` before its forward pass; 0: leave it for a later step."""
+    def wait_limit(self, tiers: list[str], costs: TransferCosts, out: SchedulerOutput, later: int = 0) -> float:
+        """Seconds the step being scheduled (`out`, so far; `later`: running prefills that yielded
+        and are scheduled after the loads) may wait for a load of one block from each of `tiers`
+        before its forward pass; 0: leave it for a later step."""
         return 0.0
 
 
@@ -76,9 +79,9 @@ class NextStep(LoadTiming):
 
 @register_load_timing("same-step")
 class SameStep(LoadTiming):
-    def wait_limit(self, tiers: list[str], costs: TransferCosts, out: SchedulerOutput) -> float:
+    def wait_limit(self, tiers: list[str], costs: TransferCosts, out: SchedulerOutput, later: int = 0) -> float:
         expected = sum(costs.load_s(t) for t in tiers)
-        others = len(out.scheduled)
+        others = len(out.scheduled) + later  # a prefill that yielded runs in this step too: not idle
         if not others:
             return max(IDLE_WAIT_FACTOR * expected, IDLE_MIN_WAIT_S)
         limit = costs.prefill_s_per_token * out.num_batched_tokens / others

@@ -133,6 +133,46 @@ def test_a_landed_load_runs_before_the_prefills_that_yielded_and_only_once():
     stack.close()
 
 
+def test_a_step_whose_prefill_yielded_is_not_idle():
+    """short-first: the running prefill that yields to the host hit runs later in the same step,
+    so the step is not idle and the idle wait (up to 3 expected copies: 9 s here) does not apply;
+    a copy the step cannot afford leaves the hit LOADING (review_policy F6: it waited)."""
+    sched, kv, io, stack = _setup("same-step", num_blocks=32, budget=16, admission="short-first")
+    kv.tiers.costs.bandwidth["host"] = io.layout.nbytes / 1.0  # 1 s a block expected
+    long = _seq("long", list(range(200, 240)))
+    sched.add_request(long)
+    out = sched.schedule()
+    sched.update_from_output(out, ModelRunnerOutput.from_tokens([None]))
+    a = _seq("a", list(range(13)))
+    _store(stack, io, a.token_ids, 3)
+    sched.add_request(a)
+    out = sched.schedule()
+    assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [long]
+    assert kv.tiers.counters.load_wait_s == 0
+    sched.check_integrity()
+    stack.close()
+
+
+def test_the_wait_limit_is_the_steps_not_each_loads():
+    """Two loads start beside a decode; the clock says each wait takes 1 s and the step may wait
+    1 s (its forward estimate over the sequences in it): the first wait spends it, so the second
+    load is left for a later step (review_policy F7: each load had its own limit)."""
+    sched, kv, io, stack = _setup("same-step")
+    ticks = itertools.count()
+    sched.clock = lambda: float(next(ticks))
+    b = _running_decode(sched)
+    a, c = _seq("a", list(range(13))), _seq("c", list(range(50, 63)))
+    _store(stack, io, a.token_ids, 3)
+    _store(stack, io, c.token_ids, 3)
+    sched.add_request(a)
+    sched.add_request(c)
+    out = sched.schedule()
+    assert a.status is SeqStatus.RUNNING and c.status is SeqStatus.LOADING
+    assert [s.seq for s in out.scheduled] == [b, a]
+    sched.check_integrity()
+    stack.close()
+
+
 def test_next_step_computes_a_host_hit_after_its_load_landed():
     sched, kv, io, stack = _setup("next-step")
     a = _seq("a", list(range(13)))
