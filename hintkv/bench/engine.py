@@ -61,6 +61,7 @@ from hintkv.bench.engine_report import (
     throughput_ratios,
     variant_ratios,
     variant_spread,
+    with_gemm_path,
 )
 from hintkv.bench.engine_servers import (
     VARIANTS,
@@ -73,6 +74,7 @@ from hintkv.bench.spec_decode import SPEC_COLUMNS
 from hintkv.bench.spec_decode import run_bench as run_spec_bench
 from hintkv.bench.swarm import default_traces
 from hintkv.bench.vllm_peer import vllm_python
+from hintkv.models.int8 import gemv_path
 
 DEFAULT_MODELS = "dummy:tiny,SmolLM2-135M-Instruct"
 QUICK_MODELS = "dummy:tiny"  # every server of a model is started once: one model keeps --quick short
@@ -157,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, ["model", "metric", "hintkv", "vllm", "hintkv/vllm", "per-round spread"])
     print(f"({w.repeats} interleaved rounds; figures are medians, the spread is each round's ratio, min-max)")
     accuracy = w8a8_accuracy() if "w8a8" in variants and not on_gpu else None
+    gemm_path = gemv_path() if "w8a8" in variants and not on_gpu else None
     if variant_rows:
         print()
         print_table(variant_rows, ["model", "variant", "metric", "ratio vs hintkv", "per-round spread"])
+    if gemm_path:
+        print(f"w8a8 decode / verify steps' int8 GEMM on this machine: {gemm_path} (amx, vnni or int_mm)")
     if accuracy:
         a, ci = accuracy, lambda k: "-".join(f"{v:.3f}" for v in accuracy.get(f"{k}_ci95", []))
         print(f"\nw8a8 SmolLM2 vs float32 on {a['tokens']} tokens (95% CI over texts): top-1 agreement "
@@ -200,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                        **({"calibration": r["calibration"]} if "calibration" in r else {})}
                    for m, r in results.items()},
         "w8a8_accuracy": accuracy,
+        "w8a8_gemm_path": gemm_path,
         "spec_decode": spec,
         "kv_cache_dtype": kv_rows,
-        "goals": compute_goals(results, w, accuracy, spec, kv_rows, args.dtype),
+        "goals": with_gemm_path(compute_goals(results, w, accuracy, spec, kv_rows, args.dtype), gemm_path),
     })
     return 0
 

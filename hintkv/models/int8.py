@@ -81,6 +81,16 @@ def block_weight(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks, w.sum(dim=1, dtype=torch.int32).mul_(128)
 
 
+def gemv_path() -> str:
+    """The GEMM a decode / verify step's int8 rows (<= GEMV_ROWS) run on this machine: "amx" (gemv on
+    AMX tiles), "vnni" (gemv's AVX512-VNNI loop) or "int_mm" (torch._int_mm: no extension or no VNNI).
+    w8a8's decode speed depends on it (bench engine records it with its figures)."""
+    fused = int8_cpu.ops()
+    if fused is None or not fused.has_fast_gemv():
+        return "int_mm"
+    return "amx" if AMX and fused.has_amx() else "vnni"
+
+
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,
                 levels: int = LEVELS, blocked: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`; with

@@ -12,6 +12,7 @@ half to even, residual x - q s), so they give the eager path's int8 values:
     gemv(x [M, K] f32, inv_smooth, wb, w_scale [N], w_comp, levels, amx) -> y f32 [M, N]
     has_fast_gemv() -> bool: gemv runs on AVX512-VNNI (else a plain loop: int8.py then keeps _int_mm)
     has_amx() -> bool: gemv's `amx=True` runs on AMX tiles (built with AMX-INT8 and Linux granted the tiles)
+    gemv_calls() -> [amx, vnni]: how many gemv calls each path has run in this process
     topk_indices(logits [M, V] f32, k) -> int64 [M, k]: each row's k largest, in no order (the head's rescoring)
 
 The quantize and the rescale are vectorised (AVX2) and split over rows (at::parallel_for): a
@@ -45,5 +46,6 @@ _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def ops() -> ModuleType | None:
-    """The built extension (quantize_rows, rescale, gemv, has_fast_gemv, has_amx, topk_indices), or None when it cannot be built (warned once)."""
-    return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "has_amx", "topk_indices"], _CFLAGS)
+    """The built extension (quantize_rows, rescale, gemv, has_fast_gemv, has_amx, gemv_calls, topk_indices), or None when it cannot be built (warned once)."""
+    return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "has_amx",
+                                                    "gemv_calls", "topk_indices"], _CFLAGS)

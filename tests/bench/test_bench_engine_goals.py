@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hintkv.bench.engine_accuracy import KV_FORMATS, kv_quant_rows
 from hintkv.bench.engine_measure import Workload
-from hintkv.bench.engine_report import compute_goals
+from hintkv.bench.engine_report import compute_goals, with_gemm_path
 
 
 def test_kv_goals_follow_the_rows():
@@ -43,3 +43,13 @@ def test_kv_rows_measure_capacity_from_the_block_sizes():
     # SmolLM2: head_dim 64 -> 68-byte rows against 128 bytes of bfloat16
     assert rows["int8"]["capacity vs bfloat16"] == 128 / 68 and rows["fp8"]["top-1 agreement"] > 0.9
     assert rows["fp8"]["KL/token"] > rows["int8"]["KL/token"] > 0  # fp8's 3 mantissa bits: the larger error
+
+
+def test_the_w8a8_decode_goal_says_which_gemm_ran():
+    """w8a8's decode ratio is ~1.5x on the VNNI loop and ~2.3x on AMX: the goal carries the path the
+    run measured (`int8.gemv_path()`), and no path when w8a8 did not run."""
+    from hintkv.models import int8
+
+    goals = with_gemm_path(compute_goals({}, Workload.for_run(True)), int8.gemv_path())
+    assert goals["w8a8_decode_vs_float32"]["gemm_path"] in ("amx", "vnni", "int_mm")
+    assert "gemm_path" not in with_gemm_path(compute_goals({}, Workload.for_run(True)), None)["w8a8_decode_vs_float32"]

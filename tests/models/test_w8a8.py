@@ -3,6 +3,11 @@ the one-row path, SmoothQuant's identity, calibration, and the head's exact top 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -147,6 +152,8 @@ def test_few_row_kernel_gives_the_int_mm_result(monkeypatch, amx):
     if amx and not fused.has_amx():
         pytest.skip("no AMX here: gemv runs the VNNI loop")
     monkeypatch.setattr(int8, "AMX", amx)
+    assert int8.gemv_path() == ("amx" if amx else "vnni")
+    before, calls = fused.gemv_calls(), 0
     for k, n in ((90, 100), (200, 260)):  # neither a multiple of 64 / 16: the blocks are padded
         inv = torch.rand(k, generator=torch.Generator().manual_seed(1)) + 0.5
         w_t, w_scale = quantize_weight(torch.randn(n, k, generator=torch.Generator().manual_seed(2)), 1.0 / inv)
@@ -156,8 +163,43 @@ def test_few_row_kernel_gives_the_int_mm_result(monkeypatch, amx):
             for rows in (1, 3, GEMV_ROWS // levels):
                 x = _x(rows, k, seed=rows)
                 got = int8_linear(x, w_t, w_scale, inv, levels, blocked)
+                calls += 1
                 want = int8_linear(x, w_t, w_scale, inv, levels)  # no blocks: quantize + _int_mm + rescale
                 torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    ran = [a - b for a, b in zip(fused.gemv_calls(), before)]
+    assert ran == ([calls, 0] if amx else [0, calls])  # every call took the path under test (a fallback is exact too)
+
+
+_ZERO_ROWS = """
+import torch
+from hintkv.models import int8
+from hintkv.models.int8 import block_weight, int8_linear, quantize_weight
+int8.AMX = {amx}
+w_t, w_scale = quantize_weight(torch.randn(64, 128))
+for levels in (1, 2):
+    y = int8_linear(torch.randn(0, 128), w_t, w_scale, None, levels, block_weight(w_t))
+    print(tuple(y.shape), end=" ")
+print(int8.gemv_path())
+"""
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_few_row_kernel_takes_zero_rows(amx):
+    """A 0-row step (a one-token text's empty continuation in bench/accuracy) gives an empty result on
+    both gemv paths; AMX's tile config with 0 rows faulted the process, hence a child process."""
+    from hintkv.models import int8_cpu
+
+    fused = int8_cpu.ops()
+    if fused is None or not fused.has_fast_gemv():
+        pytest.skip("no AVX512-VNNI here: int8_linear keeps torch._int_mm for few rows")
+    if amx and not fused.has_amx():
+        pytest.skip("no AMX here: gemv runs the VNNI loop")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _ZERO_ROWS.format(amx=amx)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["(0,", "64)", "(0,", "64)", "amx" if amx else "vnni"]
 
 
 def test_fine_kernel_is_float_on_many_rows_and_two_level_on_few():

@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -153,6 +154,11 @@ static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t 
 
 bool has_fast_gemv() { return kVnni; }
 
+// How many gemv calls each path ran in this process: [AMX, VNNI / plain loop] (what tests and the
+// bench read to know the AMX path really ran; relaxed atomics, a call costs one add).
+static std::atomic<int64_t> gemv_path_calls[2];
+std::vector<int64_t> gemv_calls() { return {gemv_path_calls[0].load(), gemv_path_calls[1].load()}; }
+
 #ifdef HINTKV_AMX
 // AMX: one tdpbssd multiplies a tile of up to 16 int8 activation rows x 64 k by 16 k-quads x 16
 // channels of the weight (gemv's 16-channel blocks, 16 quads at a time: block_weight pads K to 64),
@@ -269,8 +275,13 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, 
                    q.data_ptr<int8_t>(), s.data(), 0, M);
     const int8_t* qp = q.data_ptr<int8_t>();
 #ifdef HINTKV_AMX
-    if (amx && R <= 16 && Kq % 16 == 0 && amx_ready()) return gemv_amx(qp, s, M, K, levels, wb, w_scale);
+    // R >= 1: a 0-row tile config (rows = 0, colsb = 64) faults in ldtilecfg
+    if (amx && R >= 1 && R <= 16 && Kq % 16 == 0 && amx_ready()) {
+        gemv_path_calls[0].fetch_add(1, std::memory_order_relaxed);
+        return gemv_amx(qp, s, M, K, levels, wb, w_scale);
+    }
 #endif
+    gemv_path_calls[1].fetch_add(1, std::memory_order_relaxed);
     std::vector<int32_t> a(R * Kq, 0x80808080);  // u8 rows, q + 128, padded with 128 (q = 0)
     for (int64_t r = 0; r < R; ++r) {
         uint8_t* ar = reinterpret_cast<uint8_t*>(a.data() + r * Kq);
