@@ -9,6 +9,9 @@ other versions share the build cache, a same-named build of other source is neve
 virtual environments (the lead's fresh-clone CI and /work/main/.venv) do not rebuild each other's
 .so: torch writes its include paths into the build's ninja file, and a changed file rebuilt it on
 every switch (session 10: a rebuild killed mid-way left a lock every later load waited on).
+It also carries the CPU's feature flags (/proc/cpuinfo): the builds use -march=native, so a build
+cache shared by machines of other CPUs (an AMX build on an Ice Lake) never loads an .so whose
+instructions the CPU lacks (SIGILL); it rebuilds instead.
 """
 
 from __future__ import annotations
@@ -21,9 +24,18 @@ from types import ModuleType
 _built: dict[str, ModuleType | None] = {}
 
 
-def build_tag(source: str, cflags: list[str], torch_dir: str) -> str:
-    """The build's name suffix: one per (source, flags, torch installation)."""
-    return hashlib.sha1("\0".join([source, " ".join(cflags), torch_dir]).encode()).hexdigest()[:12]
+def build_tag(source: str, cflags: list[str], torch_dir: str, cpu: str) -> str:
+    """The build's name suffix: one per (source, flags, torch installation, CPU features)."""
+    return hashlib.sha1("\0".join([source, " ".join(cflags), torch_dir, cpu]).encode()).hexdigest()[:12]
+
+
+def cpu_flags() -> str:
+    """This CPU's feature flags (the first `flags` line of /proc/cpuinfo), "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
 
 
 def load(name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType | None:
@@ -33,7 +45,7 @@ def load(name: str, source: str, functions: list[str], cflags: list[str]) -> Mod
             import torch
             from torch.utils.cpp_extension import load_inline
 
-            tag = build_tag(source, cflags, os.path.dirname(torch.__file__))
+            tag = build_tag(source, cflags, os.path.dirname(torch.__file__), cpu_flags())
             _built[name] = load_inline(name=f"{name}_{tag}", cpp_sources=source, functions=functions,
                                        extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
