@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from hintkv.bench.accuracy import FIXED_TEXTS, compare, compare_all, eval_texts
+from hintkv.bench.accuracy import EVAL_TEXTS, FIXED_TEXTS, compare, compare_all, eval_texts
 from hintkv.models.calibration import CALIBRATION_TEXTS
 from hintkv.models.loader import load_model
 
@@ -19,6 +19,28 @@ def test_the_evaluation_set_ships_and_is_not_the_calibration_set():
     for _, t in texts:
         assert all(t[:60] not in cal and cal[:60] not in t for cal in CALIBRATION_TEXTS)
         assert all(t[:60] not in ev for ev in FIXED_TEXTS)
+
+
+# a copied text's source (as its "%%%% text:" line names it) -> its copyright line in data/NOTICE
+_COPYRIGHTS = {"python 3.11": "Copyright (c) 2001-2023 Python Software Foundation; All Rights Reserved",
+               "httpx-": "Copyright © 2019, [Encode OSS Ltd]", "attrs-": "Copyright (c) 2015 Hynek Schlawack",
+               "click-": "Copyright 2014 Pallets", "msgpack-": "Copyright (C) 2008-2011 INADA Naoki"}
+_LICENCES = {"PSF license": "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2", "BSD-3-Clause license":
+             "Redistribution and use in source and binary forms", "MIT license": "Permission is hereby granted",
+             "Apache-2.0 license": "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION"}
+
+
+def test_every_copied_text_has_its_notice_next_to_the_set():
+    """The licences of the copied texts require their copyright notices (and licence texts) to travel
+    with them: data/NOTICE, packaged with the set, has one for each source a text names."""
+    notice = (EVAL_TEXTS.parent / "NOTICE").read_text(encoding="utf-8")
+    copied = [src for src, _ in eval_texts() if "written for hintkv" not in src]
+    assert copied
+    for src in copied:
+        assert [k for k in _COPYRIGHTS if src.startswith(k)], f"a copied text of unknown source: {src}"
+        assert all(line in notice for k, line in _COPYRIGHTS.items() if src.startswith(k)), src
+        licence = [name for name in _LICENCES if name in src]
+        assert licence and all(_LICENCES[name] in notice for name in licence), src
 
 
 def test_compare_all_runs_every_case_over_one_reference_pass_with_intervals():
