@@ -63,7 +63,7 @@ def greedy(model, prompt: list[int], n: int, kv_cache_dtype: str = "auto") -> li
 def _logits_over_cache(model, ids: list[int], kv_cache_dtype: str, step_tokens: int | None = None) -> torch.Tensor:
     """Logits of every position, all but the first attending over KV read back from the cache; the
     rest as one chunk (a prefill's many-row GEMMs) or in steps of `step_tokens` (1: decode steps' one-row
-    GEMMs; up to 8: a decode batch's or a verify's few-row kernels, the same per-token arithmetic)."""
+    GEMMs; up to 8: a decode batch's or a verify's few-row kernels, the same linear kernels)."""
     seq = OneSequence(model, len(ids), kv_cache_dtype)
     if step_tokens is None:
         return torch.cat([seq.step(ids[:1]), seq.step(ids[1:])])
