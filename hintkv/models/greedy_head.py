@@ -9,11 +9,14 @@ in float32 (`csrc/greedy_head.cpp` says how):
 
     |x . w_r - a_r| <= |x|_1 err_r + |x - x~|_1 127 scale_r,   err_r = max_i |w_ri - scale_r q_ri| + float's margin
 
-so the true argmax is always among the recomputed rows, and the answer is the float32 argmax (as
-exact as the full GEMM's: both are float32 dot products; a tie within float rounding may differ).
+so the true argmax is always among the recomputed rows, and the answer is the argmax of the screen's own
+float32 dot products (first index on ties among them). Those sum in another order than the logits' GEMM
+(MKL / gemv), so where two logits are equal within float rounding the token may differ from
+torch.argmax of the logits (rare; both are the real argmax up to float rounding).
 
     GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI, finite weight (int8 copy made)
-    GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits)
+    GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits),
+                                                       more than MAX_ROWS rows included
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from hintkv.models import cpu_ext, cpu_kernels
 
 _SOURCE = (Path(__file__).parent / "csrc" / "greedy_head.cpp").read_text()
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
+# Above this many rows the screen is slower than logits + argmax (the runner then computes the logits).
+# Review of s11 (49152 x 512 head, one thread, screen vs MklPackedKernel + cpu_kernels.argmax): 1 row
+# 5.4x faster, 8 rows 1.46-1.59x, 16 rows 1.08x, 24 rows 1.12x, 32 rows 0.83x, 64 rows 0.42x, 128 rows
+# 0.40x. 16: the last measured gain with a margin below the 24-32 crossover.
+MAX_ROWS = 16
 
 
 def ops() -> ModuleType | None:
@@ -48,7 +56,10 @@ def quantise_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 class GreedyHead:
-    """The screened argmax of one LM-head weight; re-prepared when the weight changes (like linear.py's kernels)."""
+    """The screened argmax of one LM-head weight; re-prepared when the weight changes (like linear.py's kernels).
+
+    The change is seen by (data_ptr, _version); a `.data.copy_` (llama.py's loader) bumps neither, so whoever
+    copies weights in that way builds a new GreedyHead (`LlamaForCausalLM.prepare`)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
@@ -73,7 +84,8 @@ class GreedyHead:
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> list[int] | None:
-        if hidden.dtype != torch.float32 or hidden.dim() != 2 or not self.refresh():
+        if (hidden.dtype != torch.float32 or hidden.dim() != 2 or hidden.shape[0] > MAX_ROWS
+                or not self.refresh()):
             return None
         out = ops().screened_argmax(hidden.contiguous(), *self._prepared, self.weight)
         return out if len(out) == hidden.shape[0] else None  # empty: a non-finite row

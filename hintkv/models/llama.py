@@ -147,6 +147,8 @@ class LlamaForCausalLM(nn.Module):
         self._lm_head_kernel = KERNELS[head](self.lm_head, None)
         counts[head] = counts.get(head, 0) + 1
         self.quantization = quantization
+        # a new screen: the loader's `.data.copy_` leaves the head's (data_ptr, _version) key unchanged
+        self._greedy_head = GreedyHead(self.lm_head)
         if quantization is None:
             self._greedy_head.refresh()  # its int8 copy now, not in the first request's step
         return counts
