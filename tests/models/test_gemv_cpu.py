@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.enabled() or gemv_cpu.ops() is N
                                 reason="C++ kernels off or not built: linear.py runs MKL")
 
 
-@pytest.mark.parametrize("n,k", [(768, 512), (13, 80), (40, 1536), (7, 16)])
+@pytest.mark.parametrize("n,k", [(768, 512), (13, 80), (40, 1536), (7, 16), (9, 77), (5, 3)])  # 77, 3: column tails
 def test_gemv_equals_f_linear(n, k):
     gen = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=gen) * 0.05
