@@ -12,7 +12,8 @@ session, so the suffix proposer has the session's earlier requests and responses
 alike). Per mode: decode tokens/s (tokens after the first over the time from the first token to
 the last, so the shared prefill is left out), the same speed-up in process CPU time (the stage runs
 one torch thread, so on a loaded machine that figure is the stable one), tokens per forward, draft
-acceptance, and whether the greedy output is identical to no speculation.
+acceptance, and whether the greedy output is identical to no speculation (every mode's tokens from the
+logits: `make_engine`).
 
 `--quick`: 4 traces x 2 turns, prompts <= 2048 tokens; full: 6 traces x 4 turns, <= 4096
 (`--num-traces`, `--turns-per-trace`, `--max-prompt` set them). Per mode the table and JSON give the
@@ -27,6 +28,7 @@ A table goes to stdout, then one JSON line; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -44,7 +46,7 @@ from hintkv.bench.common import (
     ratio,
 )
 from hintkv.cache.types import SessionRef
-from hintkv.config import EngineConfig
+from hintkv.config import DEFAULT_MODEL, EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
 
@@ -109,10 +111,23 @@ def agent_turns(traces: str, num_traces: int, turns_per_trace: int, max_prompt: 
     return out
 
 
-def make_engine(mode: str | None, k: int, kv_tokens: int, draft_length: str = "adaptive") -> LLMEngine:
-    return LLMEngine(EngineConfig(speculative=mode, num_speculative_tokens=k, kv_cache_tokens=kv_tokens,
-                                  speculative_draft_length=draft_length, max_num_batched_tokens=4096,
-                                  enforce_eager=True))
+def make_engine(mode: str | None, k: int, kv_tokens: int, draft_length: str = "adaptive",
+                model: str = DEFAULT_MODEL) -> LLMEngine:
+    """Every mode's greedy tokens come from the logits (HINTKV_GREEDY_HEAD=0 while the model is prepared):
+    the screened head (`greedy_head.py`) would answer no-speculation's steps while drafts are verified on
+    the logits, and the two may differ on an exact float tie, so `identical` would compare two head paths.
+    The speed-ups are therefore against no speculation without the screen, as before the eleventh session."""
+    old = os.environ.get("HINTKV_GREEDY_HEAD")
+    os.environ["HINTKV_GREEDY_HEAD"] = "0"
+    try:
+        return LLMEngine(EngineConfig(model=model, speculative=mode, num_speculative_tokens=k,
+                                      kv_cache_tokens=kv_tokens, speculative_draft_length=draft_length,
+                                      max_num_batched_tokens=4096, enforce_eager=True))
+    finally:
+        if old is None:
+            del os.environ["HINTKV_GREEDY_HEAD"]
+        else:
+            os.environ["HINTKV_GREEDY_HEAD"] = old
 
 
 def run_turn(e: LLMEngine, turn: Turn, rid: str, fig: ModeFigures) -> None:

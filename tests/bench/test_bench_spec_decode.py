@@ -1,13 +1,16 @@
 """bench/spec_decode: the goal is computed from the runs (the best mode whose greedy output is
 identical), and the agent turns are real swe-agent prompts that grow turn by turn."""
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from hintkv.bench.spec_decode import (
     ModeFigures,
     agent_turns,
+    make_engine,
     spec_goal,
     spread,
     summarize,
@@ -67,3 +70,14 @@ def test_agent_turns_end_with_the_last_turn_that_fits():
         mine = [t for t in turns if t.trace == name]
         assert len(mine) == 2 and all(len(t.prompt) <= 2048 for t in mine)
         assert mine[1].index > mine[0].index > 0  # later turns, not the first two
+
+
+def test_every_mode_takes_its_greedy_tokens_from_the_logits(monkeypatch):
+    """identical_greedy compares like with like: no mode's engine answers greedy steps with the screened head
+    (it would serve no speculation while drafts are verified on the logits), and the environment is restored."""
+    monkeypatch.delenv("HINTKV_GREEDY_HEAD", raising=False)
+    engine = make_engine(None, 4, 1024, model="dummy:tiny")
+    model = engine.runner.model
+    assert model.greedy_tokens(torch.randn(2, model.config.hidden_size)) is None
+    assert "HINTKV_GREEDY_HEAD" not in os.environ
+    engine.close()
