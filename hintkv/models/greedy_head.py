@@ -31,11 +31,13 @@ from hintkv.models import cpu_ext, cpu_kernels
 
 _SOURCE = (Path(__file__).parent / "csrc" / "greedy_head.cpp").read_text()
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
-# Above this many rows the screen is slower than logits + argmax (the runner then computes the logits).
-# Review of s11 (49152 x 512 head, one thread, screen vs MklPackedKernel + cpu_kernels.argmax): 1 row
-# 5.4x faster, 8 rows 1.46-1.59x, 16 rows 1.08x, 24 rows 1.12x, 32 rows 0.83x, 64 rows 0.42x, 128 rows
-# 0.40x. 16: the last measured gain with a margin below the 24-32 crossover.
-MAX_ROWS = 16
+# Above this many rows the screen is slower than logits + argmax (the runner then computes the logits): the
+# screen's cost grows with each row, while the logits' GEMM costs the same for 9-16 rows (MKL's 16-row bucket).
+# 49152 x 512 head, one thread, CPU time, screen vs MklPackedKernel + cpu_kernels.argmax (logits/screen):
+# s11 review (load 2.6-6): 1 row 5.4x, 8 rows 1.46-1.59x, 16 1.08x, 24 1.12x, 32 0.83x, 64 0.42x, 128 0.40x;
+# speed2 (load 4.4, 3-4 interleaved rounds, medians): 1 row 4.77x, 8 1.46-1.53x, 10 1.48x, 12 1.29x, 14 1.04x,
+# 16 0.89-0.96x, 24 0.94x, 32 0.72x, 64 0.46x. 12: the last row count with a clear gain in both.
+MAX_ROWS = 12
 
 
 def ops() -> ModuleType | None:
