@@ -44,31 +44,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hintkv.registry import Registry
+
 if TYPE_CHECKING:
     from hintkv.cache.manager import KVCacheManager, PrefixMatch
     from hintkv.engine.outputs import SchedulerOutput
     from hintkv.engine.sequence import Sequence
 
-_REGISTRY: dict[str, Callable[..., AdmissionPolicy]] = {}
-
-
-def register_admission(name: str) -> Callable[[type], type]:
-    def deco(cls: type) -> type:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-    return deco
+_REGISTRY: Registry[AdmissionPolicy] = Registry("scheduling policy")
+register_admission = _REGISTRY.register
 
 
 def admission_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def make_admission(name: str, **kwargs) -> AdmissionPolicy:
-    try:
-        return _REGISTRY[name](**kwargs)
-    except KeyError:
-        raise ValueError(f"unknown scheduling policy {name!r} (known: {', '.join(admission_names())})") from None
+    return _REGISTRY.make(name, **kwargs)
 
 
 @dataclass(slots=True)

@@ -30,8 +30,9 @@ New policies register with `@register_load_timing("name")`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from hintkv.registry import Registry
 
 if TYPE_CHECKING:
     from hintkv.cache.tier_costs import TransferCosts
@@ -40,26 +41,16 @@ if TYPE_CHECKING:
 IDLE_WAIT_FACTOR = 3.0  # nothing else in the step: wait up to this many expected copies,
 IDLE_MIN_WAIT_S = 0.05  # and at least as long as an idle engine waits for loads (LLMEngine.step)
 
-_REGISTRY: dict[str, Callable[[], LoadTiming]] = {}
-
-
-def register_load_timing(name: str) -> Callable[[type], type]:
-    def deco(cls: type) -> type:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-    return deco
+_REGISTRY: Registry[LoadTiming] = Registry("load timing")
+register_load_timing = _REGISTRY.register
 
 
 def load_timing_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def make_load_timing(name: str) -> LoadTiming:
-    try:
-        return _REGISTRY[name]()
-    except KeyError:
-        raise ValueError(f"unknown load timing {name!r} (known: {', '.join(load_timing_names())})") from None
+    return _REGISTRY.make(name)
 
 
 class LoadTiming:

@@ -9,7 +9,6 @@ import itertools
 import pytest
 import torch
 
-from hintkv.cache.hashing import hash_blocks, namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sessions import SessionRegistry
@@ -19,13 +18,11 @@ from hintkv.engine.load_timing import load_timing_names
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import SeqStatus, Sequence
-from hintkv.engine.types import SamplingParams
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.stack import TierStack
+from tests.engine.scheduler_helpers import BS, ROOT, seq_of, store_blocks
 
-BS = 4
-ROOT = namespace_root("test", "float32", BS, None)
 GENEROUS_S_PER_TOKEN = 1.0  # the step's estimated forward: seconds per batched token (a long wait allowed)
 
 
@@ -39,16 +36,7 @@ def _setup(timing: str, num_blocks: int = 16, budget: int = 64, admission: str =
     return sched, kv, io, stack
 
 
-def _seq(rid: str, tokens: list[int]) -> Sequence:
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=2), ROOT)
-
-
-def _store(stack, io, tokens: list[int], num_blocks: int) -> list[torch.Tensor]:
-    hashes = hash_blocks(ROOT, tokens, BS)[:num_blocks]
-    payloads = [torch.full(io.layout.shape, float(i + 1)) for i in range(num_blocks)]
-    assert all(f.result() for f in stack.store(list(zip(hashes, payloads))))
-    stack.flush()
-    return payloads
+_seq, _store = seq_of, store_blocks
 
 
 def _running_decode(sched: Scheduler) -> Sequence:

@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import torch
 
-from hintkv.cache.hashing import hash_blocks, namespace_root
+from hintkv.cache.hashing import hash_blocks
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import SeqStatus, Sequence
-from hintkv.engine.types import SamplingParams
+from hintkv.engine.sequence import SeqStatus
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.disk import DiskTier
 from hintkv.tiers.disk_format import HEADER_SIZE
 from hintkv.tiers.stack import TierStack
+from tests.engine.scheduler_helpers import BS, ROOT, seq_of, store_blocks
 
-BS = 4
-ROOT = namespace_root("test", "float32", BS, None)
 
 
 def _setup(tmp_path):
@@ -34,16 +32,7 @@ def _setup(tmp_path):
     return kv, io, stack
 
 
-def _seq(rid: str, tokens: list[int]) -> Sequence:
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=2), ROOT)
-
-
-def _store(stack, io, tokens: list[int], num_blocks: int) -> list[torch.Tensor]:
-    hashes = hash_blocks(ROOT, tokens, BS)[:num_blocks]
-    payloads = [torch.full(io.layout.shape, float(i + 1)) for i in range(num_blocks)]
-    assert all(f.result() for f in stack.store(list(zip(hashes, payloads))))
-    stack.flush()
-    return payloads
+_seq, _store = seq_of, store_blocks
 
 
 def test_lower_tier_prefix_loads_while_others_run_and_lands_as_computed(tmp_path):
