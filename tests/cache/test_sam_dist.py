@@ -26,15 +26,20 @@ def test_residual_is_the_median_remaining_wait_of_longer_gaps():
     assert est.residual(200.0) == 200.0  # beyond every observed gap: as long again
 
 
-def test_a_long_wait_predicts_a_long_remaining_wait():
-    """Heavy tail: most waits 1 s, a few 60 s. After 5 s away, `sam` (EWMA mean) still expects
-    the session within seconds; `sam-dist` knows it is in a long wait (~55 s to go)."""
+def _heavy_tail_session():
+    """A session whose waits are mostly 1 s and sometimes 60 s, just done: (registry, session, t)."""
     reg = SessionRegistry(protect_budget_blocks=100)
     t = 0.0
     for g in (1.0, 1.0, 60.0, 1.0, 1.0, 60.0, 1.0, 1.0):
         _cycle(reg, "s", t, t + 0.5)
         t += 0.5 + g
-    s = _cycle(reg, "s", t, t + 0.5)
+    return reg, _cycle(reg, "s", t, t + 0.5), t
+
+
+def test_a_long_wait_predicts_a_long_remaining_wait():
+    """Heavy tail: most waits 1 s, a few 60 s. After 5 s away, `sam` (EWMA mean) still expects
+    the session within seconds; `sam-dist` knows it is in a long wait (~55 s to go)."""
+    reg, s, t = _heavy_tail_session()
     dist = make_policy("sam-dist", sessions=reg)
     soon, later = dist.next_use(s, t + 0.5), dist.next_use(s, t + 5.5)
     assert soon < 5.0
@@ -45,12 +50,7 @@ def test_a_subclass_prediction_sets_its_waiting_class():
     """`SAMPolicy.session_class` computes sam's own wait inline; a subclass's `_waiting_next_use`
     (sam-dist's) must still decide its class. The heavy-tail session above, just done: sam's EWMA
     mean expects it in ~13 s, sam-dist's residual in ~1.5 s, so they file it in different bands."""
-    reg = SessionRegistry(protect_budget_blocks=100)
-    t = 0.0
-    for g in (1.0, 1.0, 60.0, 1.0, 1.0, 60.0, 1.0, 1.0):
-        _cycle(reg, "s", t, t + 0.5)
-        t += 0.5 + g
-    s = _cycle(reg, "s", t, t + 0.5)
+    reg, s, t = _heavy_tail_session()
     sam, dist = make_policy("sam", sessions=reg), make_policy("sam-dist", sessions=reg)
     q = reg.predicted_turnaround()
     for now in (t + 0.5, t + 1.0, t + 2.0, t + 5.5):
