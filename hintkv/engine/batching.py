@@ -64,8 +64,7 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
             sch.preempt(victim)
             out.preempted.append(victim)
         else:
-            sch.kv.append(seq, n)
-            seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+            _append(sch.kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             if n < full:
                 capped.append(out.scheduled[-1])
@@ -175,8 +174,7 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         at += 1
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         if kv.can_append(seq, n):
-            kv.append(seq, n)
-            seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+            _append(kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
     return budget
@@ -218,6 +216,12 @@ def make_room(sch: Scheduler) -> None:
         sch.preempt(v)
 
 
+def _append(kv, seq: Sequence, n: int) -> None:
+    """Grow `seq`'s KV by `n` tokens (`kv.can_append` said yes) and keep its peak block count."""
+    kv.append(seq, n)
+    seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
+
+
 def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:
     ttft.admitted(seq, now)
     sch.waiting.remove(seq)
@@ -245,8 +249,7 @@ def add_drafts(sch: Scheduler, out: SchedulerOutput, budget: int) -> None:
             return
         drafts = drafts_for(sch, s.seq, -(-left // (len(decodes) - j)))
         if drafts and sch.kv.can_append(s.seq, 1 + len(drafts)):
-            sch.kv.append(s.seq, 1 + len(drafts))
-            s.seq.peak_kv_blocks = max(s.seq.peak_kv_blocks, len(s.seq.block_table))
+            _append(sch.kv, s.seq, 1 + len(drafts))
             s.num_new_tokens += len(drafts)
             s.spec_token_ids = drafts
             left -= len(drafts)
