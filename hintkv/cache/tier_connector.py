@@ -302,15 +302,13 @@ class TierConnector:
         return self._loads[key].tiers
 
     def wait_load(self, key: str, timeout_s: float) -> bool:
-        """Block until `key`'s load has landed or `timeout_s` passes (a copy in real time only:
-        `Mover.real_time`; else False at once). True: it landed (`finish_load` takes it)."""
+        """Block until `key`'s load has landed or `timeout_s` passes (`Mover.wait_done`: the
+        simulator's mover blocks in simulated time). True: it landed (`finish_load` takes it)."""
         batch = self._loads[key].batch
-        if not self.stack.mover.real_time:
-            return False
         if not batch.done() and timeout_s > 0:
-            t0 = time.perf_counter()
-            wait([batch], timeout=timeout_s)
-            self.counters.load_wait_s += time.perf_counter() - t0
+            t0 = self.clock()
+            self.stack.mover.wait_done(batch, timeout_s)
+            self.counters.load_wait_s += self.clock() - t0
         return batch.done()
 
     def finish_load(self, key: str) -> tuple[int, list[str]]:

@@ -23,8 +23,9 @@ A sequence admitted with a prefix held below (host, disk) is LOADING while its b
   what earlier loads of the step waited is taken off the next one's (`batching.land_new_loads`). A load not landed by the limit stays LOADING and computes in a
   later step, exactly as `next-step`.
 
-Only a mover whose copies run in real time can be waited for (`Mover.real_time`): the
-simulator's copies complete on its event clock, so there every policy acts as `next-step`.
+The wait is the mover's (`Mover.wait_done`): the simulator's blocks in simulated time (its event
+clock runs the copies, the agents' calls and the other instances meanwhile; `sim.engine` holds the
+calls for the waiting instance until its step is scheduled, as the state lock does live).
 New policies register with `@register_load_timing("name")`.
 """
 

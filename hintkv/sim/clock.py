@@ -3,6 +3,7 @@
     clock = EventClock()
     clock.at(2.5, lambda: print("tool returned"))   # or clock.after(dt, fn)
     while clock.run_next(): ...                     # advance to each event in time order
+    clock.wait_for(future.done, clock() + 0.05)     # inside an event: block it in simulated time
 
 `clock()` (the instance is callable) is the current simulated time, so it plugs in wherever the
 real code takes a `clock` (scheduler, SAM, policies). Events due at the same time run in the order
@@ -22,6 +23,7 @@ class EventClock:
         self._waiters: dict[object, Callable[[], None]] = {}  # owner -> run after its next event
         self._seq = 0
         self.num_events = 0
+        self._horizon = float("inf")  # a wait in progress runs no event past its own end (wait_for)
 
     def __call__(self) -> float:
         return self.now
@@ -62,6 +64,22 @@ class EventClock:
         if owner is not None and (w := self._waiters.pop(owner, None)) is not None:
             w()
         return True
+
+    def wait_for(self, done: Callable[[], bool], until: float) -> bool:
+        """Block the caller in simulated time: run events in time order until `done()` or `until`
+        passes (a step waiting inside `schedule()` for its load: `Mover.wait_done`); True: done.
+        A wait inside another one (an instance's step run by the other's wait) ends by the outer
+        one's end at the latest, so neither moves the clock past what the other waited for."""
+        end = min(until, self._horizon)
+        outer, self._horizon = self._horizon, end
+        try:
+            while not done() and self._queue and self._queue[0][0] <= end:
+                self.run_next()
+        finally:
+            self._horizon = outer
+        if not done():
+            self.now = max(self.now, end)
+        return done()
 
     def run_until(self, t: float) -> None:
         """Run every event due at or before `t`, then stand at `t`."""

@@ -13,6 +13,9 @@ One engine step is what `LLMEngine.step` does, with the forward pass replaced:
     ... the clock advances by ms ...
     scheduler.update_from_output(sched, ModelRunnerOutput(...))    # real
 
+With the `same-step` load timing `schedule()` may wait for a load (`Mover.wait_done`): the clock
+runs on meanwhile, and what reaches this engine then (`submit`, `manage`) is held until the step is
+scheduled, as the live engine's state lock holds it (a submitted request keeps its arrival time).
 Every scheduled sequence that completes its KV gets one token (a fixed id: content never matters,
 the workload's prompts carry their own tokens), exactly like the runner's sampler would give.
 Requests that arrive during a step wait for the next one, as on the server. When nothing is
@@ -93,6 +96,7 @@ class SimEngine:
         self.last_end = -1.0  # when the last forward finished (a later start: woken from idle)
         # since the last step: (its bound, requests it left waiting, arrivals since, when)
         self._wait = ("room", 0, 0, 0.0)
+        self._held: list[Callable[[], None]] | None = None  # calls held while schedule() runs
 
     @property
     def kv(self):
@@ -101,8 +105,13 @@ class SimEngine:
     # ---- requests ------------------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, session: SessionRef | None,
                on_first: Callable[[float], None] | None, on_done: Callable[[RequestOutput, list], None],
-               block_hashes: list | None = None) -> None:
+               block_hashes: list | None = None, arrived: float | None = None) -> None:
         """`block_hashes`: the prompt's full-block hashes under `self.root`, if already known."""
+        if self._held is not None:  # schedule() is waiting for a load: after it, arrived now
+            at = self.clock()
+            self._held.append(lambda: self.submit(request_id, prompt, max_tokens, session, on_first,
+                                                  on_done, block_hashes, arrived=at))
+            return
         room = self.scheduler.kv.pool.num_blocks * self.cfg.block_size
         if len(prompt) + max_tokens > room:  # the server refuses these (LLMEngine.validate)
             raise ValueError(f"a {len(prompt)}-token prompt + {max_tokens} output tokens do not fit "
@@ -113,10 +122,16 @@ class SimEngine:
             seq.block_hashes = block_hashes
         self._count_wait(None)
         self.scheduler.add_request(seq)
+        if arrived is not None:  # held while a step waited for its load: the wait is queueing
+            seq.arrival = seq.ttft_mark = arrived
         self._pending[request_id] = _Pending(seq, on_first, on_done)
         self._wake()
 
-    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
+    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome] | None:
+        """None: held while `schedule()` waits for a load (applied right after it)."""
+        if self._held is not None:
+            self._held.append(lambda: self.manage(ref, edits))
+            return None
         out = self.scheduler.manage(ref, edits)
         self._wake()  # an edit can free room for a waiting request
         return out
@@ -161,7 +176,14 @@ class SimEngine:
         self._wait = (cause, len(s.waiting), 0, now)
 
     def _step(self) -> None:
-        sched = self.scheduler.schedule()
+        start = self.clock()
+        self._held = []
+        try:
+            sched = self.scheduler.schedule()  # (same-step: may wait for a load, the clock runs on)
+        finally:
+            held, self._held = self._held, None
+        for call in held:
+            call()
         num_tokens = sched.num_batched_tokens
         self._count_wait(sched, num_tokens)
         if not sched.scheduled:
@@ -178,7 +200,7 @@ class SimEngine:
             return
         self.scheduler.kv.flush_write_downs()  # as LLMEngine.step: victims are written down first
         ms = self.step_ms(sched)
-        if self.clock() > self.last_end:  # the engine slept: the live thread pays a wake-up
+        if start > self.last_end:  # the engine slept: the live thread pays a wake-up
             ms += self.costs.profile.idle_wakeup_ms
         self.stats.num_steps += 1
         self.stats.busy_s += ms / 1e3

@@ -48,8 +48,6 @@ class _SimFuture(Future):
 
 
 class VirtualMover(Mover):
-    real_time = False  # copies complete on the event clock: nothing may block on one
-
     def __init__(self, clock: EventClock, costs: CostModel, real_block_bytes: int) -> None:
         # No thread pool, no CUDA stream: everything happens on the event clock.
         self._clock = clock
@@ -129,6 +127,11 @@ class VirtualMover(Mover):
             return True
 
         return self.run(direction, fn, num_blocks, 0, after)
+
+    def wait_done(self, future: Future, timeout_s: float) -> bool:
+        """Block in simulated time: the clock runs its events (these copies, the agents' calls,
+        the other instances' steps) until `future` is done or `timeout_s` has passed."""
+        return self._clock.wait_for(future.done, self._clock() + timeout_s)
 
     def wait_loads(self, futures: Iterable[Future[bool]]) -> list[bool]:
         """Only ever asked for finished loads in a simulation (nothing can block)."""

@@ -32,7 +32,9 @@ from pathlib import Path
 
 from hintkv.bench.common import emit_json, percentile, print_table
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
+from hintkv.config import EngineConfig
 from hintkv.engine.admission import admission_names
+from hintkv.engine.load_timing import load_timing_names
 from hintkv.replay import belady
 from hintkv.sim.bound import alone_rows, ttft_bounds
 from hintkv.sim.costs import CostModel
@@ -53,6 +55,7 @@ ORACLES = ("oracle", "oracle+host", "oracle+pool")
 ONE_INSTANCE_CONFIGS = ("lru", "lru+host", "sam+hints", "sam+hints+host", "oracle", "oracle+host")
 CLUSTER_CONFIGS = ("lru", "lru+pool", "sam+hints+pool", "sam+hints+pool+wt", "oracle", "oracle+pool")
 QUICK = {"token_scale": 0.25, "max_calls": 12, "max_tasks": 20}
+ENGINE_LOAD_TIMING = EngineConfig.__dataclass_fields__["load_timing"].default  # the engine's default
 SCHEDULING = "short-first"  # hintkv's scheduler for the hinted configurations (lru runs keep fcfs)
 
 
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                    "ones again under the hinted runs' scheduler S as NAME/S")
     p.add_argument("--scheduling-policy", default=SCHEDULING, choices=admission_names(),
                    help="the hinted configurations' scheduler (lru configurations keep fcfs = vLLM)")
+    p.add_argument("--load-timing", default=ENGINE_LOAD_TIMING, choices=load_timing_names(),
+                   help="when a host hit computes (engine.load_timing), for every configuration")
     p.add_argument("--device-tokens", type=int, default=None)
     p.add_argument("--token-scale", type=float, default=1.0)
     p.add_argument("--max-calls", type=int, default=None, help="cut each agent to its first N calls")
@@ -193,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                                      max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens,
                                      progress=not args.no_progress, instances=args.instances,
-                                     max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode)
+                                     max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode,
+                                     load_timing=args.load_timing)
     oracles: dict[str, float] = {}
     oracle_schedules: dict[str, str] = {}  # oracle -> the run whose access order gave it
     oracle_hits: dict[str, tuple[int, ...]] = {}  # oracle -> each access's hits in that order
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"config": name, "calls": len(results["lru"].accesses), "hit_rate": oracles[name]})
     print(f"hintkv sim --profile {profile.name}: {args.users} users, {args.instances} instance(s), "
           f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
-          f"device {device_tokens} tokens, block size {args.block_size}, seed {args.seed}")
+          f"device {device_tokens} tokens, block size {args.block_size}, seed {args.seed}, load timing {args.load_timing}")
     print_table(rows, list(rows[0]))
     breakdown = [b for n, r in results.items() for b in breakdown_rows(n, r.calls)]
     print("\nwhere the TTFT went (mean seconds per call; the parts sum to ttft_mean_s):")
@@ -247,6 +253,6 @@ def main(argv: list[str] | None = None) -> int:
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy,
-               "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "queue_why": why, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
+               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "queue_why": why, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
                "zero_serving_task_s": bound_task_s, "goals": g})
     return 0

@@ -169,13 +169,17 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
              block_size: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
              time_scale: float = 1.0, progress: bool = False,
              on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True,
-             instances: int = 1, max_inflight: int = 8, fast_decode: bool = True) -> SimResult:
+             instances: int = 1, max_inflight: int = 8, fast_decode: bool = True,
+             load_timing: str | None = None) -> SimResult:
     """`instances` SimEngines of `device_tokens` each on one clock, placed by the router's code
     (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool;
-    `fast_decode`: decode stretches as one event each (`sim.stretch`; the same result)."""
+    `fast_decode`: decode stretches as one event each (`sim.stretch`; the same result);
+    `load_timing`: the engine's (`engine.load_timing`; None: the engine's default), every config."""
+    timing = {} if load_timing is None else {"load_timing": load_timing}
     cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                       eviction_policy=config.policy, hints=config.hints, scheduling_policy=config.scheduling)
+                       eviction_policy=config.policy, hints=config.hints, scheduling_policy=config.scheduling,
+                       **timing)
     clock = EventClock()
     num_blocks = device_tokens // block_size
     host_blocks = HOST_FACTOR * num_blocks if config.host else 0

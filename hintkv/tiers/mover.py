@@ -21,7 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -81,8 +81,6 @@ def gather(futures: list[Future[bool]]) -> Future[list[bool]]:
 
 class Mover:
     """Thread pool (+ CUDA copy stream) that runs transfers and counts them per direction."""
-
-    real_time = True  # its copies complete in real time: the engine may block on one
 
     def __init__(self, num_workers: int = 2, use_cuda_stream: bool | None = None) -> None:
         if num_workers < 1:
@@ -167,6 +165,12 @@ class Mover:
             return True
 
         return self.run(direction, fn, num_blocks, dst.numel() * dst.element_size(), after)
+
+    def wait_done(self, future: Future, timeout_s: float) -> bool:
+        """Block until `future` is done or `timeout_s` passes (a step waiting for its load:
+        `TierConnector.wait_load`); True: done. The simulator's mover waits in simulated time."""
+        wait([future], timeout=timeout_s)
+        return future.done()
 
     def wait_loads(self, futures: Iterable[Future[bool]]) -> list[bool]:
         """Block until the loads are done; the time spent blocked is counted as load wait."""

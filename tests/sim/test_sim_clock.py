@@ -29,3 +29,26 @@ def test_run_until_and_no_past():
     assert hits == [11.0] and clock() == 12.0 and clock.next_time() == 15.0
     with pytest.raises(ValueError, match="past"):
         clock.at(11.0, lambda: None)
+
+
+def test_wait_for_runs_events_until_done_or_the_end():
+    clock = EventClock()
+    box = []
+    clock.at(1.0, lambda: box.append("a"))
+    clock.at(2.0, lambda: box.append("b"))
+    clock.at(3.0, lambda: box.append("c"))
+    assert clock.wait_for(lambda: "b" in box, 10.0)  # done by the 2.0 event: stands there
+    assert box == ["a", "b"] and clock() == 2.0
+    assert not clock.wait_for(lambda: "z" in box, 2.5)  # not done: waited the whole time
+    assert box == ["a", "b"] and clock() == 2.5 and clock.next_time() == 3.0
+
+
+def test_a_wait_inside_a_wait_ends_by_the_outer_ones_end():
+    """Two instances on one clock: the second's wait, run by the first's, may not carry the clock
+    past the time the first waits for (its step would start late)."""
+    clock = EventClock()
+    inner = []
+    clock.at(1.0, lambda: inner.append(clock.wait_for(lambda: False, 5.0)))
+    clock.at(1.5, lambda: inner.append("late"))
+    assert not clock.wait_for(lambda: False, 2.0)
+    assert inner == ["late", False] and clock() == 2.0  # (the inner wait ran the 1.5 event)

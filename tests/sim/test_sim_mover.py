@@ -77,3 +77,24 @@ def test_pool_puts_and_gets_take_profile_time_and_return_checked_bytes(costs):
     assert pool.stats()["remote_hits"] == 1
     a.check_integrity()
     b.check_integrity()
+
+
+def test_wait_done_blocks_in_simulated_time(costs):
+    """The step that waits for its load (`TierConnector.wait_load`, same-step timing): the clock
+    runs on to the copy's landing, or to the timeout when the copy takes longer."""
+    clock = EventClock()
+    real = costs.profile.kv_bytes_per_token * 16
+    mover = VirtualMover(clock, costs, real)
+    layout = BlockLayout(1, 16, 1, 1, torch.uint8)
+    host = HostTier(layout, 8 * layout.nbytes, mover=mover)
+    stack = TierStack([host], mover=mover)
+    src = torch.full(layout.shape, 5, dtype=torch.uint8)
+    host.put([(b"k" * 16, src)])
+    _drain(clock)
+    one = _link_s(costs, "host", "device", real)
+    dst = torch.zeros(layout.shape, dtype=torch.uint8)
+    t0 = clock()
+    got = stack.load(b"k" * 16, dst)
+    assert not mover.wait_done(got, one / 2) and clock() == pytest.approx(t0 + one / 2)
+    assert mover.wait_done(got, one) and clock() == pytest.approx(t0 + one)
+    assert got.result() and torch.equal(dst, src)

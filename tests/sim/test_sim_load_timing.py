@@ -1,0 +1,97 @@
+"""Same-step load timing in the simulator (`engine.load_timing`, `Mover.wait_done`): the real
+scheduler waits inside `schedule()` for a host hit's load, in simulated time, and computes it in
+that step; under next-step the same hit computes one step later. What reaches the engine while its
+step waits is held until the step is scheduled, as the live state lock holds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from hintkv.config import EngineConfig
+from hintkv.engine.sequence import Sequence
+from hintkv.engine.types import SamplingParams
+from hintkv.sim.clock import EventClock
+from hintkv.sim.engine import SimEngine
+
+BS, DEVICE_BLOCKS, BUDGET = 16, 256, 2048
+A = list(range(1, 1 + 64 * BS))  # 64 blocks, later evicted to the host tier
+D = list(range(100_000, 100_000 + 200 * BS))  # with F, pushes A off the device (lru: A first)
+F = list(range(500_000, 500_000 + 100 * BS))
+C = list(range(200_000, 200_000 + 1500))  # a prefill beside which A's continuation arrives
+
+
+def _engine(costs, timing: str) -> tuple[SimEngine, EventClock, list, dict]:
+    clock = EventClock()
+    cfg = EngineConfig(model="sim", block_size=BS, kv_cache_tokens=DEVICE_BLOCKS * BS,
+                       max_num_batched_tokens=BUDGET, eviction_policy="lru", hints=False,
+                       load_timing=timing)
+    eng = SimEngine(cfg, costs, clock, DEVICE_BLOCKS, host_blocks=4 * DEVICE_BLOCKS)
+    steps = []  # each step's scheduled request ids, its start (after any wait) and when scheduled
+    schedule = eng.scheduler.schedule
+
+    def recorded():
+        t0 = clock()
+        out = schedule()
+        steps.append(([s.seq.request_id for s in out.scheduled], out.started, t0))
+        return out
+    eng.scheduler.schedule = recorded
+    added = {}  # request id -> (its sequence, when the scheduler got it)
+    add = eng.scheduler.add_request
+
+    def add_recorded(seq):
+        add(seq)
+        added[seq.request_id] = (seq, clock())
+    eng.scheduler.add_request = add_recorded
+    return eng, clock, steps, added
+
+
+def _run(eng: SimEngine, clock: EventClock, rid: str, prompt: list[int], max_tokens: int = 1) -> dict:
+    got = {}
+    eng.submit(rid, prompt, max_tokens, None, lambda t: got.setdefault("first", t),
+               lambda out, hashes: got.setdefault("done", clock()))
+    return got
+
+
+def _drain(clock: EventClock) -> None:
+    while clock.run_next():
+        pass
+
+
+@pytest.mark.parametrize("timing", ["next-step", "same-step"])
+def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, timing):
+    eng, clock, steps, added = _engine(costs, timing)
+    _run(eng, clock, "a", A)
+    _drain(clock)
+    for rid, prompt in (("d", D), ("f", F)):
+        _run(eng, clock, rid, prompt)
+        _drain(clock)
+    b_prompt = A + list(range(300_000, 300_000 + BS))  # A's prefix, all of it on the host tier
+    probe = Sequence("probe", b_prompt, len(b_prompt), SamplingParams(max_tokens=1), eng.root)
+    match = eng.kv.match_prefix(probe)
+    assert not match.blocks and len(match.lower) == 64
+    first = len(steps)
+    c = _run(eng, clock, "c", C)
+    b = _run(eng, clock, "b", b_prompt)
+    t0 = clock()
+    late = {}
+
+    def arrive():  # an agent's call while the step may wait for b's load
+        late["at"] = clock()
+        late["e"] = _run(eng, clock, "e", list(range(400_000, 400_000 + 64)))
+    clock.at(t0 + 1e-4, arrive)
+    _drain(clock)
+    assert eng.kv.tiers.counters.num_loaded == 64  # b's prefix came back from the host tier
+    ids, started, scheduled_at = steps[first]
+    assert scheduled_at == t0
+    load_s = 64 * eng.kv.tiers.stack.mover.transfer_s("host->device", 1, idle=False)
+    if timing == "same-step":
+        assert ids == ["c", "b"]  # b computes in the step its load started,
+        assert started >= t0 + load_s > late["at"]  # after waiting for the copy; e came meanwhile
+        assert "e" in steps[first + 1][0]  # held until the step was scheduled: in the next one
+        assert b["first"] <= steps[first + 1][1]  # b's first token: the first step's end
+        assert added["e"][1] == started and added["e"][0].arrival == late["at"]  # keeps its time
+    else:
+        assert ids == ["c"] and started == t0  # no wait: b computes in the next step
+        assert "b" in steps[first + 1][0] and b["first"] > steps[first + 1][1]
+    assert eng.kv.tiers.counters.load_wait_s == pytest.approx(started - t0)
+    assert c["first"] <= b["first"] and late["e"]["first"] > late["at"]
