@@ -95,3 +95,18 @@ def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, 
         assert "b" in steps[first + 1][0] and b["first"] > steps[first + 1][1]
     assert eng.kv.tiers.counters.load_wait_s == pytest.approx(started - t0)
     assert c["first"] <= b["first"] and late["e"]["first"] > late["at"]
+
+
+def test_the_load_timing_moves_nothing_without_loads_and_repeats_for_a_seed(traces, costs):
+    """lru has no lower tier, so no load: same-step gives next-step's report field by field; and a
+    same-step run with waits (sam+hints+host, a device that binds) is the same run twice."""
+    from test_sim_stretch import _everything, _room, _workload
+
+    from hintkv.sim.simulate import CONFIGS, simulate
+
+    wl = _workload(traces, users=3, max_tasks=4)
+    room = _room(wl) + 8 * BS
+    runs = {t: simulate(wl, CONFIGS["lru"], costs, room, load_timing=t) for t in ("next-step", "same-step")}
+    assert _everything(runs["next-step"]) == _everything(runs["same-step"])
+    a, b = (simulate(wl, CONFIGS["sam+hints+host"], costs, room, load_timing="same-step") for _ in "ab")
+    assert _everything(a) == _everything(b)
