@@ -64,3 +64,32 @@ def test_cache_aware_admission_adds_lru_ca_and_own_oracle(capsys):
         assert r["winnable_admit"] == max(0.0, r["lru_ca"] - r["hit_rate"])  # per cell, what is winnable
         assert r["winnable_evict"] == max(0.0, r["pinned_own"] - r["hit_rate"])
         assert r["admission"] == f"lru:fcfs {r['policy']}:cache-aware"
+
+
+def test_captured_best_is_judged_against_every_compared_schedule(capsys):
+    """`pinned_best` is `hintkv bench swarm`'s reference: the best pinned oracle over the schedules of
+    lru, qlru, lru/ca and the policy (never below any of them); `--max-calls 3,5` runs two workloads."""
+    assert main(["--kinds", "swe-agent", "--seeds", "1", "--users", "3", "--fractions", "0.35",
+                 "--max-calls", "3,5", "--token-scale", "0.03125", "--admission", "cache-aware",
+                 "--traces", str(TRACES)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = out["summary"]
+    assert sorted({r["max_calls"] for r in rows}) == [3, 5]
+    for r in rows:
+        assert r["pinned_best"] >= max(r["pinned"], r["pinned_own"]) - 1e-12
+        assert r["captured_best"] == captured(r["hit_rate"], r["lru"], r["pinned_best"])
+    goal = out["goals"]["captured_headroom_best"]
+    judged = [captured(r["hit_rate"], r["lru"], r["pinned_best"]) for r in rows
+              if r["pinned_best"] - r["lru"] >= 0.02]
+    assert goal["cells_judged"] == len(judged) and goal["measured"] == min(judged, default=None)
+
+
+def test_captured_best_goal_counts_the_cells_under_target():
+    row = {"kind": "k", "seed": 0, "users": 10, "fraction": 0.1, "policy": "sam", "tier": "device",
+           "peak_host": None, "lru_peak_host": None, "qlru": 0.2, "lru": 0.2, "oracle": 0.6, "pinned": 0.4}
+    rows = [{**row, "hit_rate": 0.5, "pinned_best": 0.6},   # 0.75
+            {**row, "hit_rate": 0.3, "pinned_best": 0.5},   # 0.333
+            {**row, "hit_rate": 0.21, "pinned_best": 0.21}]  # no headroom: not judged
+    g = compute_goals(rows, "sam")["captured_headroom_best"]
+    assert g["cells_judged"] == 2 and g["cells_under"] == 1 and not g["met"]
+    assert g["measured"] == pytest.approx(1 / 3)
