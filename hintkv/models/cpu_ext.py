@@ -12,16 +12,26 @@ every switch (session 10: a rebuild killed mid-way left a lock every later load 
 It also carries the CPU's feature flags (/proc/cpuinfo): the builds use -march=native, so a build
 cache shared by machines of other CPUs (an AMX build on an Ice Lake) never loads an .so whose
 instructions the CPU lacks (SIGILL); it rebuilds instead.
+
+A build runs under an advisory lock (`flock`) on a file beside the build: the kernel drops it when
+its process dies. torch's own `lock` file stays behind when a build is killed (Ctrl-C during the
+first `hintkv serve`), and every later load waited on it forever, silently; holding the flock, a
+process knows no live hintkv process is building that name, so a `lock` file it finds is stale and
+goes (with a warning).
 """
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import hashlib
+import logging
 import os
 import warnings
 from types import ModuleType
 
 _built: dict[str, ModuleType | None] = {}
+log = logging.getLogger(__name__)
 
 
 def build_tag(source: str, cflags: list[str], torch_dir: str, cpu: str) -> str:
@@ -38,16 +48,45 @@ def cpu_flags() -> str:
         return ""
 
 
+def extensions_root() -> str:
+    """Where torch builds extensions (TORCH_EXTENSIONS_DIR, else its default root)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+
+
+def clear_stale_batons(root: str, full_name: str) -> list[str]:
+    """Remove torch's build `lock` files of `full_name` under `root` (call only holding its flock)."""
+    stale = glob.glob(os.path.join(root, full_name, "lock")) + glob.glob(os.path.join(root, "*", full_name, "lock"))
+    for path in stale:
+        warnings.warn(f"{full_name}: removing a stale build lock {path} (a build was killed mid-way)",
+                      RuntimeWarning, stacklevel=2)
+        os.remove(path)
+    return stale
+
+
+def _build(full_name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType:
+    from torch.utils.cpp_extension import load_inline
+
+    root = extensions_root()
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, f".{full_name}.hintkv-lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        clear_stale_batons(root, full_name)
+        if not glob.glob(os.path.join(root, "**", full_name, f"{full_name}.so"), recursive=True):
+            log.warning("building the C++ extension %s (first use with this source; a minute or two)", full_name)
+        return load_inline(name=full_name, cpp_sources=source, functions=functions,
+                           extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+
+
 def load(name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType | None:
     """The built extension `name` (cached per process), or None when it cannot be built (warned once)."""
     if name not in _built:
         try:
             import torch
-            from torch.utils.cpp_extension import load_inline
 
             tag = build_tag(source, cflags, os.path.dirname(torch.__file__), cpu_flags())
-            _built[name] = load_inline(name=f"{name}_{tag}", cpp_sources=source, functions=functions,
-                                       extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+            _built[name] = _build(f"{name}_{tag}", source, functions, cflags)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
             warnings.warn(f"{name}: C++ CPU ops unavailable ({type(e).__name__}: {str(e)[:200]}); "
                           "running eager ops", RuntimeWarning, stacklevel=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from hintkv.models.cpu_ext import build_tag, cpu_flags
+from hintkv.models.cpu_ext import build_tag, clear_stale_batons, cpu_flags
 
 
 def test_each_torch_installation_builds_its_own_extension():
@@ -28,3 +28,23 @@ def test_each_cpu_builds_its_own_extension():
     assert flags == cpu_flags()
     if platform.machine() == "x86_64" and os.path.exists("/proc/cpuinfo"):
         assert "fpu" in flags.split()  # the flags line itself, not "" (which would tag every CPU alike)
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_under_the_flock(tmp_path):
+    """torch's `lock` file outlives a killed build and every later load waited on it forever; the
+    loader, holding its flock, removes the stale `lock` of its own name (in the root or a py*_cpu
+    folder) and nothing of another name."""
+    import pytest
+
+    mine, other = "hintkv_x_0123456789ab", "hintkv_y_0123456789ab"
+    for d in (tmp_path / mine, tmp_path / "py311_cpu" / mine, tmp_path / "py311_cpu" / other):
+        d.mkdir(parents=True)
+        (d / "lock").write_text("")
+        (d / "main.cpp").write_text("")
+    with pytest.warns(RuntimeWarning, match="stale build lock"):
+        removed = clear_stale_batons(str(tmp_path), mine)
+    assert sorted(removed) == sorted([str(tmp_path / mine / "lock"), str(tmp_path / "py311_cpu" / mine / "lock")])
+    assert not (tmp_path / "py311_cpu" / mine / "lock").exists()
+    assert (tmp_path / "py311_cpu" / mine / "main.cpp").exists()  # only the lock goes
+    assert (tmp_path / "py311_cpu" / other / "lock").exists()  # another extension's build is not touched
+    assert clear_stale_batons(str(tmp_path), mine) == []
