@@ -3,14 +3,12 @@
 What it decides and starts, all on the engine thread under its state lock:
 
   down  `on_device_evict(victims)` (the pool's hook): victims some live session holds (every
-        block when hints are off) are QUEUED; `flush_write_downs()` gathers the ones the stack
-        lacks and stores them. The engine calls it after scheduling and before the forward pass
-        (which may overwrite the reused blocks), so `allocate` under the state lock never copies;
-        any device write of ours (landing a load) flushes first. On CUDA the gather runs on
-        the mover's copy stream (`DeviceBlockIO.read_async`): the engine thread never waits for
-        it, the compute stream waits for it before the forward, and a mover thread stores the
-        staging once it landed; on a CPU host it is a plain gather. `offload(hashes)` writes a
-        session's device blocks down now; `poll()` drops their device copies once they landed.
+        block when hints are off) are QUEUED (`cache.write_downs`, which states the flush
+        contract); `flush_write_downs()` gathers the ones the stack lacks and stores them. The
+        engine calls it after scheduling and before the forward pass (which may overwrite the
+        reused blocks), so `allocate` under the state lock never copies; any device write of
+        ours (landing a load) flushes first. `offload(hashes)` writes a session's device blocks
+        down now; `poll()` drops their device copies once they landed.
   up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
         cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads
         them into staging; `finish_load(key)` scatters the leading run of good blocks into the
@@ -47,6 +45,7 @@ from hintkv.cache.ranking import ClassRanking
 from hintkv.cache.spm import SessionPoolManager
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES
+from hintkv.cache.write_downs import WriteDowns
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.mover import resolved
 from hintkv.tiers.pool import PoolTier
@@ -92,14 +91,12 @@ class PendingOffload:
 
 @dataclass(slots=True)
 class TierCounters:
-    num_written_down: int = 0  # device blocks stored to the stack (eviction + offload)
     num_offload_dropped: int = 0  # device copies dropped after an offload landed
     num_loaded: int = 0  # blocks scattered into the device from the stack (requests)
     num_prefetched: int = 0  # blocks loaded ahead of a request and registered as cached
     num_load_failed: int = 0  # blocks whose load missed (corrupt, I/O error, gone): recomputed
     num_load_timeouts: int = 0  # loads abandoned as slower than recomputing
     num_predicted_prefetches: int = 0  # sessions prefetched on a predicted resume (by SAM)
-    num_write_downs_queued: int = 0  # evicted blocks queued for a write-down
     load_wait_s: float = 0.0  # engine seconds spent idle waiting for loads
     loaded_bytes: int = 0  # payload bytes of landed loads (requests and prefetches)
     load_s: float = 0.0  # their durations, start to last block read (for bandwidth)
@@ -136,10 +133,8 @@ class TierConnector:
         self._offload_seq = 0
         self._landed: list[PendingOffload] = []
         self._landed_lock = threading.Lock()
-        # evicted (hash, block id) not yet gathered: flushed before the device reuses the blocks
-        self._write_queue: list[tuple[BlockHash, int]] = []
-        self._queue_lock = threading.Lock()  # the queue is flushed outside the state lock
-        self._async_writes: list[Future[bool]] = []  # CUDA write-downs still being gathered
+        # evicted blocks not yet gathered: flushed before the device reuses the blocks
+        self.write_downs = WriteDowns(stack, io, self._staging)
         # what tier threads read, once per step
         self.board = RankBoard(ranking.full_delta(), grouped=ranking.grouped)
         pool.on_evict = self.on_device_evict
@@ -175,52 +170,17 @@ class TierConnector:
         else:
             kept = [(h, b.block_id) for b in victims if (h := b.hash) is not None]
         if kept:
-            with self._queue_lock:
-                self._write_queue.extend(kept)
-            self.counters.num_write_downs_queued += len(kept)
+            self.write_downs.queue(kept)
 
     def flush_write_downs(self) -> int:
-        """Gather the queued victims the stack lacks and store them. Must run before anything
-        writes the reused device blocks (the engine: after `schedule`, before the forward pass;
-        it needs no state lock). Returns the blocks written."""
-        with self._queue_lock:
-            queued, self._write_queue = self._write_queue, []
-        if not queued:
-            return 0
-        where = self.stack.lookup([h for h, _ in queued])
-        fresh = [(h, bid) for (h, bid), w in zip(queued, where) if w is None]
-        if not fresh:
-            return 0
-        hashes, block_ids = [h for h, _ in fresh], [bid for _, bid in fresh]
-        staging = self._staging(len(hashes))
-        gathered = self.io.read_async(block_ids, staging, self.stack.mover.copy_stream)
-        if gathered is None:  # CPU: gathered already
-            self.stack.store(list(zip(hashes, staging.unbind(0))))
-        else:  # CUDA: the gather overlaps what the engine does next; stored once it landed
-            items = list(zip(hashes, staging.unbind(0)))
-
-            def store() -> bool:
-                gathered.synchronize()
-                self.stack.store(items)
-                return True
-            self._async_writes = [f for f in self._async_writes if not f.done()]
-            self._async_writes.append(self.stack.mover.run(None, store, len(items), 0))
-        self.counters.num_written_down += len(hashes)
-        return len(fresh)
+        """Gather the queued victims the stack lacks and store them (`WriteDowns.flush`). Must
+        run before anything writes the reused device blocks; needs no state lock. Returns the
+        blocks written."""
+        return self.write_downs.flush()
 
     @property
     def num_write_downs_queued(self) -> int:
-        with self._queue_lock:
-            return len(self._write_queue)
-
-    def _write_down(self, hashes: list[BlockHash], block_ids: list[int]) -> list[Future[bool]]:
-        # A synchronous gather into our own staging: the device block may be reused as soon as
-        # this returns (on CUDA the gather waits for the compute stream's writes to the block).
-        staging = self._staging(len(hashes))
-        self.io.read(block_ids, staging)
-        futures = self.stack.store(list(zip(hashes, staging.unbind(0))))
-        self.counters.num_written_down += len(hashes)
-        return futures
+        return self.write_downs.num_pending
 
     def offload(self, hashes: list[BlockHash]) -> tuple[int, int]:
         """Write the device-resident blocks among `hashes` down now; their device copies are
@@ -243,7 +203,7 @@ class TierConnector:
         missing = list(map(not_, where))  # not below yet (tier names are non-empty)
         fresh = list(compress(on_device, missing))
         ids = list(map(_id_of, compress(filter(None, found), missing)))
-        batch = self._write_down(fresh, ids) if fresh else []
+        batch = self.write_downs.write_now(fresh, ids) if fresh else []
         self._offload_seq += 1
         self._num_offloads += 1
         if self.offload_mode == "eager":  # `poll` drops from the tail: a future per block
@@ -477,8 +437,7 @@ class TierConnector:
             self.counters.load_wait_s += time.perf_counter() - t0
 
     def idle(self) -> bool:
-        return not (self._loads or self._prefetches or self._num_offloads or self._write_queue
-                    or any(not f.done() for f in self._async_writes))
+        return not (self._loads or self._prefetches or self._num_offloads or self.write_downs.busy())
 
     # ---- reporting -----------------------------------------------------------------------
     def where(self, hashes: list[BlockHash]) -> dict[str, int]:
@@ -503,7 +462,7 @@ class TierConnector:
             "load_wait_s": c.load_wait_s + s.transfers.load_wait_s,
             "loaded_bytes": c.loaded_bytes,
             "load_s": c.load_s,
-            "num_written_down": c.num_written_down,
+            "num_written_down": self.write_downs.num_written,
             "num_offload_dropped": c.num_offload_dropped,
             "num_loaded": c.num_loaded,
             "num_prefetched": c.num_prefetched,
@@ -530,12 +489,7 @@ class TierConnector:
                 "a block being loaded is free or already indexed"
 
     def wait_write_downs(self) -> None:
-        """Block until every write-down gathered on the copy stream has been handed to the
-        stack, then until the stack's I/O is done."""
-        for f in self._async_writes:
-            f.result()
-        self._async_writes = []
-        self.stack.flush()
+        self.write_downs.wait()
 
     def close(self) -> None:
         self.flush_write_downs()

@@ -20,6 +20,7 @@ Each transition adds to the request's TTFT parts (`engine.ttft`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from hintkv.engine import ttft
@@ -144,12 +145,13 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
 
 
 def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: list[Sequence],
-                   at: int) -> int:
+                   at: int, unlocked=None) -> int:
     """Loads started by this step's admissions (`started`): wait for each as long as the load
     timing allows (`engine.load_timing`) and compute the ones that landed in this step, with what
     the budget leaves, into the running list from index `at` (before the prefills that yielded:
-    the pass that serves those later must not meet them again); the others stay LOADING. Returns
-    the budget left."""
+    the pass that serves those later must not meet them again); the others stay LOADING. Each
+    wait runs inside `unlocked()` (the driver's state lock released: `Scheduler`). Returns the
+    budget left."""
     kv, timing = sch.kv, sch.load_timing
     waited = 0.0  # the limit is the step's: what earlier loads of this step waited counts
     for seq in started:
@@ -160,7 +162,8 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         if limit <= 0:
             continue
         t0 = sch.clock()
-        landed = kv.tiers.wait_load(seq.request_id, limit)
+        with (unlocked or nullcontext)():
+            landed = kv.tiers.wait_load(seq.request_id, limit)
         now = sch.clock()
         waited += now - t0
         if not landed:

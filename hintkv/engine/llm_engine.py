@@ -1,6 +1,7 @@
 """The synchronous engine: one `step()` reads top to bottom: schedule -> run -> update.
 
-    sched = scheduler.schedule()                      # under the state lock
+    sched = scheduler.schedule(unlocked)              # under the state lock (released
+                                                      #   while a same-step load is waited for)
     runner_out = runner.run(sched.scheduled)          # the forward pass, lock released
     outputs = scheduler.update_from_output(sched, runner_out)   # under the state lock
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -253,9 +255,18 @@ class LLMEngine:
             self.tiers.close()
 
     # ---- the step --------------------------------------------------------------------------
+    @contextmanager
+    def _unlocked(self):
+        """The state lock released for a wait inside the step (a same-step load: `Scheduler`)."""
+        self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.acquire()
+
     def step(self) -> list[RequestOutput]:
-        with self.lock:
-            sched = self.scheduler.schedule()
+        with self.lock:  # a same-step load wait inside releases it (`_unlocked`)
+            sched = self.scheduler.schedule(self._unlocked)
             pending = [] if sched.scheduled else self.scheduler.pending_loads()
         if sched.scheduled:
             self.kv.flush_write_downs()  # victims reused by this pass are written down first

@@ -11,8 +11,9 @@ A sequence admitted with a prefix held below (host, disk) is LOADING while its b
   few milliseconds of copying waits a whole step (beside a running decode, 62.8 ms of a 333 ms
   TTFT: tenth session, in-process).
 - `same-step` (opt-in; what a synchronous KV connector does, e.g. LMCache's retrieve before
-  vLLM's forward): the step waits for the load inside `schedule()` and computes the sequence in
-  that step, when the wait costs the step's other sequences less than the step it saves: each
+  vLLM's forward): the step waits for the load inside `schedule()` (with the engine's state
+  lock released: `Scheduler`'s `unlocked`, so the server's locked reads never wait for a copy)
+  and computes the sequence in that step, when the wait costs the step's other sequences less than the step it saves: each
   of the k sequences already in the step waits w, the loaded one gains one step (at least the
   step's own forward time F), so it waits only while k·w <= F, with w and F from the tier
   connector's measured costs (bandwidth per tier, prefill seconds per token; F counts the

@@ -45,6 +45,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     out_of_room: list[Sequence] = field(default_factory=list)  # alone and still no room: finish
     started: float = 0.0  # the scheduler's clock when the step was scheduled
+    write_down_mark: int = 0  # victims queued for a write-down by then: flushed before the forward
 
     @property
     def num_batched_tokens(self) -> int:

@@ -18,10 +18,21 @@ Nothing here reads a tensor or the wall clock directly: time comes from `clock` 
 `time.monotonic`), so a simulator can drive the real scheduler with made-up runner output
 under a virtual clock. A driver's step, as `LLMEngine.step` does it:
 
-    out = scheduler.schedule()
+    out = scheduler.schedule(unlocked)  # under the driver's state lock; `unlocked`: see below
     scheduler.kv.flush_write_downs()    # with tiers: copy down the victims this pass reuses
     runner_out = <run out.scheduled>    # ModelRunnerOutput: token ids per scheduled sequence
     outputs = scheduler.update_from_output(out, runner_out)
+
+The driver's two duties, both checked:
+- flush before the forward pass: a block the pool handed out may still hold a victim queued for a
+  write-down (`cache.write_downs` states it); `schedule()` records the queue's mark on its
+  output and `update_from_output` raises if the flush did not reach it.
+- `unlocked` (optional): a context manager in which the step's load waits run (`same-step`
+  load timing); `LLMEngine` passes one that releases its state lock, so the server's locked
+  reads (`manage`, `describe_session`, `/metrics`' tier stats) never wait for a copy. Inside
+  it only other threads' lock holders may touch the state (never the engine thread's own
+  work: requests are added and aborted between steps), and whatever they change is what they
+  may change during a forward pass; what the step does after the wait re-checks its room.
 
 A sequence whose prefix continues in a lower tier (host, disk) is admitted with blocks for it
 and set aside as LOADING while the blocks arrive; it takes no token budget, and the sequences
@@ -34,6 +45,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from concurrent.futures import Future
 
 from hintkv.cache.manager import KVCacheManager
@@ -182,7 +194,8 @@ class Scheduler:
         return bool(self.loading) or self.kv.num_prefetching_blocks > 0
 
     # ---- schedule --------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, unlocked: Callable[[], AbstractContextManager] | None = None) -> SchedulerOutput:
+        """One step's batch; `unlocked`: what the step's load waits run in (the module's docstring)."""
         now = self.clock()
         out = SchedulerOutput(started=now)
         if self.sam is not None:
@@ -208,7 +221,7 @@ class Scheduler:
             if len(self.loading) > loads:  # loads this step started: computed now if they land,
                 # running after the admissions and before the prefills that yielded
                 budget = batching.land_new_loads(self, out, budget, self.loading[loads:],
-                                                 at=len(self.running) - yielded)
+                                                 at=len(self.running) - yielded, unlocked=unlocked)
             for s in capped:  # what the admissions left goes back to the capped prefills
                 extra = min(s.seq.num_tokens - s.seq.num_computed_tokens - s.num_new_tokens, budget)
                 if extra > 0 and self.kv.can_append(s.seq, s.num_new_tokens + extra):
@@ -218,6 +231,8 @@ class Scheduler:
             if yielded and budget > 0:  # and then to the prefills that yielded
                 budget, _ = batching.schedule_running(self, out, budget, len(self.running) - yielded, None)
         batching.add_drafts(self, out, budget)  # from what the real tokens left
+        if self.kv.tiers is not None:  # the driver flushes up to here before the forward pass
+            out.write_down_mark = self.kv.tiers.write_downs.mark()
         return out
 
     # ---- update (hintkv.engine.step_update) ------------------------------------------------

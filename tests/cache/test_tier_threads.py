@@ -147,7 +147,7 @@ def test_allocate_only_queues_write_downs_and_flush_stores_exact_bytes(tmp_path)
         io.read([kv.pool.lookup(h).block_id], out)
         expect[h] = out[0].clone()
     blocks = kv.pool.allocate(NUM_BLOCKS)  # evicts a's 4 blocks
-    assert kv.tiers.counters.num_written_down == 0 and kv.tiers.num_write_downs_queued == 4
+    assert kv.tiers.write_downs.num_written == 0 and kv.tiers.num_write_downs_queued == 4
     assert stack.lookup(hashes) == [None] * 4  # nothing copied yet
     assert kv.flush_write_downs() == 4
     for b in blocks:  # now the forward pass may overwrite the reused blocks

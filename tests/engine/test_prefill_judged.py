@@ -151,6 +151,7 @@ def swap_scenario(token_s: float, *first_seqs) -> tuple[Scheduler, dict[str, int
         if i == 6:
             sched.add_request(make_seq("b", list(range(200, 212)), max_tokens=4))
         out = sched.schedule()
+        kv.flush_write_downs()  # as LLMEngine.step: the victims this pass reuses go down first
         clock.t += 0.001 * out.num_batched_tokens
         outs = sched.update_from_output(
             out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))

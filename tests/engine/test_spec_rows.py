@@ -50,8 +50,8 @@ def run(e: LLMEngine, n: int, prompt_len: int, max_tokens: int) -> tuple[dict[st
     steps: list[SchedulerOutput] = []
     schedule = e.scheduler.schedule
 
-    def recording() -> SchedulerOutput:  # the real scheduler runs; its plans are kept
-        out = schedule()
+    def recording(*args) -> SchedulerOutput:  # the real scheduler runs; its plans are kept
+        out = schedule(*args)
         steps.append(out)
         return out
 

@@ -1,0 +1,116 @@
+"""Evicted device blocks a lower tier keeps: queued when the pool reuses them, gathered and stored
+before anything writes those device blocks (`TierConnector` owns one).
+
+    downs.queue(kept)          # the pool's eviction hook, under the state lock: no copy here
+    downs.flush()              # no state lock needed: gather the queued blocks the stack lacks, store them
+    downs.check_flushed(mark)  # every victim queued before `downs.mark()` was gathered
+
+The contract, stated once (`Scheduler`'s docstring points here): a device block handed out by
+the pool may still hold a victim queued for a write-down until `flush()` ran, so whatever writes
+device KV flushes first: the engine between `schedule()` and the forward pass (outside the
+state lock), a landing load just before its scatter. `Scheduler.schedule()` records `mark()`
+on its output and `update_from_output` checks it (`check_flushed`), so a driver that ran a
+forward pass without flushing fails loudly instead of writing down overwritten KV.
+
+On CUDA the gather runs on the mover's copy stream (`DeviceBlockIO.read_async`): the engine
+thread never waits for it, the compute stream waits for it before the forward, and a mover
+thread stores the staging once it landed; on a CPU host it is a plain gather.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import torch
+
+from hintkv.cache.hashing import BlockHash
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.stack import TierStack
+
+
+class WriteDowns:
+    def __init__(self, stack: TierStack, io: DeviceBlockIO,
+                 staging: Callable[[int], torch.Tensor]) -> None:
+        self.stack = stack
+        self.io = io
+        self._staging = staging
+        self._queue: list[tuple[BlockHash, int]] = []  # (hash, device block id) not gathered yet
+        self._lock = threading.Lock()  # queued under the state lock, flushed outside it
+        self._async: list[Future[bool]] = []  # CUDA write-downs still being gathered
+        self.num_queued = 0  # victims ever queued (the marks count these)
+        self.num_taken = 0  # of which a flush took (gathered, or found below already)
+        self.num_written = 0  # device blocks stored to the stack (by a flush or `write_now`)
+
+    def queue(self, kept: list[tuple[BlockHash, int]]) -> None:
+        with self._lock:
+            self._queue.extend(kept)
+            self.num_queued += len(kept)
+
+    @property
+    def num_pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def mark(self) -> int:
+        """How many victims have been queued so far (`check_flushed` compares against it)."""
+        with self._lock:
+            return self.num_queued
+
+    def check_flushed(self, mark: int) -> None:
+        """Raise if a victim queued before `mark` was never flushed: the forward pass that just ran
+        may have overwritten it before its write-down gathered it."""
+        if self.num_taken < mark:
+            raise RuntimeError(
+                f"{mark - self.num_taken} evicted blocks were not written down before the forward "
+                "pass: call kv.flush_write_downs() after schedule() and before running the step "
+                "(hintkv.cache.write_downs)")
+
+    def flush(self) -> int:
+        """Gather the queued victims the stack lacks and store them; returns the blocks written."""
+        with self._lock:
+            queued, self._queue = self._queue, []
+            self.num_taken += len(queued)
+        if not queued:
+            return 0
+        where = self.stack.lookup([h for h, _ in queued])
+        fresh = [(h, bid) for (h, bid), w in zip(queued, where) if w is None]
+        if not fresh:
+            return 0
+        hashes, block_ids = [h for h, _ in fresh], [bid for _, bid in fresh]
+        staging = self._staging(len(hashes))
+        gathered = self.io.read_async(block_ids, staging, self.stack.mover.copy_stream)
+        if gathered is None:  # CPU: gathered already
+            self.stack.store(list(zip(hashes, staging.unbind(0))))
+        else:  # CUDA: the gather overlaps what the engine does next; stored once it landed
+            items = list(zip(hashes, staging.unbind(0)))
+
+            def store() -> bool:
+                gathered.synchronize()
+                self.stack.store(items)
+                return True
+            self._async = [f for f in self._async if not f.done()]
+            self._async.append(self.stack.mover.run(None, store, len(items), 0))
+        self.num_written += len(hashes)
+        return len(fresh)
+
+    def write_now(self, hashes: list[BlockHash], block_ids: list[int]) -> list[Future[bool]]:
+        """A synchronous gather into our own staging (an offload): the device blocks may be
+        reused as soon as this returns (on CUDA the gather waits for the compute stream)."""
+        staging = self._staging(len(hashes))
+        self.io.read(block_ids, staging)
+        futures = self.stack.store(list(zip(hashes, staging.unbind(0))))
+        self.num_written += len(hashes)
+        return futures
+
+    def busy(self) -> bool:
+        return bool(self._queue) or any(not f.done() for f in self._async)
+
+    def wait(self) -> None:
+        """Block until every write-down gathered on the copy stream has been handed to the
+        stack, then until the stack's I/O is done."""
+        for f in self._async:
+            f.result()
+        self._async = []
+        self.stack.flush()
