@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hintkv.models import gemv_cpu, int8_cpu
+from hintkv.models import cpu_kernels, gemv_cpu, int8_cpu
 from hintkv.models.int8 import (
     GEMV_ROWS,
     LEVELS,
@@ -93,6 +93,8 @@ class MklPackedKernel(LinearKernel):
 
     def prepare(self) -> None:
         self.packed: dict[int, torch.Tensor] = {}
+        if cpu_kernels.enabled():
+            gemv_cpu.ops()  # its C++ builds now, at load, not in the first request's decode step (minutes)
 
     def _pack(self, rows: int) -> torch.Tensor:
         packed = self.packed.get(rows)

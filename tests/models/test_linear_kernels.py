@@ -115,3 +115,17 @@ def test_w8a8_smollm2_accuracy(smollm2):
     # the answer's first token is a near tie in float32 ("The" 25.33 vs "L" 25.24), so start it
     prompt = _prompt(q, "What is the capital of France?") + q.tokenizer.encode("The capital of France is")
     assert "Paris" in smollm2.tokenizer.decode(greedy(q.model, prompt, 4))
+
+
+def test_the_mkl_kernels_few_row_cpp_is_built_when_a_weight_is_prepared(monkeypatch):
+    """Before, `gemv_cpu`'s C++ was built inside the first decode step: a fresh `hintkv serve` said it
+    was ready, then its first request waited minutes for the compiler (TTFT 253 s under load). It is
+    built (or found cached) when the kernel is prepared, i.e. at model load."""
+    from hintkv.models import cpu_ext, cpu_kernels
+
+    lin = _linear(32, 16, False)
+    if not MklPackedKernel.available(lin.weight) or not cpu_kernels.enabled():
+        pytest.skip("no MKL float32 CPU kernel here")
+    monkeypatch.delitem(cpu_ext._built, "hintkv_gemv", raising=False)
+    KERNELS["mkl"](lin.weight, None)
+    assert "hintkv_gemv" in cpu_ext._built  # loaded (or its failure recorded) at prepare, before any call
