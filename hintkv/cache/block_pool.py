@@ -32,6 +32,7 @@ from hintkv.cache.block import Block
 from hintkv.cache.block_runs import BlockRuns
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies import EvictionPolicy
+from hintkv.cache.policies.base import UNHELD
 from hintkv.cache.ranking import ClassRanking
 
 _hash_of, _group_of = attrgetter("hash"), attrgetter("group")
@@ -46,15 +47,15 @@ class BlockPool:
             raise ValueError("the KV pool needs at least one block")
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.policy = policy
-        # its own ranking, never shared: a group caches ONE pool's node (`Group.node`), so a
-        # second pool's `BlockRuns` on the same ranking would move the first pool's nodes
+        # its own ranking, never shared: a group links ONE pool's node (`Group.node`), so a
+        # second pool's `BlockRuns` on the same ranking would unlink the first pool's nodes
         self.ranking = ClassRanking(policy)
         self.ranking.listeners.append(self)
         self._grouped = self.ranking.grouped
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: pop() gives 0 first
         self._cached = BlockRuns()  # class -> group node -> runs of blocks (`cache.block_runs`)
         if self._grouped:  # a group changing class moves its node here (`ClassRanking`)
-            self.ranking.node_orders.append(self._cached)
+            self.ranking.node_order = self._cached
         self._index: dict[BlockHash, Block] = {}
         self.on_evict: EvictHook | None = None  # called with victims before their KV is reused
         self.num_evicted = 0
@@ -228,12 +229,21 @@ class BlockPool:
 
     # ---- nodes: a cached block sits in its group's node, the node in its class's bucket ------
     def _file(self, b: Block, group: int, front: bool = False) -> None:
-        """File `b` in its group's node (one node for all under a policy without sessions)."""
-        self._cached.add(b, group if self._grouped else 0, self.ranking.group_class(group), front)
+        """File `b` in its group's node (one node for all under a policy without sessions); the
+        node is linked to the ranking's group (`Group.node`: a walk skips a group without one)."""
+        if not self._grouped:
+            self._cached.add(b, 0, self.ranking.group_class(group), front)
+            return
+        g = self.ranking.group(group)
+        self._cached.add(b, group, UNHELD if g is None else g.top, front, g)
 
     def _file_run(self, blocks: list[Block], group: int) -> None:
         """`_file` of consecutive blocks of one group, in order, as one run (takes the list)."""
-        self._cached.add_run(blocks, group if self._grouped else 0, self.ranking.group_class(group))
+        if not self._grouped:
+            self._cached.add_run(blocks, 0, self.ranking.group_class(group))
+            return
+        g = self.ranking.group(group)
+        self._cached.add_run(blocks, group, UNHELD if g is None else g.top, g)
 
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None:
         """Ranking listener: the block holding `h` (if cached here) joins another group (at its

@@ -62,13 +62,14 @@ class _Run:
 
 
 class _Node:
-    __slots__ = ("gid", "cls", "runs", "count")
+    __slots__ = ("gid", "cls", "runs", "count", "group")
 
-    def __init__(self, gid: int, cls: int) -> None:
+    def __init__(self, gid: int, cls: int, group: Group | None) -> None:
         self.gid = gid
         self.cls = cls
         self.runs: dict[_Run, None] = {}  # in victim order (front runs are re-inserted first)
         self.count = 0  # valid blocks in its runs
+        self.group = group  # the ranking's group `gid` (None: filed without one), linked both ways
 
 
 class BlockRuns:
@@ -96,25 +97,30 @@ class BlockRuns:
         return sum(n for c, n in self._counts.items() if c < cls)
 
     # ---- filing ----------------------------------------------------------------------------
-    def _use_node(self, gid: int, cls: int) -> _Node:
-        """Node `gid` at the back of its class (a new one gets class `cls`)."""
+    def _use_node(self, gid: int, cls: int, group: Group | None) -> _Node:
+        """Node `gid` at the back of its class (a new one gets class `cls` and is linked to
+        `group`: `group.node` is it until it empties)."""
         node = self._nodes.get(gid)
         if node is None:
-            node = self._nodes[gid] = _Node(gid, cls)
+            node = self._nodes[gid] = _Node(gid, cls, group)
+            if group is not None:
+                group.node = node
             bucket = self._buckets.get(cls)
             if bucket is None:
                 bucket = self._buckets[cls] = {}
         else:
+            assert node.group is group, "a node's blocks are filed under two groups"
             bucket = self._buckets[node.cls]
             del bucket[gid]
         bucket[gid] = node
         return node
 
-    def add_run(self, blocks: list[Block], gid: int, cls: int) -> None:
+    def add_run(self, blocks: list[Block], gid: int, cls: int, group: Group | None = None) -> None:
         """File `blocks` (distinct, none filed) in order at the back of node `gid`, the node at
         the back of its class (a node that exists keeps its class: only `move_node` moves it).
-        The run takes ownership of the list."""
-        node = self._use_node(gid, cls)
+        `group`: the ranking's group `gid` (every filing under an id hands the same one, or
+        none). The run takes ownership of the list."""
+        node = self._use_node(gid, cls, group)
         run = _Run(node, blocks)
         for b in blocks:
             assert b.run is None, "a block is filed twice"
@@ -125,13 +131,14 @@ class BlockRuns:
         self._counts[node.cls] = self._counts.get(node.cls, 0) + n
         self._len += n
 
-    def add(self, b: Block, gid: int, cls: int, front: bool = False) -> None:
+    def add(self, b: Block, gid: int, cls: int, front: bool = False,
+            group: Group | None = None) -> None:
         """File one block at the back of node `gid` (`front`: at its head, reclaimed first)."""
         if not front:
-            self.add_run([b], gid, cls)
+            self.add_run([b], gid, cls, group)
             return
         assert b.run is None, "a block is filed twice"
-        node = self._use_node(gid, cls)
+        node = self._use_node(gid, cls, group)
         first = next(iter(node.runs), None)
         if first is not None and first.front and first.clean:
             first.blocks.append(b)
@@ -181,20 +188,17 @@ class BlockRuns:
             if not node.runs:
                 del self._buckets[node.cls][node.gid]
                 del self._nodes[node.gid]
+                if node.group is not None:
+                    node.group.node = None
 
     # ---- order -----------------------------------------------------------------------------
     def move_node(self, gid: int, cls: int, again: bool = False, group: Group | None = None) -> bool:
         """A group changed class: its node (if any) goes to the back of `cls`. O(1). `again`:
         also when it is in `cls` already (it left and came back). `group` (the ranking's group
-        `gid`): its `node` caches ours (a node that emptied has count 0 and is never reused)."""
-        node = group.node if group is not None else None
-        if node is None or not node.count:
-            node = self._nodes.get(gid)
-            if group is not None:
-                group.node = node  # (None: a dropped node is not read again; until this lookup
-                # the group kept it alive, with no runs: no blocks held)
-            if node is None:
-                return False
+        `gid`, handed on every filing under `gid`): its `node` is ours, exactly (no lookup)."""
+        node = group.node if group is not None else self._nodes.get(gid)
+        if node is None:
+            return False
         old = node.cls
         bucket = self._buckets[old]
         if old == cls:  # back in its class (a request's end): to its back, one bucket read
@@ -241,11 +245,18 @@ class BlockRuns:
                     for b in run.blocks_in():
                         yield b, gid, cls
 
-    def check_integrity(self, groups: Iterable[Group] = ()) -> None:
-        """Also: each of `groups` (the ranking's) caches no node but ours for its id."""
-        for g in groups:
-            assert g.node is None or not g.node.count or self._nodes.get(g.gid) is g.node, \
-                f"group {g.gid} caches a node that is not its node here"
+    def check_integrity(self, groups: Iterable[Group] | None = None) -> None:
+        """Also, given `groups` (all of the ranking's): each group's `node` is exactly its node
+        here (None: no blocks of it are filed), and each node is linked to the group of its id
+        (None: no group has that id, e.g. the unheld blocks' node)."""
+        if groups is not None:
+            by_gid = {}
+            for g in groups:
+                by_gid[g.gid] = g
+                assert g.node is self._nodes.get(g.gid), \
+                    f"group {g.gid}'s node is not its node here (or it has none here)"
+            for gid, node in self._nodes.items():
+                assert node.group is by_gid.get(gid), f"node {gid} is linked to another group"
         seen: set[int] = set()
         counts: dict[int, int] = {}
         num_nodes = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -26,13 +27,21 @@ class Group:
     # held by one session (its own context): read by every walk, kept so a walk does not
     # touch the holder set (a cache miss per group in a request's end)
     alone: bool = field(init=False)
-    # the device pool's node of this group (`BlockRuns.move_node` caches it here: a walk then
-    # reads no node map); stale once the node emptied (its count 0), then looked up again
+    # the device pool's node of this group, exactly (`BlockRuns` links it when the group's first
+    # cached block is filed and unlinks it when its last leaves): None, no cached device block,
+    # so a walk moves no node (most waiting sessions' own context at a small pool)
     node: object = field(default=None, init=False)
     num_blocks: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.alone = len(self.holders) == 1
+
+
+class NodeOrder(Protocol):
+    """A victim order with one node per group, linked to it (`cache.block_runs.BlockRuns`)."""
+
+    def move_node(self, node: int, cls: int, again: bool = False,
+                  group: Group | None = None) -> bool: ...  # `group`: its `node` is the node
 
 
 # a moved group's sort entry: (last change, holders, position, first change, group, class)
@@ -41,10 +50,11 @@ _last_move = itemgetter(0, 1, 2)
 
 
 def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int, int | None],
-                   orders: list) -> int:
+                   order: NodeOrder | None) -> int:
     """Apply one holder's class changes `chain` (old, c1, ..., now) to each of `groups` as one
     walk: counts as after the last change, `top` set, and each group whose class moved at any
-    change written to `delta` and moved in each of `orders` (`move_node(gid, cls, again=True)`)
+    change written to `delta` and, if it has a node in `order` (`Group.node`: the device pool's
+    `BlockRuns`), moved there (`move_node(gid, cls, again=True, group)`)
     where one eager walk per change leaves it (`move_orders`). Returns the class moves one
     walk per change makes. Two shapes take no per-change loop (a request's end meets both: its
     own context, a prefix others hold): a group whose class no change reaches only has its
@@ -71,7 +81,7 @@ def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int,
             return 0
         alone.top = last_cls  # `_file`, inline (a call less on every request's end)
         delta[alone.gid] = last_cls
-        for order in orders:
+        if alone.node is not None:
             order.move_node(alone.gid, last_cls, True, alone)
         return num_changes
     moved = []
@@ -123,15 +133,15 @@ def settle_changes(groups: Collection[Group], chain: list[int], delta: dict[int,
     else:
         return num_moves
     for g, top in ordered:
-        _file(g, top, delta, orders)
+        _file(g, top, delta, order)
     return num_moves
 
 
-def _file(g: Group, top: int, delta: dict[int, int | None], orders: list) -> None:
-    """`g`'s class is `top` now: written to the delta, its node at the back of `top` in each order."""
+def _file(g: Group, top: int, delta: dict[int, int | None], order: NodeOrder | None) -> None:
+    """`g`'s class is `top` now: written to the delta, its node (if any) at the back of `top`."""
     g.top = top
     delta[g.gid] = top
-    for order in orders:
+    if g.node is not None:
         order.move_node(g.gid, top, True, g)
 
 

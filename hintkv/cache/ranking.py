@@ -6,8 +6,7 @@ prefix it shares with others another. A block's class is its group's: the highes
 the group's holders, kept from per-class holder counts. So:
 
     session event (arrival, done, hint, TTL)  ─▶ session_changed(s): O(groups s is in), usually
-    a predicted return coming closer          ─▶ tick(now): due rechecks (a heap), same path   1-3
-                                                 (an event's recheck is computed at the next tick)
+    a predicted return coming closer          ─▶ tick(now): due rechecks (`cache.rechecks`)   1-3
     held list replaced (request done, evict)  ─▶ held_changed(s, removed, added): O(changed blocks)
 
 A group's id is the XOR of random 64-bit tokens of its holders (Zobrist hashing): adding or
@@ -16,10 +15,11 @@ removing a holder is one XOR, so a block's new group is found in O(1); 0 is "nob
 
 Listeners (the device pool) hear `block_moved(h, group, cls)` when a block enters another group
 (head first, so a pool filing each at the front of its group keeps the group tail first); a
-group's class change moves its node in `node_orders` (the pool's `BlockRuns`: one node per group
-in its class's bucket), so a session changing state moves one node. The same changes are gathered in
-a delta the engine publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`).
-Runs on the engine thread, under its state lock, like the registry it follows.
+group's class change moves its node in `node_order` (the pool's `BlockRuns`: one node per group
+in its class's bucket, linked to it, `Group.node`): one node per session's state change, none for
+a group without cached device blocks. The changes are also gathered in a delta the engine
+publishes to the tiers once per step (`take_delta`, a `tiers.ranks.RankDelta`). Runs on the
+engine thread, under its state lock, like the registry it follows.
 
 An arrival (`session_changed(..., defer=True)`) computes the session's class at once and leaves
 its groups' counts and nodes as they were: the moves are pending until something reads or
@@ -34,8 +34,6 @@ one eager walk per change gives (tests/cache/test_lazy_ranking.py).
 
 from __future__ import annotations
 
-import heapq
-import math
 import random
 import time
 from collections.abc import Callable, Iterable, KeysView, Mapping
@@ -43,10 +41,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from hintkv.cache.group_walk import Group as _Group
-from hintkv.cache.group_walk import settle_changes
+from hintkv.cache.group_walk import NodeOrder, settle_changes
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.policies.base import UNHELD, EvictionPolicy
 from hintkv.cache.ranking_check import check_ranking
+from hintkv.cache.rechecks import Rechecks
 from hintkv.tiers.ranks import UNHELD_GROUP, RankDelta
 
 if TYPE_CHECKING:
@@ -60,14 +59,12 @@ class ClassListener(Protocol):
     def block_moved(self, h: BlockHash, group: int, cls: int) -> None: ...
 
 
-class NodeOrder(Protocol):
-    """A victim order with one node per group (`cache.block_runs.BlockRuns`, `tiers.order.ClassedLRU`)."""
-
-    def move_node(self, node: int, cls: int, again: bool = False,
-                  group: _Group | None = None) -> bool: ...  # `group`: may cache the node on it
-
-
 class ClassRanking:
+    # what a session's event reads (`session_changed`, `settle`) sits in the object itself, in one
+    # record of slots (the rest in its `__dict__`: read on regrouping, ticks and queries)
+    __slots__ = ("grouped", "policy", "_pending", "_unscheduled", "_delta_groups", "node_order",
+                 "num_moves", "clock", "__dict__", "__weakref__")
+
     def __init__(self, policy: EvictionPolicy, seed: int = 0x5A11) -> None:
         self.policy = policy
         self.num_classes = policy.num_classes
@@ -81,19 +78,19 @@ class ClassRanking:
         self._holder: dict[str, Session] = {}
         self._delta_blocks: dict[BlockHash, int | None] = {}
         self._delta_groups: dict[int, int | None] = {}
-        self._rechecks: list[tuple[float, int, str]] = []  # (due, version, session key)
-        # sessions with an event since the last tick: their recheck is computed and pushed there,
-        # once per session per step (an event costs a dict store, not the policy's band times
-        # and a heap push; a session with two events in a step is scheduled once)
-        self._unscheduled: dict[str, tuple[Session, float]] = {}
+        # when each session's class is computed again without an event; an event files the
+        # session in `_unscheduled` (the rechecks' own dict), its recheck computed at the tick
+        self._rechecks = Rechecks(policy)
+        self._unscheduled = self._rechecks.unscheduled
         # (session, its classes since its groups were last moved: old, ..., now): an
         # arrival's moves, pending until the next read or change (`settle`); one session at most
         self._pending: tuple[Session, list[int]] | None = None
         self.lazy = True  # False: an arrival moves its groups at once (the reference tests compare)
         self.listeners: list[ClassListener] = []
-        # the device pool's `BlockRuns` (one only: a group caches its node, `Group.node`): a group's
-        # class change moves its node there directly (`move_node`, again: also when back in its class)
-        self.node_orders: list[NodeOrder] = []
+        # the device pool's `BlockRuns` (one only: it links each group to its node, `Group.node`): a
+        # group's class change moves its node there directly (`move_node`, again: also when back in
+        # its class); a group with no node there (no cached device blocks) is not handed at all
+        self.node_order: NodeOrder | None = None
         self.num_moves = 0  # class changes reported (of a regrouped block or of a whole group)
         self.clock: Callable[[], float] = time.monotonic  # for events that carry no time
         if policy.sessions is not None:
@@ -108,6 +105,12 @@ class ClassRanking:
 
     def group_of(self, h: BlockHash) -> int:
         return self._group_of.get(h, UNHELD_GROUP)
+
+    def group(self, group: int) -> _Group | None:
+        """Group `group` (None: no such group), its class current."""
+        if self._pending is not None:
+            self._settle()
+        return self._groups.get(group)
 
     def group_class(self, group: int) -> int:
         if self._pending is not None:
@@ -182,7 +185,7 @@ class ClassRanking:
             else:  # walked now (`_settle`, without filing the chain as pending first)
                 self._pending = None
                 self.num_moves += settle_changes(s.rank_groups, chain,
-                                                 self._delta_groups, self.node_orders)
+                                                 self._delta_groups, self.node_order)
         self._unscheduled[s.key] = (s, now)  # its recheck is computed at the next tick
 
     def settle(self) -> None:
@@ -201,7 +204,7 @@ class ClassRanking:
         s, chain = self._pending
         self._pending = None
         self.num_moves += settle_changes(s.rank_groups, chain, self._delta_groups,
-                                         self.node_orders)
+                                         self.node_order)
 
     def held_changed(self, s: Session, removed: Iterable[BlockHash],
                      added: Iterable[BlockHash]) -> None:
@@ -237,38 +240,18 @@ class ClassRanking:
         """Re-rank sessions whose recheck is due (a predicted return came closer, a TTL ran
         out), at most `budget` of them (the rest stay due: the next tick). Returns how many
         were re-ranked."""
-        self._push_rechecks()
         n = 0
-        while self._rechecks and self._rechecks[0][0] <= now and (budget is None or n < budget):
-            _, version, key = heapq.heappop(self._rechecks)
-            s = sessions.get(key)
-            if s is None or s.rank_version != version:
-                continue  # superseded by a later event
+        for s in self._rechecks.due(now, sessions, budget):
             self.session_changed(s, now)
             n += 1
         return n
 
     def next_recheck(self) -> float:
-        """The earliest time at which `tick` re-ranks a session (math.inf: none is scheduled;
-        -math.inf: sessions changed since the last tick, whose rechecks that tick schedules).
-        A read only: a driver may skip the ticks before it (the simulator's decode stretches).
-        A superseded recheck still counts (its tick is early, never late)."""
-        if self._unscheduled:
-            return -math.inf
-        return self._rechecks[0][0] if self._rechecks else math.inf
+        """The earliest time at which `tick` re-ranks a session (`Rechecks.next_due`). A read
+        only: a driver may skip the ticks before it (the simulator's decode stretches)."""
+        return self._rechecks.next_due()
 
     # ---- internals -------------------------------------------------------------------------
-    def _push_rechecks(self) -> None:
-        """Schedule the recheck of each session changed since the last tick, as of its latest
-        event (the due time is the one computed at the event; only the registry's shared
-        estimates may have moved since, within one step)."""
-        for key, (s, at) in self._unscheduled.items():
-            after = self.policy.recheck_after(s, at)
-            if after is not None:
-                heapq.heappush(self._rechecks, (at + max(after, 0.0) + 1e-3,
-                                                s.rank_version, key))
-        self._unscheduled.clear()
-
     def _regroup(self, h: BlockHash, key: str, token: int, cls: int, joining: bool) -> None:
         """Session `key` (class `cls`) starts or stops holding `h`: `h` changes group."""
         old = self._group_of.get(h, UNHELD_GROUP)
