@@ -31,7 +31,10 @@ its per-step budget) and the connector's poll. Each part is timed on its own too
 the collector's pauses that fell inside the step (`gc`, from `gc.callbacks`). The
 write-down flush (outside the state lock, before the forward pass) is timed separately. Next to
 the step's wall time, the engine thread's CPU time (`step_cpu_ms_*`): a wall p99 far above the
-CPU p99 is time spent waiting (other processes on a loaded machine, the GIL held by a mover).
+CPU p99 is time spent waiting (other processes on a loaded machine, the GIL held by a mover);
+and its context switches: `steps_preempted` (the OS took the core away), `steps_blocked` (it
+waited for the GIL or a lock), `step_ms_p99_unswitched` (the wall p99 of the steps with neither:
+what the work alone costs).
 
 How it is measured: the worlds of one session count (lru and sam at every pool size) are built
 first, then measured interleaved: round r takes one sample of every world's operations, in an
@@ -196,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                    "step_ms_p99": percentile(loop.step_ms, 99),
                    "step_cpu_ms_p50": median(parts["cpu"]),
                    "step_cpu_ms_p99": percentile(parts["cpu"], 99),
+                   # the steps the OS preempted / that blocked (GIL, a lock), and the wall p99 of
+                   # the steps that ran on a core from start to end (the work alone)
+                   "steps_preempted": sum(1 for _, inv in loop.switches if inv),
+                   "steps_blocked": sum(1 for vol, _ in loop.switches if vol),
+                   "step_ms_p99_unswitched": percentile(
+                       [ms for ms, sw in zip(loop.step_ms, loop.switches) if sw == (0, 0)]
+                       or [0.0], 99),
                    "flush_ms_p50": median(loop.flush_ms), "setup_s": w.setup_s,
                    "gc_collections": n_gc,
                    "predicted_prefetches": w.sam.num_predicted_prefetches}
@@ -211,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['step_ms_p50']:.3f} ms p50, setup {w.setup_s:.1f}s")
             w.kv.tiers.close()
     print_table(rows, ["policy", "device_tokens", "sessions", "running", "host_fill",
-                       "step_ms_p50", "step_ms_p99", "step_cpu_ms_p99", "flush_ms_p50"]
+                       "step_ms_p50", "step_ms_p99", "step_cpu_ms_p99", "step_ms_p99_unswitched",
+                       "steps_preempted", "steps_blocked", "flush_ms_p50"]
                 + [f"{op}_us" for op in OPS])
     print()
     print("one step, part by part (ms, median / p99):")

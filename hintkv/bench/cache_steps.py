@@ -5,6 +5,7 @@ write-down flush after it and each part timed on its own.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 
@@ -54,10 +55,14 @@ class StepLoop:
         self.step_ms: list[float] = []
         self.flush_ms: list[float] = []
         self.parts: dict[str, list[float]] = {p: [] for p in [*PARTS, "cpu", "gc"]}
+        # per step, the engine thread's context switches (voluntary: it blocked, on the GIL or a
+        # lock; involuntary: the OS preempted it): a step with neither ran start to end on a core
+        self.switches: list[tuple[int, int]] = []
 
     def step(self) -> None:
         w, kv, running, loading = self.w, self.w.kv, self.running, self.loading
         g0 = self.gc_ms() if self.gc_ms is not None else 0.0
+        ru0 = resource.getrusage(resource.RUSAGE_THREAD)
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         lap = _Laps(self.parts, t0)
@@ -106,6 +111,8 @@ class StepLoop:
         lap("commit")
         t1 = time.perf_counter_ns()
         self.parts["cpu"].append((time.thread_time_ns() - c0) / 1e6)
+        ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+        self.switches.append((ru1.ru_nvcsw - ru0.ru_nvcsw, ru1.ru_nivcsw - ru0.ru_nivcsw))
         self.parts["gc"].append((self.gc_ms() - g0) if self.gc_ms is not None else 0.0)
         kv.flush_write_downs()
         t2 = time.perf_counter_ns()
