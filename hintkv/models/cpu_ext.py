@@ -18,6 +18,13 @@ its process dies. torch's own `lock` file stays behind when a build is killed (C
 first `hintkv serve`), and every later load waited on it forever, silently; holding the flock, a
 process knows no live hintkv process is building that name, so a `lock` file it finds is stale and
 goes (with a warning).
+
+Every function is bound with the GIL released while it runs (`bindings`): the server's event loop
+thread then formats and streams the last step's tokens while the engine thread's kernels run. With
+load_inline's default bindings a kernel kept the GIL for its whole run (a float32 decode step spends
+~75% of its time in these kernels), so every per-token task of the event loop waited for a kernel's
+end, and the engine thread then waited for the event loop at the next Python line. The kernels touch
+no Python object (tensors and ints in, tensors / vectors out, converted after the GIL is taken back).
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ def clear_stale_batons(root: str, full_name: str) -> list[str]:
     return stale
 
 
-def _build(full_name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType:
+def _build(full_name: str, source: str, cflags: list[str]) -> ModuleType:
+    """Build (or load the cached build of) `source`, which carries its own `bindings`."""
     from torch.utils.cpp_extension import load_inline
 
     root = extensions_root()
@@ -75,8 +83,14 @@ def _build(full_name: str, source: str, functions: list[str], cflags: list[str])
         clear_stale_batons(root, full_name)
         if not glob.glob(os.path.join(root, "**", full_name, f"{full_name}.so"), recursive=True):
             log.warning("building the C++ extension %s (first use with this source; a minute or two)", full_name)
-        return load_inline(name=full_name, cpp_sources=source, functions=functions,
+        return load_inline(name=full_name, cpp_sources=source,
                            extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def bindings(functions: list[str]) -> str:
+    """The pybind11 module of `functions`, each run with the GIL released and torch's error handling."""
+    defs = "".join(f'    m.def("{f}", torch::wrap_pybind_function_no_gil({f}), "{f}");\n' for f in functions)
+    return "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" + defs + "}\n"
 
 
 def load(name: str, source: str, functions: list[str], cflags: list[str]) -> ModuleType | None:
@@ -85,8 +99,9 @@ def load(name: str, source: str, functions: list[str], cflags: list[str]) -> Mod
         try:
             import torch
 
+            source = source + "\n" + bindings(functions)
             tag = build_tag(source, cflags, os.path.dirname(torch.__file__), cpu_flags())
-            _built[name] = _build(f"{name}_{tag}", source, functions, cflags)
+            _built[name] = _build(f"{name}_{tag}", source, cflags)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
             warnings.warn(f"{name}: C++ CPU ops unavailable ({type(e).__name__}: {str(e)[:200]}); "
                           "running eager ops", RuntimeWarning, stacklevel=3)
