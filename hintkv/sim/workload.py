@@ -43,12 +43,13 @@ def build_workload(folders: list[str] | tuple[str, ...], users: int, seed: int =
     rng.shuffle(sources)
     n_tasks = max(len(sources), users) if max_tasks is None else max_tasks
     tasks: list[list[Task]] = [[] for _ in range(users)]
+    encoded: dict[str, list[int]] = {}  # swe-agent texts encoded once for every salt (`SweAgentRun.task`)
     for i in range(n_tasks):
         kind, src = sources[i % len(sources)]
         tid = f"u{i % users}-t{len(tasks[i % users])}"
         salt = f"{seed}:{i // len(sources)}"
         if kind == "swe-agent":
-            task = src.task(tid, scale, encode=encode, salt=salt)
+            task = src.task(tid, scale, encode=encode, salt=salt, encoded=encoded)
         else:
             task = src.task(tid, scale, salt=salt)
         tasks[i % users].append(task)

@@ -122,3 +122,30 @@ def test_build_workload_is_seeded(swe):
     assert [t.source for t in a.tasks()] != [t.source for t in c.tasks()]
     assert len({t.source for t in a.tasks()}) == 6  # dealt without repeats while traces last
     assert a.users[0].start_s == 0.0
+
+
+def test_swe_agent_texts_are_encoded_once_for_every_salt(swe):
+    """A run dealt again under another salt differs only in its system message: with a shared
+    `encoded`, only that message is encoded again, and every call's token ids are the ones a
+    task built on its own gets (the real tokenizer)."""
+    from hintkv.workload.traces.swe_agent import default_encode
+
+    real = default_encode()
+    seen: list[str] = []
+
+    def encode(texts):
+        seen.extend(texts)
+        return real(texts)
+
+    scale = Scale(0.25, max_calls=4)
+    run = swe[0]
+    shared: dict[str, list[int]] = {}
+    a = run.task("a", scale, encode=encode, salt="0:0", encoded=shared)
+    first = len(seen)
+    b = run.task("b", scale, encode=encode, salt="0:1", encoded=shared)
+    again = [t for t in seen[first:] if not t.startswith("<|im_")]  # (the ChatML frames: tiny)
+    assert again == [f"0:1{run.turns[0].text}"]  # only the salted system message
+    for task, salt in ((a, "0:0"), (b, "0:1")):
+        alone = run.task("x", scale, encode=real, salt=salt)
+        assert [_ids(c) for c in task.root.calls] == [_ids(c) for c in alone.root.calls]
+    assert _ids(a.root.calls[0]) != _ids(b.root.calls[0])  # the salt still makes them distinct
