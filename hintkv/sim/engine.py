@@ -14,8 +14,10 @@ One engine step is what `LLMEngine.step` does, with the forward pass replaced:
     scheduler.update_from_output(sched, ModelRunnerOutput(...))    # real
 
 With the `same-step` load timing `schedule()` may wait for a load (`Mover.wait_done`): the clock
-runs on meanwhile, and what reaches this engine then (`submit`, `manage`) is held until the step is
-scheduled, as the live engine's state lock holds it (a submitted request keeps its arrival time).
+runs on meanwhile, inside the `unlocked` the scheduler is given, as `LLMEngine.step` gives its own
+(the state lock released): an edit (`manage`) that reaches this engine then applies at once, a
+request (`submit`) is held until the step is scheduled, as the engine thread's inbox adds requests
+between steps (it keeps its arrival time: the wait is queueing).
 Every scheduled sequence that completes its KV gets one token (a fixed id: content never matters,
 the workload's prompts carry their own tokens), exactly like the runner's sampler would give.
 Requests that arrive during a step wait for the next one, as on the server. When nothing is
@@ -24,7 +26,8 @@ scheduled but work remains (a load in flight), the engine waits for the next clo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hintkv.cache.hashing import namespace_root
@@ -96,7 +99,8 @@ class SimEngine:
         self.last_end = -1.0  # when the last forward finished (a later start: woken from idle)
         # since the last step: (its bound, requests it left waiting, arrivals since, when)
         self._wait = ("room", 0, 0, 0.0)
-        self._held: list[Callable[[], None]] | None = None  # calls held while schedule() runs
+        self._held: list[Callable[[], None]] | None = None  # requests held while schedule() runs
+        self._locked = False  # inside schedule(), outside its load waits (`unlocked`)
 
     @property
     def kv(self):
@@ -127,11 +131,9 @@ class SimEngine:
         self._pending[request_id] = _Pending(seq, on_first, on_done)
         self._wake()
 
-    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome] | None:
-        """None: held while `schedule()` waits for a load (applied right after it)."""
-        if self._held is not None:
-            self._held.append(lambda: self.manage(ref, edits))
-            return None
+    def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
+        if self._locked:  # only the clock's events call this: none runs outside a load wait
+            raise RuntimeError("an edit inside schedule() outside its load wait")
         out = self.scheduler.manage(ref, edits)
         self._wake()  # an edit can free room for a waiting request
         return out
@@ -177,11 +179,11 @@ class SimEngine:
 
     def _step(self) -> None:
         start = self.clock()
-        self._held = []
+        self._held, self._locked = [], True
         try:
-            sched = self.scheduler.schedule()  # (same-step: may wait for a load, the clock runs on)
+            sched = self.scheduler.schedule(self._unlocked)  # (same-step: may wait for a load)
         finally:
-            held, self._held = self._held, None
+            held, self._held, self._locked = self._held, None, False
         for call in held:
             call()
         num_tokens = sched.num_batched_tokens
@@ -211,6 +213,15 @@ class SimEngine:
             self.clock.at(st.times[-1], lambda: self._finish_stretch(sched, st))
         else:
             self.clock.after(ms / 1e3, lambda: self._finish_step(sched, ms / 1e3))
+
+    @contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """A load wait inside `schedule()`: the clock runs on; edits apply (`manage`)."""
+        self._locked = False
+        try:
+            yield
+        finally:
+            self._locked = True
 
     def step_ms(self, sched: SchedulerOutput) -> float:
         chunks, decodes = [], []

@@ -1,7 +1,8 @@
 """Same-step load timing in the simulator (`engine.load_timing`, `Mover.wait_done`): the real
 scheduler waits inside `schedule()` for a host hit's load, in simulated time, and computes it in
-that step; under next-step the same hit computes one step later. What reaches the engine while its
-step waits is held until the step is scheduled, as the live state lock holds it."""
+that step; under next-step the same hit computes one step later. A request that reaches the engine
+while its step waits is added after the step is scheduled (the live engine thread's inbox); an
+edit applies at once (the live wait runs with the state lock released)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from hintkv.config import EngineConfig
 from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import SamplingParams
+from hintkv.engine.types import CacheEdit, SamplingParams, SessionRef
 from hintkv.sim.clock import EventClock
 from hintkv.sim.engine import SimEngine
 
@@ -29,9 +30,9 @@ def _engine(costs, timing: str) -> tuple[SimEngine, EventClock, list, dict]:
     steps = []  # each step's scheduled request ids, its start (after any wait) and when scheduled
     schedule = eng.scheduler.schedule
 
-    def recorded():
+    def recorded(unlocked=None):
         t0 = clock()
-        out = schedule()
+        out = schedule(unlocked)
         steps.append(([s.seq.request_id for s in out.scheduled], out.started, t0))
         return out
     eng.scheduler.schedule = recorded
@@ -75,9 +76,10 @@ def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, 
     t0 = clock()
     late = {}
 
-    def arrive():  # an agent's call while the step may wait for b's load
+    def arrive():  # an agent's call and an edit while the step may wait for b's load
         late["at"] = clock()
         late["e"] = _run(eng, clock, "e", list(range(400_000, 400_000 + 64)))
+        late["edit"] = eng.manage(SessionRef("t", "s", "s"), [CacheEdit("offload")])
     clock.at(t0 + 1e-4, arrive)
     _drain(clock)
     assert eng.kv.tiers.counters.num_loaded == 64  # b's prefix came back from the host tier
@@ -90,6 +92,7 @@ def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, 
         assert "e" in steps[first + 1][0]  # held until the step was scheduled: in the next one
         assert b["first"] <= steps[first + 1][1]  # b's first token: the first step's end
         assert added["e"][1] == started and added["e"][0].arrival == late["at"]  # keeps its time
+        assert [o.reason for o in late["edit"]] == ["hints_ignored"]  # applied at once (lru)
     else:
         assert ids == ["c"] and started == t0  # no wait: b computes in the next step
         assert "b" in steps[first + 1][0] and b["first"] > steps[first + 1][1]
