@@ -25,8 +25,8 @@ A sequence admitted with a prefix held below (host, disk) is LOADING while its b
   later step, exactly as `next-step`.
 
 The wait is the mover's (`Mover.wait_done`): the simulator's blocks in simulated time (its event
-clock runs the copies, the agents' calls and the other instances meanwhile; `sim.engine` holds the
-calls for the waiting instance until its step is scheduled, as the state lock does live).
+clock runs the copies, the agents' calls and the other instances meanwhile, inside the scheduler's
+`unlocked` as live: `sim.engine` applies edits at once and adds requests after the step).
 New policies register with `@register_load_timing("name")`.
 """
 
