@@ -1,6 +1,6 @@
 """`bench cache`'s step loop on a small world: every step is timed, and its engine-thread context
 switches (preempted by the OS / blocked on the GIL or a lock) are counted per step, so the bench
-can say what its wall p99 is made of (`step_ms_p99_unswitched`, `steps_preempted`)."""
+can say what its wall p99 is made of (`steps_preempted`, `steps_blocked` beside `step_cpu_ms_p99`)."""
 
 from __future__ import annotations
 
