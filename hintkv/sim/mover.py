@@ -130,7 +130,8 @@ class VirtualMover(Mover):
 
     def wait_done(self, future: Future, timeout_s: float) -> bool:
         """Block in simulated time: the clock runs its events (these copies, the agents' calls,
-        the other instances' steps) until `future` is done or `timeout_s` has passed."""
+        the other instances' steps) until `future` is done or `timeout_s` has passed; asked inside
+        another instance's wait, it does not wait (`EventClock.wait_for`)."""
         return self._clock.wait_for(future.done, self._clock() + timeout_s)
 
     def wait_loads(self, futures: Iterable[Future[bool]]) -> list[bool]:

@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\nwhy the queue waited (seconds per call: step = arrived during a step; else what bound the step "
           "that left it waiting: budget = token budget full, seqs = max_num_seqs running, room = neither):")
     print_table(why, list(why[0]))
+    waits = {n: {"waited": r.load_waits, "nested_waits_declined": r.nested_waits_declined}
+             for n, r in results.items()}
+    print("\nsame-step load waits (waited: steps that waited for a load; nested_waits_declined: steps "
+          "inside another instance's wait, which took next-step timing instead: sim/clock.py): "
+          + ", ".join(f"{n} {w['waited']}/{w['nested_waits_declined']}" for n, w in waits.items()))
     budget = args.max_num_batched_tokens
     alone = alone_rows(costs, results, budget)
     print("\nthe TTFT with each call's own prefill alone split out (mean s per call: alone_s = its uncached "
@@ -253,6 +258,6 @@ def main(argv: list[str] | None = None) -> int:
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy,
-               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "queue_why": why, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
+               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
                "zero_serving_task_s": bound_task_s, "goals": g})
     return 0

@@ -96,6 +96,8 @@ class SimResult:
     pool_stats: dict[str, int] = field(default_factory=dict)
     router: dict[str, int] = field(default_factory=dict)
     wait_s: dict[str, float] = field(default_factory=dict)  # StepStats.wait_s, summed
+    load_waits: int = 0  # same-step waits for a load that waited (EventClock.num_waits)
+    nested_waits_declined: int = 0  # same-step waits inside another instance's: not waited
 
     @property
     def hit_rate(self) -> float:
@@ -219,7 +221,8 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
                     sum(s.num_prompt_tokens for s in schs), sum(s.num_prompt_tokens_computed for s in schs),
                     edits, device_tokens, host_blocks * block_size, accesses=driver.accesses,
                     instances=instances, router=cluster.stats(),
-                    wait_s={k: sum(e.stats.wait_s[k] for e in engines) for k in WAIT_CAUSES})
+                    wait_s={k: sum(e.stats.wait_s[k] for e in engines) for k in WAIT_CAUSES},
+                    load_waits=clock.num_waits, nested_waits_declined=clock.nested_waits_declined)
     if config.host:
         block = real_block_bytes(costs, block_size)
         res.peak_host_bytes = sum(e.stats.peak_host_blocks for e in engines) * block

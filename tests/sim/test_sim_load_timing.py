@@ -21,8 +21,8 @@ F = list(range(500_000, 500_000 + 100 * BS))
 C = list(range(200_000, 200_000 + 1500))  # a prefill beside which A's continuation arrives
 
 
-def _engine(costs, timing: str) -> tuple[SimEngine, EventClock, list, dict]:
-    clock = EventClock()
+def _engine(costs, timing: str, clock: EventClock | None = None) -> tuple[SimEngine, EventClock, list, dict]:
+    clock = EventClock() if clock is None else clock
     cfg = EngineConfig(model="sim", block_size=BS, kv_cache_tokens=DEVICE_BLOCKS * BS,
                        max_num_batched_tokens=BUDGET, eviction_policy="lru", hints=False,
                        load_timing=timing)

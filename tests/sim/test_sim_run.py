@@ -89,6 +89,8 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     for row in last["ttft_breakdown"]:
         assert row["other_s"] == pytest.approx(0, abs=1e-6)  # the simulator's clock sees all of it
     assert set(last["oracles"]) == {"oracle", "oracle+host"}
+    # next-step (the default) never waits; one instance never declines a nested wait
+    assert last["load_waits"]["sam+hints+host"] == {"waited": 0, "nested_waits_declined": 0}
     for g in last["goals"].values():
         assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling",
                                                             "ceiling_compulsory", "compute_share"}
