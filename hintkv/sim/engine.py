@@ -70,10 +70,11 @@ class StepStats:
     host_block_seconds: float = 0.0  # integral of host blocks over simulated time
     _last_t: float = 0.0
     _last_host: int = 0
-    # request-seconds spent waiting for admission: "step" (arrived while a step ran: waits for
-    # the next one), else left waiting by a step that was bound by "budget" (its token budget
-    # full), "seqs" (max_num_seqs running) or "room" (neither: the waiting head did not fit the
-    # device's free room, or the step only waited for loads)
+    # request-seconds spent waiting for admission: "step" (arrived while a step ran, or while its
+    # same-step load wait ran: waits for the next one), else left waiting by a step (from when it
+    # was scheduled) that was bound by "budget" (its token budget full), "seqs" (max_num_seqs
+    # running) or "room" (neither: the waiting head did not fit the device's free room, or the
+    # step only waited for loads)
     wait_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_CAUSES, 0.0))
 
 
@@ -126,8 +127,9 @@ class SimEngine:
             seq.block_hashes = block_hashes
         self._count_wait(None)
         self.scheduler.add_request(seq)
-        if arrived is not None:  # held while a step waited for its load: the wait is queueing
-            seq.arrival = seq.ttft_mark = arrived
+        if arrived is not None:  # held while a step waited for its load: the wait is queueing,
+            seq.arrival = seq.ttft_mark = arrived  # charged as arriving during a step
+            self.stats.wait_s["step"] += self.clock() - arrived
         self._pending[request_id] = _Pending(seq, on_first, on_done)
         self._wake()
 
@@ -157,11 +159,11 @@ class SimEngine:
             else:
                 self.clock.after(0.0, self._step)
 
-    def _count_wait(self, sched: SchedulerOutput | None, num_tokens: int = 0) -> None:
+    def _count_wait(self, sched: SchedulerOutput | None, num_tokens: int = 0, at: float | None = None) -> None:
         """Charge the waiting since the last mark (see `StepStats.wait_s`); `sched`: a step was
-        just scheduled, of `num_tokens` batched tokens (None: a request arrived)."""
+        just scheduled at `at`, of `num_tokens` batched tokens (None: a request arrived, now)."""
         cause, left, new, since = self._wait
-        now = self.clock()
+        now = self.clock() if at is None else at
         if now > since:
             self.stats.wait_s[cause] += left * (now - since)
             self.stats.wait_s["step"] += new * (now - since)
@@ -184,10 +186,10 @@ class SimEngine:
             sched = self.scheduler.schedule(self._unlocked)  # (same-step: may wait for a load)
         finally:
             held, self._held, self._locked = self._held, None, False
-        for call in held:
-            call()
         num_tokens = sched.num_batched_tokens
-        self._count_wait(sched, num_tokens)
+        self._count_wait(sched, num_tokens, start)  # the step's mark: when it was scheduled
+        for call in held:  # arrived during its load wait; what it left waiting, waited since start
+            call()
         if not sched.scheduled:
             outputs = self.scheduler.update_from_output(sched, ModelRunnerOutput())
             self._deliver(outputs)

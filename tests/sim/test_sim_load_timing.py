@@ -49,7 +49,7 @@ def _engine(costs, timing: str, clock: EventClock | None = None) -> tuple[SimEng
 def _run(eng: SimEngine, clock: EventClock, rid: str, prompt: list[int], max_tokens: int = 1) -> dict:
     got = {}
     eng.submit(rid, prompt, max_tokens, None, lambda t: got.setdefault("first", t),
-               lambda out, hashes: got.setdefault("done", clock()))
+               lambda out, hashes: got.update(done=clock(), queue_s=out.metrics.ttft_parts.queue_s))
     return got
 
 
@@ -61,10 +61,10 @@ def _drain(clock: EventClock) -> None:
 @pytest.mark.parametrize("timing", ["next-step", "same-step"])
 def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, timing):
     eng, clock, steps, added = _engine(costs, timing)
-    _run(eng, clock, "a", A)
+    runs = [_run(eng, clock, "a", A)]
     _drain(clock)
     for rid, prompt in (("d", D), ("f", F)):
-        _run(eng, clock, rid, prompt)
+        runs.append(_run(eng, clock, rid, prompt))
         _drain(clock)
     b_prompt = A + list(range(300_000, 300_000 + BS))  # A's prefix, all of it on the host tier
     probe = Sequence("probe", b_prompt, len(b_prompt), SamplingParams(max_tokens=1), eng.root)
@@ -98,6 +98,10 @@ def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, 
         assert "b" in steps[first + 1][0] and b["first"] > steps[first + 1][1]
     assert eng.kv.tiers.counters.load_wait_s == pytest.approx(started - t0)
     assert c["first"] <= b["first"] and late["e"]["first"] > late["at"]
+    # why the queue waited (queue_why): its causes split exactly the calls' summed admission wait,
+    # e's time held during the wait included (charged to "step": it arrived during a step)
+    queued = sum(r["queue_s"] for r in (*runs, c, b, late["e"]))
+    assert sum(eng.stats.wait_s.values()) == pytest.approx(queued, rel=1e-9, abs=1e-12)
 
 
 def test_the_load_timing_moves_nothing_without_loads_and_repeats_for_a_seed(traces, costs):
@@ -113,3 +117,6 @@ def test_the_load_timing_moves_nothing_without_loads_and_repeats_for_a_seed(trac
     assert _everything(runs["next-step"]) == _everything(runs["same-step"])
     a, b = (simulate(wl, CONFIGS["sam+hints+host"], costs, room, load_timing="same-step") for _ in "ab")
     assert _everything(a) == _everything(b)
+    assert a.load_waits > 0  # the run waited
+    queued = sum(c.ttft_parts["queue_s"] for c in a.calls)  # queue_why splits the admission wait
+    assert sum(a.wait_s.values()) == pytest.approx(queued, rel=1e-6, abs=1e-9)
