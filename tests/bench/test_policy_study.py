@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hintkv.bench.policy_study import compute_goals, main
+from hintkv.bench.policy_study import compute_goals, main, reference
 from hintkv.bench.swarm_study import captured
 
 TRACES = Path("/work/shared/traces")
@@ -28,6 +28,9 @@ def test_study_rows_and_goals_are_consistent(capsys):
     assert goals == compute_goals([{**r, "seed": 1} for r in rows], "sam")
     for g in ("captured_headroom", "beyond_queue_everywhere", "beyond_queue_points", "peak_host_reduction"):
         assert set(goals[g]) == {"target", "measured", "met"}
+    # under fcfs the best reference spans lru, qlru and the policy, all fcfs (no lru/ca run): not swarm's
+    assert goals["captured_headroom_best"]["reference"] == {
+        "device": ["lru:fcfs", "qlru:fcfs", "sam:fcfs"], "host": ["lru+host:fcfs", "qlru+host:fcfs", "sam+host:fcfs"]}
 
 
 def test_goals_judge_every_cell_by_its_worst():
@@ -67,18 +70,27 @@ def test_cache_aware_admission_adds_lru_ca_and_own_oracle(capsys):
 
 
 def test_captured_best_is_judged_against_every_compared_schedule(capsys):
-    """`pinned_best` is `hintkv bench swarm`'s reference: the best pinned oracle over the schedules of
-    lru, qlru, lru/ca and the policy (never below any of them); `--max-calls 3,5` runs two workloads."""
+    """`pinned_best` is the best pinned oracle over the schedules of lru (fcfs), qlru, lru/ca and the
+    policy (cache-aware), each named in `pinned_best_over` (one seed: the summary is the cell) and in
+    the goal's `reference`; `--max-calls 3,5` runs two workloads."""
     assert main(["--kinds", "swe-agent", "--seeds", "1", "--users", "3", "--fractions", "0.35",
                  "--max-calls", "3,5", "--token-scale", "0.03125", "--admission", "cache-aware",
                  "--traces", str(TRACES)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = out["summary"]
     assert sorted({r["max_calls"] for r in rows}) == [3, 5]
+    spans = {sfx.lstrip("+") or "device": sorted([f"lru{sfx}:fcfs", f"lru/ca{sfx}:cache-aware",
+                                                   f"qlru{sfx}:cache-aware", f"sam{sfx}:cache-aware"])
+             for sfx in ("", "+host")}
     for r in rows:
-        assert r["pinned_best"] >= max(r["pinned"], r["pinned_own"]) - 1e-12
+        sfx = "+host" if r["tier"] == "host" else ""
+        over = r["pinned_best_over"]
+        assert sorted(over) == spans[r["tier"]]  # every compared schedule, qlru and lru/ca included
+        assert r["pinned_best"] == max(over.values())
+        assert over[f"lru{sfx}:fcfs"] == r["pinned"] and over[f"sam{sfx}:cache-aware"] == r["pinned_own"]
         assert r["captured_best"] == captured(r["hit_rate"], r["lru"], r["pinned_best"])
     goal = out["goals"]["captured_headroom_best"]
+    assert goal["reference"] == spans
     judged = [captured(r["hit_rate"], r["lru"], r["pinned_best"]) for r in rows
               if r["pinned_best"] - r["lru"] >= 0.02]
     assert goal["cells_judged"] == len(judged) and goal["measured"] == min(judged, default=None)
@@ -93,3 +105,20 @@ def test_captured_best_goal_counts_the_cells_under_target():
     g = compute_goals(rows, "sam")["captured_headroom_best"]
     assert g["cells_judged"] == 2 and g["cells_under"] == 1 and not g["met"]
     assert g["measured"] == pytest.approx(1 / 3)
+
+
+def test_the_best_reference_takes_qlru_and_lru_ca_when_they_are_highest():
+    """Each compared schedule can set `pinned_best`: qlru on the device, lru/ca at the host tier
+    here (the small study cells of the tests above give every schedule the same oracle)."""
+    runs = {"lru": 0.40, "qlru": 0.55, "lru/ca": 0.50, "sam": 0.45,
+            "lru+host": 0.60, "qlru+host": 0.62, "lru/ca+host": 0.70, "sam+host": 0.65}
+    cell = {n: {"pinned_own": v} for n, v in runs.items()}
+    best, over = reference(cell, "sam", "", "cache-aware")
+    assert best == 0.55 and over == {"lru:fcfs": 0.40, "qlru:cache-aware": 0.55, "lru/ca:cache-aware": 0.50,
+                                     "sam:cache-aware": 0.45}
+    best, over = reference(cell, "sam", "+host", "cache-aware")
+    assert best == 0.70 and sorted(over) == ["lru+host:fcfs", "lru/ca+host:cache-aware", "qlru+host:cache-aware",
+                                             "sam+host:cache-aware"]
+    fcfs = {n: c for n, c in cell.items() if not n.startswith("lru/ca")}  # no lru/ca run under fcfs
+    assert reference(fcfs, "sam", "+host", "fcfs") == (0.65, {"lru+host:fcfs": 0.60, "qlru+host:fcfs": 0.62,
+                                                             "sam+host:fcfs": 0.65})
