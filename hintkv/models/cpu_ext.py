@@ -13,7 +13,7 @@ It also carries the CPU's feature flags (/proc/cpuinfo): the builds use -march=n
 cache shared by machines of other CPUs (an AMX build on an Ice Lake) never loads an .so whose
 instructions the CPU lacks (SIGILL); it rebuilds instead.
 
-A build runs under an advisory lock (`flock`) on a file beside the build: the kernel drops it when
+A build runs under an advisory lock (`flock`) on a file in its build folder: the kernel drops it when
 its process dies. torch's own `lock` file stays behind when a build is killed (Ctrl-C during the
 first `hintkv serve`), and every later load waited on it forever, silently; holding the flock, a
 process knows no live hintkv process is building that name, so a `lock` file it finds is stale and
@@ -30,7 +30,6 @@ no Python object (tensors and ints in, tensors / vectors out, converted after th
 from __future__ import annotations
 
 import fcntl
-import glob
 import hashlib
 import logging
 import os
@@ -55,33 +54,35 @@ def cpu_flags() -> str:
         return ""
 
 
-def extensions_root() -> str:
-    """Where torch builds extensions (TORCH_EXTENSIONS_DIR, else its default root)."""
-    from torch.utils.cpp_extension import get_default_build_root
+def build_directory(full_name: str) -> str:
+    """The folder torch builds `full_name` in (TORCH_EXTENSIONS_DIR or its default root + py*_cpu), made if absent."""
+    from torch.utils.cpp_extension import _get_build_directory
 
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return _get_build_directory(full_name, False)
 
 
-def clear_stale_batons(root: str, full_name: str) -> list[str]:
-    """Remove torch's build `lock` files of `full_name` under `root` (call only holding its flock)."""
-    stale = glob.glob(os.path.join(root, full_name, "lock")) + glob.glob(os.path.join(root, "*", full_name, "lock"))
-    for path in stale:
-        warnings.warn(f"{full_name}: removing a stale build lock {path} (a build was killed mid-way)",
-                      RuntimeWarning, stacklevel=2)
-        os.remove(path)
-    return stale
+def clear_stale_baton(build_dir: str, full_name: str) -> bool:
+    """Remove torch's build `lock` in `build_dir` (call only holding that folder's flock): True if there was one."""
+    path = os.path.join(build_dir, "lock")
+    if not os.path.exists(path):
+        return False
+    warnings.warn(f"{full_name}: removing a stale build lock {path} (a build was killed mid-way)",
+                  RuntimeWarning, stacklevel=2)
+    os.remove(path)
+    return True
 
 
 def _build(full_name: str, source: str, cflags: list[str]) -> ModuleType:
     """Build (or load the cached build of) `source`, which carries its own `bindings`."""
     from torch.utils.cpp_extension import load_inline
 
-    root = extensions_root()
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, f".{full_name}.hintkv-lock"), "a") as held:
+    # the flock lives in the folder torch builds in (not beside a root two processes may name differently:
+    # TORCH_EXTENSIONS_DIR=<root>/py311_cpu and unset build in the same folder)
+    build_dir = build_directory(full_name)
+    with open(os.path.join(build_dir, "hintkv-build.flock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        clear_stale_batons(root, full_name)
-        if not glob.glob(os.path.join(root, "**", full_name, f"{full_name}.so"), recursive=True):
+        clear_stale_baton(build_dir, full_name)
+        if not os.path.exists(os.path.join(build_dir, f"{full_name}.so")):
             log.warning("building the C++ extension %s (first use with this source; a minute or two)", full_name)
         return load_inline(name=full_name, cpp_sources=source,
                            extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)

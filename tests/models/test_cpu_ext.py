@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from hintkv.models.cpu_ext import build_tag, clear_stale_batons, cpu_flags
+from hintkv.models.cpu_ext import build_directory, build_tag, clear_stale_baton, cpu_flags
 
 
 def test_each_torch_installation_builds_its_own_extension():
@@ -30,25 +30,27 @@ def test_each_cpu_builds_its_own_extension():
         assert "fpu" in flags.split()  # the flags line itself, not "" (which would tag every CPU alike)
 
 
-def test_a_build_lock_left_by_a_killed_build_is_removed_under_the_flock(tmp_path):
+def test_a_build_lock_left_by_a_killed_build_is_removed_under_the_flock(tmp_path, monkeypatch):
     """torch's `lock` file outlives a killed build and every later load waited on it forever; the
-    loader, holding its flock, removes the stale `lock` of its own name (in the root or a py*_cpu
-    folder) and nothing of another name."""
+    loader, holding the flock of the folder torch builds in, removes that folder's stale `lock` and
+    nothing else. The folder is torch's own (`TORCH_EXTENSIONS_DIR` as given, else its root +
+    py*_cpu): two processes naming the root differently build — and lock — in one folder."""
     import pytest
 
     mine, other = "hintkv_x_0123456789ab", "hintkv_y_0123456789ab"
-    for d in (tmp_path / mine, tmp_path / "py311_cpu" / mine, tmp_path / "py311_cpu" / other):
-        d.mkdir(parents=True)
-        (d / "lock").write_text("")
-        (d / "main.cpp").write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    build_dir = build_directory(mine)
+    assert build_dir == str(tmp_path / mine)
+    (tmp_path / mine / "lock").write_text("")
+    (tmp_path / mine / "main.cpp").write_text("")
+    (tmp_path / other).mkdir()
+    (tmp_path / other / "lock").write_text("")
     with pytest.warns(RuntimeWarning, match="stale build lock"):
-        removed = clear_stale_batons(str(tmp_path), mine)
-    assert sorted(removed) == sorted([str(tmp_path / mine / "lock"), str(tmp_path / "py311_cpu" / mine / "lock")])
-    assert not (tmp_path / "py311_cpu" / mine / "lock").exists()
-    assert (tmp_path / "py311_cpu" / mine / "main.cpp").exists()  # only the lock goes
-    assert (tmp_path / "py311_cpu" / other / "lock").exists()  # another extension's build is not touched
-    assert clear_stale_batons(str(tmp_path), mine) == []
-
+        assert clear_stale_baton(build_dir, mine)
+    assert not (tmp_path / mine / "lock").exists()
+    assert (tmp_path / mine / "main.cpp").exists()  # only the lock goes
+    assert (tmp_path / other / "lock").exists()  # another extension's build is not touched
+    assert not clear_stale_baton(build_dir, mine)
 
 def test_a_kernel_lets_other_python_threads_run_while_it_runs():
     """Every extension function runs with the GIL released (`bindings`): the server's event loop thread
