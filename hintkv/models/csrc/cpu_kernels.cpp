@@ -24,6 +24,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -318,63 +319,68 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
         for (int64_t t0 = 0, n = qp[b + 1] - qp[b]; t0 < n; t0 += tq)
             for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, t0, std::min(n, t0 + tq)});
     const int64_t ni = static_cast<int64_t>(items.size());
-    // round-robin: causal tiles grow in cost along a sequence, so thread k takes items k, k + nt, ...
+    // Dynamic schedule: each thread takes the next item off a shared counter, costliest first (a causal
+    // tile's keys grow along its sequence), so a thread the OS deschedules (a loaded machine) holds up
+    // at most one item instead of its whole static share; on free cores it splits like the old
+    // round-robin. An item's arithmetic does not depend on which thread runs it: outputs are identical.
+    std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
+        return cp[x.b] - (qp[x.b + 1] - qp[x.b]) + x.t1 > cp[y.b] - (qp[y.b + 1] - qp[y.b]) + y.t1;
+    });
+    std::atomic<int64_t> next{0};
     const int64_t nt = serial ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ni));
-    auto work = [&](int64_t w0, int64_t w1) {
+    auto work = [&](int64_t, int64_t) {
         const int64_t rmax = tq * G;
         std::vector<float> qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax);
         std::vector<int64_t> lastb(rmax);
         const float* kr[KT];
         const float* vr[KT];
-        for (int64_t w = w0; w < w1; ++w) {
-            for (int64_t it = w; it < ni; it += nt) {
-                const Item& item = items[it];
-                const int64_t b = item.b, h = item.h, S = cp[b], n = qp[b + 1] - qp[b];
-                const int64_t R = (item.t1 - item.t0) * G;
-                const float* kb = kt + koff[b * Hkv + h];
-                for (int64_t t = item.t0; t < item.t1; ++t)
-                    for (int64_t g = 0; g < G; ++g) {
-                        const int64_t r = (t - item.t0) * G + g;
-                        const float* src = qd + (qp[b] + t) * qs0 + (h * G + g) * qs1;
-                        for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * static_cast<float>(scale);
-                        lastb[r] = S - n + t;
-                    }
-                std::fill(ob.begin(), ob.begin() + R * D, 0.f);
-                std::fill(mb.begin(), mb.begin() + R, -std::numeric_limits<float>::infinity());
-                std::fill(lb.begin(), lb.begin() + R, 0.f);
-                const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
-                for (int64_t k0 = 0; k0 < kend; k0 += KT) {
-                    const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
-                    for (int j = 0; j < nk; ++j) {
-                        const int64_t key = k0 + j;
-                        kr[j] = kd + ((tp[b][key / BS] * BS + key % BS) * Hkv + h) * D;
-                        vr[j] = kr[j] + half;
-                    }
-                    int64_t r = 0;
-                    if (direct[b]) {
-                        score_direct(qb.data(), R, D, kr, nk, sb.data());
-                    } else {
-                        const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
-                        for (; r + MR <= R; r += MR) score_tile<MR>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
-                        for (; r + 4 <= R; r += 4) score_tile<4>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
-                        for (; r < R; ++r) score_tile<1>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
-                    }
-                    for (r = 0; r < R; ++r) {
-                        const float alpha = softmax_row(sb.data() + r * KT, nk, k0, lastb[r], mb[r], lb[r]);
-                        if (alpha != 1.f)
-                            for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
-                    }
-                    for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
-                    for (; r < R; ++r) pv_tile<1>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
+        for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < ni;) {
+            const Item& item = items[it];
+            const int64_t b = item.b, h = item.h, S = cp[b], n = qp[b + 1] - qp[b];
+            const int64_t R = (item.t1 - item.t0) * G;
+            const float* kb = kt + koff[b * Hkv + h];
+            for (int64_t t = item.t0; t < item.t1; ++t)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = (t - item.t0) * G + g;
+                    const float* src = qd + (qp[b] + t) * qs0 + (h * G + g) * qs1;
+                    for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * static_cast<float>(scale);
+                    lastb[r] = S - n + t;
                 }
-                for (int64_t t = item.t0; t < item.t1; ++t)
-                    for (int64_t g = 0; g < G; ++g) {
-                        const int64_t r = (t - item.t0) * G + g;
-                        const float inv = 1.f / lb[r];
-                        float* dst = od + ((qp[b] + t) * Hq + h * G + g) * D;
-                        for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
-                    }
+            std::fill(ob.begin(), ob.begin() + R * D, 0.f);
+            std::fill(mb.begin(), mb.begin() + R, -std::numeric_limits<float>::infinity());
+            std::fill(lb.begin(), lb.begin() + R, 0.f);
+            const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
+            for (int64_t k0 = 0; k0 < kend; k0 += KT) {
+                const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
+                for (int j = 0; j < nk; ++j) {
+                    const int64_t key = k0 + j;
+                    kr[j] = kd + ((tp[b][key / BS] * BS + key % BS) * Hkv + h) * D;
+                    vr[j] = kr[j] + half;
+                }
+                int64_t r = 0;
+                if (direct[b]) {
+                    score_direct(qb.data(), R, D, kr, nk, sb.data());
+                } else {
+                    const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
+                    for (; r + MR <= R; r += MR) score_tile<MR>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
+                    for (; r + 4 <= R; r += 4) score_tile<4>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
+                    for (; r < R; ++r) score_tile<1>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
+                }
+                for (r = 0; r < R; ++r) {
+                    const float alpha = softmax_row(sb.data() + r * KT, nk, k0, lastb[r], mb[r], lb[r]);
+                    if (alpha != 1.f)
+                        for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
+                }
+                for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
+                for (; r < R; ++r) pv_tile<1>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
             }
+            for (int64_t t = item.t0; t < item.t1; ++t)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = (t - item.t0) * G + g;
+                    const float inv = 1.f / lb[r];
+                    float* dst = od + ((qp[b] + t) * Hq + h * G + g) * D;
+                    for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
+                }
         }
     };
     if (nt == 1) work(0, 1);
