@@ -9,8 +9,9 @@ The contract, stated once (`Scheduler`'s docstring points here): a device block 
 the pool may still hold a victim queued for a write-down until `flush()` ran, so whatever writes
 device KV flushes first: the engine between `schedule()` and the forward pass (outside the
 state lock), a landing load just before its scatter. `Scheduler.schedule()` records `mark()`
-on its output and `update_from_output` checks it (`check_flushed`), so a driver that ran a
-forward pass without flushing fails loudly instead of writing down overwritten KV.
+on its output; `LLMEngine.step` checks it (`Scheduler.check_flushed`) just before its forward
+pass, and `update_from_output` checks it again for any driver: that catches a driver that never
+flushed, not one that flushed only after its forward pass (nothing here sees when a forward ran).
 
 On CUDA the gather runs on the mover's copy stream (`DeviceBlockIO.read_async`): the engine
 thread never waits for it, the compute stream waits for it before the forward, and a mover

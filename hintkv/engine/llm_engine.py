@@ -183,12 +183,14 @@ class LLMEngine:
                         req.sampling, root, session=req.session, generator=gen)
 
     def add_request(self, req: GenerateRequest) -> None:
+        """Engine thread, between steps (the scheduler refuses one during a step's load wait)."""
         self.validate(req)
         seq = self.make_sequence(req)
         with self.lock:
             self.scheduler.add_request(seq)
 
     def abort_request(self, request_id: str) -> bool:
+        """Engine thread, between steps (the scheduler refuses one during a step's load wait)."""
         with self.lock:
             return self.scheduler.abort_request(request_id)
 
@@ -270,6 +272,7 @@ class LLMEngine:
             pending = [] if sched.scheduled else self.scheduler.pending_loads()
         if sched.scheduled:
             self.kv.flush_write_downs()  # victims reused by this pass are written down first
+            self.scheduler.check_flushed(sched)  # (checked here, before the forward writes them)
             t0 = time.perf_counter()
             runner_out = self.runner.run(sched.scheduled)
             runner_out.forward_s = time.perf_counter() - t0

@@ -23,16 +23,21 @@ under a virtual clock. A driver's step, as `LLMEngine.step` does it:
     runner_out = <run out.scheduled>    # ModelRunnerOutput: token ids per scheduled sequence
     outputs = scheduler.update_from_output(out, runner_out)
 
-The driver's two duties, both checked:
+The driver's two duties, and what is checked of them:
 - flush before the forward pass: a block the pool handed out may still hold a victim queued for a
   write-down (`cache.write_downs` states it); `schedule()` records the queue's mark on its
-  output and `update_from_output` raises if the flush did not reach it.
+  output. `check_flushed(out)` raises if no flush reached it: `LLMEngine.step` calls it just
+  before its forward pass (a late flush there is refused), `update_from_output` calls it again
+  for every driver (this catches a missing flush, not a late one: a driver that flushes after
+  its forward passes it, so a driver that writes device KV must call `check_flushed` first).
 - `unlocked` (optional): a context manager in which the step's load waits run (`same-step`
   load timing); `LLMEngine` passes one that releases its state lock, so the server's locked
   reads (`manage`, `describe_session`, `/metrics`' tier stats) never wait for a copy. Inside
-  it only other threads' lock holders may touch the state (never the engine thread's own
-  work: requests are added and aborted between steps), and whatever they change is what they
-  may change during a forward pass; what the step does after the wait re-checks its room.
+  it only other threads' lock holders may touch the state, and whatever they change is what
+  they may change during a forward pass (edits, reads, sweeps); what the step does after the
+  wait re-checks its room. Requests are added and aborted between steps (on the engine's
+  thread: the async wrapper routes them there): `add_request` / `abort_request` raise while a
+  step is inside its wait, since the step still holds the indices and blocks it scheduled.
 
 A sequence whose prefix continues in a lower tier (host, disk) is admitted with blocks for it
 and set aside as LOADING while the blocks arrive; it takes no token budget, and the sequences
@@ -44,8 +49,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from concurrent.futures import Future
 
 from hintkv.cache.manager import KVCacheManager
@@ -100,6 +105,7 @@ class Scheduler:
         self.spec_max_rows = 16  # the most rows (real tokens + drafts) a step with drafts runs
         self.num_draft_tokens = 0  # drafts verified
         self.num_accepted_tokens = 0  # of which accepted
+        self._in_load_wait = False  # schedule() is inside `unlocked` (add/abort refused)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, num_blocks: int, *, eos_token_ids: Iterable[int] = (),
@@ -121,7 +127,25 @@ class Scheduler:
         return None if self.sam is None else self.sam.sessions
 
     # ---- requests in and out ---------------------------------------------------------------
+    def _between_steps(self, what: str) -> None:
+        if self._in_load_wait:
+            raise RuntimeError(
+                f"{what} while a step waits for a same-step load with the state lock released: "
+                "requests are added and aborted between steps, on the engine's thread "
+                "(hintkv.engine.scheduler)")
+
+    @contextmanager
+    def _load_wait(self, unlocked: Callable[[], AbstractContextManager] | None) -> Iterator[None]:
+        """A load wait inside schedule(): `unlocked` (the driver's lock released), add/abort refused."""
+        self._in_load_wait = True  # set and cleared while the driver holds its lock
+        try:
+            with (unlocked or nullcontext)():
+                yield
+        finally:
+            self._in_load_wait = False
+
     def add_request(self, seq: Sequence) -> None:
+        self._between_steps(f"add_request({seq.request_id!r})")
         if seq.request_id in self.requests:
             raise ValueError(f"request id {seq.request_id!r} is already running")
         if seq.session is not None and self.hints:
@@ -145,6 +169,7 @@ class Scheduler:
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request wherever it is (its session keeps what it computed). False: unknown."""
+        self._between_steps(f"abort_request({request_id!r})")
         seq = self.requests.get(request_id)
         if seq is None:
             return False
@@ -221,7 +246,8 @@ class Scheduler:
             if len(self.loading) > loads:  # loads this step started: computed now if they land,
                 # running after the admissions and before the prefills that yielded
                 budget = batching.land_new_loads(self, out, budget, self.loading[loads:],
-                                                 at=len(self.running) - yielded, unlocked=unlocked)
+                                                 at=len(self.running) - yielded,
+                                                 unlocked=lambda: self._load_wait(unlocked))
             for s in capped:  # what the admissions left goes back to the capped prefills
                 extra = min(s.seq.num_tokens - s.seq.num_computed_tokens - s.num_new_tokens, budget)
                 if extra > 0 and self.kv.can_append(s.seq, s.num_new_tokens + extra):
@@ -234,6 +260,11 @@ class Scheduler:
         if self.kv.tiers is not None:  # the driver flushes up to here before the forward pass
             out.write_down_mark = self.kv.tiers.write_downs.mark()
         return out
+
+    def check_flushed(self, out: SchedulerOutput) -> None:
+        """Raise unless a flush reached `out`'s write-down mark (call it before the forward pass)."""
+        if self.kv.tiers is not None and out.scheduled:
+            self.kv.tiers.write_downs.check_flushed(out.write_down_mark)
 
     # ---- update (hintkv.engine.step_update) ------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,

@@ -27,8 +27,7 @@ def update_from_output(sch: Scheduler, sched: SchedulerOutput,
     if len(runner.sampled_token_ids) != len(sched.scheduled):
         raise ValueError(f"runner output has {len(runner.sampled_token_ids)} entries for "
                          f"{len(sched.scheduled)} scheduled sequences")
-    if sch.kv.tiers is not None and sched.scheduled:  # a forward ran: the driver flushed first
-        sch.kv.tiers.write_downs.check_flushed(sched.write_down_mark)
+    sch.check_flushed(sched)  # a forward ran: the driver flushed (catches a missing flush only)
     outputs = [sch.finish(seq, "length") for seq in sched.out_of_room
                if seq.status is not SeqStatus.FINISHED]  # (unless aborted meanwhile)
     now = sch.clock()  # the step's tokens all arrive now
