@@ -52,6 +52,10 @@ WAIT_CAUSES = ("step", "budget", "seqs", "room")
 SIM_TOKEN = 1000  # every sampled token (content is irrelevant to the cache: prompts come from traces)
 
 
+class PromptDoesNotFit(ValueError):
+    """A call whose prompt + output cannot fit the simulated device pool (the server refuses it): a bad setting."""
+
+
 @dataclass(slots=True)
 class _Pending:
     seq: Sequence
@@ -119,8 +123,8 @@ class SimEngine:
             return
         room = self.scheduler.kv.pool.num_blocks * self.cfg.block_size
         if len(prompt) + max_tokens > room:  # the server refuses these (LLMEngine.validate)
-            raise ValueError(f"a {len(prompt)}-token prompt + {max_tokens} output tokens do not fit "
-                             f"the {room}-token device pool: give the simulation a larger pool")
+            raise PromptDoesNotFit(f"a {len(prompt)}-token prompt + {max_tokens} output tokens do not fit "
+                             f"the {room}-token device pool: give the simulation a larger pool (--device-tokens) or a smaller --token-scale")
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         seq = Sequence(request_id, prompt, len(prompt), sampling, self.root, session=session)
         if block_hashes:

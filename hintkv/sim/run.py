@@ -38,6 +38,7 @@ from hintkv.engine.load_timing import load_timing_names
 from hintkv.replay import belady
 from hintkv.sim.bound import alone_rows, ttft_bounds
 from hintkv.sim.costs import CostModel
+from hintkv.sim.engine import PromptDoesNotFit
 from hintkv.sim.goals import goals, separation
 from hintkv.sim.ideal import zero_serving_task_s
 from hintkv.sim.profile import load_profile, profile_names
@@ -194,12 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         if name not in ORACLES:
             cfg = resolve(name, args.scheduling_policy)
             scheduling[name] = cfg.scheduling
-            results[name] = simulate(wl, cfg, costs, device_tokens, block_size=args.block_size,
-                                     max_num_seqs=args.max_num_seqs,
-                                     max_num_batched_tokens=args.max_num_batched_tokens,
-                                     progress=not args.no_progress, instances=args.instances,
-                                     max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode,
-                                     load_timing=args.load_timing)
+            try:
+                results[name] = simulate(wl, cfg, costs, device_tokens, block_size=args.block_size,
+                                         max_num_seqs=args.max_num_seqs,
+                                         max_num_batched_tokens=args.max_num_batched_tokens,
+                                         progress=not args.no_progress, instances=args.instances,
+                                         max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode,
+                                         load_timing=args.load_timing)
+            except PromptDoesNotFit as exc:
+                print(f"hintkv sim: {exc}", file=sys.stderr)
+                return 2
     oracles: dict[str, float] = {}
     oracle_schedules: dict[str, str] = {}  # oracle -> the run whose access order gave it
     oracle_hits: dict[str, tuple[int, ...]] = {}  # oracle -> each access's hits in that order

@@ -208,3 +208,15 @@ def test_the_ttft_ceiling_is_each_calls_prefill_alone_at_the_oracle_host_hits(tr
     # the check means something: the device-only oracle's hits and the default budget give other bounds
     assert bound_at_hits_s(costs, best, hits["oracle"], budget) > want * 1.05
     assert bound_at_hits_s(costs, best, hits["oracle+host"], 8192) < want * 0.995
+
+
+def test_a_pool_too_small_for_a_prompt_is_a_usage_error(traces, capsys):
+    """A call whose prompt + output cannot fit `--device-tokens` is a bad setting: `hintkv sim` says so
+    and exits 2 (before: a ValueError traceback from deep in the run)."""
+    from hintkv.cli import main
+
+    args = ["sim", "--profile", "h200-llama3-8b", "--users", "2", "--traces", traces, "--token-scale", "0.05",
+            "--max-calls", "3", "--max-tasks", "2", "--no-progress", "--configs", "lru"]
+    assert main([*args, "--device-tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "hintkv sim: a " in err and "do not fit the 64-token device pool" in err and "--device-tokens" in err
