@@ -48,12 +48,14 @@ def test_kernel_matches_dense_reference_and_the_torch_path(monkeypatch, steps, h
         torch.testing.assert_close(got[qsl[i]:qsl[i + 1]], ref, atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("steps", [[(300, 400)], [(1, 120)] * 8])
-def test_kernel_gives_the_same_bits_on_one_thread_and_two(steps):
+@pytest.mark.parametrize("steps", [[(300, 400)], [(200, 300), (7, 7)], [(1, 120)] * 8])
+@pytest.mark.parametrize("hq,hkv,d,bs", [(8, 2, 64, 16), (6, 2, 32, 4)])
+def test_kernel_gives_the_same_bits_on_one_thread_and_two(steps, hq, hkv, d, bs):
     """Above SERIAL_MACS (a 300-token prefill over 100 cached) the work items are split over the
-    threads, below it (a decode batch) the calling thread runs them all: items are independent, so
-    the output is bitwise the same either way and equal to the reference."""
-    hq, hkv, d, bs = 8, 2, 64, 16
+    threads (taken dynamically, costliest first), below it (a decode batch) the calling thread runs
+    them all: items are independent, so the output is bitwise the same either way and equal to the
+    reference — also for 3 query heads per KV head with partial query tiles and a tiny second
+    sequence (the odd shapes of the test above stay under SERIAL_MACS, so they run serially there)."""
     nblocks = sum(-(-c // bs) for _, c in steps) + 3
     case = PagedCase.build(steps, seed=4, d=d, hq=hq, hkv=hkv, bs=bs, nblocks=nblocks)
     cache = torch.zeros(2, nblocks, bs, hkv, d)
