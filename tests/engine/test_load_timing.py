@@ -39,6 +39,22 @@ def _setup(timing: str, num_blocks: int = 16, budget: int = 64, admission: str =
 _seq, _store = seq_of, store_blocks
 
 
+def _add_host_hit(sched: Scheduler, stack: TierStack, io: DeviceBlockIO) -> tuple[Sequence, list]:
+    """Request "a": 13 tokens whose 3 full blocks are on the host tier only (a host hit), added to the scheduler."""
+    a = _seq("a", list(range(13)))
+    payloads = _store(stack, io, a.token_ids, 3)
+    sched.add_request(a)
+    return a, payloads
+
+
+def _flush_until_ready(kv: KVCacheManager, stack: TierStack, seq: Sequence) -> None:
+    """Run the host tier's copies until `seq`'s load has landed (or 100 flushes)."""
+    for _ in range(100):
+        stack.flush()
+        if kv.load_ready(seq):
+            break
+
+
 def _running_decode(sched: Scheduler) -> Sequence:
     """A sequence past its prompt, decoding (so the step has another sequence in it)."""
     b = _seq("b", list(range(100, 106)))
@@ -55,9 +71,7 @@ def test_same_step_computes_a_host_hit_in_the_step_its_load_starts():
     ticks = itertools.count()
     sched.clock = lambda: float(next(ticks))  # every reading distinct: the step's start is exact
     b = _running_decode(sched)
-    a = _seq("a", list(range(13)))
-    payloads = _store(stack, io, a.token_ids, 3)
-    sched.add_request(a)
+    a, payloads = _add_host_hit(sched, stack, io)
     out = sched.schedule()
     assert a.status is SeqStatus.RUNNING
     assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"b": 1, "a": 1}
@@ -81,16 +95,11 @@ def test_same_step_leaves_a_load_the_step_cannot_afford_for_a_later_step():
     sched, kv, io, stack = _setup("same-step")
     kv.tiers.costs.bandwidth["host"] = io.layout.nbytes / 2.0
     b = _running_decode(sched)
-    a = _seq("a", list(range(13)))
-    _store(stack, io, a.token_ids, 3)
-    sched.add_request(a)
+    a, _ = _add_host_hit(sched, stack, io)
     out = sched.schedule()
     assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [b]
     assert kv.tiers.counters.load_wait_s == 0
-    for _ in range(100):
-        stack.flush()
-        if kv.load_ready(a):
-            break
+    _flush_until_ready(kv, stack, a)
     out = sched.schedule()
     assert a.status is SeqStatus.RUNNING and a.num_cached_tokens == 12
     sched.check_integrity()
@@ -108,9 +117,7 @@ def test_a_landed_load_runs_before_the_prefills_that_yielded_and_only_once():
     sched.add_request(long)
     out = sched.schedule()
     assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"b": 1, "long": 15}
-    a = _seq("a", list(range(13)))
-    _store(stack, io, a.token_ids, 3)
-    sched.add_request(a)
+    a, _ = _add_host_hit(sched, stack, io)
     out = sched.schedule()
     ids = [s.seq.request_id for s in out.scheduled]
     assert a.status is SeqStatus.RUNNING and sorted(ids) == ["a", "b", "long"]
@@ -131,9 +138,7 @@ def test_a_step_whose_prefill_yielded_is_not_idle():
     sched.add_request(long)
     out = sched.schedule()
     sched.update_from_output(out, ModelRunnerOutput.from_tokens([None]))
-    a = _seq("a", list(range(13)))
-    _store(stack, io, a.token_ids, 3)
-    sched.add_request(a)
+    a, _ = _add_host_hit(sched, stack, io)
     out = sched.schedule()
     assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [long]
     assert kv.tiers.counters.load_wait_s == 0
@@ -163,15 +168,10 @@ def test_the_wait_limit_is_the_steps_not_each_loads():
 
 def test_next_step_computes_a_host_hit_after_its_load_landed():
     sched, kv, io, stack = _setup("next-step")
-    a = _seq("a", list(range(13)))
-    _store(stack, io, a.token_ids, 3)
-    sched.add_request(a)
+    a, _ = _add_host_hit(sched, stack, io)
     out = sched.schedule()
     assert a.status is SeqStatus.LOADING and out.scheduled == []
-    for _ in range(100):
-        stack.flush()
-        if kv.load_ready(a):
-            break
+    _flush_until_ready(kv, stack, a)
     out = sched.schedule()
     assert a.status is SeqStatus.RUNNING
     assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1)]
