@@ -149,6 +149,9 @@ class EngineConfig:
     )
     enforce_eager: bool = _opt(False, "never compile the model step nor capture CUDA graphs (vLLM's flag; "
                                       "wins over --compile-step and --cuda-graphs)")
+    cpu_omp_threads_bind: str = _opt(
+        "nobind", "auto | nobind | a CPU list ('0-1'): bind the engine's OpenMP threads, thread i to the i-th CPU "
+        "(vLLM's VLLM_CPU_OMP_THREADS_BIND; auto: one CPU per physical core; engine/cpu_threads.py)")
     cuda_graphs: str = _opt("auto", "auto | off: replay decode steps as CUDA graphs (bucketed batch and "
                             "context; auto: on CUDA unless --enforce-eager)")
     speculative: str | None = _opt(
@@ -207,6 +210,9 @@ class EngineConfig:
             raise ValueError(f"quantization must be w8a8 or unset, not {self.quantization!r}")
         if self.compile_step not in ("auto", "on", "off"):
             raise ValueError(f"compile_step must be auto, on or off, not {self.compile_step!r}")
+        from hintkv.engine import cpu_threads  # light: no torch
+
+        cpu_threads.check(self.cpu_omp_threads_bind)
         if self.cuda_graphs not in ("auto", "off"):
             raise ValueError(f"cuda_graphs must be auto or off, not {self.cuda_graphs!r}")
         if self.speculative not in (None, "ngram", "suffix"):

@@ -30,7 +30,8 @@ PEER_PRESETS = {"SmolLM2-135M-Instruct": "smollm2-135m"}
 VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "on"],
             "eager": ["--enforce-eager"], "no-graphs": ["--cuda-graphs", "off"],
             "kv-int8": ["--kv-cache-dtype", "int8"],
-            "kv-fp8": ["--kv-cache-dtype", "fp8"]}
+            "kv-fp8": ["--kv-cache-dtype", "fp8"],
+            "bound": ["--cpu-omp-threads-bind", "auto"]}  # OpenMP threads pinned as vLLM pins its own
 
 
 def peer_hf_config(model: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hintkv.config import EngineConfig
+from hintkv.engine import cpu_threads
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import (
     CacheEdit,
@@ -49,6 +50,8 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
+        self._bind_cpus = cpu_threads.engine_cpus(engine.cfg.cpu_omp_threads_bind, engine.device.type)
+        self.bound_tids: list[int] = []  # the engine thread's OpenMP threads, once bound (--cpu-omp-threads-bind)
         self.num_integrity_violations = 0  # failed check_integrity() calls while serving
         self._thread = threading.Thread(target=self._loop, name="hintkv-engine", daemon=True)
         self._thread.start()
@@ -59,6 +62,7 @@ class AsyncLLM:
 
     # ---- engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
+        self.bound_tids = cpu_threads.bind_engine_thread(self._bind_cpus)
         while not self._stopping:
             while True:
                 try:

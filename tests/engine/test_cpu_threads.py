@@ -1,0 +1,119 @@
+"""--cpu-omp-threads-bind (engine/cpu_threads.py): vLLM's VLLM_CPU_OMP_THREADS_BIND semantics, the engine
+thread's own OpenMP team pinned, the rest of the process left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+import torch
+
+from hintkv.config import EngineConfig
+from hintkv.engine import cpu_threads
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+
+
+def test_cpu_lists_read_like_linux_cpulists():
+    assert cpu_threads.parse_cpu_list("0-2,5") == [0, 1, 2, 5]
+    assert cpu_threads.parse_cpu_list("3,1") == [3, 1]  # order kept: thread 0 on CPU 3
+    for bad in ("", "a", "2-1", "0,0", "1-", "-1", "0-1,1"):
+        with pytest.raises(ValueError, match="cpu_omp_threads_bind"):
+            cpu_threads.parse_cpu_list(bad)
+
+
+def test_the_config_refuses_a_bad_spec_and_defaults_to_nobind():
+    assert EngineConfig().cpu_omp_threads_bind == "nobind"
+    for ok in ("auto", "nobind", "0", "0-1"):
+        EngineConfig(cpu_omp_threads_bind=ok)
+    with pytest.raises(ValueError, match="cpu_omp_threads_bind"):
+        EngineConfig(cpu_omp_threads_bind="all")
+
+
+def test_serve_has_the_flag():
+    from hintkv.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--cpu-omp-threads-bind", "auto"])
+    assert args.cpu_omp_threads_bind == "auto"
+
+
+def test_auto_takes_one_cpu_per_physical_core(tmp_path):
+    # CPUs 0 and 2 share core 0, 1 and 3 share core 1 (Linux's usual SMT numbering); 4 is another package
+    topo = {0: ("0", "0"), 1: ("0", "1"), 2: ("0", "0"), 3: ("0", "1"), 4: ("1", "0")}
+    for c, (pkg, core) in topo.items():
+        d = tmp_path / f"cpu{c}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(pkg + "\n")
+        (d / "core_id").write_text(core + "\n")
+    assert cpu_threads.physical_cores([0, 1, 2, 3, 4], tmp_path) == [2, 3, 4]  # vLLM's auto: the last sibling
+    assert cpu_threads.physical_cores([0, 1], tmp_path) == [0, 1]
+    assert cpu_threads.physical_cores([0, 7], tmp_path) == [0, 7]  # unreadable topology: the allowed CPUs
+
+
+def test_resolve_checks_the_cpus_against_the_process():
+    assert cpu_threads.resolve("nobind") is None
+    assert cpu_threads.resolve("0-1", allowed=[0, 1, 2]) == [0, 1]
+    with pytest.raises(ValueError, match="not among"):
+        cpu_threads.resolve("5", allowed=[0, 1])
+    auto = cpu_threads.resolve("auto")
+    assert auto and set(auto) <= set(ALLOWED)
+    assert cpu_threads.engine_cpus("auto", "cuda") is None  # vLLM binds on its CPU backend only
+
+
+def _in_fresh_thread(fn):
+    """fn's result, run on a new thread (its own OpenMP team: the test process's stays unbound)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(120)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two CPUs")
+def test_bind_pins_each_thread_of_the_callers_team_to_its_cpu():
+    cpus = [ALLOWED[1], ALLOWED[0]]  # reversed: thread 0 (the caller) on the second CPU
+
+    def work():
+        tids = cpu_threads.bind(cpus)
+        masks = [os.sched_getaffinity(t) for t in tids]
+        a = torch.randn(256, 256)
+        product = a @ a  # MKL and ATen run on the bound team
+        again = cpu_threads.bind(cpus)  # the same pool: the same threads
+        return tids, masks, threading.get_native_id(), torch.allclose(product, (a.double() @ a.double()).float(),
+                                                                       atol=1e-3), again
+    if cpu_threads._ops() is None:
+        pytest.skip("no C++ compiler")
+    tids, masks, caller, ok, again = _in_fresh_thread(work)
+    assert tids[0] == caller and len(set(tids)) == 2
+    assert masks == [{cpus[0]}, {cpus[1]}]
+    assert ok and again == tids
+    assert os.sched_getaffinity(0) == set(ALLOWED)  # this (main) thread untouched
+
+
+def test_the_engine_thread_is_bound_when_asked():
+    from hintkv.engine.async_llm import AsyncLLM
+
+    if cpu_threads._ops() is None:
+        pytest.skip("no C++ compiler")
+    cpu = ALLOWED[-1]
+    engine = AsyncLLM.from_config(EngineConfig(model="dummy:tiny", dtype="float32", device="cpu",
+                                               kv_cache_tokens=1024, max_model_len=256,
+                                               cpu_omp_threads_bind=str(cpu)))
+    try:
+        engine.call(lambda e: None).result(60)  # the loop binds before its first job
+        assert len(engine.bound_tids) == 1
+        assert engine.bound_tids[0] == engine._thread.native_id
+        assert os.sched_getaffinity(engine.bound_tids[0]) == {cpu}
+        assert os.sched_getaffinity(0) == set(ALLOWED)
+    finally:
+        asyncio.run(engine.shutdown())
