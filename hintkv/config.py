@@ -87,6 +87,12 @@ class EngineConfig:
         "when the wait costs the step's others less than the step it saves; the wait holds the engine's "
         "state lock, and no clean A/B shows it faster: docs/benchmarks.md, eleventh session)"
     )
+    resume_prefetch: str = _opt(
+        "once", "after SAM's predicted-resume prefetch of a waiting session (host/disk tiers): once (the "
+        "first look only) | watch (opt-in: look again each step until its call arrives and bring back what "
+        "was evicted meanwhile, into room ranked below it; measured neutral live: docs/benchmarks.md, "
+        "thirteenth session): cache/resume_prefetch.py"
+    )
     offload_mode: str = _opt(
         "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "
         "copy as a cached block that is evicted with no write when room is needed) | eager (drop "
@@ -195,6 +201,10 @@ class EngineConfig:
 
         if self.load_timing not in load_timing_names():
             raise ValueError(f"load_timing must be one of {load_timing_names()}, not {self.load_timing!r}")
+        from hintkv.cache.resume_prefetch import resume_prefetch_names  # light: no torch
+
+        if self.resume_prefetch not in resume_prefetch_names():
+            raise ValueError(f"resume_prefetch must be one of {resume_prefetch_names()}, not {self.resume_prefetch!r}")
         from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES  # light: no torch
 
         if self.offload_mode not in OFFLOAD_MODES:

@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 from hintkv.cache.hashing import BlockHash
 from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.sessions import SessionRegistry, SessionState, session_key
+from hintkv.cache.resume_prefetch import make_resume_prefetch
+from hintkv.cache.sessions import Session, SessionRegistry, SessionState, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 
 PREDICT_LEAD_S = 1.0  # prefetch this long (plus the load estimate) before the predicted arrival
@@ -35,6 +36,7 @@ PREDICT_BUDGET_BLOCKS = 1024
 # the next steps instead of one long step (~20 us a re-rank: 601 at once took 12 ms in
 # `bench cache`). Events (arrival, end, hints) are never deferred: only the clock's drift is.
 RERANK_BUDGET = 32
+RESUME_PREFETCH = "once"  # `cache.resume_prefetch` (`watch`: opt-in, measured neutral live)
 
 
 class SessionAwareManager:
@@ -46,6 +48,7 @@ class SessionAwareManager:
         kv.ranking.clock = clock  # re-ranking on events that carry no time uses the same clock
         self.predict_resume = True  # prefetch waiting sessions whose return is predicted soon
         self.predict_budget_blocks = PREDICT_BUDGET_BLOCKS  # per step
+        self.resume = make_resume_prefetch(RESUME_PREFETCH)  # what follows a predicted prefetch
         self.rerank_budget = RERANK_BUDGET  # per step
         self.num_predicted_prefetches = 0
         # (when to prefetch, session key, the last_done it was predicted from): one entry per
@@ -69,24 +72,43 @@ class SessionAwareManager:
         return due
 
     def predict(self, now: float) -> int:
-        """Prefetch the waiting sessions whose predicted return is within the lead time, up to
+        """Prefetch the waiting sessions whose predicted return is within the lead time, then
+        let the resume policy look again at those it watches (`cache.resume_prefetch`), up to
         the step's budget of held blocks examined. Returns the blocks examined."""
         tiers = self.kv.tiers
         examined = 0
-        while tiers is not None and self._resumes and self._resumes[0][0] <= now \
-                and examined < self.predict_budget_blocks:
+        budget = self.predict_budget_blocks
+        while tiers is not None and self._resumes and self._resumes[0][0] <= now and examined < budget:
             _, key, last_done = heapq.heappop(self._resumes)
-            s = self.sessions.sessions.get(key)
-            if s is None or s.last_done != last_done or s.state is not SessionState.WAITING \
-                    or not s.held or s.num_inflight:
-                continue  # it came back, ended or was suspended since
-            if now - s.last_done > self.sessions.predicted_gap(s)[1]:
-                continue  # presumed gone
+            s = self.away(key, last_done, now)
+            if s is None:
+                continue
             examined += len(s.held)
-            if tiers.prefetch(s.held)[0]:
-                self.num_predicted_prefetches += 1
-                tiers.counters.num_predicted_prefetches += 1
+            self.resume.came_due(key, last_done, self.prefetch_ahead(s))
+        if tiers is not None and examined < budget:
+            examined += self.resume.step(self, now, budget - examined)
         return examined
+
+    def away(self, key: str, last_done: float, now: float) -> Session | None:
+        """Session `key` if it is still away since `last_done` with blocks to bring back: waiting
+        on its tool, not back, not ended or suspended since, not presumed gone."""
+        s = self.sessions.sessions.get(key)
+        if s is None or s.last_done != last_done or s.state is not SessionState.WAITING \
+                or not s.held or s.num_inflight:
+            return None
+        if now - s.last_done > self.sessions.predicted_gap(s)[1]:
+            return None  # presumed gone
+        return s
+
+    def prefetch_ahead(self, s: Session) -> bool:
+        """Prefetch what of `s` only lower tiers hold, into room below its own blocks; True:
+        all of it is on the device or on its way (nothing left for a later look)."""
+        tiers = self.kv.tiers
+        scheduled, on_device = tiers.prefetch(s.held)
+        if scheduled:
+            self.num_predicted_prefetches += 1
+            tiers.counters.num_predicted_prefetches += 1
+        return scheduled + on_device >= len(s.held)
 
     def catch_up(self, now: float) -> None:
         """Run `predict` until no predicted resume is due (a caller replaying history)."""

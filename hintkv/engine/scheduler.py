@@ -55,6 +55,7 @@ from concurrent.futures import Future
 
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
+from hintkv.cache.resume_prefetch import make_resume_prefetch
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
@@ -118,6 +119,7 @@ class Scheduler:
         kv.ranking.clock = clock
         sam = SessionAwareManager(kv, sessions, clock=clock)
         sam.predict_resume = cfg.hints
+        sam.resume = make_resume_prefetch(cfg.resume_prefetch)
         return cls(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, sam=sam, hints=cfg.hints,
                    eos_token_ids=eos_token_ids, max_model_len=max_model_len, clock=clock,
                    admission=cfg.scheduling_policy, load_timing=cfg.load_timing)

@@ -120,6 +120,18 @@ def test_the_same_step_rows_are_their_runs_with_the_opt_in_load_timing():
         assert LIVE_SERVER_ARGS[ss] == ["--load-timing", "same-step"] and base not in LIVE_SERVER_ARGS
 
 
+def test_the_watch_row_is_sam_host_with_the_opt_in_resume_watch():
+    from hintkv.bench.swarm_live import LIVE, LIVE_ADMISSION, LIVE_SERVER_ARGS
+    from hintkv.config import EngineConfig
+
+    assert EngineConfig(model="dummy:tiny").resume_prefetch == "once"  # sam+host runs the default
+    runs = {name: rest for name, *rest in LIVE}
+    assert runs["sam+host/watch"] == runs["sam+host"] and LIVE_ADMISSION["sam+host/watch"] == LIVE_ADMISSION["sam+host"]
+    assert LIVE_SERVER_ARGS["sam+host/watch"] == ["--resume-prefetch", "watch"] and "sam+host" not in LIVE_SERVER_ARGS
+    with pytest.raises(ValueError, match="resume_prefetch must be one of"):
+        EngineConfig(model="dummy:tiny", resume_prefetch="twice")
+
+
 @pytest.mark.parametrize("users,seed", [(3, 2), (5, 7)])
 def test_pinned_oracle_bounds_every_run_at_every_capacity_of_the_sweep(users, seed):
     """The headroom goal's reference (`oracle/pinned`: never evicts a running request's blocks) is
