@@ -286,4 +286,4 @@ class DiskTier(IndexedTier):
         for _, key in found[:len(found) - len(keep)]:
             _quiet_unlink(self._path(key))
         for _, key in keep:  # oldest first, so LRU order follows the files' age
-            self._add_entry(key, Entry(-1, self._tick(), resolved(True)))
+            self._add_entry(key, Entry(-1, self._tick(), resolved(True), written=True))
