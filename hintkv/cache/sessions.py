@@ -55,6 +55,9 @@ class Session:
     last_done: float = 0.0
     last_tool: str | None = None  # tool of the latest request: the best guess for the next wait
     gaps: GapEstimator = field(default_factory=GapEstimator)
+    # `gaps.prediction` once it has two gaps or more (else None): read on every class computation
+    # of a waiting session, kept here so that reads no second object (`SessionRegistry.on_arrival`)
+    gap_prediction: tuple[float, float] | None = None
     protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
     prefetched_until: float = 0.0
     # `ClassRanking`'s state of this session, kept on it (a class change reads no other map):
@@ -117,7 +120,10 @@ class SessionRegistry:
         if s.num_requests and s.num_inflight == 0 and s.last_done:
             # the gap just ended was spent running the tool whose result this request carries
             gap = now - s.last_done
-            s.gaps.observe(gap)
+            own = s.gaps
+            own.observe(gap)
+            if own.n >= 2:
+                s.gap_prediction = own.prediction
             self.all_gaps.observe(gap)
             if tool:
                 self.tool_gaps.setdefault(tool, GapEstimator()).observe(gap)
@@ -257,9 +263,9 @@ class SessionRegistry:
     # ---- prediction (read by the `sam` policy and SAM's resume prefetch) --------------------
     def predicted_gap(self, s: Session) -> tuple[float, float]:
         """(expected gap, gap after which the session is presumed gone) for a waiting session."""
-        own = s.gaps
-        if own.n >= 2:  # its own history: `gap_estimator`'s first choice, one read (every class)
-            return own.prediction
+        own = s.gap_prediction
+        if own is not None:  # its own history: `gap_estimator`'s first choice, one read
+            return own
         est = self.gap_estimator(s)
         return est.prediction if est.n else (5.0, 60.0)
 
@@ -287,6 +293,8 @@ class SessionRegistry:
                 expect.setdefault(h, set()).add(s.key)
             for c in s.children:
                 assert self.sessions[c].parent == s.key, "child/parent links disagree"
+            assert s.gap_prediction == (s.gaps.prediction if s.gaps.n >= 2 else None), \
+                f"session {s.session_id}'s kept gap prediction is stale"
         assert expect == self.holders, "holders map out of sync with sessions' held lists"
         if self.ranking is not None:
             self.ranking.check_integrity(self.sessions)

@@ -141,3 +141,28 @@ def test_every_session_aware_policy_ranks_waiting_sessions_as_away() -> None:
         pol = make_policy(name, sessions=SessionRegistry())
         if isinstance(pol, SAMPolicy):
             assert SessionState.WAITING in pol.away_states, name
+
+
+@settings(max_examples=300, deadline=None)
+@given(gaps=st.lists(st.floats(0.01, 500.0), min_size=2, max_size=5),
+       away=st.floats(0.0, 5000.0))
+def test_a_waiting_sessions_recheck_is_its_next_band_crossing(gaps, away) -> None:
+    """`recheck_after` of a waiting session is the soonest of: its next band crossing (the
+    least r - t * q over the bands it is still beyond), MAX_RECHECK_S, the time it is presumed
+    gone (a reference over every band, not the policy's first-crossing shortcut)."""
+    from hintkv.cache.policies.sam import MAX_RECHECK_S
+    reg, pol = _setup()
+    _cycle(reg, "warm", 0.0, 0.3)
+    t, s = 10.0, None
+    for g in [*gaps, None]:
+        s = reg.on_arrival("t", "s", "s", t)
+        reg.on_done(s.key, [b"s"], t + 0.5)
+        t += 0.5 + (g or 0.0)
+    now = s.last_done + away
+    r = pol.next_use(s, now)
+    if r is None:  # presumed gone: nothing left to recheck but the clock-free bounds
+        return
+    q = reg.predicted_turnaround()
+    times = [MAX_RECHECK_S, *(r - b * q for b in BANDS if r > b * q),
+             s.last_done + reg.predicted_gap(s)[1] - now]
+    assert pol.recheck_after(s, now) == min(x for x in times if x > 0)

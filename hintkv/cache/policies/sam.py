@@ -97,8 +97,8 @@ class SAMPolicy(EvictionPolicy):
 
     def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
         """Predicted return of a session away between calls (no live sub-agents)."""
-        own = s.gaps  # its own history first (`predicted_gap`, inline: every request's end)
-        expected, stale = own.prediction if own.n >= 2 else self.sessions.predicted_gap(s)
+        own = s.gap_prediction  # its own history first (`predicted_gap`, inline: every request's end)
+        expected, stale = own if own is not None else self.sessions.predicted_gap(s)
         away = now - s.last_done
         if away > stale:
             return None
@@ -138,8 +138,8 @@ class SAMPolicy(EvictionPolicy):
         if s.children and self._after_children(s):
             return FIRST_BAND  # next use after its live sub-agents: r = inf, the farthest band
         if self._own_wait:  # `_waiting_next_use`, inline
-            own = s.gaps
-            expected, stale = own.prediction if own.n >= 2 else reg.predicted_gap(s)
+            own = s.gap_prediction
+            expected, stale = own if own is not None else reg.predicted_gap(s)
             away = now - s.last_done
             if away > stale:
                 return GONE
@@ -160,7 +160,10 @@ class SAMPolicy(EvictionPolicy):
             times.append(MAX_RECHECK_S)  # also: live children ending, estimates moving
             if math.isfinite(r):
                 q = self.sessions.predicted_turnaround()
-                times += [r - t * q for t in BANDS if r > t * q]
+                for t in BANDS:  # the next band crossing: the widest band it is beyond (BANDS
+                    if r > t * q:  # descend, so r - t * q is least at the first such t)
+                        times.append(r - t * q)
+                        break
             gone = self._gone_after(s, now)
             if gone is not None:
                 times.append(gone)
