@@ -21,12 +21,12 @@ process may use (the last sibling, as vLLM's auto does on x86; hintkv has no sep
 process, so it reserves none), `nobind` leaves the threads to the OS, a list binds thread i to its
 i-th CPU and sets the thread count to its length.
 
-Default `nobind`: measured (thirteenth session, dummy:tiny float32, 2 threads, bound vs unbound
-interleaved in one process; docs/benchmarks.md "Thirteenth session (speed)"): on free cores
-(SCHED_FIFO) neutral (bound prefill ran at 0.91x unbound's speed at 512, 1.02x at 2048, pairs 0.75-1.35),
-and at load 11 a bound step spent more CPU (512: 1.21x, 2048: 1.09x) for no wall gain (0.80x, 0.95x): a
-bound thread waits for its own core when another process holds it, where an unbound one takes the
-other core.
+Default `nobind` (thirteenth session, dummy:tiny float32, 2 threads; docs/benchmarks.md "Thirteenth
+session, speed"): on free cores (SCHED_FIFO, bound vs unbound interleaved in one process) binding is neutral
+(bound prefill at 0.91-1.10x unbound's speed at 512, 0.88-1.02x at 2048, signs flipping between runs); under
+load a bound team waits for its own core while another process holds it, and its partner waits at the
+barrier: `bench engine --variants bound` at load 9-14 read prefill 512 0.80x, 2048 0.55x, decode b1 0.35x,
+cold TTFT 0.32x of the unbound server (vLLM, bound, collapsed the same way: decode b1 3-7 tok/s vs 13-35).
 """
 
 from __future__ import annotations
