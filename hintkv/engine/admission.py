@@ -268,3 +268,4 @@ class ShortFirstAdmission(CacheAwareAdmission):
 
 from hintkv.engine import admission_swap  # noqa: E402,F401  (registers the swapping policies)
 from hintkv.engine import swap_gain  # noqa: E402,F401  (registers prefill-judged)
+from hintkv.engine import admission_serial  # noqa: E402,F401  (registers cache-aware-serial)

@@ -183,6 +183,8 @@ class OfflineEngine:
         self.admission = make_admission(cfg.scheduling)
         if self.host is not None and hasattr(self.admission, "held_below"):
             self.admission.held_below = self._host_run
+        if hasattr(self.admission, "prefill_s_per_token"):  # the engine's time model (admission_serial)
+            self.admission.prefill_s_per_token = cfg.prefill_s_per_token
         self._prefill_free_at = 0.0
         self._admit_pending = False
         self._ids = itertools.count()
@@ -223,7 +225,11 @@ class OfflineEngine:
                     self._admit_pending = True
                     self.loop.at(self._prefill_free_at, self._admit_later)
                 return
-            p, match = self._pick()
+            picked = self._pick()
+            if picked is None:  # the admission holds every candidate for a returner: look again
+                self._admit_at(self.admission.held_until)  # when the hold lapses (or at an event)
+                return
+            p, match = picked
             seq = p.seq
             hashes = seq.block_hashes[:(seq.num_tokens - 1) // bs]
             n_dev = len(match.blocks)
@@ -288,7 +294,14 @@ class OfflineEngine:
                 return p, match
             if not self.admission.skipped(seq, match, plan):
                 return p, match
+        if getattr(self.admission, "held_until", None) is not None:
+            return None  # no room without a returner's blocks (`engine.admission_serial`): wait
         return first
+
+    def _admit_at(self, t: float) -> None:
+        if not self._admit_pending:
+            self._admit_pending = True
+            self.loop.at(max(t, self.loop.now) + 1e-6, self._admit_later)
 
     def _admit_later(self) -> None:
         self._admit_pending = False

@@ -76,3 +76,27 @@ def test_each_access_records_the_device_blocks_its_request_held(team):
     assert ran and all(e in (0, 1) for e in extra)
     assert 1 in extra  # partial last blocks exist
     assert 0 in extra  # and a request whose tokens fill whole blocks holds none (never an extra block)
+
+
+def test_a_serial_hold_admits_nobody_until_it_lapses(team):
+    """`cache-aware-serial` (engine.admission_serial): when the admission holds every candidate that
+    has no room for a returner, the replay admits nobody (it looks again when the hold lapses or at
+    the next event), and every call is still served."""
+    picks = []
+
+    def observe(engine):
+        pick = engine._pick
+
+        def checked():
+            got = pick()
+            picks.append((engine.admission.held_until is not None, got is None))
+            return got
+        engine._pick = checked
+
+    cfg = OfflineConfig(policy="sam", hints=True, device_blocks=60, scheduling="cache-aware-serial",
+                        prefill_s_per_token=1e-2)  # a slow prefill: a short hold saves more than it costs
+    r = replay_offline(team, cfg, observe=observe, check_every=10)
+    assert len(r.calls) == team.num_calls
+    assert any(none for _, none in picks)  # the hold stopped admission in this workload
+    assert all(held for held, none in picks if none)  # only a hold does
+    assert r.hit_rate > replay_offline(team, replace(cfg, scheduling="cache-aware")).hit_rate
