@@ -1,6 +1,6 @@
 """Binding the engine thread's OpenMP team to CPUs: vLLM's VLLM_CPU_OMP_THREADS_BIND, as `--cpu-omp-threads-bind`.
 
-    check(spec)                      ValueError unless spec is auto | nobind | a CPU list ("0-1,3"); torch-free
+    check(spec)                      ValueError unless spec is auto | nobind | a list ("0-1,3") of allowed CPUs; torch-free
     resolve(spec, allowed) -> cpus   the CPUs to bind, one per OpenMP thread, or None (nobind)
     bind(cpus) -> tids               the calling thread's team: len(cpus) threads, thread i on cpus[i]
     engine_cpus(spec, device) -> cpus  resolve() on CPU devices, None elsewhere (AsyncLLM, at start)
@@ -59,8 +59,10 @@ def parse_cpu_list(text: str) -> list[int]:
 
 
 def check(spec: str) -> None:
+    """ValueError unless `spec` is auto, nobind, or a list of CPUs this process may use (EngineConfig's
+    check: `hintkv serve` then stops with a usage error before it loads the model)."""
     if spec not in CHOICES:
-        parse_cpu_list(spec)
+        resolve(spec)
 
 
 def physical_cores(allowed: list[int], sys_cpu: Path = _SYS_CPU) -> list[int]:
@@ -80,7 +82,6 @@ def physical_cores(allowed: list[int], sys_cpu: Path = _SYS_CPU) -> list[int]:
 def resolve(spec: str, allowed: list[int] | None = None) -> list[int] | None:
     """The CPUs `spec` binds (thread i on the i-th), None for nobind; a listed CPU this process may not
     use is a ValueError."""
-    check(spec)
     if spec == "nobind":
         return None
     allowed = sorted(os.sched_getaffinity(0)) if allowed is None else sorted(allowed)

@@ -26,10 +26,19 @@ def test_cpu_lists_read_like_linux_cpulists():
 
 def test_the_config_refuses_a_bad_spec_and_defaults_to_nobind():
     assert EngineConfig().cpu_omp_threads_bind == "nobind"
-    for ok in ("auto", "nobind", "0", "0-1"):
+    for ok in ("auto", "nobind", str(ALLOWED[0]), ",".join(map(str, ALLOWED))):
         EngineConfig(cpu_omp_threads_bind=ok)
     with pytest.raises(ValueError, match="cpu_omp_threads_bind"):
         EngineConfig(cpu_omp_threads_bind="all")
+    with pytest.raises(ValueError, match="not among"):  # a CPU this process may not use
+        EngineConfig(cpu_omp_threads_bind=str(max(ALLOWED) + 1))
+
+
+def test_serve_refuses_a_cpu_it_may_not_use_before_loading(capsys):
+    from hintkv.cli import main
+
+    assert main(["serve", "--cpu-omp-threads-bind", f"0,{max(ALLOWED) + 1}"]) == 2
+    assert "not among" in capsys.readouterr().err
 
 
 def test_serve_has_the_flag():
