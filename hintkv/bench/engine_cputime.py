@@ -57,6 +57,7 @@ class Probe:
         self.acc: dict[str, float] = defaultdict(float)
         self._n = 0
         model = self.engine.runner.model
+        model._decode_layers = None  # the per-op layers: the fused decode call (decode_layers.py) has no regions to time
         regions = model.regions
         regions.add_rmsnorm = self._timed("norm", regions.add_rmsnorm)
         regions.rope = self._timed("rope", regions.rope)

@@ -14,6 +14,7 @@ half to even, residual x - q s), so they give the eager path's int8 values:
     has_amx() -> bool: gemv's `amx=True` runs on AMX tiles (built with AMX-INT8 and Linux granted the tiles)
     gemv_calls() -> [amx, vnni]: how many gemv calls each path has run in this process
     topk_indices(logits [M, V] f32, k) -> int64 [M, k]: each row's k largest, in no order (the head's rescoring)
+    gemv_address() -> int: gemv's function address (`decode_layers.py`'s fused step calls this build of it)
 
 The quantize and the rescale are vectorised (AVX2) and split over rows (at::parallel_for): a
 2048 x 512 two-level quantize went from 7 ms (a scalar loop, a division per value) to 0.8 ms on
@@ -46,6 +47,6 @@ _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def ops() -> ModuleType | None:
-    """The built extension (quantize_rows, rescale, gemv, has_fast_gemv, has_amx, gemv_calls, topk_indices), or None when it cannot be built (warned once)."""
+    """The built extension (quantize_rows, ..., topk_indices, gemv_address), or None when it cannot be built (warned once)."""
     return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "has_amx",
-                                                    "gemv_calls", "topk_indices"], _CFLAGS)
+                                                    "gemv_calls", "topk_indices", "gemv_address"], _CFLAGS)

@@ -22,6 +22,7 @@ from hintkv.models.attention import AttentionMetadata, paged_attention
 from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, compile_regions
 from hintkv.models.config import ModelConfig
+from hintkv.models.decode_layers import DecodeLayers
 from hintkv.models.greedy_head import GreedyHead
 from hintkv.models.linear import (
     KERNELS,
@@ -114,6 +115,8 @@ class LlamaForCausalLM(nn.Module):
         self.regions = cpu_kernels.regions() if use_cpp else Regions()
         self._lm_head_kernel: LinearKernel = LinearKernel(self.lm_head, None)
         self._greedy_head = GreedyHead(self.lm_head)
+        self._cpp_regions = self.regions  # the fused layers run only while these are the regions in use
+        self._decode_layers: DecodeLayers | None = None  # every layer in one C++ call (few-row steps), set by prepare
 
     @property
     def device(self) -> torch.device:
@@ -125,9 +128,14 @@ class LlamaForCausalLM(nn.Module):
         """Final-normed hidden states [T, hidden] of the step's T new tokens."""
         cos, sin = self.rotary.cos_sin(positions, grow=meta.static is None)  # static: a CUDA graph
         h = F.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions)
+        fused = self._decode_layers if self.regions is self._cpp_regions else None
+        out = None if fused is None else fused(h, cos, sin, kv_caches, meta)
+        if out is not None:
+            h, residual = out
+        else:
+            residual = None
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions)
         return self.regions.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
 
     def prepare(self, quantization: str | None = None,
@@ -147,6 +155,7 @@ class LlamaForCausalLM(nn.Module):
         self._lm_head_kernel = KERNELS[head](self.lm_head, None)
         counts[head] = counts.get(head, 0) + 1
         self.quantization = quantization
+        self._decode_layers = DecodeLayers.build(self) if self.regions is self._cpp_regions else None
         # a new screen: the loader's `.data.copy_` leaves the head's (data_ptr, _version) key unchanged
         self._greedy_head = GreedyHead(self.lm_head)
         if quantization is None:

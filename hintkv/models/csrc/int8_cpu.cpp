@@ -360,3 +360,7 @@ torch::Tensor topk_indices(torch::Tensor logits, int64_t k) {
     });
     return out;
 }
+
+// gemv's address, for decode_layers.cpp's fused step to call this build of it (compiled with this file's
+// flags, which differ from the fused file's): an int64 that is a `torch::Tensor (*)(...)` of gemv's signature.
+int64_t gemv_address() { return reinterpret_cast<int64_t>(&gemv); }

@@ -1,0 +1,146 @@
+"""Every decoder layer of a few-row CPU step in one C++ call (decode steps, short verifies).
+
+A float32 decode step of dummy:tiny spent ~15% of its CPU time in Python between its C++ kernels
+(py-spy, one thread: module calls, each kernel's argument checks, `cpu_kernels.enabled()`'s
+environment reads), seven kernel calls per layer. `csrc/decode_layers.cpp` runs the same kernels in
+the same order from C++ (add_rmsnorm, the q/k/v gemv, rope_, attention over the paged KV,
+o_proj, add_rmsnorm, gate_up, silu_mul, down), for every layer, with the GIL released once: its
+outputs are bit-identical to the per-op path (tests/models/test_decode_layers.py).
+
+    DecodeLayers.build(model) -> DecodeLayers | None   None: not its case (see `_kind`), or HINTKV_FUSED_DECODE=0
+    DecodeLayers(h, cos, sin, kv_caches, meta) -> (h, residual) | None   None: this step is not its case
+
+Its case: a CPU float32 model with the C++ kernels on (decided once, when `LlamaForCausalLM.prepare`
+picks the GEMM kernels), every projection on `linear.py`'s `mkl` kernel (run by `gemv_cpu` at <= 12
+rows) or W8A8's int8 kernels with their few-row blocks (`int8_cpu.gemv`, <= GEMV_ROWS int8 rows), a
+float32 KV cache, no CUDA-graph metadata. Other steps (prefill, big batches, int8 / fp8 KV) run the
+per-op layers. The source is the per-op extensions' files, each in its own namespace (W8A8's int8 gemv is called in
+int8_cpu's own build, by address), so a kernel fix lands in both paths.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
+from hintkv.models.int8 import GEMV_ROWS
+from hintkv.models.linear import MklPackedKernel, W8A8FineKernel, W8A8Kernel
+
+_CSRC = Path(__file__).parent / "csrc"
+_HEADERS = """#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+"""
+# cpu_kernels' and gemv's own flags, so the same bits. int8_cpu.cpp is built with -ffp-contract=off (its residual
+# rounds as the eager ops round it): the fused call runs that build's gemv through its address instead. (A copy
+# in this file under `#pragma GCC optimize("fp-contract=off")` measured 0.83-0.88x the per-op w8a8 step: GCC
+# inlines nothing across differing optimize options; the whole file without contraction changed float32's bits.)
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_EMPTY = torch.empty(0)
+PER_LAYER = 26  # 2 norm weights + 4 linears x 6 tensors (csrc/decode_layers.cpp)
+_KIND = {MklPackedKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2}
+
+
+def source() -> str:
+    """The extension's C++: the per-op files inside namespaces, then csrc/decode_layers.cpp."""
+    def part(name: str, ns: str) -> str:
+        return f"namespace {ns} {{\n{(_CSRC / name).read_text()}\n}}  // namespace {ns}\n"
+    return (_HEADERS + part("cpu_kernels.cpp", "hk_kernels") + part("gemv.cpp", "hk_gemv")
+            + (_CSRC / "decode_layers.cpp").read_text())
+
+
+def ops() -> ModuleType | None:
+    return cpu_ext.load("hintkv_decode_layers", source(), ["decode_layers"], _CFLAGS)
+
+
+def _kind(kernel) -> int | None:
+    """The C++ code of a projection's kernel (0 float32 gemv, 1 w8a8, 2 w8a8-fine), None: not fusable."""
+    kind = _KIND.get(type(kernel))
+    if kind == 0:
+        return 0 if kernel.weight.is_contiguous() else None
+    if kind is not None and getattr(kernel, "blocked", None) is not None and int8_cpu.ops() is not None \
+            and int8_cpu.ops().has_fast_gemv():
+        return kind
+    return None
+
+
+class DecodeLayers:
+    """The fused call for one model; its flat tensor list is rebuilt whenever a projection's kernel changed."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                         layer.mlp.down_proj) for layer in model.layers]
+        self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
+        self.max_rows = GEMV_ROWS // int8.LEVELS if self.int8 else gemv_cpu.ROWS
+        self.int8_gemv = int8_cpu.ops().gemv_address() if self.int8 else 0
+        self._stamp: tuple | None = None
+
+    @classmethod
+    def build(cls, model) -> DecodeLayers | None:
+        cfg = model.config
+        if (os.environ.get("HINTKV_FUSED_DECODE", "1") == "0" or model.device.type != "cpu"
+                or model.dtype != torch.float32 or cfg.head_dim % 16 or not cpu_kernels.enabled()
+                or gemv_cpu.ops() is None):
+            return None
+        fused = cls(model)
+        if any(_kind(m.kernel) is None for group in fused.linears for m in group) or ops() is None:
+            return None
+        return fused
+
+    def _args(self) -> tuple[list[torch.Tensor], list[int]]:
+        kernels = [m.kernel for group in self.linears for m in group]
+        for k in kernels:
+            k.refresh()  # as Linear.forward: a changed weight re-prepares its copy
+        stamp = tuple((id(k), k._key) for k in kernels)
+        if stamp != self._stamp:
+            tensors, codes = [], []
+            for layer, group in zip(self.model.layers, self.linears):
+                tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+                kinds, levels = [], []
+                for m in group:
+                    k = m.kernel
+                    kinds.append(_kind(k))
+                    bias = _EMPTY if k.bias is None else k.bias
+                    if kinds[-1] == 0:
+                        tensors += [k.weight, bias, _EMPTY, _EMPTY, _EMPTY, _EMPTY]
+                        levels.append(0)
+                    else:
+                        inv = _EMPTY if k.inv_smooth is None else k.inv_smooth
+                        tensors += [k.weight, bias.float(), inv, k.blocked[0], k.w_scale, k.blocked[1]]
+                        levels.append(k.levels)
+                codes += kinds + levels
+            if any(c is None for c in codes):
+                return [], []
+            self._tensors, self._codes, self._stamp = tensors, codes, stamp
+        return self._tensors, self._codes
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor],
+                 meta) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if (h.shape[0] > self.max_rows or h.shape[0] == 0 or meta.static is not None
+                or kv_caches[0].dtype != torch.float32):
+            return None
+        tensors, codes = self._args()
+        if not tensors:
+            return None
+        cfg = self.model.config
+        attn = self.model.layers[0].self_attn
+        h, residual = ops().decode_layers(
+            h, h.new_empty(0), tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,
+            meta.query_start_loc, meta.context_lens, attn.scale, self.model.layers[0].input_layernorm.eps,
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, int8.AMX, self.int8_gemv)
+        return h, residual
+

@@ -1,0 +1,104 @@
+"""decode_layers.py: all decoder layers of a few-row step in one C++ call give bit-identical hidden
+states, residual stream and KV writes to the per-op layers (float32 and w8a8, bias or none, decode
+batches and a verify-like multi-row sequence), and the model runs it only where it applies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hintkv.models import cpu_kernels, gemv_cpu
+from hintkv.models.attention import AttentionMetadata
+from hintkv.models.compile import Regions
+from hintkv.models.decode_layers import DecodeLayers
+from hintkv.models.llama import LlamaForCausalLM
+from hintkv.models.presets import init_random_, preset_config
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.enabled() or gemv_cpu.ops() is None,
+                                reason="C++ kernels off or not built: no fused decode layers")
+BS = 16
+
+
+def _model(quantization: str | None, bias: bool) -> LlamaForCausalLM:
+    cfg = dataclasses.replace(preset_config("tiny"), num_hidden_layers=3, vocab_size=2048, attention_bias=bias)
+    model = LlamaForCausalLM(cfg)
+    init_random_(model, seed=3)
+    if bias:
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.self_attn.qkv_proj.bias.normal_(0, 0.1, generator=torch.Generator().manual_seed(5))
+    calibration = [list(range(10, 90)), list(range(500, 560))] if quantization else None
+    model.prepare(quantization, calibration)
+    return model
+
+
+def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int):
+    """Inputs of one step: sequence i has ctx[i] tokens after it, the last q_lens[i] of them new; random
+    KV before them (distinct blocks per sequence, shuffled)."""
+    cfg, gen = model.config, torch.Generator().manual_seed(seed)
+    need = [-(-c // BS) for c in ctx]
+    perm = torch.randperm(sum(need) + 2, generator=gen)
+    tables, start = [], 0
+    for n in need:
+        tables.append(perm[start:start + n].clone())
+        start += n
+    kv = [torch.randn(2, sum(need) + 2, BS, cfg.num_key_value_heads, cfg.head_dim, generator=gen)
+          for _ in range(cfg.num_hidden_layers)]
+    pos = torch.cat([torch.arange(c - q, c) for q, c in zip(q_lens, ctx)])
+    slots = torch.cat([t[p // BS] * BS + p % BS for t, p in zip(tables, torch.split(pos, q_lens))])
+    qsl = [0]
+    for q in q_lens:
+        qsl.append(qsl[-1] + q)
+    meta = AttentionMetadata(slot_mapping=slots, query_start_loc=qsl, context_lens=ctx, block_tables=tables,
+                             is_decode_only=all(q == 1 for q in q_lens))
+    ids = torch.randint(0, cfg.vocab_size, (len(pos),), generator=gen)
+    return ids, pos, meta, kv
+
+
+@pytest.mark.parametrize("quantization", [None, "w8a8"])
+@pytest.mark.parametrize("q_lens,ctx", [([1], [37]), ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]),
+                                        ([4, 1, 3], [40, 9, 70])])
+def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, q_lens, ctx):
+    model = _model(quantization, bias=quantization is None)
+    fused = model._decode_layers
+    assert isinstance(fused, DecodeLayers) and fused.max_rows == (8 if quantization else gemv_cpu.ROWS)
+    ids, pos, meta, kv = _step(model, q_lens, ctx, seed=len(q_lens))
+    kv_ref = [c.clone() for c in kv]
+    with torch.inference_mode():
+        cos, sin = model.rotary.cos_sin(pos, grow=True)
+        h0 = F.embedding(ids, model.embed_tokens)
+        got = fused(h0.clone(), cos, sin, kv, meta)  # the first norm's residual is its input, then updated in place
+        assert got is not None
+        h, residual = h0, None
+        for layer, cache in zip(model.layers, kv_ref, strict=True):
+            h, residual = layer(h, residual, cos, sin, cache, meta, model.regions)
+    assert torch.equal(got[0], h) and torch.equal(got[1], residual)
+    assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+
+
+def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):
+    model = _model(None, bias=False)
+    calls = []
+    real = model._decode_layers.__call__
+
+    class Spy:
+        def __call__(self, *args):
+            out = real(*args)
+            calls.append(out is not None)
+            return out
+
+    model._decode_layers = Spy()
+    for q_lens, ran in (([1, 1], True), ([gemv_cpu.ROWS + 1], False)):
+        ids, pos, meta, kv = _step(model, q_lens, [40] * len(q_lens), seed=1)
+        model(ids, pos, meta, kv)
+        assert calls.pop() is ran  # 13 rows: the per-op layers (gemv's limit)
+    model.regions = Regions()  # eager regions (a bisect, the region timers' probes): no fused call
+    ids, pos, meta, kv = _step(model, [1], [40], seed=1)
+    model(ids, pos, meta, kv)
+    assert calls == []
+    monkeypatch.setenv("HINTKV_FUSED_DECODE", "0")
+    assert _model(None, bias=False)._decode_layers is None
+
