@@ -106,27 +106,30 @@ class DecodeLayers:
         for k in kernels:
             k.refresh()  # as Linear.forward: a changed weight re-prepares its copy
         stamp = tuple((id(k), k._key) for k in kernels)
-        if stamp != self._stamp:
-            tensors, codes = [], []
-            for layer, group in zip(self.model.layers, self.linears):
-                tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-                kinds, levels = [], []
-                for m in group:
-                    k = m.kernel
-                    kinds.append(_kind(k))
-                    bias = _EMPTY if k.bias is None else k.bias
-                    if kinds[-1] == 0:
-                        tensors += [k.weight, bias, _EMPTY, _EMPTY, _EMPTY, _EMPTY]
-                        levels.append(0)
-                    else:
-                        inv = _EMPTY if k.inv_smooth is None else k.inv_smooth
-                        tensors += [k.weight, bias.float(), inv, k.blocked[0], k.w_scale, k.blocked[1]]
-                        levels.append(k.levels)
-                codes += kinds + levels
-            if any(c is None for c in codes):
+        if stamp != self._stamp:  # a kernel was re-prepared or replaced (a test's dense kernels: not fusable)
+            self._stamp, self._flat = stamp, self._flatten()
+        return self._flat
+
+    def _flatten(self) -> tuple[list[torch.Tensor], list[int]]:
+        """(tensors, codes) in csrc/decode_layers.cpp's layout, or ([], []) when a kernel is not fusable."""
+        tensors, codes = [], []
+        for layer, group in zip(self.model.layers, self.linears):
+            tensors += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            kinds, levels = [_kind(m.kernel) for m in group], []
+            if None in kinds:
                 return [], []
-            self._tensors, self._codes, self._stamp = tensors, codes, stamp
-        return self._tensors, self._codes
+            for m, kind in zip(group, kinds):
+                k = m.kernel
+                bias = _EMPTY if k.bias is None else k.bias
+                if kind == 0:
+                    tensors += [k.weight, bias, _EMPTY, _EMPTY, _EMPTY, _EMPTY]
+                    levels.append(0)
+                else:
+                    inv = _EMPTY if k.inv_smooth is None else k.inv_smooth
+                    tensors += [k.weight, bias.float(), inv, k.blocked[0], k.w_scale, k.blocked[1]]
+                    levels.append(k.levels)
+            codes += kinds + levels
+        return tensors, codes
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor],
                  meta) -> tuple[torch.Tensor, torch.Tensor] | None:

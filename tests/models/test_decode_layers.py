@@ -95,6 +95,13 @@ def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):
         ids, pos, meta, kv = _step(model, q_lens, [40] * len(q_lens), seed=1)
         model(ids, pos, meta, kv)
         assert calls.pop() is ran  # 13 rows: the per-op layers (gemv's limit)
+    model.layers[1].mlp.down_proj.set_kernel("dense")  # a kernel it does not run: the per-op layers
+    ids, pos, meta, kv = _step(model, [1], [40], seed=1)
+    model(ids, pos, meta, kv)
+    assert calls.pop() is False
+    model.layers[1].mlp.down_proj.set_kernel("mkl")
+    model(ids, pos, meta, kv)
+    assert calls.pop() is True
     model.regions = Regions()  # eager regions (a bisect, the region timers' probes): no fused call
     ids, pos, meta, kv = _step(model, [1], [40], seed=1)
     model(ids, pos, meta, kv)
