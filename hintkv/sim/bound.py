@@ -73,19 +73,6 @@ def bound_at_hits_s(costs: CostModel, accesses: Sequence, hits: Sequence[int], b
                for a, h in zip(accesses, hits, strict=True)) / len(accesses)
 
 
-def ttft_bounds(costs: CostModel, results: dict, oracle_schedules: dict[str, str],
-                oracle_hits: dict[str, Sequence[int]], block_size: int, budget: int) -> dict:
-    """The TTFT bounds a report prints: at the oracle with the most tiers that ran (its per-access
-    hits on its best schedule's access order, `oracle_hits`), and at compulsory misses (the same
-    order, an unbounded cache)."""
-    name = next((n for n in ("oracle+pool", "oracle+host") if n in oracle_schedules), None)
-    if name is None:
-        return {}
-    accesses = results[oracle_schedules[name]].accesses
-    return {"oracle": name, "bound_s": bound_at_hits_s(costs, accesses, oracle_hits[name], budget),
-            "compulsory_s": ttft_bound_s(costs, accesses, None, block_size, budget)}
-
-
 def alone_rows(costs: CostModel, results: dict, budget: int) -> list[dict]:
     """Per run, where the mean TTFT goes with its own prefill alone split out: `alone_s` (its
     uncached tokens at its own hits, alone on the instance), `beside_s` (the rest of its time in

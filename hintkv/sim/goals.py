@@ -41,7 +41,7 @@ def goals(results: dict[str, SimResult], oracles: dict[str, float], users: int,
     `ceiling`s, computed from the runs: hit rate, the oracle's over lru's (`oracles`: Belady at the
     tier's capacity, the best over every run's own access order); task, with zero serving time
     (`zero_serving_task_s`, `sim.ideal`: no policy's task is shorter); TTFT vs lru+host, each call's
-    own prefill alone (`ttft_bounds`, `sim.bound.ttft_bounds`: at the oracle's hits, and at
+    own prefill alone (`ttft_bounds`, `sim.oracles.OracleBook.bounds`: at the oracle's hits, and at
     compulsory misses). `compute_share` is the reduction the hinted run would show with its waits
     removed (`_compute_share_ttft`), a figure of that run, not a bound."""
     cluster = "sam+hints+pool" in results

@@ -35,12 +35,12 @@ from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.config import EngineConfig
 from hintkv.engine.admission import admission_names
 from hintkv.engine.load_timing import load_timing_names
-from hintkv.replay import belady
-from hintkv.sim.bound import alone_rows, ttft_bounds
+from hintkv.sim.bound import alone_rows
 from hintkv.sim.costs import CostModel
 from hintkv.sim.engine import PromptDoesNotFit
 from hintkv.sim.goals import goals, separation
 from hintkv.sim.ideal import zero_serving_task_s
+from hintkv.sim.oracles import OracleBook
 from hintkv.sim.profile import load_profile, profile_names
 from hintkv.sim.simulate import (
     CONFIGS,
@@ -191,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{device_tokens} tokens; loaded in {load_s:.1f}s", file=sys.stderr, flush=True)
     results: dict[str, SimResult] = {}
     scheduling: dict[str, str] = {}
+    blocks = device_tokens // args.block_size
+    per = {"oracle": 1, "oracle+host": 1 + HOST_FACTOR, "oracle+pool": 1 + HOST_FACTOR + POOL_FACTOR}
+    # one cache of the cluster's capacity; each run's Belady passes run as it ends (sim.oracles)
+    book = OracleBook({n: blocks * per[n] * args.instances for n in names if n in ORACLES}, args.block_size,
+                      costs, args.max_num_batched_tokens)
     for name in names:
         if name not in ORACLES:
             cfg = resolve(name, args.scheduling_policy)
@@ -205,22 +210,10 @@ def main(argv: list[str] | None = None) -> int:
             except PromptDoesNotFit as exc:
                 print(f"hintkv sim: {exc}", file=sys.stderr)
                 return 2
-    oracles: dict[str, float] = {}
-    oracle_schedules: dict[str, str] = {}  # oracle -> the run whose access order gave it
-    oracle_hits: dict[str, tuple[int, ...]] = {}  # oracle -> each access's hits in that order
+            book.take(name, results[name])
+    oracles, oracle_schedules = book.hit_rates, book.schedules
     rows = [_row(r, scheduling[n]) for n, r in results.items()]
-    blocks = device_tokens // args.block_size
-    per = {"oracle": 1, "oracle+host": 1 + HOST_FACTOR, "oracle+pool": 1 + HOST_FACTOR + POOL_FACTOR}
-    caps = {n: blocks * k * args.instances for n, k in per.items()}  # one cache of the cluster's capacity
-    for name in names:
-        if name in ORACLES:
-            cap = caps[name]
-            # the best Belady over every run's own access order (a schedule reads blocks in its own order)
-            best, oracle_schedules[name] = max(  # a tie keeps the first run's name (lru's)
-                ((belady(r.accesses, cap, args.block_size), n) for n, r in results.items()),
-                key=lambda x: x[0].hit_rate)
-            oracles[name], oracle_hits[name] = best.hit_rate, best.access_hit_tokens
-            rows.append({"config": name, "calls": len(results["lru"].accesses), "hit_rate": oracles[name]})
+    rows += [{"config": n, "calls": book.num_accesses, "hit_rate": oracles[n]} for n in names if n in ORACLES]
     print(f"hintkv sim --profile {profile.name}: {args.users} users, {args.instances} instance(s), "
           f"{len(wl.tasks())} tasks, {wl.num_calls} calls, token scale {args.token_scale}, "
           f"device {device_tokens} tokens, block size {args.block_size}, seed {args.seed}, load timing {args.load_timing}")
@@ -243,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nthe TTFT with each call's own prefill alone split out (mean s per call: alone_s = its uncached "
           "tokens at its own hits alone on the instance; beside_s = the rest of its forward steps' time)")
     print_table(alone, list(alone[0]))
-    bounds = ttft_bounds(costs, results, oracle_schedules, oracle_hits, args.block_size, budget)
+    bounds = book.bounds()
     if bounds:
         print(f"TTFT bound (each call's own prefill alone): {bounds['bound_s']:.4f} s at {bounds['oracle']}'s "
               f"hits, {bounds['compulsory_s']:.4f} s at compulsory misses")
