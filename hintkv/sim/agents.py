@@ -93,7 +93,10 @@ def flatten(prompt) -> list[int]:
 
 class ProgramDriver:
     def __init__(self, cluster: SimCluster | SimEngine, hints: bool, time_scale: float = 1.0,
-                 on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True) -> None:
+                 on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True,
+                 blocks: bool = True) -> None:
+        """`blocks` False: no block hashes and no `accesses` (for an engine that reads neither:
+        `sim.ideal.InstantEngine`; hashing was most of that replay's time at full scale)."""
         self.cluster = cluster if isinstance(cluster, SimCluster) else SimCluster([cluster])
         engine = self.cluster.engines[0]
         self.root = engine.root  # the same on every instance: content keys
@@ -102,6 +105,7 @@ class ProgramDriver:
         self.time_scale = time_scale
         self.on_call = on_call
         self.range_evicts = range_evicts  # False: skip them (a study knob; the live driver sends them too)
+        self.blocks = blocks
         self.calls: list[CallRecord] = []
         self.accesses: list[Access] = []  # in send order (FCFS admission follows it)
         self.num_edits = {"offload": 0, "prefetch": 0, "evict": 0}
@@ -173,12 +177,16 @@ class ProgramDriver:
             memo = self._memos[sid] = (_Memo(parent.tokens, parent.hashes, parent.chunks) if parent
                                        else _Memo())
         prompt, shared = prompt_and_shared(memo, eff.call.prompt)
-        hashes = self._hashes(prompt, shared, eff.call.prompt, memo)
+        if self.blocks:
+            hashes = self._hashes(prompt, shared, eff.call.prompt, memo)
+        else:
+            hashes, memo.tokens, memo.chunks = [], prompt, eff.call.prompt
         self._n += 1
         t0 = self.clock()
         rec = CallRecord(eff.task_id, sid, eff.index, t0, len(prompt))
         access = Access(hashes[:(len(prompt) - 1) // self._bs], len(prompt), [])
-        self.accesses.append(access)
+        if self.blocks:
+            self.accesses.append(access)
 
         def first(t: float) -> None:
             rec.ttft_s = t - t0

@@ -58,7 +58,7 @@ def zero_serving_spans(workload: Workload, block_size: int = 16, time_scale: flo
 
     clock = EventClock()
     driver = ProgramDriver(SimCluster([InstantEngine(clock, block_size)]), hints=False,
-                           time_scale=time_scale)
+                           time_scale=time_scale, blocks=False)
     driver.start(whole_program(workload_programs(workload, HintPlan(hints=False))))
     while clock.run_next():
         pass

@@ -220,3 +220,26 @@ def test_a_pool_too_small_for_a_prompt_is_a_usage_error(traces, capsys):
     assert main([*args, "--device-tokens", "64"]) == 2
     err = capsys.readouterr().err
     assert "hintkv sim: a " in err and "do not fit the 64-token device pool" in err and "--device-tokens" in err
+
+
+def test_a_driver_without_blocks_hashes_nothing_and_times_the_same(workload):
+    """`ProgramDriver(blocks=False)` (what `sim.ideal`'s instant replay runs): no block hash, no access
+    kept (hashing ~1G prompt tokens was most of that replay's time at full scale), the same calls."""
+    from hintkv.sim.agents import ProgramDriver
+    from hintkv.sim.clock import EventClock
+    from hintkv.sim.cluster import SimCluster
+    from hintkv.sim.ideal import InstantEngine
+    from hintkv.sim.simulate import whole_program
+    from hintkv.workload.agent import HintPlan, workload_programs
+
+    def replay(blocks: bool):
+        clock = EventClock()
+        d = ProgramDriver(SimCluster([InstantEngine(clock, 16)]), hints=False, blocks=blocks)
+        d.start(whole_program(workload_programs(workload, HintPlan(hints=False))))
+        while clock.run_next():
+            pass
+        return d
+
+    on, off = replay(True), replay(False)
+    assert on.accesses and off.accesses == [] and all(not m.hashes for m in off._memos.values())
+    assert [(c.sent_s, c.prompt_tokens) for c in off.calls] == [(c.sent_s, c.prompt_tokens) for c in on.calls]
