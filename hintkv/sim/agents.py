@@ -47,6 +47,7 @@ class CallRecord:
     output_tokens: int = 0
     instance: int = 0  # which simulated instance served it (the router's placement)
     ttft_parts: dict[str, float] | None = None  # the scheduler's split of its TTFT
+    access: int = -1  # its index in the driver's `accesses` (send order; -1: none kept)
 
 
 @dataclass(slots=True)
@@ -186,6 +187,7 @@ class ProgramDriver:
         rec = CallRecord(eff.task_id, sid, eff.index, t0, len(prompt))
         access = Access(hashes[:(len(prompt) - 1) // self._bs], len(prompt), [])
         if self.blocks:
+            rec.access = len(self.accesses)
             self.accesses.append(access)
 
         def first(t: float) -> None:

@@ -33,6 +33,7 @@ class OracleBook:
         self.bound_tier = next((n for n in BOUND_TIERS if n in capacities), None)
         self._bound_s: float | None = None
         self._best_accesses: list = []  # the bound tier's best order so far
+        self.own_hits: dict[str, tuple[int, ...]] = {}  # run -> the bound tier's Belady hits per access
 
     def take(self, run: str, result) -> None:
         """Belady at each capacity over `result`'s accesses; then drop them (unless the best order
@@ -41,6 +42,8 @@ class OracleBook:
         self.num_accesses = self.num_accesses or len(accesses)
         for name, cap in self.capacities.items():
             best = belady(accesses, cap, self.block_size)
+            if name == self.bound_tier:  # on the run's own order: where its TTFT is over it (sim.gap)
+                self.own_hits[run] = best.access_hit_tokens
             if name in self.hit_rates and best.hit_rate <= self.hit_rates[name]:
                 continue
             self.hit_rates[name], self.schedules[name] = best.hit_rate, run

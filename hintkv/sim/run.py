@@ -38,6 +38,7 @@ from hintkv.engine.load_timing import load_timing_names
 from hintkv.sim.bound import alone_rows
 from hintkv.sim.costs import CostModel
 from hintkv.sim.engine import PromptDoesNotFit
+from hintkv.sim.gap import gap_rows
 from hintkv.sim.goals import goals, separation
 from hintkv.sim.ideal import zero_serving_task_s
 from hintkv.sim.oracles import OracleBook
@@ -237,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
           "tokens at its own hits alone on the instance; beside_s = the rest of its forward steps' time)")
     print_table(alone, list(alone[0]))
     bounds = book.bounds()
+    gap = gap_rows(costs, results, book.own_hits, budget)
+    if gap:
+        print(f"\nthe gap to the bound per call (mean s per call; each run against its own access order's "
+              f"{book.bound_tier} hits: excess = ttft - bound = hits + beside + queue + load + blocked; sim/gap.py)")
+        print_table(gap, list(gap[0]))
     if bounds:
         print(f"TTFT bound (each call's own prefill alone): {bounds['bound_s']:.4f} s at {bounds['oracle']}'s "
               f"hits, {bounds['compulsory_s']:.4f} s at compulsory misses")
@@ -256,6 +262,6 @@ def main(argv: list[str] | None = None) -> int:
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy,
-               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
+               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "ttft_gap": gap, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
                "zero_serving_task_s": bound_task_s, "goals": g})
     return 0
