@@ -238,14 +238,14 @@ def main(argv: list[str] | None = None) -> int:
           "tokens at its own hits alone on the instance; beside_s = the rest of its forward steps' time)")
     print_table(alone, list(alone[0]))
     bounds = book.bounds()
+    if bounds:
+        print(f"TTFT bound (each call's own prefill alone): {bounds['bound_s']:.4f} s at {bounds['oracle']}'s "
+              f"hits, {bounds['compulsory_s']:.4f} s at compulsory misses")
     gap = gap_rows(costs, results, book.own_hits, budget)
     if gap:
         print(f"\nthe gap to the bound per call (mean s per call; each run against its own access order's "
               f"{book.bound_tier} hits: excess = ttft - bound = hits + beside + queue + load + blocked; sim/gap.py)")
         print_table(gap, list(gap[0]))
-    if bounds:
-        print(f"TTFT bound (each call's own prefill alone): {bounds['bound_s']:.4f} s at {bounds['oracle']}'s "
-              f"hits, {bounds['compulsory_s']:.4f} s at compulsory misses")
     g = goals(results, oracles, args.users, bound_task_s, bounds)
     print("\nthe goals; ceiling: hit rate, the oracle's (best Belady over the runs' access orders) over "
           "lru's; task, zero serving time; TTFT, each call's own prefill alone at the oracle's hits "
