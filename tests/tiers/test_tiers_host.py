@@ -119,6 +119,22 @@ def test_blocks_being_written_are_not_evicted(layout, key, payload):
     mover.close()
 
 
+def test_blocks_of_a_batch_still_being_written_are_not_evicted(layout, key, payload):
+    mover = Mover(num_workers=1)
+    gate = threading.Event()
+    mover.run(None, lambda: gate.wait(10), 0, 0)  # holds the only worker
+    host = HostTier(layout, 2 * layout.nbytes, mover=mover)
+    pending = host.put([(key(0), payload(0)), (key(1), payload(1))])  # one batch, in flight
+    refused = host.put([(key(2), payload(2))])
+    assert refused[0].result() is False and not any(f.done() for f in pending)
+    gate.set()
+    assert all(f.result() is True for f in pending)
+    assert host.contains(key(0)) and host.contains(key(1)) and not host.contains(key(2))
+    host.check_integrity()
+    host.close()
+    mover.close()
+
+
 def test_get_of_a_block_still_being_written_waits_for_the_write(layout, key, payload, empty):
     mover = Mover(num_workers=1)
     gate = threading.Event()
