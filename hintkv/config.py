@@ -79,7 +79,11 @@ class EngineConfig:
     eviction_policy: str = _opt("sam", "device pool eviction policy (sam | lru | qlru)")
     scheduling_policy: str = _opt(
         "fcfs", "admission order: fcfs (vLLM) | cache-aware (resident prefix first, room reserved to the end) "
-        "| short-first (least uncached prefill first, aged; long prefills share the step with waiting ones)"
+        "| short-first (least uncached prefill first, aged; long prefills share the step with waiting ones) "
+        "| prefill-first (short-first; a new prefill without room swaps running decodes out) "
+        "| prefill-fair (prefill-first; a displaced decode is overtaken a bounded number of times) "
+        "| prefill-judged (prefill-fair; a swap only when it saves the newcomer more than it costs the "
+        "decodes). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "
@@ -193,10 +197,12 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if not 0 <= self.protect_budget <= 1:
             raise ValueError("protect_budget must be in [0, 1]")
-        from hintkv.engine.admission import admission_names  # light: no torch
+        from hintkv.engine.admission import live_admission_error, live_admission_names  # light: no torch
 
-        if self.scheduling_policy not in admission_names():
-            raise ValueError(f"scheduling_policy must be one of {admission_names()}, not {self.scheduling_policy!r}")
+        if (why := live_admission_error(self.scheduling_policy)) is not None:
+            raise ValueError(f"scheduling_policy: {why}")
+        if self.scheduling_policy not in live_admission_names():
+            raise ValueError(f"scheduling_policy must be one of {live_admission_names()}, not {self.scheduling_policy!r}")
         from hintkv.engine.load_timing import load_timing_names  # light: no torch
 
         if self.load_timing not in load_timing_names():

@@ -34,7 +34,7 @@ from hintkv.bench.swarm_live import HINTED_ADMISSION
 from hintkv.bench.swarm_pace import Speed, fit_speed, pace, reference_speed, slowdown
 from hintkv.bench.swarm_study import size_workload
 from hintkv.bench.ttft_breakdown import breakdown_rows
-from hintkv.engine.admission import admission_names
+from hintkv.engine.admission import admission_names, live_admission_error
 from hintkv.replay import OfflineConfig
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile
@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the hinted runs' scheduler (and of the lru+host/A, qlru+host/A rows)")
     p.add_argument("--profile", default="local", help="`local` (hintkv sim calibrate) or a profile JSON file")
     args = p.parse_args(argv)
+    if (why := live_admission_error(args.admission)) is not None:
+        p.error(f"--admission: {why}")  # its rows run the simulator's (live) engine
     seeds = [args.seed] if args.quick else [int(s) for s in args.seeds.split(",")]
     kinds = ["swe-agent"] if args.quick else args.kinds.split(",")
     cm = CostModel(load_profile(args.profile))

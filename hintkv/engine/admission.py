@@ -63,6 +63,20 @@ def make_admission(name: str, **kwargs) -> AdmissionPolicy:
     return _REGISTRY.make(name, **kwargs)
 
 
+OFFLINE_ONLY: dict[str, str] = {}  # name -> why only the offline replay can run it (its module files it)
+
+
+def live_admission_names() -> list[str]:
+    """The names the live engine runs (serve, the simulator's engine, bench swarm_sched)."""
+    return [n for n in admission_names() if n not in OFFLINE_ONLY]
+
+
+def live_admission_error(name: str) -> str | None:
+    """Why the live engine refuses `name` (a usage error), or None."""
+    why = OFFLINE_ONLY.get(name)
+    return None if why is None else f"{name} is an offline-replay study policy: {why}"
+
+
 @dataclass(slots=True)
 class StepPlan:
     """What this step's admissions have promised so far (blocks not allocated yet)."""

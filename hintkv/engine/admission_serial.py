@@ -11,16 +11,17 @@ remaining gap to the oracle. Holding the request until the returner is back seri
 sessions, but a hold idles the prefill server, and most returners are not back when their mean
 gap says (measured: 3 of 8 and 21 of 56 holds in two swe-agent cells), so every hold is judged:
 
-    saved(h) = P(a returner is back within h) * (lost_r + lost_c) * block_size * prefill_s_per_token
+    saved(h) = sum over returners i of P_i(back within h) * (lost_r_i + lost_c_i) * block_size * prefill_s_per_token
     hold for the h that maximizes saved(h) - h, if that is > 0
 
-- `lost_r`: the returner blocks admitting the candidate would evict (what it is short of room);
-- `lost_c`: the candidate's own context the returner evicts in turn when it comes back
-  (`returner + candidate - device`, when positive: the two do not fit side by side), counted
+- `lost_r_i`: the blocks of returner i that admitting the candidate would evict (what it is short
+  of room, taken from the returners' blocks lowest block class first, as eviction picks them);
+- `lost_c_i`: the candidate's own context returner i evicts in turn when it comes back
+  (`returner + candidate - device`, when positive and i loses blocks: the two do not fit side by side), counted
   only when the candidate is the only one waiting: with others queued, their admissions evict it
   anyway (measured: counting it with a queue held more in the swe-agent cells, whose TTFT then
   rose 6-12% in the replay's time model while the recompute saved did not cover the holds);
-- `P`: from the returner's observed gaps (`sam`'s gap estimator, its own first): among those longer
+- `P_i`: from returner i's observed gaps (`sam`'s gap estimator, its own first): among those longer
   than its time away so far, the share that ends within `h` more; the candidate horizons `h` are
   those remaining parts. No history beyond its time away: no hold.
 
@@ -29,7 +30,8 @@ the candidate's, not in flight, holding device blocks no one references. Candida
 without a returner's blocks are admitted past it (cache-aware's skip rule). `held_until` says when
 the hold lapses, for a driver that looks again only on events (the offline replay). The cost is
 the engine's prefill time per token, `prefill_s_per_token`; None (the live engine does not set it)
-takes no hold: this is `cache-aware`. Without hints the registry knows no sessions: `cache-aware`.
+takes no hold: this is `cache-aware`, so the live engine refuses the name (`OFFLINE_ONLY`: serve's
+config, `hintkv sim`, `bench swarm_sched`) rather than run it as cache-aware. Without hints the registry knows no sessions: `cache-aware`.
 """
 
 from __future__ import annotations
@@ -38,23 +40,41 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from hintkv.cache.sessions import SessionState, session_key
-from hintkv.engine.admission import CacheAwareAdmission, StepPlan, blocks_to_end, register_admission
+from hintkv.engine.admission import OFFLINE_ONLY, CacheAwareAdmission, StepPlan, blocks_to_end, register_admission
 
 if TYPE_CHECKING:
     from hintkv.cache.manager import KVCacheManager, PrefixMatch
     from hintkv.engine.sequence import Sequence
 
 
-def best_hold(gaps: list[list[float]], saved_s: float) -> float | None:
-    """The hold (seconds) that maximizes P(a returner is back within it) * `saved_s` - hold, or
-    None when no hold gains. `gaps`: per returner, the remaining parts of its observed gaps that
-    are longer than its time away so far (the empirical distribution of its residual wait)."""
+def best_hold(returners: list[tuple[list[float], float]]) -> float | None:
+    """The hold (seconds) that maximizes the expected saving net of the wait,
+    sum over returners of P_i(back within it) * saved_i - hold, or None when no hold gains.
+    `returners`: per returner, (the remaining parts of its observed gaps that are longer than its
+    time away so far: the empirical distribution of its residual wait; the recompute its return
+    saves, seconds: its own lost blocks)."""
     best, gain = None, 0.0
-    for h in sorted({g for rest in gaps for g in rest}):
-        p = max(sum(g <= h for g in rest) / len(rest) for rest in gaps if rest)
-        if p * saved_s - h > gain:
-            best, gain = h, p * saved_s - h
+    for h in sorted({g for rest, _ in returners for g in rest}):
+        v = sum(sum(g <= h for g in rest) / len(rest) * saved for rest, saved in returners if rest) - h
+        if v > gain:
+            best, gain = h, v
     return best
+
+
+def lost_blocks(back: list[tuple[list[int], list[float]]], short: int, kv: KVCacheManager) -> list[int]:
+    """Per returner, how many of its blocks the `short` blocks the candidate needs take: the
+    lowest-ranked first, as the eviction policy picks victims (block class; ties keep order)."""
+    order = sorted((kv.ranking.block_class(kv.pool.blocks[b].hash), i)
+                   for i, (ids, _) in enumerate(back) for b in ids)
+    lost = [0] * len(back)
+    for _, i in order[:short]:
+        lost[i] += 1
+    return lost
+
+
+OFFLINE_ONLY["cache-aware-serial"] = (
+    "its hold weighs a wait against the prefill time per token, which only the replay's time model "
+    "sets (replay_offline, bench policy_study); the live engine would run it as plain cache-aware")
 
 
 @register_admission("cache-aware-serial")
@@ -82,9 +102,9 @@ class SerialAdmission(CacheAwareAdmission):
         if self.prefill_s_per_token is None:
             return True
         back = self.returners(seq, match, kv)
-        if back is None:
+        if not back:
             return True
-        blocks, gaps = back
+        blocks = {b for ids, _ in back for b in ids}
         end = blocks_to_end(seq, kv.block_size, self.max_model_len)
         need = max(0, end - len(match.blocks))
         mine = {b.block_id for b in match.blocks}
@@ -92,10 +112,13 @@ class SerialAdmission(CacheAwareAdmission):
         short = need - (kv.free_room(match) - plan.reserved - kept - len(blocks - plan.kept))
         if short <= 0:
             return True  # fits beside every returner's context
-        lost = min(short, len(blocks))
-        if self.MUTUAL and (self.sole or not self.SOLE_ONLY):
-            lost += max(0, min(end, len(blocks) + end - kv.pool.num_blocks))
-        hold = best_hold(gaps, lost * kv.block_size * self.prefill_s_per_token)
+        mutual = self.MUTUAL and (self.sole or not self.SOLE_ONLY)
+        cost = kv.block_size * self.prefill_s_per_token
+        saved = []
+        for (ids, rest), lost_r in zip(back, lost_blocks(back, short, kv)):
+            lost_c = max(0, min(end, len(ids) + end - kv.pool.num_blocks)) if mutual and lost_r else 0
+            saved.append((rest, (lost_r + lost_c) * cost))
+        hold = best_hold(saved)
         if hold is None:
             return True
         self.num_held += 1
@@ -104,18 +127,17 @@ class SerialAdmission(CacheAwareAdmission):
         return False
 
     @staticmethod
-    def returners(seq: Sequence, match: PrefixMatch, kv: KVCacheManager) -> tuple[set[int], list[list[float]]] | None:
-        """(ids of the unreferenced device blocks held by returners other than `seq`'s session and
-        not in its match, per returner the remaining parts of its observed gaps longer than its
-        time away); None: no returner with such blocks and a gap history beyond its time away."""
+    def returners(seq: Sequence, match: PrefixMatch, kv: KVCacheManager) -> list[tuple[list[int], list[float]]]:
+        """Per returner other than `seq`'s session with a gap history beyond its time away: (ids of
+        its unreferenced device blocks not in `seq`'s match nor an earlier returner's, the remaining
+        parts of its observed gaps longer than its time away); only returners with such blocks."""
         reg = kv.ranking.policy.sessions
         if reg is None or not reg.sessions:
-            return None
+            return []
         now = kv.ranking.clock()
         own = session_key(seq.session.tenant, seq.session.session_id) if seq.session is not None else None
-        mine = {b.block_id for b in match.blocks}
-        blocks: set[int] = set()
-        gaps: list[list[float]] = []
+        seen = {b.block_id for b in match.blocks}
+        back: list[tuple[list[int], list[float]]] = []
         for s in reg.sessions.values():
             if s.state is not SessionState.WAITING or s.num_inflight or not s.held or s.key == own:
                 continue
@@ -123,9 +145,9 @@ class SerialAdmission(CacheAwareAdmission):
             rest = [g - away for g in reg.gap_estimator(s).recent if g > away]
             if not rest:
                 continue
-            n = len(blocks)
-            blocks.update(b.block_id for b in kv.pool.lookup_many(s.held)
-                          if b is not None and b.ref_cnt == 0 and b.block_id not in mine)
-            if len(blocks) > n:
-                gaps.append(rest)
-        return (blocks, gaps) if blocks else None
+            ids = [b.block_id for b in kv.pool.lookup_many(s.held)
+                   if b is not None and b.ref_cnt == 0 and b.block_id not in seen]
+            seen.update(ids)
+            if ids:
+                back.append((ids, rest))
+        return back

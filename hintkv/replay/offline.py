@@ -186,7 +186,7 @@ class OfflineEngine:
         if hasattr(self.admission, "prefill_s_per_token"):  # the engine's time model (admission_serial)
             self.admission.prefill_s_per_token = cfg.prefill_s_per_token
         self._prefill_free_at = 0.0
-        self._admit_pending = False
+        self._wakes: set[float] = set()  # when a look at the queue is due (prefill free, a hold lapses)
         self._ids = itertools.count()
         self._hash_memo = hash_memo if hash_memo is not None else {}
         self._running: dict[str, Sequence] = {}
@@ -221,13 +221,11 @@ class OfflineEngine:
         bs = self.cfg.block_size
         while self._queue:
             if self.loop.now < self._prefill_free_at:
-                if not self._admit_pending:
-                    self._admit_pending = True
-                    self.loop.at(self._prefill_free_at, self._admit_later)
+                self._wake(self._prefill_free_at)
                 return
             picked = self._pick()
             if picked is None:  # the admission holds every candidate for a returner: look again
-                self._admit_at(self.admission.held_until)  # when the hold lapses (or at an event)
+                self._wake(max(self.admission.held_until, self.loop.now) + 1e-6)  # when the hold lapses
                 return
             p, match = picked
             seq = p.seq
@@ -298,13 +296,15 @@ class OfflineEngine:
             return None  # no room without a returner's blocks (`engine.admission_serial`): wait
         return first
 
-    def _admit_at(self, t: float) -> None:
-        if not self._admit_pending:
-            self._admit_pending = True
-            self.loop.at(max(t, self.loop.now) + 1e-6, self._admit_later)
+    def _wake(self, t: float) -> None:
+        """Look at the queue again at `t`, unless a look is already due by then (it schedules the
+        next one itself): a hold's lapse and the prefill server's release each get their look."""
+        if not self._wakes or min(self._wakes) > t:
+            self._wakes.add(t)
+            self.loop.at(t, lambda: self._woke(t))
 
-    def _admit_later(self) -> None:
-        self._admit_pending = False
+    def _woke(self, t: float) -> None:
+        self._wakes.discard(t)
         self._admit()
 
     def _prefilled(self, seq: Sequence) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from hintkv.bench.common import emit_json, percentile, print_table
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.config import EngineConfig
-from hintkv.engine.admission import admission_names
+from hintkv.engine.admission import admission_names, live_admission_error, live_admission_names
 from hintkv.engine.load_timing import load_timing_names
 from hintkv.sim.bound import alone_rows
 from hintkv.sim.costs import CostModel
@@ -82,7 +82,7 @@ def default_configs(defaults: tuple[str, ...], scheduling: str) -> list[str]:
 
 def known(name: str) -> bool:
     base, _, pol = name.partition("/")
-    return name in ORACLES or (base in CONFIGS and pol in ("", *admission_names()))
+    return name in ORACLES or (base in CONFIGS and pol in ("", *live_admission_names()))
 
 
 def _row(r: SimResult, scheduling: str) -> dict:
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fast-decode", action="store_true",
                    help="step every decode (no decode stretches as one event: the same report, slower)")
     args = p.parse_args(argv)
+    if (why := live_admission_error(args.scheduling_policy)) is not None:
+        p.error(f"--scheduling-policy: {why}")  # the simulator runs the live engine's scheduler
     if args.quick:
         args.token_scale = min(args.token_scale, QUICK["token_scale"])
         args.max_calls = args.max_calls or QUICK["max_calls"]
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     names = ([n.strip() for n in args.configs.split(",") if n.strip()] if args.configs
              else default_configs(default, args.scheduling_policy))
     unknown = [n for n in names if not known(n)]
+    for why in {live_admission_error(n.partition("/")[2]) for n in unknown} - {None}:
+        print(f"hintkv sim: --configs: {why}", file=sys.stderr)
     if unknown:
         print(f"hintkv sim: unknown configs {unknown}; known: {[*CONFIGS, *ORACLES]}", file=sys.stderr)
         return 2

@@ -116,9 +116,49 @@ def test_the_candidates_context_counts_only_when_no_one_else_waits():
 
 
 def test_best_hold_maximizes_the_expected_saving_net_of_the_wait():
-    rest = [[0.1, 0.2, 5.0]]  # back within 0.1 s 1 time in 3, within 0.2 s 2 in 3, else 5 s
-    assert best_hold(rest, 1.0) == 0.2  # 2/3 - 0.2 beats 1/3 - 0.1 and 1 - 5
-    assert best_hold(rest, 0.2) is None  # no hold gains: 1/3 * 0.2 < 0.1
-    assert best_hold(rest, 100.0) == 5.0  # a large saving is worth the long wait
-    assert best_hold([[0.5], [0.1, 9.0]], 1.0) == 0.5  # the likeliest returner: 1.0 - 0.5
-    assert best_hold([], 1.0) is None
+    rest = [0.1, 0.2, 5.0]  # back within 0.1 s 1 time in 3, within 0.2 s 2 in 3, else 5 s
+    assert best_hold([(rest, 1.0)]) == 0.2  # 2/3 - 0.2 beats 1/3 - 0.1 and 1 - 5
+    assert best_hold([(rest, 0.2)]) is None  # no hold gains: 1/3 * 0.2 < 0.1
+    assert best_hold([(rest, 100.0)]) == 5.0  # a large saving is worth the long wait
+    assert best_hold([]) is None
+
+
+def test_each_returner_weighs_only_its_own_saving():
+    # sum over returners of P_i(h) * saved_i - h: a returner surely back in 0.1 s that saves 0.05 s
+    # does not pay for one due in 10 s that saves 1 s (max P x both savings would hold 0.1 s)
+    assert best_hold([([0.1], 0.05), ([10.0], 1.0)]) is None
+    assert best_hold([([0.5], 1.0), ([0.1, 9.0], 1.0)]) == 0.5  # 1 + 1/2 - 0.5 beats 1/2 - 0.1
+    assert best_hold([([0.3], 0.2), ([0.3], 0.2)]) == 0.3  # both back by 0.3 s: 0.4 - 0.3 (each alone: none)
+    assert best_hold([([0.3], 0.2)]) is None
+
+
+def test_the_live_engine_refuses_it_naming_why(capsys):
+    """Live it would take no hold (no prefill time model): serve's config, `hintkv sim` and `bench
+    swarm_sched` refuse the name as a usage error instead of running plain cache-aware."""
+    from hintkv.bench import swarm_sched
+    from hintkv.cli import main
+    from hintkv.config import EngineConfig
+    from hintkv.engine.admission import admission_names, live_admission_names
+    from hintkv.sim import run as sim_run
+
+    why = "cache-aware-serial is an offline-replay study policy"
+    assert "cache-aware-serial" in admission_names() and "cache-aware-serial" not in live_admission_names()
+    with pytest.raises(ValueError, match=why):
+        EngineConfig(scheduling_policy="cache-aware-serial")
+    assert main(["serve", "--scheduling-policy", "cache-aware-serial"]) == 2 and why in capsys.readouterr().err
+    for run, args in ((sim_run.main, ["--scheduling-policy", "cache-aware-serial"]),
+                      (swarm_sched.main, ["--admission", "cache-aware-serial"])):
+        with pytest.raises(SystemExit) as exit_:
+            run(args)
+        assert exit_.value.code == 2 and why in capsys.readouterr().err
+    assert sim_run.main(["--configs", "lru/cache-aware-serial"]) == 2 and why in capsys.readouterr().err
+
+
+def test_the_config_help_names_every_admission_it_accepts():
+    from hintkv.config import EngineConfig
+    from hintkv.engine.admission import live_admission_names
+
+    help_text = EngineConfig.__dataclass_fields__["scheduling_policy"].metadata["help"]
+    for name in live_admission_names():
+        EngineConfig(scheduling_policy=name)
+        assert f"{name} (" in help_text

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hintkv.cache.hashing import hash_blocks
-from hintkv.engine.admission import admission_names
+from hintkv.engine.admission import live_admission_names
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.types import SamplingParams
@@ -108,7 +108,7 @@ def _run(admission: str, seed: int, agents: int = 6, turns_max: int = 30, new_ma
     return landed_in_step
 
 
-@pytest.mark.parametrize("admission", admission_names())
+@pytest.mark.parametrize("admission", live_admission_names())  # cache-aware-serial: offline only
 def test_same_step_schedules_each_request_once_with_the_right_kv(admission):
     landed = sum(_run(admission, seed) for seed in (0, 1, 2))
     assert landed > 0  # the same-step path was taken

@@ -13,7 +13,7 @@ import pytest
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.config import EngineConfig
-from hintkv.engine.admission import admission_names
+from hintkv.engine.admission import live_admission_names
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
@@ -21,7 +21,7 @@ from hintkv.engine.types import GenerateRequest, SamplingParams
 from hintkv.models.presets import smollm2_tokenizer
 from tests.engine.test_scheduler import make_seq
 
-POLICIES = admission_names()
+POLICIES = live_admission_names()  # cache-aware-serial: offline only (the live engine refuses it)
 
 
 class StepClock:

@@ -100,3 +100,55 @@ def test_a_serial_hold_admits_nobody_until_it_lapses(team):
     assert any(none for _, none in picks)  # the hold stopped admission in this workload
     assert all(held for held, none in picks if none)  # only a hold does
     assert r.hit_rate > replay_offline(team, replace(cfg, scheduling="cache-aware")).hit_rate
+
+
+def _looks(engine) -> list[tuple[float, int, float, float | None]]:
+    """Record, after each look at the queue (`_admit`), (time, queued, prefill free at, when the
+    hold lapses if the look ended because the admission held every candidate, else None)."""
+    looks, held = [], [False]
+    pick, admit = engine._pick, engine._admit
+
+    def picked():
+        got = pick()
+        held[0] = got is None
+        return got
+
+    def looked():
+        held[0] = False
+        admit()
+        lapse = engine.admission.held_until if held[0] else None
+        looks.append((engine.loop.now, len(engine._queue), engine._prefill_free_at, lapse))
+    engine._pick, engine._admit = picked, looked
+    return looks
+
+
+@pytest.fixture(scope="module")
+def study_cell():
+    """`bench policy_study`'s cell swe-agent seed 1, 10 users, 12 calls, device 0.1 of the peak
+    working set (where the review of cache-aware-serial measured looks later than the time model)."""
+    from hintkv.bench.swarm_pace import pace, reference_speed
+    from hintkv.bench.swarm_study import size_workload
+
+    wl = build_workload("swe-agent", TRACES / "swe-agent", 10, scale=Scale(1 / 16, max_calls=12), seed=1)
+    base = OfflineConfig(block_size=16)
+    base = replace(base, time_scale=pace(wl, reference_speed(base)))
+    return wl, replace(base, device_blocks=size_workload(wl, base, {}).device_blocks(0.1))
+
+
+def test_the_queue_is_looked_at_when_prefill_frees_and_when_a_hold_lapses(study_cell):
+    """The replay's time model: a waiting request is looked at again the moment the prefill server
+    is free (not at a later hold's lapse) and the moment the hold on it lapses (not at the next
+    send or finish, which may never come: a returner that waits on the held request)."""
+    wl, base = study_cell
+    runs = []
+    r = replay_offline(wl, replace(base, policy="sam", hints=True, scheduling="cache-aware-serial"),
+                       observe=lambda e: runs.append(_looks(e)))
+    assert len(r.calls) == wl.num_calls
+    looks = runs[0]
+    pairs = list(zip(looks, looks[1:]))
+    waits = [(a, b) for a, b in pairs if a[1] and a[0] < a[2]]  # queued behind a busy prefill
+    holds = [(a, b) for a, b in pairs if a[1] and a[3] is not None]  # queued behind a hold
+    assert waits and holds  # both happen in this workload
+    assert [a for a, b in waits if b[0] > a[2] + 1e-5] == []  # looked at again when the prefill frees
+    assert [a for a, b in holds if b[0] > a[3] + 1e-5] == []  # ... and when the hold lapses
+    assert not (looks[-1][1] and looks[-1][3] is not None)  # the last look left nothing held
