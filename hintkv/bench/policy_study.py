@@ -42,7 +42,7 @@ from dataclasses import replace
 from statistics import mean
 from typing import Any
 
-from hintkv.bench.common import add_common_args, emit_json, log, print_table
+from hintkv.bench.common import add_common_args, emit_json, log, percentile, print_table
 from hintkv.bench.swarm import default_traces, time_scale_arg, trace_folder
 from hintkv.bench.swarm_pace import pace, reference_speed
 from hintkv.bench.swarm_study import captured, size_workload
@@ -60,7 +60,7 @@ HEADLINE_FRACTION = 0.35  # the peak-host goal's device capacity in issue 8 (hos
 EQUAL_HIT = 0.005  # "an equal hit rate" for the peak-host goal, as `hintkv bench swarm` judges it
 BEYOND_QUEUE_GAIN = 0.03  # oracle+host this far above qlru+host: the policy must beat qlru by 2 points
 COLUMNS = ["kind", "seed", "users", "max_calls", "time_scale", "fraction", "tier", "admission", "lru", "lru_ca", "qlru", "policy", "hit_rate",
-           "oracle", "captured", "winnable_evict", "winnable_admit", "pinned", "captured_pinned", "pinned_own", "captured_own", "pinned_best", "captured_best", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
+           "oracle", "captured", "winnable_evict", "winnable_admit", "pinned", "captured_pinned", "pinned_own", "captured_own", "pinned_best", "captured_best", "ttft_mean", "ttft_p99", "ttft_max", "peak_host", "lru_peak_host", "host_bound", "host_written", "lru_host_written"]
 AUDIT_COLUMNS = ["kind", "seed", "users", "time_scale", "fraction", "policy", "hit_rate", "evicted", "wrong", "wrong_hit_rate",
                  "cause", "cause_wrong", "cause_share"]
 
@@ -112,7 +112,9 @@ def study_cell(wl, base: OfflineConfig, device: int, host: int, memo: dict,
             r = replay_offline(wl, cfg, memo)
             name = name0 + ("+host" if with_host else "")
             cap = device + host if with_host else device
+            ttft = [c.ttft_s for c in r.calls]  # the replay's time model (seconds per call)
             out[name] = {"hit_rate": r.hit_rate, "peak_host": r.peak_host_blocks, "host_written": r.host_written,
+                         "ttft": (mean(ttft), percentile(ttft, 99), max(ttft)),
                          # the pinned oracle over this run's own accesses (its schedule, not lru's)
                          "pinned_own": belady_pinned(r.accesses, cap, base.block_size).hit_rate}
             if name0 == "lru":
@@ -177,6 +179,7 @@ def run_study(args: argparse.Namespace, audits: list | None = None) -> list[dict
                                          "captured_own": captured(got, lo, cell[pol + sfx]["pinned_own"]),
                                          "pinned_best": best, "captured_best": captured(got, lo, best),
                                          "pinned_best_over": over,
+                                         **dict(zip(("ttft_mean", "ttft_p99", "ttft_max"), cell[pol + sfx]["ttft"])),
                                          "peak_host": cell[pol + sfx]["peak_host"] if sfx else None,
                                          "lru_peak_host": cell["lru+host"]["peak_host"] if sfx else None,
                                          "host_bound": cell["lru+host"]["host_bound"] if sfx else None,
@@ -197,7 +200,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "policy": pol}
         for k in ("time_scale", "lru", "lru_ca", "qlru", "hit_rate", "oracle", "pinned", "pinned_own", "pinned_best",
                   "peak_host", "lru_peak_host", "host_bound",
-                  "host_written", "lru_host_written"):
+                  "host_written", "lru_host_written", "ttft_mean", "ttft_p99", "ttft_max"):
             vals = [r[k] for r in rs if r.get(k) is not None]
             row[k] = mean(vals) if vals else None
         row["captured"] = captured(row["hit_rate"], row["lru"], row["oracle"])

@@ -24,6 +24,7 @@ def test_study_rows_and_goals_are_consistent(capsys):
     for r in rows:
         assert 0 <= r["lru"] <= r["oracle"] + 1e-9 and r["hit_rate"] <= r["oracle"] + 1e-9
         assert r["captured"] == captured(r["hit_rate"], r["lru"], r["oracle"])
+        assert 0 < r["ttft_mean"] <= r["ttft_max"] and r["ttft_p99"] <= r["ttft_max"]  # the replay's time model
     goals = out["goals"]
     assert goals == compute_goals([{**r, "seed": 1} for r in rows], "sam")
     for g in ("captured_headroom", "beyond_queue_everywhere", "beyond_queue_points", "peak_host_reduction"):
