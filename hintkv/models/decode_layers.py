@@ -20,6 +20,7 @@ int8_cpu's own build, by address), so a kernel fix lands in both paths.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +55,7 @@ PER_LAYER = 26  # 2 norm weights + 4 linears x 6 tensors (csrc/decode_layers.cpp
 _KIND = {MklPackedKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2}
 
 
+@functools.cache
 def source() -> str:
     """The extension's C++: the per-op files inside namespaces, then csrc/decode_layers.cpp."""
     def part(name: str, ns: str) -> str:
@@ -63,6 +65,7 @@ def source() -> str:
 
 
 def ops() -> ModuleType | None:
+    # source() is read once per process (cached): py-spy found it re-reading the three files in every step (~5%)
     return cpu_ext.load("hintkv_decode_layers", source(), ["decode_layers"], _CFLAGS)
 
 
@@ -88,6 +91,7 @@ class DecodeLayers:
         self.max_rows = GEMV_ROWS // int8.LEVELS if self.int8 else gemv_cpu.ROWS
         self.int8_gemv = int8_cpu.ops().gemv_address() if self.int8 else 0
         self._stamp: tuple | None = None
+        self._ops = None
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:
@@ -99,6 +103,7 @@ class DecodeLayers:
         fused = cls(model)
         if any(_kind(m.kernel) is None for group in fused.linears for m in group) or ops() is None:
             return None
+        fused._ops = ops()
         return fused
 
     def _args(self) -> tuple[list[torch.Tensor], list[int]]:
@@ -141,7 +146,7 @@ class DecodeLayers:
             return None
         cfg = self.model.config
         attn = self.model.layers[0].self_attn
-        h, residual = ops().decode_layers(
+        h, residual = self._ops.decode_layers(
             h, h.new_empty(0), tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,
             meta.query_start_loc, meta.context_lens, attn.scale, self.model.layers[0].input_layernorm.eps,
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, int8.AMX, self.int8_gemv)
