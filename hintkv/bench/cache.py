@@ -43,7 +43,8 @@ order rotating with r, then the steps the same way (`measure`), so drift of a sh
 hits every world alike and each ratio compares calls made side by side in time. A world's clock
 stands still while the others run. 300 samples of each operation and 1000 steps per world (the
 p99 is the 10th-worst step). As `serve` runs: the start-up heap is frozen
-(`engine.gc_tuning`) and the collector stays on (its pauses count); between steps, where the
+and the young threshold raised (`engine.gc_tuning`), the collector stays on (its pauses count:
+`steps_with_gc` counts the steps with a collection inside); between steps, where the
 forward pass runs, the bench waits for the mover's copies (untimed), as the forward would.
 
 Goals (issue 7): step bookkeeping at 1M device + 10M host tokens, 1000 sessions, 256 running
@@ -81,7 +82,7 @@ from hintkv.bench.common import (
     print_table,
 )
 from hintkv.bench.trace_gaps import DEFAULT_TRACES, trace_gaps
-from hintkv.engine.gc_tuning import freeze_startup_heap
+from hintkv.engine.gc_tuning import restore, tune_for_serving
 
 
 def _rotated(xs: list, r: int) -> list:
@@ -182,14 +183,15 @@ def main(argv: list[str] | None = None) -> int:
                 worlds.append(World(policy, tokens, n_sessions, args.seed, gaps))
                 worlds[-1].setup_s = time.perf_counter() - t0
                 keys.append((policy, tokens, n_sessions))
-        # as `serve` runs: the start-up heap frozen (`engine.async_llm.freeze_startup_heap`),
-        # the collector on while measuring (its pauses are part of a step's cost)
-        freeze_startup_heap()
+        # as `serve` runs (`engine.gc_tuning.tune_for_serving`): the start-up heap frozen, the
+        # serving thresholds, the collector on while measuring (its pauses are part of a step)
+        gc_default = tune_for_serving()
         gc0 = sum(st["collections"] for st in gc.get_stats())
         with pauses:
             ops, loops = measure(worlds, samples, steps, reference, pauses)
         n_gc = sum(st["collections"] for st in gc.get_stats()) - gc0
-        gc.unfreeze()
+        gc_serving = gc.get_threshold()
+        restore(gc_default)
         for (policy, tokens, _), w, op_xs, loop in zip(keys, worlds, ops, loops):
             parts = loop.parts
             row = {"policy": policy, "device_tokens": tokens,
@@ -203,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                    # the steps the OS preempted / that blocked (GIL, a lock)
                    "steps_preempted": sum(1 for _, inv in loop.switches if inv),
                    "steps_blocked": sum(1 for vol, _ in loop.switches if vol),
+                   # the steps with a collection inside (any thread's: a mover's holds the GIL)
+                   "steps_with_gc": sum(1 for x in parts["gc"] if x > 0),
                    "flush_ms_p50": median(loop.flush_ms), "setup_s": w.setup_s,
                    "gc_collections": n_gc,
                    "predicted_prefetches": w.sam.num_predicted_prefetches}
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             w.kv.tiers.close()
     print_table(rows, ["policy", "device_tokens", "sessions", "running", "host_fill",
                        "step_ms_p50", "step_ms_p99", "step_cpu_ms_p99",
-                       "steps_preempted", "steps_blocked", "flush_ms_p50"]
+                       "steps_preempted", "steps_blocked", "steps_with_gc", "flush_ms_p50"]
                 + [f"{op}_us" for op in OPS])
     print()
     print("one step, part by part (ms, median / p99):")
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"reference_loop_us_p10": percentile(reference, 10),
                "reference_loop_us_p50": median(reference),
                "reference_loop_us_p90": percentile(reference, 90),
-               "gc_collections": pauses.num, "gc_pause_ms_total": round(pauses.ms, 2),
+               "gc_thresholds": gc_serving, "gc_collections": pauses.num, "gc_pause_ms_total": round(pauses.ms, 2),
                "gc_by_generation": {g: {"collections": n, "ms": round(ms, 2)}
                                     for g, (n, ms) in sorted(pauses.by_generation.items())}}
     print()

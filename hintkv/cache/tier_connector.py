@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, Future, wait
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from hintkv.tiers.stack import TierStack
 log = logging.getLogger(__name__)
 _id_of = attrgetter("block_id")
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class PendingLoad:
     """Blocks being read from the stack into `staging`, to be scattered into `blocks`."""
 
@@ -356,8 +357,13 @@ class TierConnector:
         load = PendingLoad(hashes, blocks, tiers, staging, self.stack.load_many(hashes, staging),
                            now, now + self.costs.load_timeout_s(len(hashes)))
 
-        def arrived(_: Future, load: PendingLoad = load) -> None:
-            load.done_at = self.clock()
+        # a weak reference: the load holds its future and the future its callbacks, so a strong
+        # one is a cycle that only the cyclic collector frees (staging tensor included)
+        ref = weakref.ref(load)
+
+        def arrived(_: Future) -> None:
+            if (pending := ref()) is not None:
+                pending.done_at = self.clock()
         load.batch.add_done_callback(arrived)
         return load
 

@@ -14,6 +14,7 @@ from hintkv.server.options import ServerOptions
 
 if TYPE_CHECKING:
     from hintkv.config import EngineConfig
+    from hintkv.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,17 @@ def serve(
     asyncio.run(_serve(engine_cfg, host, port, tuple(api_keys), log_level, options))
 
 
+def start_engine(engine_cfg: EngineConfig) -> AsyncLLM:
+    """Build the engine, then set the collector for serving (`engine.gc_tuning`: the start-up
+    heap frozen, young collections rarer), so that its pauses fall in few steps."""
+    from hintkv.engine.async_llm import AsyncLLM  # heavy: torch and the model
+    from hintkv.engine.gc_tuning import tune_for_serving
+
+    engine = AsyncLLM.from_config(engine_cfg)
+    tune_for_serving()
+    return engine
+
+
 async def _serve(
     engine_cfg: EngineConfig,
     host: str,
@@ -38,11 +50,7 @@ async def _serve(
     log_level: str,
     options: ServerOptions | None,
 ) -> None:
-    from hintkv.engine.async_llm import AsyncLLM  # heavy: torch and the model
-    from hintkv.engine.gc_tuning import freeze_startup_heap
-
-    engine = AsyncLLM.from_config(engine_cfg)
-    freeze_startup_heap()  # the collector no longer walks the start-up heap in a step
+    engine = start_engine(engine_cfg)
     logger.info(
         "serving %s on http://%s:%d (max_model_len %d, KV pool %d tokens)",
         engine.model_name,

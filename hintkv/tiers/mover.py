@@ -68,13 +68,18 @@ def gather(futures: list[Future[bool]]) -> Future[list[bool]]:
     lock = threading.Lock()
 
     def one(_: Future) -> None:
+        nonlocal futures, distinct
         with lock:
             left[0] -= 1
             last = not left[0]
         if last:  # each distinct future's result read once (`result()` takes its lock: a
             # 128-block load's two gathers held the GIL ~0.5 ms on the mover, inside a step)
             ok = {id(f): bool(f.result()) for f in distinct}
-            out.set_result(list(map(ok.__getitem__, map(id, futures))))
+            result = list(map(ok.__getitem__, map(id, futures)))
+            # every future keeps this callback, which kept them all: a cycle only the cyclic
+            # collector would free (with what their results hold); done, it lets go of them
+            futures = distinct = []
+            out.set_result(result)
 
     for f in distinct:
         f.add_done_callback(one)

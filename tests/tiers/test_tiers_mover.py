@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from concurrent.futures import Future
 
 import torch
@@ -73,3 +75,23 @@ def test_gather_of_a_shared_batch_waits_once_and_keeps_every_position():
     other.set_result(True)
     assert out.result(timeout=0) == [True, False, True, True, True]
     assert gather([]).result(timeout=0) == []
+
+
+def test_a_finished_gather_holds_none_of_its_futures() -> None:
+    """Each future keeps gather's callback; once the gather is done the callback lets go of
+    the futures, so they are freed by reference counting, not left in a cycle."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        a: Future[bool] = Future()
+        b: Future[bool] = Future()
+        out = gather([a, b, a])
+        refs = [weakref.ref(a), weakref.ref(b)]
+        a.set_result(True)
+        b.set_result(False)
+        assert out.result(timeout=0) == [True, False, True]
+        del a, b
+        assert [r() for r in refs] == [None, None]
+    finally:
+        if was_enabled:
+            gc.enable()
