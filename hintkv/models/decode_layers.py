@@ -13,8 +13,9 @@ outputs are bit-identical to the per-op path (tests/models/test_decode_layers.py
 Its case: a CPU float32 model with the C++ kernels on (decided once, when `LlamaForCausalLM.prepare`
 picks the GEMM kernels), every projection on `linear.py`'s `mkl` kernel (run by `gemv_cpu` at <= 12
 rows) or W8A8's int8 kernels with their few-row blocks (`int8_cpu.gemv`, <= GEMV_ROWS int8 rows), a
-float32 KV cache, no CUDA-graph metadata. Other steps (prefill, big batches, int8 / fp8 KV) run the
-per-op layers. The source is the per-op extensions' files, each in its own namespace (W8A8's int8 gemv is called in
+float32 KV cache, no CUDA-graph metadata; a short prefill of <= max_rows tokens is fused too (the same
+kernels). Other steps (more rows, int8 / fp8 KV) run the per-op layers. The C++ kernels' switch
+(HINTKV_CPU_KERNELS) is read when `prepare` builds this call: changing it later does not stop it. The source is the per-op extensions' files, each in its own namespace (W8A8's int8 gemv is called in
 int8_cpu's own build, by address), so a kernel fix lands in both paths.
 """
 

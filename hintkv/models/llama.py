@@ -146,6 +146,7 @@ class LlamaForCausalLM(nn.Module):
         first and their activation maxima smooth the int8 kernels (`calibration.py`)."""
         if calibration is not None:
             self.calibration = calibration
+        self._decode_layers = None  # calibration's hooks need the per-op layers; rebuilt below
         act_absmax = None
         if quantization == "w8a8" and self.calibration:
             prepare_linears(self, None)

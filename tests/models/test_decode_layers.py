@@ -59,10 +59,11 @@ def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int)
 
 
 @pytest.mark.parametrize("quantization", [None, "w8a8"])
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("q_lens,ctx", [([1], [37]), ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]),
                                         ([4, 1, 3], [40, 9, 70])])
-def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, q_lens, ctx):
-    model = _model(quantization, bias=quantization is None)
+def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, bias, q_lens, ctx):
+    model = _model(quantization, bias=bias)
     fused = model._decode_layers
     assert isinstance(fused, DecodeLayers) and fused.max_rows == (8 if quantization else gemv_cpu.ROWS)
     ids, pos, meta, kv = _step(model, q_lens, ctx, seed=len(q_lens))
@@ -109,3 +110,20 @@ def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):
     monkeypatch.setenv("HINTKV_FUSED_DECODE", "0")
     assert _model(None, bias=False)._decode_layers is None
 
+
+
+def test_a_re_prepare_calibrates_short_texts_through_the_per_op_layers():
+    """w8a8's calibration records activations with module hooks, which the fused call does not fire:
+    a re-prepare (the loader prepares float first) must not calibrate through the previous fused call."""
+    short = [list(range(10, 18))]  # 8 tokens: a fused-sized step
+    direct = _model(None, bias=False)
+    direct._decode_layers = None  # as a model never prepared before
+    direct.prepare("w8a8", short)
+    again = _model(None, bias=False)  # prepared float first: its fused call is built
+    assert isinstance(again._decode_layers, DecodeLayers)
+    again.prepare("w8a8", short)
+    hidden = []
+    for model in (direct, again):
+        ids, pos, meta, kv = _step(model, [40], [40], seed=7)  # 40 rows: the per-op layers, both models
+        hidden.append(model.forward(ids, pos, meta, kv))
+    assert torch.equal(hidden[0], hidden[1])
