@@ -5,6 +5,7 @@ afford to wait for (or `next-step` leaves every load) to a later step."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -48,11 +49,14 @@ def _add_host_hit(sched: Scheduler, stack: TierStack, io: DeviceBlockIO) -> tupl
 
 
 def _flush_until_ready(kv: KVCacheManager, stack: TierStack, seq: Sequence) -> None:
-    """Run the host tier's copies until `seq`'s load has landed (or 100 flushes)."""
-    for _ in range(100):
+    """Run the host tier's copies until `seq`'s load has landed. A flush returns once the copies' futures
+    are set, which can be before the mover thread has run their done-callbacks (readiness is one of
+    them), so this waits for readiness itself, up to a generous bound (not a timing check)."""
+    deadline = time.monotonic() + 60
+    while not kv.load_ready(seq) and time.monotonic() < deadline:
         stack.flush()
-        if kv.load_ready(seq):
-            break
+        time.sleep(0.001)
+    assert kv.load_ready(seq), "the load never landed"
 
 
 def _running_decode(sched: Scheduler) -> Sequence:

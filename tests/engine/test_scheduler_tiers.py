@@ -4,6 +4,8 @@ truncates the load there (the rest is recomputed)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hintkv.cache.hashing import hash_blocks
@@ -35,6 +37,17 @@ def _setup(tmp_path):
 _seq, _store = seq_of, store_blocks
 
 
+
+def _flush_until(stack: TierStack, done) -> None:
+    """Run the tiers' copies until `done()`. A flush returns once the copies' futures are set, which can be
+    before the mover thread has run their done-callbacks, so this polls up to a generous bound (not a
+    timing check) and then requires `done()`."""
+    deadline = time.monotonic() + 60
+    while not done() and time.monotonic() < deadline:
+        stack.flush()
+        time.sleep(0.001)
+    assert done(), "the tiers' copies never settled"
+
 def test_lower_tier_prefix_loads_while_others_run_and_lands_as_computed(tmp_path):
     kv, io, stack = _setup(tmp_path)
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
@@ -46,10 +59,7 @@ def test_lower_tier_prefix_loads_while_others_run_and_lands_as_computed(tmp_path
     assert a.status is SeqStatus.LOADING and [s.seq for s in out.scheduled] == [b]
     assert len(a.block_table) == 3 and a.num_computed_tokens == 0
     kv.check_integrity()
-    for _ in range(100):  # the loads land on the mover's threads
-        stack.flush()
-        if kv.load_ready(a):
-            break
+    _flush_until(stack, lambda: kv.load_ready(a))  # the loads land on the mover's threads
     out = sched.schedule()
     assert a.status is SeqStatus.RUNNING
     assert a.num_computed_tokens == 12 and a.num_cached_tokens == 12
@@ -76,10 +86,7 @@ def test_a_corrupt_block_truncates_the_load_there(tmp_path):
     sched.add_request(a)
     sched.schedule()
     assert a.status is SeqStatus.LOADING
-    for _ in range(100):
-        stack.flush()
-        if kv.load_ready(a):
-            break
+    _flush_until(stack, lambda: kv.load_ready(a))
     out = sched.schedule()
     assert a.num_cached_tokens == 4  # block 0 arrived; block 1 failed; block 2 is recomputed
     assert [s.num_new_tokens for s in out.scheduled] == [9]
@@ -119,11 +126,7 @@ def test_prefetch_takes_no_block_a_running_session_holds(tmp_path):
     scheduled, on_device = kv.tiers.prefetch(parked)
     assert (scheduled, on_device) == (2, 0)  # the two empty blocks, nothing of "run"
     assert all(kv.pool.lookup(h) is not None for h in running)
-    for _ in range(100):
-        stack.flush()
-        kv.tiers.poll()
-        if kv.tiers.idle():
-            break
+    _flush_until(stack, lambda: kv.tiers.poll() is None and kv.tiers.idle())
     assert [kv.pool.lookup(h) is not None for h in parked] == [True, True, False, False]
     assert kv.tiers.prefetch(parked[:2]) == (0, 2)  # all on the device: nothing to load
     # the whole session again: its head (class 2, waiting) is all that ranks below "run", and a
@@ -155,17 +158,9 @@ def test_prefetch_takes_blocks_ranked_below_its_own_head(tmp_path):
     sessions.on_arrival("t", "p", "p", now=0.0)
     sessions.on_done("t\x1fp", parked, now=0.0)
     assert kv.tiers.prefetch(parked[:2]) == (2, 0)  # into the two empty blocks
-    for _ in range(100):
-        stack.flush()
-        kv.tiers.poll()
-        if kv.tiers.idle():
-            break
+    _flush_until(stack, lambda: kv.tiers.poll() is None and kv.tiers.idle())
     assert kv.tiers.prefetch(parked) == (2, 2)  # the tail takes the unheld blocks, not the head
-    for _ in range(100):
-        stack.flush()
-        kv.tiers.poll()
-        if kv.tiers.idle():
-            break
+    _flush_until(stack, lambda: kv.tiers.poll() is None and kv.tiers.idle())
     assert all(kv.pool.lookup(h) is not None for h in parked + running)
     assert all(kv.pool.lookup(h) is None for h in unheld)
     kv.check_integrity()
