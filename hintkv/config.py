@@ -94,7 +94,7 @@ class EngineConfig:
     resume_prefetch: str = _opt(
         "once", "after SAM's predicted-resume prefetch of a waiting session (host/disk tiers): once (the "
         "first look only) | watch (opt-in: look again each step until its call arrives and bring back what "
-        "was evicted meanwhile, into room ranked below it; measured neutral live: docs/benchmarks.md, "
+        "was evicted meanwhile, into room ranked below it; measured worse live, mean TTFT +15%: docs/benchmarks.md, "
         "thirteenth session): cache/resume_prefetch.py"
     )
     offload_mode: str = _opt(

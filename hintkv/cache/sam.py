@@ -36,7 +36,7 @@ PREDICT_BUDGET_BLOCKS = 1024
 # the next steps instead of one long step (~20 us a re-rank: 601 at once took 12 ms in
 # `bench cache`). Events (arrival, end, hints) are never deferred: only the clock's drift is.
 RERANK_BUDGET = 32
-RESUME_PREFETCH = "once"  # `cache.resume_prefetch` (`watch`: opt-in, measured neutral live)
+RESUME_PREFETCH = "once"  # `cache.resume_prefetch` (`watch`: opt-in, measured worse live)
 
 
 class SessionAwareManager:
@@ -64,11 +64,14 @@ class SessionAwareManager:
             self.predict(now)
 
     def next_due(self) -> float:
-        """The earliest time at which `on_step` acts (a session's recheck or a predicted resume;
-        math.inf: nothing scheduled): steps starting before it change nothing here."""
+        """The earliest time at which `on_step` acts (a session's recheck, a predicted resume or
+        the resume policy's next look; math.inf: nothing scheduled): steps starting before it
+        change nothing here."""
         due = self.kv.ranking.next_recheck()
-        if self.kv.tiers is not None and self.predict_resume and self._resumes:
-            due = min(due, self._resumes[0][0])
+        if self.kv.tiers is not None and self.predict_resume:
+            if self._resumes:
+                due = min(due, self._resumes[0][0])
+            due = min(due, self.resume.next_due())
         return due
 
     def predict(self, now: float) -> int:
@@ -104,7 +107,7 @@ class SessionAwareManager:
         """Prefetch what of `s` only lower tiers hold, into room below its own blocks; True:
         all of it is on the device or on its way (nothing left for a later look)."""
         tiers = self.kv.tiers
-        scheduled, on_device = tiers.prefetch(s.held)
+        scheduled, on_device = tiers.prefetch(s.held, s.rank_cls)
         if scheduled:
             self.num_predicted_prefetches += 1
             tiers.counters.num_predicted_prefetches += 1

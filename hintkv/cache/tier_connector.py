@@ -293,10 +293,12 @@ class TierConnector:
         """The sequence left (abort, finish): forget its load; stray I/O only fills staging."""
         self._loads.pop(key, None)
 
-    def prefetch(self, hashes: list[BlockHash]) -> tuple[int, int]:
+    def prefetch(self, hashes: list[BlockHash], cls: int | None = None) -> tuple[int, int]:
         """Load the leading held-below run of `hashes` (after blocks already on the device)
-        into device blocks taken only from KV ranked below running sessions.
-        Returns (blocks scheduled, blocks already on the device)."""
+        into device blocks taken only from KV ranked below running sessions, below the lowest
+        class of its own cached head, or, with none of it cached, below `cls` (the waiting
+        session's own class: a session that lost all its blocks never evicts one ranked above
+        it). Returns (blocks scheduled, blocks already on the device)."""
         found = self.pool.lookup_many(hashes)
         missing = found.count(None)
         if not missing:  # all on the device (a predicted resume's usual case): nothing to load
@@ -305,9 +307,10 @@ class TierConnector:
         in_flight = self._in_flight()
         todo = [h for h in lower if h not in in_flight] if in_flight else lower
         # the session is WAITING (class below protected): its own cached head must not be
-        # a victim of loading its tail, so the room is only what ranks below its head
+        # a victim of loading its tail, so the room is only what ranks below its head (with no
+        # head cached, below its own class `cls`: never a waiting session ranked above it)
         own = [self.pool.class_of(b) for b in found if b is not None and b.ref_cnt == 0]
-        room = self.room_below_protected(min(own, default=self.protected_class))
+        room = self.room_below_protected(min(own, default=cls))
         todo = todo[:room]
         return self._prefetch_run(todo, self.stack.lookup_run(todo)), len(found) - missing
 

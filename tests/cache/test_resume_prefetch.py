@@ -9,6 +9,8 @@ other work evicts its blocks and finishes (the room comes free again) before its
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -115,31 +117,84 @@ def test_once_leaves_them_below():
     w.stack.close()
 
 
-def test_the_watch_never_takes_a_higher_ranked_block():
-    """Room for the lost blocks only comes from KV ranked below the session's: with every device
-    block held by an active session (ranked above a waiting one), nothing is loaded."""
-    w = World("watch")
-    w.call(first=True)
-    for _ in range(2):
-        w.now += 2.0
-        w.call()
-    w.kv.tiers.offload(w.hashes)
-    w.stack.flush()
-    w.now += 1.5
-    w.step()
-    other = SessionRef("t", "busy", "busy")
-    key = w.sam.on_arrival(other)  # active now: ranked above the waiting session
-    busy = hash_blocks(ROOT, list(range(10_000, 10_000 + NUM_BLOCKS * BS)), BS)
-    blocks = w.kv.pool.allocate(NUM_BLOCKS)
-    for b, h in zip(blocks, busy):
-        w.kv.pool.register(b, h)
-    w.sessions.hold(key, busy)
+def _lost_all_below_a_higher_ranked_waiting_session(resume: str, empty: int = 0
+                                                    ) -> tuple[World, list[bytes]]:
+    """Session A (s0) is watched (under `watch`) and has lost all its device blocks; session B
+    waits too, due sooner (ranked above A, below the protected class), and holds every device
+    block (cached) but `empty` empty ones. Returns the world and B's hashes."""
+    w = _lost_then_room(resume)
+    taken = w.kv.pool.allocate(NUM_BLOCKS)  # other work evicts whatever came back, then finishes
     w.kv.tiers.flush_write_downs()
-    w.kv.pool.release(blocks)  # cached, held by the active session
-    w.now += 0.05
+    w.kv.pool.release(taken)
+    assert w.on_device() == 0
+    other = SessionRef("t", "b", "b")
+    busy = hash_blocks(ROOT, list(range(10_000, 10_000 + (NUM_BLOCKS - empty) * BS)), BS)
+    for i in range(3):  # B's learned gap: 0.05 s, its call just ended
+        key = w.sam.on_arrival(other)
+        if i == 0:
+            blocks = w.kv.pool.allocate(len(busy))
+            for b, h in zip(blocks, busy):
+                w.kv.pool.register(b, h)
+        w.sam.on_done(key, busy)
+        if i == 0:
+            w.kv.tiers.flush_write_downs()
+            w.kv.pool.release(blocks)
+        if i < 2:
+            w.now += 0.05
+    w.now += 0.04
     w.step()
-    assert w.on_device() == 0, "the watch evicted an active session's blocks"
-    assert all(w.kv.pool.lookup(h) is not None for h in busy)
+    a, b = (w.kv.ranking.session_class(k) for k in ("t\x1fs0", key))
+    assert a < b < w.kv.tiers.protected_class, "the premise: B waits, ranked above A"
+    return w, busy
+
+
+def test_the_watch_never_takes_a_higher_ranked_block():
+    """A session that lost all its blocks loads only into room ranked below its own class (here
+    the 2 empty blocks): a waiting session ranked above it (B, due sooner) keeps every block
+    (review of bd44099, finding 1: the cap fell back to the protected class and A evicted B's)."""
+    w, busy = _lost_all_below_a_higher_ranked_waiting_session("watch", empty=2)
+    for _ in range(4):  # the helper's last step was A's first look since it lost all
+        assert w.on_device() == 2, "the watch did not load into the empty room, or took more"
+        assert all(w.kv.pool.lookup(h) is not None for h in busy), \
+            "the watch evicted a higher-ranked waiting session's blocks"
+        w.step()
+        w.now += 0.001
+    w.stack.close()
+
+
+@pytest.mark.parametrize("resume", ["watch", "once"])
+def test_two_watched_sessions_do_not_reload_over_each_other(resume):
+    """With both sessions waiting, no step loads anything: before the fix A's watch evicted B's
+    blocks, B's watch loaded them back over A's, one host load every step."""
+    w, _ = _lost_all_below_a_higher_ranked_waiting_session(resume)
+    before = w.sam.num_predicted_prefetches
+    for _ in range(6):
+        w.step()
+        w.now += 0.001
+        assert w.kv.num_prefetching_blocks == 0
+    assert w.sam.num_predicted_prefetches == before, "a watched session loaded over another"
+    w.stack.close()
+
+
+@pytest.mark.parametrize("resume", ["watch", "once"])
+def test_next_due_looks_at_the_watch(resume):
+    """`SessionAwareManager.next_due` includes the resume policy's next look (the sim's decode
+    stretch folds no step before it): a watched session its last look left incomplete is looked
+    at on the next step; `once` never looks again (next_due as before: the next recheck)."""
+    w = _lost_then_room(resume)
+    taken = w.kv.pool.allocate(NUM_BLOCKS)  # in use: its blocks are evicted and no room is left
+    w.kv.tiers.flush_write_downs()
+    w.step()
+    recheck = w.kv.ranking.next_recheck()
+    assert w.now < recheck < math.inf
+    if resume == "watch":
+        assert w.sam.next_due() == -math.inf, "the watched session's next look is not due"
+    else:
+        assert w.sam.next_due() == recheck
+    w.kv.pool.release(taken)  # room again: the next step's look brings it all back
+    w.step()
+    assert w.on_device() == (PER if resume == "watch" else 0)
+    assert w.sam.next_due() == recheck  # complete again: only a block leaving wakes the watch
     w.stack.close()
 
 
