@@ -310,6 +310,8 @@ class TierConnector:
         # a victim of loading its tail, so the room is only what ranks below its head (with no
         # head cached, below its own class `cls`: never a waiting session ranked above it)
         own = [self.pool.class_of(b) for b in found if b is not None and b.ref_cnt == 0]
+        if not self.pool.ranking.grouped:  # `lru`: every session's class is UNHELD, no cap of its own
+            cls = None
         room = self.room_below_protected(min(own, default=cls))
         todo = todo[:room]
         return self._prefetch_run(todo, self.stack.lookup_run(todo)), len(found) - missing

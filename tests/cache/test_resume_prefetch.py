@@ -32,10 +32,10 @@ REF = SessionRef("t", "s0", "s0")
 
 
 class World:
-    def __init__(self, resume: str) -> None:
+    def __init__(self, resume: str, policy: str = "sam") -> None:
         self.now = 100.0
         self.sessions = SessionRegistry()
-        self.kv = kv = KVCacheManager(NUM_BLOCKS, BS, make_policy("sam", sessions=self.sessions))
+        self.kv = kv = KVCacheManager(NUM_BLOCKS, BS, make_policy(policy, sessions=self.sessions))
         self.io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2) for _ in range(2)])
         self.stack = TierStack([HostTier(self.io.layout, 64 * self.io.layout.nbytes)])
         kv.tiers = TierConnector(kv.pool, BS, self.stack, self.io, kv.ranking, hints=True, offload_mode="lazy")
@@ -94,6 +94,33 @@ def _lost_then_room(resume: str) -> World:
     w.step()
     w.step()
     return w
+
+
+@pytest.mark.parametrize("policy", ["lru", "sam"])
+def test_a_predicted_prefetch_takes_room_from_unranked_cached_blocks(policy):
+    """The session lost every device block to other work's cached (unheld) blocks before its
+    predicted resume: the prefetch takes them (under `lru` every class is UNHELD, so a cap at the
+    session's own class must not leave only the empty blocks: a full device then loaded nothing)."""
+    w = World("once", policy=policy)
+    w.call(first=True)
+    for _ in range(2):  # a learned gap: back 2 s after each call ended
+        w.now += 2.0
+        w.call()
+    w.kv.tiers.offload(w.hashes)  # lazy: written down, the device copies stay
+    w.stack.flush()
+    w.step()
+    other = hash_blocks(ROOT, list(range(20_000, 20_000 + NUM_BLOCKS * BS)), BS)
+    blocks = w.kv.pool.allocate(NUM_BLOCKS)  # other work fills the device with cached blocks
+    for b, h in zip(blocks, other):
+        w.kv.pool.register(b, h)
+    w.kv.tiers.flush_write_downs()
+    w.kv.pool.release(blocks)
+    assert w.on_device() == 0 and w.kv.pool.num_free == w.kv.pool.num_cached_free == NUM_BLOCKS
+    w.now += 1.5  # the predicted resume is within its lead time
+    w.step()
+    w.step()
+    assert w.sam.num_predicted_prefetches == 1 and w.on_device() == PER
+    w.stack.close()
 
 
 def test_watch_brings_back_what_was_evicted_after_the_first_look():
