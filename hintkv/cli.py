@@ -38,6 +38,8 @@ def add_config_flags(p: argparse.ArgumentParser, cls: type, skip: Iterable[str] 
         if f.name in skip:
             continue
         help_text = f.metadata.get("help")
+        if help_text is not None:
+            help_text = help_text.replace("%", "%%")  # argparse %-formats help ("+15%" would raise)
         flags = f.metadata.get("flags", ("--" + f.name.replace("_", "-"),))
         if f.type == "bool":
             action = "store_false" if f.default else "store_true"
