@@ -189,10 +189,12 @@ class TierStack:
         transfers = MoverStats()
         for m in movers.values():
             transfers = transfers.merged(m.stats())
+        # each tier's stats under its own lock, never under the stack's: a tier calls the stack
+        # (`_evicted`) while it holds its lock, so holding ours while waiting for a tier's deadlocks
+        tiers = {t.name: t.stats() for t in self.tiers}
         with self._lock:
-            return StackStats({t.name: t.stats() for t in self.tiers}, transfers,
-                              self._num_cascaded, self._num_dropped, self._num_promoted,
-                              self._num_spilled)
+            return StackStats(tiers, transfers, self._num_cascaded, self._num_dropped,
+                              self._num_promoted, self._num_spilled)
 
     def flush(self) -> None:
         """Wait for all in-flight I/O: top-down twice, since a lower-tier read may promote a

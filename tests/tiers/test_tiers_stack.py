@@ -3,6 +3,9 @@ keep/drop decisions on eviction; fall-through on a corrupt block; accounting per
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -208,4 +211,26 @@ def test_batched_probes_and_removals_match_the_one_by_one_ones(layout, key, payl
     assert host.contains_many([key(5), key(6), key(7)]) == [False, False, True]
     assert stack.lookup_run(keys) == ["host"] * 5
     stack.check_integrity()
+    stack.close()
+
+
+def test_stats_never_holds_the_stack_lock_while_it_waits_for_a_tier(device, tmp_path):
+    """Lock order: a tier evicting under its own lock calls the stack (`_evicted` takes the stack's
+    lock), so `stats` (a /metrics scrape) must not hold the stack's lock while it waits for a tier's.
+    It did: a scrape during a host write-down that evicted deadlocked the server (engine thread in
+    `_evicted`, the scrape in `HostTier.stats`)."""
+    stack = _stack(device.layout, tmp_path, 2, 2)
+    host = stack.tiers[0]
+    with host._lock:  # a tier busy evicting holds its lock ...
+        scrape = threading.Thread(target=stack.stats, daemon=True)
+        scrape.start()
+        time.sleep(0.2)  # ... while a scrape waits for it
+        evict = threading.Thread(target=stack._evicted, args=(0, b"k" * 16, None), daemon=True)
+        evict.start()  # ... and the eviction's callback needs the stack's lock
+        evict.join(10)
+        stuck = evict.is_alive()
+    scrape.join(10)
+    evict.join(10)
+    assert not stuck, "an eviction's callback waited for the stack lock held by stats: deadlock"
+    assert stack.stats().num_dropped == 1
     stack.close()
