@@ -71,15 +71,22 @@ class World:
         return sum(b is not None for b in self.kv.pool.lookup_many(self.hashes))
 
 
-def _lost_then_room(resume: str) -> World:
-    w = World(resume)
+def _offloaded_with_a_learned_gap(resume: str, policy: str = "sam") -> World:
+    """The session's blocks, written down to the host (their device copies stay), after three calls
+    that taught SAM its gap (back 2 s after each call ended)."""
+    w = World(resume, policy=policy)
     w.call(first=True)
-    for _ in range(2):  # a learned gap: back 2 s after each call ended
+    for _ in range(2):
         w.now += 2.0
         w.call()
     w.kv.tiers.offload(w.hashes)  # lazy: written down, the device copies stay
     w.stack.flush()
     w.step()
+    return w
+
+
+def _lost_then_room(resume: str) -> World:
+    w = _offloaded_with_a_learned_gap(resume)
     assert w.on_device() == PER
     w.now += 1.5  # the predicted resume is within its lead time: the first look finds it all on device
     before = w.sam.num_predicted_prefetches
@@ -101,14 +108,7 @@ def test_a_predicted_prefetch_takes_room_from_unranked_cached_blocks(policy):
     """The session lost every device block to other work's cached (unheld) blocks before its
     predicted resume: the prefetch takes them (under `lru` every class is UNHELD, so a cap at the
     session's own class must not leave only the empty blocks: a full device then loaded nothing)."""
-    w = World("once", policy=policy)
-    w.call(first=True)
-    for _ in range(2):  # a learned gap: back 2 s after each call ended
-        w.now += 2.0
-        w.call()
-    w.kv.tiers.offload(w.hashes)  # lazy: written down, the device copies stay
-    w.stack.flush()
-    w.step()
+    w = _offloaded_with_a_learned_gap("once", policy=policy)
     other = hash_blocks(ROOT, list(range(20_000, 20_000 + NUM_BLOCKS * BS)), BS)
     blocks = w.kv.pool.allocate(NUM_BLOCKS)  # other work fills the device with cached blocks
     for b, h in zip(blocks, other):
