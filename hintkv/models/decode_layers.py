@@ -111,7 +111,7 @@ class DecodeLayers:
         kernels = [m.kernel for group in self.linears for m in group]
         for k in kernels:
             k.refresh()  # as Linear.forward: a changed weight re-prepares its copy
-        stamp = tuple((id(k), k._key) for k in kernels)
+        stamp = tuple((k, k._key) for k in kernels)  # the kernels themselves: an id could be reused
         if stamp != self._stamp:  # a kernel was re-prepared or replaced (a test's dense kernels: not fusable)
             self._stamp, self._flat = stamp, self._flatten()
         return self._flat
