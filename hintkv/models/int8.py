@@ -34,7 +34,7 @@ LEVELS = 2
 # few-row kernel `int8_cpu.gemv`; more rows go through torch._int_mm (a GEMM that reuses each weight).
 GEMV_ROWS = 16
 _EMPTY = torch.empty(0)
-AMX = True  # gemv on AMX tiles where the CPU has them (`int8_cpu.has_amx()`); False: the AVX512-VNNI loop
+AMX = True  # gemv on AMX tiles where the CPU has them (`int8_cpu.has_amx()`); False: the VNNI (or AVX2) loop
 ALPHA = 0.5  # SmoothQuant's migration strength (calibration.py says how it was chosen)
 
 
@@ -83,12 +83,13 @@ def block_weight(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gemv_path() -> str:
     """The GEMM a decode / verify step's int8 rows (<= GEMV_ROWS) run on this machine: "amx" (gemv on
-    AMX tiles), "vnni" (gemv's AVX512-VNNI loop) or "int_mm" (torch._int_mm: no extension or no VNNI).
-    w8a8's decode speed depends on it (bench engine records it with its figures)."""
+    AMX tiles), "vnni" (gemv's AVX512-VNNI loop), "avx2" (its AVX2 loop: vpmaddubsw, CPUs without VNNI)
+    or "int_mm" (torch._int_mm: no extension, or neither). w8a8's decode speed depends on it (bench
+    engine records it with its figures)."""
     fused = int8_cpu.ops()
     if fused is None or not fused.has_fast_gemv():
         return "int_mm"
-    return "amx" if AMX and fused.has_amx() else "vnni"
+    return "amx" if AMX and fused.has_amx() else fused.gemv_isa()
 
 
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,

@@ -10,7 +10,8 @@ half to even, residual x - q s), so they give the eager path's int8 values:
     quantize_rows(x [M, K] f32, inv_smooth [K] f32 or empty, levels) -> q int8 [levels*M, K], s f32 [levels*M, 1]
     rescale(acc [levels*M, N] i32, s [levels*M, 1] f32, w_scale [N] f32, levels) -> y f32 [M, N]
     gemv(x [M, K] f32, inv_smooth, wb, w_scale [N], w_comp, levels, amx) -> y f32 [M, N]
-    has_fast_gemv() -> bool: gemv runs on AVX512-VNNI (else a plain loop: int8.py then keeps _int_mm)
+    has_fast_gemv() -> bool: gemv runs on AVX512-VNNI or AVX2 (else a plain loop: int8.py then keeps _int_mm)
+    gemv_isa() -> str: gemv's loop without AMX in this build: "vnni", "avx2" (vpmaddubsw) or "plain"
     has_amx() -> bool: gemv's `amx=True` runs on AMX tiles (built with AMX-INT8 and Linux granted the tiles)
     gemv_calls() -> [amx, vnni]: how many gemv calls each path has run in this process
     topk_indices(logits [M, V] f32, k) -> int64 [M, k]: each row's k largest, in no order (the head's rescoring)
@@ -48,5 +49,5 @@ _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 def ops() -> ModuleType | None:
     """The built extension (quantize_rows, ..., topk_indices, gemv_address), or None when it cannot be built (warned once)."""
-    return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "has_amx",
-                                                    "gemv_calls", "topk_indices", "gemv_address"], _CFLAGS)
+    return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "gemv_isa",
+                                                    "has_amx", "gemv_calls", "topk_indices", "gemv_address"], _CFLAGS)

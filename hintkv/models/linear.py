@@ -16,7 +16,8 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                token in two levels at run time, one torch._int_mm
                                                (int8 x int8 -> int32); <= 16 int8 rows (decode,
                                                verify): one few-row call, `int8_cpu.gemv`, on AMX
-                                               tiles where the CPU has them, else AVX512-VNNI
+                                               tiles where the CPU has them, else AVX512-VNNI, else
+                                               AVX2 (vpmaddubsw)
     w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
     w8a8-fine  down_proj under w8a8            two int8 levels of the weight in few-row steps (gemv),
                                                the float weight (MKL) in many-row steps

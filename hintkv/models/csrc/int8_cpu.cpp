@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -123,7 +124,10 @@ torch::Tensor rescale(torch::Tensor acc, torch::Tensor s, torch::Tensor w_scale,
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-static constexpr bool kVnni = true;
+static constexpr bool kFastGemv = true;
+static constexpr const char* kGemvIsa = "vnni";
+static constexpr int kMaxG = 8;
+static constexpr bool kU8Offset = true;  // dpbusd takes u8 x s8: activations go in as q + 128
 // G activation rows (u8, q + 128, as int32 groups of 4) against one 16-channel block of the weight
 // ([Kq][16][4] int8): acc[g] holds the block's 16 dot products, no horizontal sums.
 template <int G>
@@ -136,8 +140,38 @@ static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t 
     }
     for (int g = 0; g < G; ++g) _mm512_storeu_si512(out[g], acc[g]);
 }
+#elif defined(__AVX2__)
+// AVX2 without VNNI (e.g. AMD Zen 1): activations stay signed (q, no u8 offset, so no w_comp); vpmaddubsw
+// multiplies |a| (u8) by sign(a) w (s8) into int16 pair sums, exact since 2 x 127 x 127 < 2^15, and
+// vpmaddwd by 1 widens them to int32 quad sums: the same int32 dot products as dpbusd's, 8 channels a register.
+static constexpr bool kFastGemv = true;
+static constexpr const char* kGemvIsa = "avx2";
+static constexpr int kMaxG = 4;  // 8 int32 accumulators of 16 ymm registers for 4 rows
+static constexpr bool kU8Offset = false;
+template <int G>
+static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t Kq, int32_t (*out)[16]) {
+    __m256i acc[G][2];
+    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t kq = 0; kq < Kq; ++kq) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kq * 64));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kq * 64 + 32));
+        for (int g = 0; g < G; ++g) {
+            const __m256i av = _mm256_set1_epi32(a[g][kq]), ax = _mm256_abs_epi8(av);
+            acc[g][0] = _mm256_add_epi32(acc[g][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, av)), ones));
+            acc[g][1] = _mm256_add_epi32(acc[g][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, av)), ones));
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[g]), acc[g][0]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[g] + 8), acc[g][1]);
+    }
+}
 #else
-static constexpr bool kVnni = false;
+static constexpr bool kFastGemv = false;
+static constexpr const char* kGemvIsa = "plain";
+static constexpr int kMaxG = 8;
+static constexpr bool kU8Offset = true;
 template <int G>
 static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t Kq, int32_t (*out)[16]) {
     for (int g = 0; g < G; ++g) {
@@ -152,7 +186,9 @@ static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t 
 }
 #endif
 
-bool has_fast_gemv() { return kVnni; }
+bool has_fast_gemv() { return kFastGemv; }
+// the few-row loop this build runs without AMX: "vnni" (AVX512-VNNI), "avx2" (vpmaddubsw) or "plain"
+std::string gemv_isa() { return kGemvIsa; }
 
 // How many gemv calls each path ran in this process: [AMX, VNNI / plain loop] (what tests and the
 // bench read to know the AMX path really ran; relaxed atomics, a call costs one add).
@@ -282,10 +318,12 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, 
     }
 #endif
     gemv_path_calls[1].fetch_add(1, std::memory_order_relaxed);
-    std::vector<int32_t> a(R * Kq, 0x80808080);  // u8 rows, q + 128, padded with 128 (q = 0)
+    // u8 rows q + 128 padded with 128 (q = 0) where the loop takes u8 activations, else q padded with 0
+    const uint8_t offset = kU8Offset ? 0x80 : 0;
+    std::vector<int32_t> a(R * Kq, kU8Offset ? 0x80808080 : 0);
     for (int64_t r = 0; r < R; ++r) {
         uint8_t* ar = reinterpret_cast<uint8_t*>(a.data() + r * Kq);
-        for (int64_t k = 0; k < K; ++k) ar[k] = static_cast<uint8_t>(qp[r * K + k]) ^ 0x80;
+        for (int64_t k = 0; k < K; ++k) ar[k] = static_cast<uint8_t>(qp[r * K + k]) ^ offset;
     }
     auto y = torch::empty({M, N}, torch::kFloat32);
     float* yp = y.data_ptr<float>();
@@ -305,15 +343,19 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, 
         for (int64_t nb = b0; nb < b1; ++nb) {
             const int8_t* wbp = wp + nb * Kq * 64;
             int64_t r = 0;
-            for (; r + 8 <= R; r += 8) block_dot<8>(rows.data() + r, wbp, Kq, out + r);
+            if constexpr (kMaxG >= 8)
+                for (; r + 8 <= R; r += 8) block_dot<8>(rows.data() + r, wbp, Kq, out + r);
             for (; r + 4 <= R; r += 4) block_dot<4>(rows.data() + r, wbp, Kq, out + r);
+            if constexpr (kMaxG < 8)
+                for (; r + 2 <= R; r += 2) block_dot<2>(rows.data() + r, wbp, Kq, out + r);
             for (; r < R; ++r) block_dot<1>(rows.data() + r, wbp, Kq, out + r);
             const int64_t n0 = nb * 16, n1 = std::min<int64_t>(n0 + 16, N);
             for (int64_t m = 0; m < M; ++m) {
                 for (int64_t n = n0; n < n1; ++n) {
-                    float v = static_cast<float>(out[m][n - n0] - cp[n]) * s[m];
+                    const int32_t comp = kU8Offset ? cp[n] : 0;
+                    float v = static_cast<float>(out[m][n - n0] - comp) * s[m];
                     for (int64_t l = 1; l < levels; ++l)
-                        v += static_cast<float>(out[l * M + m][n - n0] - cp[n]) * s[l * M + m];
+                        v += static_cast<float>(out[l * M + m][n - n0] - comp) * s[l * M + m];
                     yp[m * N + n] = v * wsp[n];
                 }
             }
