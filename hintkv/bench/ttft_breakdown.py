@@ -1,11 +1,16 @@
-"""Where the time to first token went, per run: the engine's `ttft_parts` averaged over calls.
+"""Where the time to first token went, per run: each call's TTFT parts averaged over calls.
 
     rows = breakdown_rows("lru", records)   # records: anything with ttft_s and ttft_parts
     print_table(rows, BREAKDOWN_COLUMNS)
 
 Two rows per run: every call, and the tail (calls at or above the run's p90 TTFT), since the mean
-TTFT of a swarm is mostly its tail. `other_s` is what the engine's clock does not see (the live
-driver's HTTP and tokenizing; zero in the simulator).
+TTFT of a swarm is mostly its tail. The engine's parts (`TtftParts`, on its clock from the
+request's arrival at the scheduler) come from both the simulator and a live server; a live
+hintkv server also reports its own parts around the engine (`server/serve_times.py`: the handler
+before the engine, the engine thread's inbox, the hand-back to the event loop, the first chunk),
+and the live driver its own (`client_send_s`: the agent ready -> the request sent). `other_s` is
+what none of them sees: uvicorn's HTTP parsing before the handler, the sockets, and the client
+reading the first chunk (zero in the simulator). A part no record of a run carries is left empty.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from hintkv.bench.common import percentile
 from hintkv.engine.types import TtftParts
 
 PARTS = TtftParts.FIELDS
-BREAKDOWN_COLUMNS = ["run", "calls_of", "calls", "ttft_mean_s", *PARTS, "other_s"]
+# the live parts outside the engine: the driver's, then the server's (server/serve_times.SERVE_PARTS)
+AROUND = ("client_send_s", "http_s", "inbox_s", "wake_s", "stream_s")
+BREAKDOWN_COLUMNS = ["run", "calls_of", "calls", "ttft_mean_s", *PARTS, *AROUND, "other_s"]
 
 
 def _mean_row(run: str, which: str, recs: list) -> dict:
@@ -23,7 +30,10 @@ def _mean_row(run: str, which: str, recs: list) -> dict:
            "ttft_mean_s": sum(r.ttft_s for r in recs) / n if n else None}
     for k in PARTS:
         row[k] = sum(r.ttft_parts[k] for r in recs) / n if n else None
-    row["other_s"] = (row["ttft_mean_s"] - sum(row[k] for k in PARTS)) if n else None
+    for k in AROUND:
+        row[k] = (sum(r.ttft_parts.get(k, 0.0) for r in recs) / n
+                  if any(k in r.ttft_parts for r in recs) else None)
+    row["other_s"] = (row["ttft_mean_s"] - sum(row[k] or 0.0 for k in (*PARTS, *AROUND))) if n else None
     return row
 
 

@@ -13,6 +13,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -135,10 +136,13 @@ class AsyncLLM:
         self._queues[rid] = (asyncio.get_running_loop(), q)
         finished = False
         try:
-            await self.run(lambda e: e.add_request(req))
+            handed = time.perf_counter()
+            taken = await self.run(lambda e: _add(e, req))
             while True:
                 out = await q.get()
                 finished = out.finished
+                if finished and out.metrics is not None:
+                    out.metrics.inbox_s = taken - handed
                 yield out
                 if finished:
                     return
@@ -181,3 +185,10 @@ class AsyncLLM:
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
         self._manage_pool.shutdown(wait=False)
         self.engine.close()
+
+
+def _add(engine: LLMEngine, req: GenerateRequest) -> float:
+    """Add `req` on the engine thread; when the thread took it (perf_counter: the inbox wait's end)."""
+    taken = time.perf_counter()
+    engine.add_request(req)
+    return taken

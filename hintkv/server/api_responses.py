@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from hintkv.engine.types import RequestMetrics
 from hintkv.protocol import AgentHintResult
+from hintkv.server.serve_times import ServeTimes
 
 
 def _now() -> int:
@@ -58,16 +59,20 @@ class HintkvMetrics(BaseModel):
     spec_accepted_tokens: int
     spec_acceptance: float | None
     ttft_parts: dict[str, float] | None = None  # queue_s, load_s, blocked_s, shared_s, compute_s
+    # the server's parts around the engine's TTFT (server/serve_times.py): http_s, inbox_s, wake_s,
+    # stream_s and their sum with ttft_s, serve_s (the handler's start -> the first chunk out)
+    serve_parts: dict[str, float] | None = None
 
     @classmethod
-    def of(cls, m: RequestMetrics | None) -> HintkvMetrics | None:
+    def of(cls, m: RequestMetrics | None, times: ServeTimes | None = None) -> HintkvMetrics | None:
         if m is None:
             return None
         return cls(ttft_s=m.ttft_s, e2e_s=m.e2e_s, inter_token_latency_s=m.itl_s,
                    decode_tokens_per_s=m.decode_tokens_per_s, peak_kv_blocks=m.peak_kv_blocks,
                    spec_draft_tokens=m.num_draft_tokens, spec_accepted_tokens=m.num_accepted_tokens,
                    spec_acceptance=m.acceptance,
-                   ttft_parts=None if m.ttft_parts is None else m.ttft_parts.as_dict())
+                   ttft_parts=None if m.ttft_parts is None else m.ttft_parts.as_dict(),
+                   serve_parts=None if times is None else times.parts(m))
 
 
 class ToolCallFunction(BaseModel):

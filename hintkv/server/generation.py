@@ -9,7 +9,6 @@ its KV is freed even while the surrounding task is being cancelled.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from hintkv.engine.types import GenerateRequest, RequestMetrics
 from hintkv.models.tokenizer import IncrementalDetokenizer
 from hintkv.server.errors import APIError, bad_request
 from hintkv.server.metrics import ServerMetrics
+from hintkv.server.serve_times import ServeTimes
 from hintkv.server.stop_strings import StopStringMatcher
 
 
@@ -37,6 +37,7 @@ class Finished:
     num_cached_tokens: int
     num_output_tokens: int
     metrics: RequestMetrics | None = None  # the engine's figures (None: a stop string ended it first)
+    times: ServeTimes | None = None  # the server's marks around the engine (`serve_times.py`)
 
 
 async def generate_text(
@@ -44,20 +45,25 @@ async def generate_text(
     req: GenerateRequest,
     stops: list[str],
     metrics: ServerMetrics,
-    arrival: float,
+    times: ServeTimes,
 ) -> AsyncIterator[TextDelta | Finished]:
-    """Yield text increments of `req`, then one `Finished`. Consume it inside `aclosing`."""
+    """Yield text increments of `req`, then one `Finished`. Consume it inside `aclosing`.
+    Marks `times`: handed to the engine, its first token on the loop, and sent (the consumer
+    asked for the event after the first token's)."""
+    arrival = times.arrival
     detok = IncrementalDetokenizer(engine.tokenizer)
     matcher = StopStringMatcher(stops)
     stream = engine.generate(req)
     num_output = 0
     done = False
+    times.handed = ServeTimes.now()
     try:
         async for out in stream:
             if out.error is not None:
                 raise APIError(500, f"engine error: {out.error}", type="server_error")
             if out.new_token_ids and num_output == 0:
-                metrics.ttft.observe(time.perf_counter() - arrival)
+                times.first_out = ServeTimes.now()
+                metrics.ttft.observe(times.first_out - arrival)
             num_output += len(out.new_token_ids)
             metrics.generation_tokens.inc(len(out.new_token_ids))
             text = detok.step(out.new_token_ids) + (detok.flush() if out.finished else "")
@@ -66,16 +72,18 @@ async def generate_text(
                 text += matcher.flush()
                 if text or out.new_token_ids:
                     yield TextDelta(text, list(out.new_token_ids))
+                    times.sent()
                 done = out.finished
-                metrics.e2e_latency.observe(time.perf_counter() - arrival)
+                metrics.e2e_latency.observe(ServeTimes.now() - arrival)
                 reason = "stop" if matcher.stopped else out.finish_reason or "stop"
                 if out.metrics is not None:
                     metrics.request.observe(out.metrics)
                 yield Finished(reason, out.num_prompt_tokens, out.num_cached_tokens, num_output,
-                               out.metrics)
+                               out.metrics, times)
                 return
             if text or out.new_token_ids:
                 yield TextDelta(text, list(out.new_token_ids))
+                times.sent()
         raise APIError(500, "engine stream ended without finishing", type="server_error")
     except ValueError as exc:  # the engine refused the request when it was added
         raise bad_request(str(exc)) from exc

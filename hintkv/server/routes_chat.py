@@ -175,7 +175,7 @@ async def _stream(
                 reason = "tool_calls" if calls else ev.finish_reason
                 last = chunk(ChatDelta(), finish_reason=reason)
                 last.agent_hint_result = await after_generation()
-                last.hintkv_metrics = HintkvMetrics.of(ev.metrics)
+                last.hintkv_metrics = HintkvMetrics.of(ev.metrics, ev.times)
                 yield sse_event(last)
                 if body.include_usage:
                     usage = Usage.of(

@@ -128,7 +128,7 @@ async def _stream(
                     continue
                 last = chunk("", finish_reason=ev.finish_reason)
                 last.agent_hint_result = await after_generation()
-                last.hintkv_metrics = HintkvMetrics.of(ev.metrics)
+                last.hintkv_metrics = HintkvMetrics.of(ev.metrics, ev.times)
                 yield sse_event(last)
                 if body.include_usage:
                     usage = Usage.of(

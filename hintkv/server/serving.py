@@ -33,6 +33,7 @@ from hintkv.server.generation import Finished, TextDelta, collect_text, generate
 from hintkv.server.hint_edits import apply_hint
 from hintkv.server.hints import RequestHint
 from hintkv.server.load import Ticket
+from hintkv.server.serve_times import ServeTimes
 from hintkv.server.state import ServerState, request_tenant, server_state
 from hintkv.server.streaming import (
     ClientDisconnected,
@@ -109,7 +110,8 @@ def _admit(state: ServerState, tenant: str, arrival: float) -> Ticket:
 
 
 async def serve(request: Request, endpoint: Endpoint) -> Response:
-    arrival = time.perf_counter()
+    times = ServeTimes(ServeTimes.now())
+    arrival = times.arrival
     body, raw = await parse_body(request, endpoint.request_model)
     state = server_state(request)
     engine = state.engine
@@ -146,7 +148,7 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
             tenant=tenant,
         )
         state.metrics.prompt_tokens.inc(len(prompt_ids))
-        events = generate_text(engine, gen_req, body.stop_strings, state.metrics, arrival)
+        events = generate_text(engine, gen_req, body.stop_strings, state.metrics, times)
 
         async def after() -> AgentHintResult | None:
             return await apply() if hinted is not None and hinted.edits else None

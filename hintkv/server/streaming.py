@@ -51,7 +51,7 @@ async def final_response(
         usage=Usage.of(fin.num_prompt_tokens, fin.num_output_tokens, fin.num_cached_tokens),
         prompt_token_ids=prompt_ids if return_token_ids else None,
         agent_hint_result=await after(),
-        hintkv_metrics=HintkvMetrics.of(fin.metrics),
+        hintkv_metrics=HintkvMetrics.of(fin.metrics, fin.times),
     )
     return json_response(resp)
 

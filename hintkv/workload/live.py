@@ -149,6 +149,7 @@ class _LiveDriver:
         if self.result.hints:
             body["agent_hint"] = self._hint(s.session)
         t0 = self._t0 + start
+        send_s = time.perf_counter() - t0  # the agent ready -> the request sent (the replay's own)
         try:
             async with self.http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
@@ -165,7 +166,7 @@ class _LiveDriver:
                         rec.completion_tokens = usage.get("completion_tokens")
                         rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                     if chunk.get("hintkv_metrics"):
-                        rec.ttft_parts = chunk["hintkv_metrics"].get("ttft_parts")
+                        rec.ttft_parts = _parts(chunk["hintkv_metrics"], send_s)
             rec.e2e_s = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001 - a failed call (any cause) is data, not the end of the replay
             rec.error = f"{type(exc).__name__}: {exc}"[:300]
@@ -215,3 +216,13 @@ class _LiveDriver:
         if kind.endswith("-range"):
             self.result.range_edits.append((self.clock(), hint["session_id"], result))
         return ok
+
+
+def _parts(metrics: dict[str, Any], send_s: float) -> dict[str, float] | None:
+    """A call's TTFT parts: the engine's, the server's around them (a hintkv server's
+    `serve_parts`, their sum `serve_s` left out) and the replay's own `client_send_s`."""
+    engine = metrics.get("ttft_parts")
+    if not engine:
+        return None
+    serve = {k: v for k, v in (metrics.get("serve_parts") or {}).items() if k != "serve_s"}
+    return {**engine, **serve, "client_send_s": send_s}

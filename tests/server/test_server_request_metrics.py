@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 
 import httpx
+import pytest
 from server_testing import BLOCK_SIZE, LiveServer, wait_until
 
 
@@ -87,3 +89,45 @@ def test_a_scrape_waiting_on_the_engine_lock_does_not_stall_the_server(live_serv
     scrape.join(timeout=120)
     assert scraped and scraped[0].status_code == 200
     assert "hintkv_prompt_tokens_computed" in scraped[0].text
+
+
+def _stream_completion(live_server: LiveServer, out: list) -> None:
+    body = {"model": _model(live_server), "prompt": "one two three four", "max_tokens": 3,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", live_server.base_url + "/v1/completions", json=body,
+                      headers=live_server.headers, timeout=120) as r:
+        lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln.startswith("data: {")]
+    out.extend(json.loads(x) for x in lines)
+
+
+def test_stream_reports_the_servers_parts_around_the_engine(live_server):
+    """`serve_parts`: the handler before the engine, the engine thread's inbox, the hand-back to the
+    event loop and the first chunk; with the engine's TTFT they make up the handler's start -> the
+    first chunk out. A request handed over while the engine thread is busy waits in its inbox for
+    at least as long as the thread was seen busy with it queued."""
+    held, release = threading.Event(), threading.Event()
+    live_server.engine.call(lambda e: (held.set(), release.wait(60)))
+    assert held.wait(60)
+    chunks: list = []
+    client = threading.Thread(target=_stream_completion, args=(live_server, chunks))
+    client.start()
+    assert wait_until(lambda: not live_server.engine._inbox.empty())  # the request is handed over
+    seen_queued = time.perf_counter()
+    time.sleep(0.2)  # the engine thread stays busy a while longer (any time works: the bound is measured)
+    busy_s = time.perf_counter() - seen_queued
+    release.set()
+    client.join(120)
+    m = next(c["hintkv_metrics"] for c in chunks if c.get("hintkv_metrics"))
+    parts = m["serve_parts"]
+    assert set(parts) == {"http_s", "inbox_s", "wake_s", "stream_s", "serve_s"}
+    assert all(v >= 0 for v in parts.values()), parts
+    assert parts["inbox_s"] >= busy_s
+    own = parts["http_s"] + parts["inbox_s"] + parts["wake_s"] + parts["stream_s"] + m["ttft_s"]
+    assert parts["serve_s"] == pytest.approx(own, abs=1e-3)
+
+
+def test_a_whole_response_reports_the_servers_parts_too(live_server):
+    r = _post(live_server, "/v1/completions", {"model": _model(live_server), "prompt": "a b c",
+                                               "max_tokens": 2, "temperature": 0, "ignore_eos": True})
+    parts = r.json()["hintkv_metrics"]["serve_parts"]
+    assert parts["serve_s"] >= r.json()["hintkv_metrics"]["ttft_s"] and parts["inbox_s"] >= 0

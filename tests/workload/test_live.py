@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from hintkv.bench.common import ServerProcess, hintkv_server
+from hintkv.engine.types import TtftParts
 from hintkv.replay import OfflineConfig, replay_offline
+from hintkv.server.serve_times import SERVE_PARTS
 from hintkv.workload.agent import HintPlan, Manage, Run, Send, workload_programs
 from hintkv.workload.live import replay_live
 from hintkv.workload.program import AgentScript, Call, Task, User, Workload
@@ -70,6 +72,9 @@ def test_live_hints_in_order_and_offline_agrees(workload, admission):
     assert live.num_errors == 0, [c.error for c in live.calls if c.error][:3]
     assert len(live.calls) == workload.num_calls
     assert all(ok == sent for sent, ok in live.actions.values()), live.actions
+    for c in live.calls:  # the engine's TTFT parts, the server's around them, the driver's own
+        assert set(c.ttft_parts) == {*TtftParts.FIELDS, *SERVE_PARTS, "client_send_s"}
+        assert min(c.ttft_parts.values()) >= 0
     got: dict[str, list[str]] = {}
     for _, kind, sid in live.events:
         got.setdefault(sid, []).append(kind)
