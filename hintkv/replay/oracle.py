@@ -37,6 +37,8 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hintkv.replay.farthest import AccessIndex
+
 NEVER = float("inf")
 
 
@@ -54,33 +56,14 @@ class OracleResult:
 
 def belady(accesses: Sequence, capacity_blocks: int | None, block_size: int) -> OracleResult:
     """Accesses: objects with `prompt` (block hashes read, in chain order), `prompt_tokens` and
-    `written` (block hashes held after the request)."""
-    reads: dict[bytes, deque[int]] = defaultdict(deque)
-    for i, a in enumerate(accesses):
-        for h in a.prompt:
-            reads[h].append(i)
-    resident: dict[bytes, float] = {}  # hash -> its next read (the heap's key for it)
-    depth: dict[bytes, int] = {}
-    heap: list[tuple[float, int, bytes]] = []  # (-next read, -depth, hash), lazily invalidated
-    hit_tokens = prompt_tokens = 0
-    per: list[int] = []
+    `written` (block hashes held after the request). Over int ids with numpy (`replay.farthest`)."""
+    return belady_at(AccessIndex(accesses), capacity_blocks, block_size)
 
-    for i, a in enumerate(accesses):
-        prompt_tokens += a.prompt_tokens
-        per.append(_resident_run(a.prompt, resident) * block_size)
-        hit_tokens += per[-1]
-        for d, h in enumerate(_unique(a.prompt, a.written)):
-            nxt = _next_read(reads, h, i)
-            resident[h] = nxt
-            depth[h] = d
-            if capacity_blocks is not None:  # unbounded: nothing is ever evicted
-                heapq.heappush(heap, (-nxt, -d, h))
-        if capacity_blocks is not None:
-            while len(resident) > capacity_blocks:
-                neg, negd, h = heapq.heappop(heap)
-                if resident.get(h) == -neg and depth.get(h) == -negd:
-                    del resident[h]
-    return OracleResult(prompt_tokens, hit_tokens, tuple(per))
+
+def belady_at(index: AccessIndex, capacity_blocks: int | None, block_size: int) -> OracleResult:
+    """`belady` on an access order already indexed (several capacities share one index)."""
+    hits = index.belady(capacity_blocks) * block_size
+    return OracleResult(int(index.prompt_tokens.sum()), int(hits.sum()), tuple(hits.tolist()))
 
 
 def belady_pinned(accesses: Sequence, capacity_blocks: int, block_size: int) -> OracleResult:
