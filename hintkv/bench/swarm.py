@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                    k: {"ttft_reduction": reduction(get(live, "sam+host", "ttft_mean_s"), get(live, k, "ttft_mean_s")),
                        "task_e2e_reduction": reduction(get(live, "sam+host", "e2e_task_mean_s"),
                                                        get(live, k, "e2e_task_mean_s"))}
-                   for k in ("qlru+host", "lru+host/pf", "lru+host/sf") if k in live},
+                   for k in ("qlru+host", "lru+host/pf", "lru+host/sf", "lru+host/ja") if k in live},
                "wall_s": time.perf_counter() - t0, "goals_workload": judged_on, "goals": goals})
     return 0
 

@@ -35,13 +35,15 @@ LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", 
         ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True),
         ("sam+host/fair", "sam", True, True), ("sam+host/sf", "sam", True, True),
         ("lru+host/ss", "lru", False, True), ("sam+host/ss", "sam", True, True),
-        ("sam+host/watch", "sam", True, True))
+        ("sam+host/watch", "sam", True, True), ("lru+host/ja", "lru", False, True), ("sam+host/ja", "sam", True, True))
 HINTED_ADMISSION = "prefill-judged"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
 LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": HINTED_ADMISSION, "sam+host": HINTED_ADMISSION,
                   "qlru+host": HINTED_ADMISSION, "lru+host/pf": HINTED_ADMISSION,
                   "lru+host/sf": "short-first", "sam+host/fair": "prefill-fair",
                   "sam+host/sf": "short-first", "lru+host/ss": "fcfs",
-                  "sam+host/ss": HINTED_ADMISSION, "sam+host/watch": HINTED_ADMISSION}  # offline: ADMISSION
+                  "sam+host/ss": HINTED_ADMISSION, "sam+host/watch": HINTED_ADMISSION,
+                  "lru+host/ja": "judged-alone", "sam+host/ja": "judged-alone"}  # offline: ADMISSION
+# the /ja rows: `judged-alone` (engine/admission_alone.py), engine-only, so lru+host/ja shows what it gives alone
 # the /ss rows: their run with the opt-in `--load-timing same-step` (a host hit computes in the step its
 # load starts; every other run: the engine's default `next-step`, engine/load_timing.py). A row's own
 # arguments come after `--server-arg`, so no `--server-arg` can turn a /ss row back.

@@ -34,6 +34,10 @@
   swaps only when the newcomer's wait it saves exceeds the displaced decodes' delay, from the
   engine's measured step costs and load: `hintkv.engine.swap_gain`).
 
+- `short-alone`, `judged-alone`: `short-first` / `prefill-judged` whose steps that give a prefill its
+  first token carry no chunk of a prefill that does not finish in them (unless it is due):
+  `hintkv.engine.admission_alone`.
+
 The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
 and sizes. New policies register with `@register_admission("name")`.
 """
@@ -115,6 +119,11 @@ class AdmissionPolicy:
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         """True: admitting `seq` to the end takes no block anyone ahead of it needs."""
         return True
+
+    def holds(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """True: `seq` (running, or a candidate with room) does not take its `n`-token chunk in the
+        step `out` holds so far (it stays running or waiting; `engine.admission_alone`)."""
+        return False
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
         """`seq` did not fit; True: try the next candidate, False: stop admitting this step."""
@@ -283,3 +292,4 @@ class ShortFirstAdmission(CacheAwareAdmission):
 from hintkv.engine import admission_swap  # noqa: E402,F401  (registers the swapping policies)
 from hintkv.engine import swap_gain  # noqa: E402,F401  (registers prefill-judged)
 from hintkv.engine import admission_serial  # noqa: E402,F401  (registers cache-aware-serial)
+from hintkv.engine import admission_alone  # noqa: E402,F401  (registers short-alone, judged-alone)

@@ -52,6 +52,11 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         full = n
         if capped is not None:
             n = sch.admission.cap(seq, n, budget, bool(sch.waiting))
+        if sch.admission.holds(seq, n, out):  # a finishing prefill's step stays short
+            if capped is not None:
+                break  # it and the ones after it go after the admissions, as a yield does
+            i += 1
+            continue
         while not sch.kv.can_append(seq, n):
             victim = sch.running.pop()
             if victim is seq:
@@ -125,6 +130,8 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 sch.loading.append(seq)
                 continue
         n = min(seq.num_tokens - match.num_tokens, budget)
+        if fits and policy.holds(seq, n, out):
+            continue  # stays waiting: a finishing prefill's step stays short
         if not fits or not sch.kv.can_admit(seq, match, n):
             if alone and not sch.kv.can_admit(seq, match, 1):
                 sch.waiting.remove(seq)
@@ -176,7 +183,7 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         sch.running.insert(at, seq)
         at += 1
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-        if kv.can_append(seq, n):
+        if not sch.admission.holds(seq, n, out) and kv.can_append(seq, n):
             _append(kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n

@@ -84,6 +84,7 @@ def test_admission_column_names_what_the_server_runs():
     assert admission_of("sam+host", []) == LIVE_ADMISSION["sam+host"] == "prefill-judged"
     assert admission_of("sam+host/fair", []) == "prefill-fair" and admission_of("sam+host/sf", []) == "short-first"
     assert admission_of("lru", []) == "fcfs"
+    assert admission_of("lru+host/ja", []) == admission_of("sam+host/ja", []) == "judged-alone"
     assert admission_of("sam+host", ["--scheduling-policy", "short-first"]) == "short-first"
     assert admission_of("lru", ["--scheduling-policy=cache-aware"]) == "cache-aware"
 

@@ -1,0 +1,76 @@
+"""`short-alone` / `judged-alone` (engine/admission_alone.py) in the real scheduler with a step
+clock (1 ms per batched token): a step that gives a prefill its first token carries no chunk of a
+long prefill that does not finish, the long one loses nothing by it, and a due long prefill is
+never held (no starvation, also as a property over random arrivals)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.engine.test_scheduler import make_seq
+from tests.engine.test_scheduling_policies import first_tokens, make_sched, step
+
+ALONE = ("short-alone", "judged-alone")
+
+
+def step_tokens(policy: str) -> list[tuple[int, set[str]]]:
+    """`first_tokens`' scenario, step by step: (batched tokens, request ids in the step)."""
+    sched, clock = make_sched(policy)
+    sched.add_request(make_seq("long", list(range(640)), 2))
+    steps = []
+    out = sched.schedule()
+    steps.append((out.num_batched_tokens, {s.seq.request_id for s in out.scheduled}))
+    clock.t += 0.001 * out.num_batched_tokens
+    from hintkv.engine.outputs import ModelRunnerOutput
+    sched.update_from_output(out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+    sched.add_request(make_seq("short", list(range(1000, 1006)), 1))
+    out = sched.schedule()
+    steps.append((out.num_batched_tokens, {s.seq.request_id for s in out.scheduled}))
+    return steps
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_the_short_prompts_first_token_step_carries_no_long_chunk(policy):
+    assert step_tokens(policy)[1] == (6, {"short"})
+    assert step_tokens("short-first")[1] == (64, {"short", "long"})  # the long chunk fills the step
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_short_gets_its_token_sooner_and_long_loses_nothing(policy):
+    alone, shared = first_tokens(policy), first_tokens("short-first")
+    assert alone["short"] == pytest.approx(0.064 + 0.006)  # its own 6 tokens after the first step
+    assert shared["short"] == pytest.approx(0.128)  # the whole shared step
+    assert alone["long"] <= shared["long"] + 1e-9  # the same work comes before its first token
+
+
+def long_first_token_step(policy: str, arrivals: list[int], long_tokens: int = 1280) -> int | None:
+    """A long prompt, then short ones (sizes from `arrivals`, one per step, forever repeated):
+    the step that gave the long one its first token, or None within 400 steps."""
+    sched, clock = make_sched(policy, blocks=2048, budget=64, seqs=64)
+    sched.add_request(make_seq("long", list(range(long_tokens)), 1))
+    for i in range(400):
+        size = arrivals[i % len(arrivals)]
+        if size:
+            sched.add_request(make_seq(f"s{i}", [5000 + i * 64 + j for j in range(size)], 1))
+        if "long" in step(sched, clock, 64):
+            return i
+    return None
+
+
+@pytest.mark.parametrize("policy", ["short-first", *ALONE])
+def test_a_long_prefill_is_not_starved_by_a_stream_of_short_ones(policy):
+    at = long_first_token_step(policy, [8])
+    assert at is not None and at <= 2 * 20 + 4, at  # about twice its own 20 steps of budget
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrivals=st.lists(st.integers(0, 40), min_size=1, max_size=12), policy=st.sampled_from(ALONE))
+def test_no_starvation_property(arrivals, policy):
+    """Whatever the stream of short arrivals (0-40 tokens each step), the long prefill gets its
+    first token within its own prefill plus the work that arrived before its deadline: at most
+    about twice its own steps, plus the steps a finishing prefill's short step adds."""
+    at = long_first_token_step(policy, arrivals)
+    assert at is not None, "the long prefill starved"
+    assert at <= 2 * 20 + 2 * 20 + 4, at
