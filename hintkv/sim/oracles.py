@@ -36,12 +36,16 @@ class OracleBook:
         self._bound_s: float | None = None
         self._compulsory_s: float | None = None  # at compulsory misses, on the bound's best order
         self.own_hits: dict[str, tuple[int, ...]] = {}  # run -> the bound tier's Belady hits per access
+        self.own_compulsory: dict[str, tuple[int, ...]] = {}  # run -> its hits per access, unbounded
 
     def take(self, run: str, result) -> None:
         """Belady at each capacity over `result`'s accesses, then drop them."""
         accesses, result.accesses = result.accesses, []
         self.num_accesses = self.num_accesses or len(accesses)
         index = AccessIndex(accesses)  # hashes -> ids and next reads once for every capacity
+        compulsory = ()
+        if self.bound_tier is not None:  # the contended bound's hits at compulsory misses (sim.contended)
+            compulsory = self.own_compulsory[run] = belady_at(index, None, self.block_size).access_hit_tokens
         for name, cap in self.capacities.items():
             best = belady_at(index, cap, self.block_size)
             if name == self.bound_tier:  # on the run's own order: where its TTFT is over it (sim.gap)
@@ -51,7 +55,6 @@ class OracleBook:
             self.hit_rates[name], self.schedules[name] = best.hit_rate, run
             if name == self.bound_tier:
                 self._bound_s = bound_at_hits_s(self.costs, accesses, best.access_hit_tokens, self.budget)
-                compulsory = belady_at(index, None, self.block_size).access_hit_tokens
                 self._compulsory_s = bound_at_hits_s(self.costs, accesses, compulsory, self.budget)
 
     def bounds(self) -> dict:
