@@ -91,6 +91,7 @@ class DecodeLayers:
         self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
         self.max_rows = GEMV_ROWS // int8.LEVELS if self.int8 else gemv_cpu.ROWS
         self.int8_gemv = int8_cpu.ops().gemv_address() if self.int8 else 0
+        self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None
 
@@ -150,6 +151,6 @@ class DecodeLayers:
         h, residual = self._ops.decode_layers(
             h, h.new_empty(0), tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,
             meta.query_start_loc, meta.context_lens, attn.scale, self.model.layers[0].input_layernorm.eps,
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, int8.AMX, self.int8_gemv)
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, int8.AMX, self.int8_gemv, self.fine_rows)
         return h, residual
 

@@ -4,6 +4,7 @@ The source is `csrc/gemv.cpp` (its header says why it beats MKL's packed GEMM th
 `cpu_ext.load`. `linear.py`'s `mkl` kernel runs steps of at most `ROWS` rows through it.
 
     gemv(x, w, b) -> y | None    y = x W^T (+ b) for CPU float32, x of at most ROWS rows; None: not its case
+    ops().gemv_isa() -> str      the build's vector loop: "avx512", "avx2" (+ FMA) or "plain"
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs
 
 
 def ops() -> ModuleType | None:
-    return cpu_ext.load("hintkv_gemv", _SOURCE, ["gemv"], _CFLAGS)
+    return cpu_ext.load("hintkv_gemv", _SOURCE, ["gemv", "gemv_isa"], _CFLAGS)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:

@@ -92,6 +92,14 @@ def gemv_path() -> str:
     return "amx" if AMX and fused.has_amx() else fused.gemv_isa()
 
 
+def fine_int8_rows() -> int:
+    """Up to how many rows `W8A8FineKernel` (down_proj: two int8 levels of its weight, 2N channels) runs gemv;
+    more rows run its float weight. On AVX2 (no VNNI) an int8 multiply-add costs what a float one does and the
+    fine weight doubles them: down_proj at one thread, CPU us, fine / float: 1 row 309-371 / 352-539, 2 rows
+    487-521 / 691, 3 rows 724 / 513, 8 rows 1818-1860 / 776-1197. AMX and VNNI keep every few-row step in int8."""
+    return 2 if gemv_path() == "avx2" else GEMV_ROWS // LEVELS
+
+
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,
                 levels: int = LEVELS, blocked: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`; with

@@ -19,8 +19,9 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                tiles where the CPU has them, else AVX512-VNNI, else
                                                AVX2 (vpmaddubsw)
     w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
-    w8a8-fine  down_proj under w8a8            two int8 levels of the weight in few-row steps (gemv),
-                                               the float weight (MKL) in many-row steps
+    w8a8-fine  down_proj under w8a8            two int8 levels of the weight in few-row steps (gemv;
+                                               AVX2: <= 2 rows, `int8.fine_int8_rows`), the float
+                                               weight (MKL / gemv_cpu) in more rows
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
 when the weight changed, so a packed or quantized copy is never stale.
@@ -34,9 +35,9 @@ from torch import nn
 
 from hintkv.models import cpu_kernels, gemv_cpu, int8_cpu
 from hintkv.models.int8 import (
-    GEMV_ROWS,
     LEVELS,
     block_weight,
+    fine_int8_rows,
     int8_linear,
     quantize_weight,
     smoothing,
@@ -192,13 +193,14 @@ class W8A8FineKernel(W8A8Kernel):
         self.w_int8_t, self.w_scale = torch.cat((q1_t, q2_t), dim=1), torch.cat((s1, s2))
         fast = not self.weight.is_cuda and int8_cpu.ops() is not None and int8_cpu.ops().has_fast_gemv()
         self.blocked = block_weight(self.w_int8_t) if fast else None
+        self.int8_rows = fine_int8_rows() if fast else 0  # more rows: the float weight (AVX2: > 2)
         float_kind = MklPackedKernel if MklPackedKernel.available(self.weight) else LinearKernel
         self.float_kernel = float_kind(self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape, n = x.shape, self.weight.shape[0]
         x2 = x.reshape(-1, shape[-1])
-        if self.blocked is None or x2.shape[0] * self.levels > GEMV_ROWS:
+        if self.blocked is None or x2.shape[0] > self.int8_rows:
             return self.float_kernel(x)
         y2 = int8_linear(x2, self.w_int8_t, self.w_scale, self.inv_smooth, self.levels, self.blocked)
         y = y2[:, :n].add_(y2[:, n:])

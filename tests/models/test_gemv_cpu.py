@@ -44,3 +44,16 @@ def test_the_mkl_kernel_runs_few_rows_in_cpp_and_many_in_mkl(monkeypatch):
         torch.testing.assert_close(kernel(x), F.linear(x, w), rtol=1e-5, atol=1e-5)
     assert calls == [1, 5, gemv_cpu.ROWS]
     assert set(kernel.packed) == {16}  # only the 13-row call packed a bucket: C++ served the few-row ones
+
+
+def test_an_avx2_cpu_runs_the_vector_loop():
+    """A CPU with AVX2 + FMA and no AVX-512 (this AMD EPYC, Zen 1) runs gemv's AVX2 loop, not the plain one (one
+    FMA chain per dot: dummy:tiny's qkv at one row 751 us vs 172, gate_up at 8 rows 16.6 ms vs 1.7, one thread)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    flags = {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    if not {"avx2", "fma"} <= flags:
+        pytest.skip("no AVX2 + FMA here")
+    assert gemv_cpu.ops().gemv_isa() == ("avx512" if "avx512f" in flags else "avx2")

@@ -18,7 +18,7 @@ from hintkv.models.calibration import (
     calibrate,
     calibration_token_lists,
 )
-from hintkv.models.int8 import int8_linear, quantize_rows, quantize_weight, smoothing
+from hintkv.models.int8 import fine_int8_rows, int8_linear, quantize_rows, quantize_weight, smoothing
 from hintkv.models.linear import KERNELS, Linear
 from hintkv.models.loader import load_model
 
@@ -227,8 +227,9 @@ def test_few_row_kernel_takes_zero_rows(amx):
 
 
 def test_fine_kernel_is_float_on_many_rows_and_two_level_on_few():
-    """down_proj's kernel (W8A8_FINE): many rows run the float weight (exact); a few rows run two int8
-    levels of the weight, several times closer to float than one level."""
+    """down_proj's kernel (W8A8_FINE): many rows run the float weight (exact; on AVX2 from 3 rows, where an
+    int8 multiply-add costs a float one and the two levels double them); a few rows run two int8 levels of
+    the weight, several times closer to float than one level."""
     from hintkv.models import int8_cpu
 
     lin = Linear(192, 64, False, torch.float32, "cpu")
@@ -241,7 +242,10 @@ def test_fine_kernel_is_float_on_many_rows_and_two_level_on_few():
     if lin.kernel.blocked is None:
         assert not int8_cpu.ops() or not int8_cpu.ops().has_fast_gemv()
         return
-    few = x[:3]
+    rows = lin.kernel.int8_rows
+    assert rows == fine_int8_rows() >= 2
+    torch.testing.assert_close(lin(x[:rows + 1]), lin.kernel.float_kernel(x[:rows + 1]), atol=0, rtol=0)
+    few = x[:rows]
     fine_err = float((lin(few) - F.linear(few, lin.weight)).norm())
     lin.set_kernel("w8a8")
     one_level_err = float((lin(few) - F.linear(few, lin.weight)).norm())

@@ -154,6 +154,8 @@ static inline void block_dot(const int32_t* const* a, const int8_t* wb, int64_t 
     for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t kq = 0; kq < Kq; ++kq) {
+        // 8 lines on (the block's stream crosses into the next block): dummy:tiny's one-row head 2.50 -> 2.05 ms
+        _mm_prefetch(reinterpret_cast<const char*>(wb + kq * 64 + 512), _MM_HINT_T0);
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kq * 64));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kq * 64 + 32));
         for (int g = 0; g < G; ++g) {
