@@ -3,7 +3,8 @@
 A greedy step needs one token per row, not the logits. On a CPU the LM head is the largest GEMM of a
 decode step and it is bound by the bytes it reads (dummy:tiny: 49152 x 512 float32 = 100 MB, ~37% of a
 one-row step's CPU time); vLLM reads all of it. Here an int8 copy (per-row scale, a quarter of the
-bytes) and x quantised per row give approximate logits through integer dot products (AVX-512 VNNI)
+bytes) and x quantised per row give approximate logits through integer dot products (AVX-512 VNNI, or
+AVX2's vpmaddubsw where a CPU has no VNNI, e.g. AMD Zen 1)
 with a proved error bound, and only the rows whose bound reaches the best lower bound are recomputed
 in float32 (`csrc/greedy_head.cpp` says how):
 
@@ -14,7 +15,7 @@ float32 dot products (first index on ties among them). Those sum in another orde
 (MKL / gemv), so where two logits are equal within float rounding the token may differ from
 torch.argmax of the logits (rare; both are the real argmax up to float rounding).
 
-    GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI, finite weight (int8 copy made)
+    GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI or AVX2, finite weight (int8 copy made)
     GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits),
                                                        more than MAX_ROWS rows included
 """
@@ -41,7 +42,7 @@ MAX_ROWS = 12
 
 
 def ops() -> ModuleType | None:
-    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_vnni"], _CFLAGS)
+    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen"], _CFLAGS)
 
 
 def quantise_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,11 +70,11 @@ class GreedyHead:
         self._prepared: tuple[torch.Tensor, ...] | None = None
 
     def applies(self) -> bool:
-        """CPU float32 and the C++ kernels on (HINTKV_CPU_KERNELS), built with VNNI; HINTKV_GREEDY_HEAD=0 turns it off."""
+        """CPU float32 and the C++ kernels on (HINTKV_CPU_KERNELS), built with VNNI or AVX2; HINTKV_GREEDY_HEAD=0 turns it off."""
         w = self.weight
         return (w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous()
                 and os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0" and cpu_kernels.enabled()
-                and ops() is not None and ops().has_vnni())
+                and ops() is not None and ops().has_screen())
 
     def refresh(self) -> bool:
         """Prepare the int8 copy if the weight changed; False when the screen cannot serve it."""
