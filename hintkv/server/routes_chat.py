@@ -58,6 +58,7 @@ class ChatCall:
         self.body = body
         self.messages = body.template_messages()
         self.hinted: RequestHint | None = chat_hint(raw, headers, self.messages, body.tools, tenant)
+        self.tokenizes = True  # the chat template, then the tokenizer
 
     def check_prompt(self) -> None:
         if not self.body.messages:

@@ -42,6 +42,7 @@ class CompletionCall:
                  headers: Mapping[str, str], tenant: str) -> None:
         self.body = body
         self.hinted: RequestHint | None = completion_hint(raw, headers, tenant)  # HintError: 400
+        self.tokenizes = isinstance(body.prompt, str)  # (one prompt: the model's validator unwrapped it)
 
     def check_prompt(self) -> None:
         if self.body.prompt is None or len(self.body.prompt) == 0:

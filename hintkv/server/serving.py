@@ -3,7 +3,7 @@
 
     body (limits, model) -> model name, unsupported fields -> tenant -> agent_hint (400 if bad)
       manage_request: apply the edits, reply (never queued behind inference)
-      otherwise:      load gate (429/503 + Retry-After) -> tokenise in a worker thread
+      otherwise:      load gate (429/503 + Retry-After) -> tokenise in a worker thread (text)
                       -> GenerateRequest (4xx if it cannot be served) -> engine
                       -> stream, or collect (cancelled if the client leaves) -> response
                       -> edits applied after the generation, result on the final response
@@ -49,6 +49,7 @@ class Call(Protocol):
     """One request as an endpoint sees it, after its body and hint were validated."""
 
     hinted: RequestHint | None
+    tokenizes: bool  # its prompt goes through the tokenizer (else: token ids, only range-checked)
 
     def check_prompt(self) -> None:
         """Raise a 400 if a generating request has no prompt."""
@@ -135,7 +136,10 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
     ticket = _admit(state, tenant, arrival)
     try:
         loop = asyncio.get_running_loop()
-        prompt_ids = await loop.run_in_executor(state.cpu_pool, call.prompt_ids, engine.tokenizer)
+        if call.tokenizes:
+            prompt_ids = await loop.run_in_executor(state.cpu_pool, call.prompt_ids, engine.tokenizer)
+        else:  # token ids: one range check, which costs less than a worker thread's hop (GIL)
+            prompt_ids = call.prompt_ids(engine.tokenizer)
         gen_req = generate_request(
             engine,
             request_id,
