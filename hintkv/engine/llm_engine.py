@@ -44,7 +44,7 @@ from hintkv.engine.types import (
     SessionDescription,
     SessionRef,
 )
-from hintkv.models.loader import load_model
+from hintkv.models.loader import LoadedModel, load_model
 from hintkv.tiers.build import build_pool_tier, build_tier_stack
 from hintkv.tiers.device import DeviceBlockIO
 
@@ -66,12 +66,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """`loaded`: a model `load_model` already returned for this config's model, dtype, device
+        and quantization, shared instead of loaded again (engines differing only in scheduling,
+        one after another: the weights are only read; each engine has its own KV cache)."""
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         torch.manual_seed(cfg.seed)
-        loaded = load_model(cfg.model, self.dtype, self.device, seed=cfg.seed, quantization=cfg.quantization)
+        if loaded is None:
+            loaded = load_model(cfg.model, self.dtype, self.device, seed=cfg.seed,
+                                quantization=cfg.quantization)
+        elif loaded.model.dtype != self.dtype:
+            raise ValueError(f"the loaded model is {loaded.model.dtype}, the config asks {self.dtype}")
         if cfg.wants_compile(self.device.type):
             loaded.model.compile()  # warns and stays eager when no compiler is available
         self.model_config = loaded.config

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
@@ -18,6 +19,7 @@ from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.types import GenerateRequest, SamplingParams
+from hintkv.models.loader import LoadedModel, load_model
 from hintkv.models.presets import smollm2_tokenizer
 from tests.engine.test_scheduler import make_seq
 
@@ -140,9 +142,16 @@ def prompts() -> list[list[int]]:
     return [tok.encode(chat.format(t)) for t in texts]
 
 
-def greedy(policy: str, prompts: list[list[int]]) -> dict[str, list[int]]:
+@pytest.fixture(scope="module")
+def smollm2() -> LoadedModel:
+    """SmolLM2 loaded once: every policy's engine runs the same weights (a load per engine was
+    ~7 s of the test's ~58 s per policy, quiet)."""
+    return load_model(None, torch.float32, "cpu")
+
+
+def greedy(policy: str, prompts: list[list[int]], model: LoadedModel) -> dict[str, list[int]]:
     e = LLMEngine(EngineConfig(block_size=16, kv_cache_tokens=2048, max_num_batched_tokens=48,
-                               scheduling_policy=policy, enforce_eager=True))
+                               scheduling_policy=policy, enforce_eager=True), loaded=model)
     out: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
         e.add_request(GenerateRequest(f"r{i}", p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)))
@@ -155,8 +164,8 @@ def greedy(policy: str, prompts: list[list[int]]) -> dict[str, list[int]]:
     return out
 
 
-def test_greedy_outputs_identical_under_every_policy(prompts):
-    ref = greedy("fcfs", prompts)
+def test_greedy_outputs_identical_under_every_policy(prompts, smollm2):
+    ref = greedy("fcfs", prompts, smollm2)
     assert all(len(v) == 12 for v in ref.values()) and len(ref) == len(prompts)
     for policy in POLICIES:
-        assert greedy(policy, prompts) == ref, policy
+        assert greedy(policy, prompts, smollm2) == ref, policy
