@@ -120,6 +120,11 @@ class AdmissionPolicy:
         """True: admitting `seq` to the end takes no block anyone ahead of it needs."""
         return True
 
+    def chunk(self, todo: int, n: int) -> int:
+        """The tokens a prefill with `todo` prompt tokens left computes in this step, of the `n`
+        the budget leaves it (at least one when `n` is; `engine.admission_alone` caps a long one)."""
+        return n
+
     def holds(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """True: `seq` (running, or a candidate with room) does not take its `n`-token chunk in the
         step `out` holds so far (it stays running or waiting; `engine.admission_alone`)."""

@@ -48,7 +48,7 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         seq = sch.running[i]
         if capped is not None and sch.waiting and sch.admission.yields(seq, sch.waiting, sch.kv, budget):
             break  # this prefill and the ones after it go after the admissions
-        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        n = sch.admission.chunk(seq.num_tokens - seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget))
         full = n
         if capped is not None:
             n = sch.admission.cap(seq, n, budget, bool(sch.waiting))
@@ -129,7 +129,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 _admitted(sch, seq, SeqStatus.LOADING, plan, out.started)
                 sch.loading.append(seq)
                 continue
-        n = min(seq.num_tokens - match.num_tokens, budget)
+        n = policy.chunk(seq.num_tokens - match.num_tokens, min(seq.num_tokens - match.num_tokens, budget))
         if fits and policy.holds(seq, n, out):
             continue  # stays waiting: a finishing prefill's step stays short
         if not fits or not sch.kv.can_admit(seq, match, n):
@@ -182,7 +182,7 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         seq.status = SeqStatus.RUNNING
         sch.running.insert(at, seq)
         at += 1
-        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        n = sch.admission.chunk(seq.num_tokens - seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget))
         if not sch.admission.holds(seq, n, out) and kv.can_append(seq, n):
             _append(kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hintkv.engine.outputs import ModelRunnerOutput
 from tests.engine.test_scheduler import make_seq
 from tests.engine.test_scheduling_policies import first_tokens, make_sched, step
 
@@ -23,7 +24,6 @@ def step_tokens(policy: str) -> list[tuple[int, set[str]]]:
     out = sched.schedule()
     steps.append((out.num_batched_tokens, {s.seq.request_id for s in out.scheduled}))
     clock.t += 0.001 * out.num_batched_tokens
-    from hintkv.engine.outputs import ModelRunnerOutput
     sched.update_from_output(out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
     sched.add_request(make_seq("short", list(range(1000, 1006)), 1))
     out = sched.schedule()
@@ -40,7 +40,7 @@ def test_the_short_prompts_first_token_step_carries_no_long_chunk(policy):
 @pytest.mark.parametrize("policy", ALONE)
 def test_short_gets_its_token_sooner_and_long_loses_nothing(policy):
     alone, shared = first_tokens(policy), first_tokens("short-first")
-    assert alone["short"] == pytest.approx(0.064 + 0.006)  # its own 6 tokens after the first step
+    assert alone["short"] == pytest.approx(0.032 + 0.006)  # its own 6 tokens after the long one's capped first chunk
     assert shared["short"] == pytest.approx(0.128)  # the whole shared step
     assert alone["long"] <= shared["long"] + 1e-9  # the same work comes before its first token
 
@@ -59,10 +59,35 @@ def long_first_token_step(policy: str, arrivals: list[int], long_tokens: int = 1
     return None
 
 
+def step_sizes(policy: str) -> list[int]:
+    """A 200-token prompt alone (budget 64): the batched tokens of each step."""
+    sched, clock = make_sched(policy)
+    sched.add_request(make_seq("long", list(range(200)), 1))
+    sizes = []
+    while sched.has_work():
+        out = sched.schedule()
+        sizes.append(out.num_batched_tokens)
+        clock.t += 0.001 * out.num_batched_tokens
+        sched.update_from_output(out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+    return sizes
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_a_chunk_that_cannot_finish_takes_half_the_budget(policy):
+    """A prefill that cannot finish in a step computes at most half the budget in it (so the step
+    a short arrival waits for is short); the chunk that can finish it is not capped."""
+    assert step_sizes(policy) == [32, 32, 32, 32, 32, 40]
+    assert step_sizes("short-first") == [64, 64, 64, 8]
+
+
+# the long one's deadline (20 steps of budget) plus its own steps at the capped chunk (40), or twice its 20
+BOUND = {"short-first": 2 * 20 + 4, "short-alone": 20 + 40 + 4, "judged-alone": 20 + 40 + 4}
+
+
 @pytest.mark.parametrize("policy", ["short-first", *ALONE])
 def test_a_long_prefill_is_not_starved_by_a_stream_of_short_ones(policy):
     at = long_first_token_step(policy, [8])
-    assert at is not None and at <= 2 * 20 + 4, at  # about twice its own 20 steps of budget
+    assert at is not None and at <= BOUND[policy], at
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -73,4 +98,4 @@ def test_no_starvation_property(arrivals, policy):
     about twice its own steps, plus the steps a finishing prefill's short step adds."""
     at = long_first_token_step(policy, arrivals)
     assert at is not None, "the long prefill starved"
-    assert at <= 2 * 20 + 2 * 20 + 4, at
+    assert at <= BOUND[policy] + 2 * 20, at
