@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(variant_rows, ["model", "variant", "metric", "ratio vs hintkv", "per-round spread"])
     if gemm_path:
-        print(f"w8a8 decode / verify steps' int8 GEMM on this machine: {gemm_path} (amx, vnni or int_mm)")
+        print(f"w8a8 decode / verify steps' int8 GEMM on this machine: {gemm_path} (amx, vnni, avx2 or int_mm)")
     if accuracy:
         a, ci = accuracy, lambda k: "-".join(f"{v:.3f}" for v in accuracy.get(f"{k}_ci95", []))
         print(f"\nw8a8 SmolLM2 vs float32 on {a['tokens']} tokens (95% CI over texts): top-1 agreement "
