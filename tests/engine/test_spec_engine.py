@@ -5,13 +5,17 @@ during speculation decodes as a fresh engine would."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
+import torch
 
 from hintkv.cache.hashing import hash_blocks
 from hintkv.cache.types import SessionRef
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
+from hintkv.models.loader import LoadedModel, load_model
 from hintkv.models.presets import smollm2_tokenizer
 
 BS = 16
@@ -29,9 +33,23 @@ def add_blocks(self, blocks, hashes):
 '''
 
 
+@functools.cache
+def _smollm2() -> LoadedModel:
+    """SmolLM2 loaded once for this module's dozen engines (a load is ~13 s of CPU here); the
+    weights are only read, each engine keeps its own KV cache."""
+    return load_model(None, torch.float32, "cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _let_go_of_the_model():
+    yield
+    _smollm2.cache_clear()
+
+
 def engine(spec: str | None, k: int = 4) -> LLMEngine:
     return LLMEngine(EngineConfig(block_size=BS, kv_cache_tokens=4096, max_num_batched_tokens=256,
-                                  speculative=spec, num_speculative_tokens=k, enforce_eager=True))
+                                  speculative=spec, num_speculative_tokens=k, enforce_eager=True),
+                     loaded=_smollm2())
 
 
 @pytest.fixture(scope="module")
