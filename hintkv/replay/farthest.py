@@ -17,7 +17,7 @@ trace set at full scale). Here the per-reference work is numpy over arrays:
   farthest); entries go stale when a block is touched again or evicted and are filtered when
   their bucket is reached. The never-read-again bucket is taken in any order (no later access
   reads those blocks, so which of them goes changes no hit); a finite bucket is ordered by
-  (deepest, smallest id) when it is reached, and what it keeps stays sorted for the next time.
+  (deepest, smallest id) each time it is reached.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class AccessIndex:
         acc = np.repeat(np.arange(n, dtype=np.int64), lens)
         # a touch is a read when it lies in its access's prompt part (the first `reads` ids)
         is_read = np.arange(len(t), dtype=np.int64) - np.repeat(self.t_off[:-1], lens) < np.repeat(self.reads, lens)
-        order = np.argsort(t * (n + 1) + acc, kind="stable")
+        order = np.argsort(t, kind="stable")  # touches are in access order: (block, access) order
         blk = t[order]
         group = np.zeros(len(t), dtype=np.int64)
         np.cumsum(blk[1:] != blk[:-1], out=group[1:])
@@ -99,6 +99,10 @@ class AccessIndex:
     def belady(self, capacity_blocks: int | None) -> np.ndarray:
         """Each access's prompt blocks hit (its leading resident run) under Belady at the
         capacity (None: unbounded, nothing is evicted)."""
+        if capacity_blocks is not None:
+            capacity_blocks = int(capacity_blocks)
+            if capacity_blocks < 0:
+                raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
         n, never = self.n, self.n
         resident = np.zeros(self.num_ids, dtype=bool)
         key = np.full(self.num_ids, -1, dtype=np.int64)  # a resident block's next read

@@ -13,7 +13,9 @@ and attention cost and every decode's KV read), and queueing, loading and blocki
 
 `ttft_bound_s` takes each call's hits from Belady's oracle at a capacity (`replay.belady`, the
 call's access in the given order): at the oracle+host capacity it is the TTFT goal's `ceiling`,
-each call served alone at the hits the best policy with those tiers reaches. `capacity_blocks`
+each call served alone at the hits the best policy with those tiers reaches. (The report takes it
+in `sim.oracles.OracleBook`: `bound_at_hits_s` at the hits of one shared index's Belady passes;
+`ttft_bound_s` is the one-order form the tests use.) `capacity_blocks`
 None gives the compulsory misses only (an unbounded cache). (At a finite capacity the oracle
 maximizes the total hits; a policy could in principle trade another call's hits for a costlier
 call's, which the compulsory figure rules out.)

@@ -1,5 +1,5 @@
 """`sim.oracles.OracleBook`: the report's oracles taken run by run give what Belady over every run's
-accesses at the end gives, and no run's accesses outlive it except the best order's."""
+accesses at the end gives, and no run's accesses outlive it."""
 
 from __future__ import annotations
 
