@@ -73,7 +73,10 @@ def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, 
 def block_weight(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`int8_cpu.gemv`'s layout of an int8 `w_t` [K, N]: 16-channel blocks [ceil(N/16), ceil(K/64) * 16, 16, 4]
     (zero padded: K to 64, AMX's tile depth), and w_comp [N] int32 = 128 sum_k w[n, k] (the VNNI path's
-    u8-activation offset)."""
+    u8-activation offset). Weights must lie in [-127, 127]: the AVX2 loop multiplies |a| by sign(a) w, and
+    sign(-1) x -128 does not fit an int8 (every quantizer here clamps to +-127)."""
+    if w_t.numel() and int(w_t.min()) < -127:
+        raise ValueError("int8 gemv weights must lie in [-127, 127] (-128 breaks the AVX2 sign trick)")
     w = w_t.t()
     (n, k), pad_n, pad_k = w.shape, -w.shape[0] % 16, -w.shape[1] % 64
     wp = F.pad(w, (0, pad_k, 0, pad_n))

@@ -268,3 +268,14 @@ def test_topk_indices_is_the_set_torch_topk_picks():
         assert got.shape == (m, k) and got.dtype == torch.int64
         want = logits.topk(k, dim=-1).indices
         assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+
+
+def test_block_weight_refuses_minus_128():
+    """-128 has no int8 negation: the AVX2 loop's sign(a) x w would be wrong, so the layout refuses it."""
+    from hintkv.models.int8 import block_weight
+
+    w_t = torch.zeros(64, 16, dtype=torch.int8)
+    block_weight(w_t)
+    w_t[3, 5] = -128
+    with pytest.raises(ValueError, match="-127, 127"):
+        block_weight(w_t)
