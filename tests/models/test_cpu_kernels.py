@@ -13,7 +13,7 @@ import pytest
 import torch
 from paged_case import PagedCase, dense_reference
 
-from hintkv.models import cpu_kernels
+from hintkv.models import cpu_ext, cpu_kernels
 from hintkv.models.compile import Regions, add_rmsnorm_, rope_, silu_mul
 
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="no C++ compiler: the PyTorch paths run")
@@ -158,6 +158,23 @@ def test_fused_regions_match_the_eager_functions(t):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     gu = torch.randn(t, 2 * 200, generator=gen) * 6
     torch.testing.assert_close(fused.silu_mul(gu), silu_mul(gu), rtol=1e-5, atol=1e-6)
+
+
+def test_the_build_takes_this_cpus_vector_paths():
+    """A CPU with AVX2 + FMA and no AVX-512 (this project's AMD EPYCs) runs the 8-wide paths, not the plain
+    loops the compiler vectorised: with those a dummy:tiny layer's attention took 2.4x, SiLU-mul 2.3-3.4x the
+    CPU time (csrc/cpu_kernels.cpp's header)."""
+    flags = set(cpu_ext.cpu_flags().split())
+    want = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "scalar"
+    assert cpu_kernels.ops().simd() == want
+
+
+def test_silu_mul_over_the_whole_range_of_exp():
+    """The vector exp clamps to [-87.3, 88.3] and builds 2^n in the exponent bits: SiLU-mul stays within
+    rtol 1e-5 of eager from -100 to 100 (saturated both ends; an odd width leaves a scalar tail)."""
+    g = torch.linspace(-100, 100, 3 * 1333).view(3, 1333)
+    gu = torch.cat([g, torch.linspace(-3, 3, 3 * 1333).view(3, 1333)], dim=1)
+    torch.testing.assert_close(cpu_kernels.regions().silu_mul(gu), silu_mul(gu), rtol=1e-5, atol=1e-6)
 
 
 def test_greedy_tokens_are_the_same_with_the_kernels_on_and_off(monkeypatch):
