@@ -8,6 +8,7 @@ tables.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq
 from hintkv.engine.sampler import sample
 from hintkv.engine.spec.verify import verify
-from hintkv.models.attention import AttentionMetadata
+from hintkv.models.attention import AttentionMetadata, suffix_rows
 from hintkv.models.config import ModelConfig
 from hintkv.models.cuda_graphs import DecodeGraphs
 from hintkv.models.host_memory import keep_freed_memory
@@ -44,6 +45,9 @@ class ModelRunner:
         """`cuda_graphs_max_len`: capture decode CUDA graphs for contexts up to that many tokens
         (`models/cuda_graphs.py`; one scratch block past `num_blocks` takes the pad rows' KV)."""
         self.model = model
+        # the last layer runs past its K/V only for the rows sampled (LlamaForCausalLM.forward's keep_last);
+        # HINTKV_LAST_LAYER_ROWS=all runs every row (A/B, bisecting)
+        self.model_keeps_rows = os.environ.get("HINTKV_LAST_LAYER_ROWS", "sampled") != "all"
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
@@ -92,14 +96,17 @@ class ModelRunner:
                           meta, sample_rows)
 
     @torch.inference_mode()
-    def forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Write the step's K/V into the paged cache; hidden states of every new token (a decode step
-        that fits a captured bucket replays its CUDA graph)."""
+    def forward(self, inputs: StepInputs, keep_last: list[int] | None = None) -> torch.Tensor:
+        """Write the step's K/V into the paged cache; hidden states of every new token, or of the last
+        keep_last[i] tokens of each sequence i (`LlamaForCausalLM.forward`) (a decode step that fits a
+        captured bucket replays its CUDA graph)."""
         if self.graphs is not None:
             out = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
             if out is not None:
-                return out
-        return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+                return out if keep_last is None else out.index_select(0, suffix_rows(inputs.meta, keep_last)[0])
+        if keep_last is None:
+            return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        return self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, keep_last=keep_last)
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]) -> ModelRunnerOutput:
@@ -107,7 +114,9 @@ class ModelRunner:
         completes (the others, prefill chunks, get none); a sequence with drafts gets its
         accepted drafts and one more token (`spec/verify.py`)."""
         inputs = self.prepare_inputs(batch)
-        hidden = self.forward(inputs)
+        # the rows whose logits are read: each sampling sequence's last 1 + k (its drafts), its step's last rows
+        keep_last = [s.num_spec_tokens + 1 if s.samples else 0 for s in batch]
+        hidden_rows = self.forward(inputs, keep_last if self.model_keeps_rows else None)
         out: list[list[int]] = [[] for _ in batch]
         if not inputs.sample_rows:
             return ModelRunnerOutput(out)
@@ -115,7 +124,8 @@ class ModelRunner:
         rows: list[int] = []  # every logit row needed: one per sequence, k + 1 with drafts
         for (_, s), r in zip(sampling, inputs.sample_rows):
             rows.extend(range(r, r + s.num_spec_tokens + 1))
-        hidden_rows = hidden[torch.tensor(rows, device=self.device)]
+        if not self.model_keeps_rows:
+            hidden_rows = hidden_rows[torch.tensor(rows, device=self.device)]
         if len(rows) == len(sampling) and all(s.seq.sampling.greedy for _, s in sampling):
             tokens = self.model.greedy_tokens(hidden_rows)  # no drafts, all greedy: argmax without logits
             if tokens is not None:

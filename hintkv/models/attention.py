@@ -69,6 +69,29 @@ class AttentionMetadata:
                 raise ValueError("is_decode_only requires q_len == 1 for every sequence")
 
 
+def suffix_rows(meta: AttentionMetadata, keep_last: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:
+    """The rows of the last `keep_last[i]` new tokens of each sequence i and the metadata of a step of those
+    queries alone: sequence i keeps its context and block table, its q_len becomes keep_last[i] (a sequence
+    keeping none leaves the step). A suffix is what attention's row layout can express: query j of the kept
+    rows sits at position context_lens[i] - keep_last[i] + j, as it did in the whole step.
+
+        seq i:  | cached | new, dropped | new, kept (keep_last[i]) |
+    """
+    qsl, rows, sub_qsl, ctx, tables, slots = meta.query_start_loc, [], [0], [], [], []
+    for i, n in enumerate(keep_last):
+        if not 0 <= n <= qsl[i + 1] - qsl[i]:
+            raise ValueError(f"seq {i}: keep_last {n} must be in [0, q_len]")
+        if n:
+            rows.extend(range(qsl[i + 1] - n, qsl[i + 1]))
+            sub_qsl.append(sub_qsl[-1] + n)
+            ctx.append(meta.context_lens[i])
+            tables.append(meta.block_tables[i])
+    index = torch.tensor(rows, dtype=torch.long, device=meta.slot_mapping.device)
+    sub = AttentionMetadata(slot_mapping=meta.slot_mapping.index_select(0, index), query_start_loc=sub_qsl,
+                            context_lens=ctx, block_tables=tables, is_decode_only=all(n == 1 for n in keep_last if n))
+    return index, sub
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Scatter the step's new K/V rows into their slots (quantised first for an int8 / fp8 cache)."""
     _, num_blocks, block_size, hkv, d = kv_cache.shape

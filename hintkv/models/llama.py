@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hintkv.models import cpu_kernels
-from hintkv.models.attention import AttentionMetadata, paged_attention
+from hintkv.models.attention import AttentionMetadata, paged_attention, suffix_rows, write_kv
 from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, compile_regions
 from hintkv.models.config import ModelConfig
@@ -32,6 +32,10 @@ from hintkv.models.linear import (
     prepare_linears,
 )
 from hintkv.models.rope import RotaryEmbedding
+
+
+# the kept rows of a step and the metadata of their queries alone (`attention.suffix_rows`)
+Suffix = tuple[torch.Tensor, AttentionMetadata]
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -59,12 +63,18 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype, device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, regions: Regions) -> torch.Tensor:
-        t = x.shape[0]
+                meta: AttentionMetadata, regions: Regions, suffix: Suffix | None = None) -> torch.Tensor:
+        """Attention output after o_proj of every row, or of `suffix`'s rows only (every row's K/V written)."""
         # q and k rotate together: one RoPE pass over the Hq + Hkv heads of the fused qkv rows
         q, k, v = regions.rope(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
-        return self.o_proj(o.reshape(t, self.q_size))
+        if suffix is None:
+            o = paged_attention(q, k, v, kv_cache, meta, self.scale)
+            return self.o_proj(o.reshape(x.shape[0], self.q_size))
+        rows, sub = suffix
+        write_kv(k, v, kv_cache, meta.slot_mapping)
+        o = paged_attention(q.index_select(0, rows), k.index_select(0, rows), v.index_select(0, rows), kv_cache,
+                            sub, self.scale)  # writes the kept rows' K/V again: the same values
+        return self.o_proj(o.reshape(rows.numel(), self.q_size))
 
 
 class MLP(nn.Module):
@@ -87,11 +97,17 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, dtype, device)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata, regions: Regions) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp output, residual stream): the next norm adds them (fused add + RMSNorm)."""
+                kv_cache: torch.Tensor, meta: AttentionMetadata, regions: Regions,
+                suffix: Suffix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp output, residual stream): the next norm adds them (fused add + RMSNorm); with `suffix`, of its
+        rows only (the last layer: its K/V is all that other rows leave behind)."""
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         x, residual = regions.add_rmsnorm(h, residual, norm1.weight, norm1.eps)
-        x = self.self_attn(x, cos, sin, kv_cache, meta, regions)
+        x = self.self_attn(x, cos, sin, kv_cache, meta, regions, suffix)
+        if suffix is not None:
+            residual = residual.index_select(0, suffix[0])
+            if suffix[0].numel() == 0:
+                return x, residual
         x, residual = regions.add_rmsnorm(x, residual, norm2.weight, norm2.eps)
         return self.mlp(x, regions), residual
 
@@ -124,18 +140,31 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden] of the step's T new tokens."""
+                kv_caches: list[torch.Tensor], keep_last: list[int] | None = None) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] of the step's T new tokens; with `keep_last` (one count per
+        sequence), of the last keep_last[i] rows of each sequence i only, in order (`attention.suffix_rows`).
+
+        With `keep_last` the last layer computes past its K/V only for those rows, as llama.cpp's last layer
+        skips the tokens whose logits nobody reads: of a prefill only the sampled row goes through the last
+        layer's attention, o_proj and MLP (an eighth of dummy:tiny's GEMMs and attention; nothing at all when a
+        chunk samples nothing). Those rows' GEMMs and attention then run at another row count, so their values
+        agree with the whole step's to float32 rounding, not bit for bit (tests/models/test_last_layer_rows.py)."""
         cos, sin = self.rotary.cos_sin(positions, grow=meta.static is None)  # static: a CUDA graph
         h = F.embedding(input_ids, self.embed_tokens)
         fused = self._decode_layers if self.regions is self._cpp_regions else None
         out = None if fused is None else fused(h, cos, sin, kv_caches, meta)
+        suffix = None if keep_last is None else suffix_rows(meta, keep_last)
         if out is not None:
             h, residual = out
+            if suffix is not None:  # a few-row step: every row ran, the kept ones are picked
+                h, residual = h.index_select(0, suffix[0]), residual.index_select(0, suffix[0])
         else:
             residual = None
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions)
+            last = len(self.layers) - 1
+            for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+                h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions, suffix if i == last else None)
+        if h.shape[0] == 0:
+            return h
         return self.regions.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
 
     def prepare(self, quantization: str | None = None,
