@@ -188,7 +188,7 @@ class AsyncLLM:
 
 
 def _add(engine: LLMEngine, req: GenerateRequest) -> float:
-    """Add `req` on the engine thread; when the thread took it (perf_counter: the inbox wait's end)."""
-    taken = time.perf_counter()
+    """Add `req` on the engine thread; when it was in (perf_counter: the inbox wait's end, the
+    running step and the state lock, which hint edits and /metrics also take, both in it)."""
     engine.add_request(req)
-    return taken
+    return time.perf_counter()

@@ -88,7 +88,7 @@ class RequestMetrics:
     num_accepted_tokens: int = 0  # of which accepted
     ttft_parts: TtftParts | None = None  # where the TTFT went (None: no first token)
     # set by the async front end (`AsyncLLM`), not the scheduler: the request's wait in the engine
-    # thread's inbox before `add_request` (the step running when it was handed over), perf_counter s
+    # thread's inbox and in `add_request` (the running step, then the state lock), perf_counter s
     inbox_s: float | None = None
 
     @property

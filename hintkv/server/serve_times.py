@@ -1,7 +1,8 @@
 """Where a request's time to first token goes outside the engine: the server's own parts.
 
 The engine accounts from a request's arrival at its scheduler to its first token (`TtftParts`).
-Around that, on one clock (perf_counter) in the server:
+Around that, on the server's perf_counter (`wake_s` also subtracts the engine's `ttft_s`, on its
+scheduler's time.monotonic: on Linux both are CLOCK_MONOTONIC):
 
     arrival ──http──> handed to the engine ──inbox──> [engine: TtftParts] ──wake──> on the event loop
       ──stream──> first chunk handed to the transport
@@ -9,7 +10,8 @@ Around that, on one clock (perf_counter) in the server:
 - `http_s`: the handler's work before the engine: body read + JSON + limits + pydantic, the hint,
   the load gate, the prompt through the tokenizer's worker thread (uvicorn's parsing before the
   handler is not in it: a client sees that as its own wire time);
-- `inbox_s`: the request waits for the engine thread to finish the step it is in (`AsyncLLM`);
+- `inbox_s`: the request waits for the engine thread to finish the step it is in, then for the
+  state lock (`AsyncLLM`);
 - `wake_s`: from the engine's first token to the event loop holding it: the step's remaining
   update, the thread hand-off, the loop busy with other requests (derived: what the parts around
   it leave, so the parts and the engine's TTFT sum to `serve_s`, arrival -> first chunk out);
@@ -52,7 +54,7 @@ class ServeTimes:
             return None
         inbox = m.inbox_s or 0.0
         parts = {"http_s": self.handed - self.arrival, "inbox_s": inbox,
-                 "wake_s": max(0.0, self.first_out - self.handed - inbox - m.ttft_s),
+                 "wake_s": self.first_out - self.handed - inbox - m.ttft_s,
                  "stream_s": self.first_sent - self.first_out}
         parts["serve_s"] = self.first_sent - self.arrival
         return parts

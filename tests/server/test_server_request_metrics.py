@@ -108,14 +108,17 @@ def test_stream_reports_the_servers_parts_around_the_engine(live_server):
     held, release = threading.Event(), threading.Event()
     live_server.engine.call(lambda e: (held.set(), release.wait(60)))
     assert held.wait(60)
+    live_server.engine.engine.lock.acquire()  # then the state lock (a hint edit's, a scrape's)
     chunks: list = []
     client = threading.Thread(target=_stream_completion, args=(live_server, chunks))
     client.start()
     assert wait_until(lambda: not live_server.engine._inbox.empty())  # the request is handed over
     seen_queued = time.perf_counter()
     time.sleep(0.2)  # the engine thread stays busy a while longer (any time works: the bound is measured)
-    busy_s = time.perf_counter() - seen_queued
     release.set()
+    time.sleep(0.2)  # the engine thread now waits for the state lock in add_request
+    busy_s = time.perf_counter() - seen_queued
+    live_server.engine.engine.lock.release()
     client.join(120)
     m = next(c["hintkv_metrics"] for c in chunks if c.get("hintkv_metrics"))
     parts = m["serve_parts"]
