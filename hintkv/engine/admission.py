@@ -125,10 +125,14 @@ class AdmissionPolicy:
         the budget leaves it (at least one when `n` is; `engine.admission_alone` caps a long one)."""
         return n
 
-    def holds(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
-        """True: `seq` (running, or a candidate with room) does not take its `n`-token chunk in the
-        step `out` holds so far (it stays running or waiting; `engine.admission_alone`)."""
+    def holds(self, seq: Sequence, n: int, out: SchedulerOutput, done: int) -> bool:
+        """True: `seq` (running, or a candidate with room), `done` tokens computed (a candidate's:
+        its resident prefix), does not take its `n`-token chunk in the step `out` holds so far (it
+        stays running or waiting; `engine.admission_alone`)."""
         return False
+
+    def made_room(self, seq: Sequence) -> None:
+        """`make_room` swapped decodes out for waiting `seq` in this step (`holds` must let it run)."""
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
         """`seq` did not fit; True: try the next candidate, False: stop admitting this step."""

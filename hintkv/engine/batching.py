@@ -48,11 +48,11 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         seq = sch.running[i]
         if capped is not None and sch.waiting and sch.admission.yields(seq, sch.waiting, sch.kv, budget):
             break  # this prefill and the ones after it go after the admissions
-        n = sch.admission.chunk(seq.num_tokens - seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget))
+        n = chunk(sch, seq, seq.num_computed_tokens, budget)
         full = n
         if capped is not None:
             n = sch.admission.cap(seq, n, budget, bool(sch.waiting))
-        if sch.admission.holds(seq, n, out):  # a finishing prefill's step stays short
+        if sch.admission.holds(seq, n, out, seq.num_computed_tokens):  # a finishing prefill's step stays short
             if capped is not None:
                 break  # it and the ones after it go after the admissions, as a yield does
             i += 1
@@ -129,9 +129,12 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 _admitted(sch, seq, SeqStatus.LOADING, plan, out.started)
                 sch.loading.append(seq)
                 continue
-        n = policy.chunk(seq.num_tokens - match.num_tokens, min(seq.num_tokens - match.num_tokens, budget))
-        if fits and policy.holds(seq, n, out):
-            continue  # stays waiting: a finishing prefill's step stays short
+        n = chunk(sch, seq, match.num_tokens, budget)
+        if fits and policy.holds(seq, n, out, match.num_tokens):
+            # stays waiting: a finishing prefill's step stays short; its resident prefix is kept
+            # from the candidates admitted after it, as a skipped one's is (`skipped`)
+            plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
+            continue
         if not fits or not sch.kv.can_admit(seq, match, n):
             if alone and not sch.kv.can_admit(seq, match, 1):
                 sch.waiting.remove(seq)
@@ -182,8 +185,8 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         seq.status = SeqStatus.RUNNING
         sch.running.insert(at, seq)
         at += 1
-        n = sch.admission.chunk(seq.num_tokens - seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget))
-        if not sch.admission.holds(seq, n, out) and kv.can_append(seq, n):
+        n = chunk(sch, seq, seq.num_computed_tokens, budget)
+        if not sch.admission.holds(seq, n, out, seq.num_computed_tokens) and kv.can_append(seq, n):
             _append(kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
@@ -224,6 +227,14 @@ def make_room(sch: Scheduler) -> None:
     for v in chosen:
         sch.running.remove(v)
         sch.preempt(v)
+    policy.made_room(head)  # the head runs in this step: `holds` does not keep it waiting
+
+
+def chunk(sch: Scheduler, seq: Sequence, done: int, budget: int) -> int:
+    """The tokens `seq`, `done` of them computed, takes in this step out of `budget` (the policy's
+    `chunk`: a long prefill's may be capped)."""
+    todo = seq.num_tokens - done
+    return sch.admission.chunk(todo, min(todo, budget))
 
 
 def _append(kv, seq: Sequence, n: int) -> None:

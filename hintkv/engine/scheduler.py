@@ -251,10 +251,9 @@ class Scheduler:
                                                  at=len(self.running) - yielded,
                                                  unlocked=lambda: self._load_wait(unlocked))
             for s in capped:  # what the admissions left goes back to the capped prefills
-                extra = min(self.admission.chunk(s.seq.num_tokens - s.seq.num_computed_tokens,
-                                                 s.seq.num_tokens - s.seq.num_computed_tokens)
-                            - s.num_new_tokens, budget)
-                if (extra > 0 and not self.admission.holds(s.seq, s.num_new_tokens + extra, out)
+                done = s.seq.num_computed_tokens
+                extra = min(batching.chunk(self, s.seq, done, s.seq.num_tokens) - s.num_new_tokens, budget)
+                if (extra > 0 and not self.admission.holds(s.seq, s.num_new_tokens + extra, out, done)
                         and self.kv.can_append(s.seq, s.num_new_tokens + extra)):
                     s.num_new_tokens += extra
                     self.kv.append(s.seq, s.num_new_tokens)

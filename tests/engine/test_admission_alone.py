@@ -99,3 +99,88 @@ def test_no_starvation_property(arrivals, policy):
     at = long_first_token_step(policy, arrivals)
     assert at is not None, "the long prefill starved"
     assert at <= BOUND[policy] + 2 * 20, at
+
+
+def resume_beside_a_short_prompt(policy: str) -> dict[str, int]:
+    """A 320-token context computed and left resident; then, in one step, a 20-token fresh prompt
+    and a resume of the context with 40 new tokens (budget 64): the tokens each got in that step."""
+    sched, clock = make_sched(policy, blocks=512, budget=64, seqs=8)
+    warm = list(range(320))
+    sched.add_request(make_seq("warm", warm, 1))
+    while sched.has_work():
+        step(sched, clock, 64)
+    sched.add_request(make_seq("short", list(range(5000, 5020)), 1))
+    sched.add_request(make_seq("resume", warm + list(range(9000, 9040)), 1))
+    out = sched.schedule()
+    return {s.seq.request_id: s.num_new_tokens for s in out.scheduled}
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_a_resume_on_a_resident_prefix_is_not_held_beside_a_finishing_prompt(policy):
+    """The resume's uncached 40 tokens finish it in this step: it is a finisher, not a long
+    prefill (its computed count is its resident prefix, not the 0 a waiting sequence has)."""
+    assert resume_beside_a_short_prompt(policy) == {"short": 20, "resume": 40}
+
+
+def finishing_step(policy: str):
+    """A scheduler and a step that holds a 6-token prompt finishing."""
+    sched, _ = make_sched(policy, blocks=512, budget=64)
+    sched.add_request(make_seq("short", list(range(5000, 5006)), 1))
+    out = sched.schedule()
+    assert [s.num_new_tokens for s in out.scheduled] == [6]
+    return sched, out
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_holds_a_long_chunk_beside_a_finisher_unless_it_is_due(policy):
+    sched, out = finishing_step(policy)
+    long = make_seq("long", list(range(640)), 1)
+    policy_ = sched.admission
+    policy_._deadline(long, 640, 64)  # first seen now: due 10 steps on
+    assert policy_.holds(long, 32, out, 0)
+    assert not policy_.holds(long, 32, out, 630)  # 10 left: its chunk would finish it
+    policy_.step += 11
+    assert not policy_.holds(long, 32, out, 0)  # due: never held (no starvation)
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_a_recompute_finishing_is_a_finisher_and_a_decode_is_not(policy):
+    from hintkv.engine.admission_alone import finishes
+    seq = make_seq("r", list(range(100)), 4)
+    assert finishes(seq, 100, 0) and not finishes(seq, 99, 0)
+    seq.first_token_time = 1.0  # preempted after its first token: recomputing prompt and outputs
+    assert finishes(seq, 100, 0)
+    assert not finishes(seq, 1, 99)  # a decode
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_a_running_long_prefill_yields_to_a_waiting_candidate_that_finishes_within_the_budget(policy):
+    """`yields`' own rule, asked as step 7's running pass asks it: short-first's deadline order
+    alone would not let the long prefill (first seen at step 1, 448 tokens left: deadline 8) yield
+    to a 64-token newcomer (seen at step 7: deadline 8 too), but that one finishes in one step and
+    the long one does not, so it goes after it."""
+    from hintkv.engine.admission import ShortFirstAdmission
+    sched, clock = make_sched(policy, blocks=512, budget=64)
+    sched.add_request(make_seq("long", list(range(640)), 1))
+    for _ in range(6):
+        step(sched, clock, 64)
+    long = sched.running[0]
+    assert long.num_computed_tokens == 6 * 32
+    sched.add_request(make_seq("new", list(range(5000, 5064)), 1))
+    p = sched.admission
+    p.order_running(sched.running, 64)  # step 7 begins (as `Scheduler.schedule` begins it)
+    assert not ShortFirstAdmission.yields(p, long, sched.waiting, sched.kv, 64)
+    assert p.yields(long, sched.waiting, sched.kv, 64)
+
+
+@pytest.mark.parametrize("policy", ALONE)
+def test_the_head_make_room_swapped_for_is_not_held_in_that_step(policy):
+    """`make_room` preempted decodes for this head: holding it would waste the swap."""
+    sched, out = finishing_step(policy)
+    long = make_seq("long", list(range(640)), 1)
+    p = sched.admission
+    assert p.holds(long, 32, out, 0)
+    p.made_room(long)
+    assert not p.holds(long, 32, out, 0)
+    p.step += 1  # the next step: the rule again
+    assert p.holds(long, 32, out, 0)
