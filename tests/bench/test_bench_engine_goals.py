@@ -53,3 +53,15 @@ def test_the_w8a8_decode_goal_says_which_gemm_ran():
     goals = with_gemm_path(compute_goals({}, Workload.for_run(True)), int8.gemv_path())
     assert goals["w8a8_decode_vs_float32"]["gemm_path"] in ("amx", "vnni", "avx2", "int_mm")
     assert "gemm_path" not in with_gemm_path(compute_goals({}, Workload.for_run(True)), None)["w8a8_decode_vs_float32"]
+
+
+def test_w8a8_decode_rows_step_within_the_int8_down_proj(monkeypatch):
+    """The w8a8 `decode_*` accuracy rows step the text in as many tokens as down_proj's two-level int8
+    kernel serves (`int8.fine_int8_rows`: 2 on AVX2 without VNNI), so they measure a one-token step's kernels."""
+    from hintkv.bench.engine_accuracy import DECODE_STEP, decode_step
+    from hintkv.models import int8
+
+    monkeypatch.setattr(int8, "fine_int8_rows", lambda: 2)
+    assert decode_step() == 2
+    monkeypatch.setattr(int8, "fine_int8_rows", lambda: 16)
+    assert decode_step() == DECODE_STEP

@@ -61,7 +61,8 @@ def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int)
 @pytest.mark.parametrize("quantization", [None, "w8a8"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("q_lens,ctx", [([1], [37]), ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]),
-                                        ([4, 1, 3], [40, 9, 70])])
+                                        ([4, 1, 3], [40, 9, 70]),
+                                        ([1, 1], [37, 12]), ([1, 1, 1], [5, 40, 9])])  # w8a8-fine's 2/3-row edge
 def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, bias, q_lens, ctx):
     model = _model(quantization, bias=bias)
     fused = model._decode_layers
