@@ -29,7 +29,7 @@ import torch
 from hintkv.cache.hashing import namespace_root
 from hintkv.cache.session_bounds import SessionBounds, SessionJanitor
 from hintkv.cache.tier_connector import TierConnector
-from hintkv.config import EngineConfig, parse_bytes
+from hintkv.config import DEFAULT_MODEL, EngineConfig, parse_bytes
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
@@ -65,6 +65,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def _check_shareable(loaded: LoadedModel, cfg: EngineConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """`LLMEngine(cfg, loaded=...)` shares only a model loaded for the same model, dtype, device and
+    quantization, and never with an engine that compiles (compiling changes the shared model's step)."""
+    want = {"model": cfg.model or DEFAULT_MODEL, "dtype": dtype, "device": device.type,
+            "quantization": cfg.quantization}
+    have = {"model": loaded.spec, "dtype": loaded.model.dtype, "device": loaded.model.device.type,
+            "quantization": loaded.quantization}
+    for key, value in want.items():
+        if have[key] != value:
+            raise ValueError(f"the loaded model's {key} is {have[key]}, the config asks {value}")
+    if cfg.wants_compile(device.type):
+        raise ValueError("a compiling engine does not share a loaded model (compile changes it for every engine)")
+
+
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, loaded: LoadedModel | None = None) -> None:
         """`loaded`: a model `load_model` already returned for this config's model, dtype, device
@@ -77,8 +91,8 @@ class LLMEngine:
         if loaded is None:
             loaded = load_model(cfg.model, self.dtype, self.device, seed=cfg.seed,
                                 quantization=cfg.quantization)
-        elif loaded.model.dtype != self.dtype:
-            raise ValueError(f"the loaded model is {loaded.model.dtype}, the config asks {self.dtype}")
+        else:
+            _check_shareable(loaded, cfg, self.dtype, self.device)
         if cfg.wants_compile(self.device.type):
             loaded.model.compile()  # warns and stays eager when no compiler is available
         self.model_config = loaded.config

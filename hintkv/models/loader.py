@@ -33,6 +33,8 @@ class LoadedModel:
     config: ModelConfig
     model: LlamaForCausalLM
     tokenizer: Tokenizer
+    spec: str | None = None  # what `load_model` was asked for (None: the default model)
+    quantization: str | None = None  # the kernels `load_model` prepared
 
 
 def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -41,6 +43,7 @@ def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str
     loaded = _load(spec, dtype, device, seed)
     calibration = calibration_token_lists(loaded.tokenizer) if quantization == "w8a8" else None
     loaded.model.prepare(quantization, calibration)
+    loaded.spec, loaded.quantization = spec or DEFAULT_MODEL, quantization
     return loaded
 
 

@@ -1,6 +1,6 @@
 """`LLMEngine(cfg, loaded=...)`: engines that share one loaded model (tests building an engine per
 scheduling policy) compute what an engine with its own copy computes, and a model of another
-dtype is refused."""
+dtype, quantization, model or a compiling config is refused."""
 
 from __future__ import annotations
 
@@ -36,3 +36,14 @@ def test_engines_sharing_a_loaded_model_match_one_with_its_own():
 def test_a_loaded_model_of_another_dtype_is_refused():
     with pytest.raises(ValueError, match="bfloat16"):
         LLMEngine(EngineConfig(**CFG), loaded=load_model("dummy:tiny", torch.bfloat16, "cpu"))
+
+
+@pytest.mark.parametrize("other,match", [
+    (dict(quantization="w8a8"), "quantization"),  # float kernels under a w8a8 config
+    (dict(model="dummy:smollm2-135m"), "model"),
+    (dict(compile_step="on"), "compil"),  # compile would change the model every sharer runs
+])
+def test_a_loaded_model_for_another_config_is_refused(other, match):
+    shared = load_model("dummy:tiny", torch.float32, "cpu")
+    with pytest.raises(ValueError, match=match):
+        LLMEngine(EngineConfig(**{**CFG, **other}), loaded=shared)
