@@ -99,7 +99,10 @@ def fine_int8_rows() -> int:
     """Up to how many rows `W8A8FineKernel` (down_proj: two int8 levels of its weight, 2N channels) runs gemv;
     more rows run its float weight. On AVX2 (no VNNI) an int8 multiply-add costs what a float one does and the
     fine weight doubles them: down_proj at one thread, CPU us, fine / float: 1 row 309-371 / 352-539, 2 rows
-    487-521 / 691, 3 rows 724 / 513, 8 rows 1818-1860 / 776-1197. AMX and VNNI keep every few-row step in int8."""
+    487-521 / 691, 3 rows 724 / 513, 8 rows 1818-1860 / 776-1197. AMX and VNNI keep every few-row step in int8.
+    So on AVX2, w8a8 is not batch-invariant across this edge: a sequence's down_proj output in a step of 1-2 rows
+    (two-level int8) differs slightly from the same row in a step of 3+ (its float weight), and a speculative
+    verify (k + 1 >= 3 rows) runs the float weight; float32 serving is unaffected (w8a8 promises a tolerance)."""
     return 2 if gemv_path() == "avx2" else GEMV_ROWS // LEVELS
 
 

@@ -12,7 +12,7 @@ from hintkv.models import greedy_head
 from hintkv.models.greedy_head import GreedyHead
 
 pytestmark = pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies(),
-                                reason="no C++ kernels or no AVX-512 VNNI: greedy rows use the logits")
+                                reason="no C++ kernels or neither AVX-512 VNNI nor AVX2: greedy rows use the logits")
 
 
 @pytest.mark.parametrize("h", [512, 80])  # 80: a row tail shorter than one 64-byte vector
