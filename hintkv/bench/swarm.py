@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     breakdown = [b for k, rs in rounds.results.items()
                  for b in breakdown_rows(k, [c for r in rs for c in r.calls if c.ok])]
     if breakdown:
-        print("\nwhere the live TTFT went (mean seconds per call; other_s: what no part sees: uvicorn's parsing, "
-              "sockets, the client reading):")
+        print("\nwhere the live TTFT went (mean seconds per call; other_s: what no part sees: the client "
+              "building the request, uvicorn's parsing, sockets, the client reading):")
         print_table(breakdown, BREAKDOWN_COLUMNS)
     goals = compute_goals(live, offline, sweep, grid)
     judged_on = goals_workload(wl, max_calls, grid_users(args))

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from hintkv.bench.common import percentile
 from hintkv.engine.types import TtftParts
+from hintkv.server.serve_times import SERVE_PARTS
 
 PARTS = TtftParts.FIELDS
 # the live parts outside the engine: the driver's, then the server's (server/serve_times.SERVE_PARTS)
-AROUND = ("client_send_s", "http_s", "inbox_s", "wake_s", "stream_s")
+AROUND = ("client_send_s", *SERVE_PARTS)
 BREAKDOWN_COLUMNS = ["run", "calls_of", "calls", "ttft_mean_s", *PARTS, *AROUND, "other_s"]
 
 

@@ -28,6 +28,13 @@ from hintkv.server.stop_strings import StopStringMatcher
 class TextDelta:
     text: str
     token_ids: list[int]
+    times: ServeTimes | None = None  # the request's marks: `went_out` stamps the first chunk sent
+
+    def went_out(self) -> None:
+        """The consumer sent this delta's chunk (or, whole, collected it): `ServeTimes.sent`. A
+        consumer that holds a delta back (empty text, a buffered tool call) does not call it."""
+        if self.times is not None:
+            self.times.sent()
 
 
 @dataclass(slots=True)
@@ -48,8 +55,8 @@ async def generate_text(
     times: ServeTimes,
 ) -> AsyncIterator[TextDelta | Finished]:
     """Yield text increments of `req`, then one `Finished`. Consume it inside `aclosing`.
-    Marks `times`: handed to the engine, its first token on the loop, and sent (the consumer
-    asked for the event after the first token's)."""
+    Marks `times`: handed to the engine and its first token on the loop; the consumer marks the
+    first chunk that went out (`TextDelta.went_out`, or `ServeTimes.sent` at `Finished`)."""
     arrival = times.arrival
     detok = IncrementalDetokenizer(engine.tokenizer)
     matcher = StopStringMatcher(stops)
@@ -71,8 +78,7 @@ async def generate_text(
             if out.finished or matcher.stopped:
                 text += matcher.flush()
                 if text or out.new_token_ids:
-                    yield TextDelta(text, list(out.new_token_ids))
-                    times.sent()
+                    yield TextDelta(text, list(out.new_token_ids), times)
                 done = out.finished
                 metrics.e2e_latency.observe(ServeTimes.now() - arrival)
                 reason = "stop" if matcher.stopped else out.finish_reason or "stop"
@@ -82,8 +88,7 @@ async def generate_text(
                                out.metrics, times)
                 return
             if text or out.new_token_ids:
-                yield TextDelta(text, list(out.new_token_ids))
-                times.sent()
+                yield TextDelta(text, list(out.new_token_ids), times)
         raise APIError(500, "engine stream ended without finishing", type="server_error")
     except ValueError as exc:  # the engine refused the request when it was added
         raise bad_request(str(exc)) from exc
@@ -102,7 +107,10 @@ async def collect_text(
     async with aclosing(events) as stream:
         async for ev in stream:
             if isinstance(ev, Finished):
+                if ev.times is not None:
+                    ev.times.sent()  # no delta came (a stop string ended it first)
                 return "".join(pieces), token_ids, ev
+            ev.went_out()  # a whole response: its first token collected
             pieces.append(ev.text)
             token_ids.extend(ev.token_ids)
     raise APIError(500, "generation ended without finishing", type="server_error")

@@ -15,8 +15,10 @@ scheduler's time.monotonic: on Linux both are CLOCK_MONOTONIC):
 - `wake_s`: from the engine's first token to the event loop holding it: the step's remaining
   update, the thread hand-off, the loop busy with other requests (derived: what the parts around
   it leave, so the parts and the engine's TTFT sum to `serve_s`, arrival -> first chunk out);
-- `stream_s`: detokenize, the SSE chunk, until the consumer asks for more (for a stream: the first
-  chunk went to the transport).
+- `stream_s`: detokenize, the SSE chunk, until the first chunk with output went to the transport
+  (decode steps whose tokens were held back, e.g. an empty first token, are in it); on a whole
+  response, until the first token was collected (microseconds: `serve_s` ends there, not at the
+  response).
 """
 
 from __future__ import annotations
@@ -36,14 +38,16 @@ class ServeTimes:
     arrival: float  # the handler started
     handed: float | None = None  # handed to the engine
     first_out: float | None = None  # the first token's output reached the event loop
-    first_sent: float | None = None  # its chunk went out (the consumer asked for the next event)
+    first_sent: float | None = None  # the first chunk with output went out (after a held-back one)
 
     @staticmethod
     def now() -> float:
         return time.perf_counter()
 
     def sent(self) -> None:
-        """The consumer took the event after the first token's (resumed the generator)."""
+        """A chunk with output went out: the route sent it (a whole response: collected it). Chunks
+        held back (an empty first token, half a character, a stop string, a buffered tool call)
+        do not count, so their decode steps are in `stream_s`."""
         if self.first_sent is None and self.first_out is not None:
             self.first_sent = time.perf_counter()
 

@@ -149,7 +149,9 @@ class _LiveDriver:
         if self.result.hints:
             body["agent_hint"] = self._hint(s.session)
         t0 = self._t0 + start
-        send_s = time.perf_counter() - t0  # the agent ready -> the request sent (the replay's own)
+        # the agent ready -> the request about to be built: its JSON, httpx's build and a pooled
+        # connection come after (in the breakdown's other_s)
+        send_s = time.perf_counter() - t0
         try:
             async with self.http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:

@@ -21,7 +21,10 @@ class CallRecord:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     completion_tokens: int | None = None
     error: str | None = None
-    ttft_parts: dict[str, float] | None = None  # the engine's split of its TTFT (hintkv_metrics)
+    # where the client's TTFT went (hintkv_metrics): the engine's parts (they sum to its ttft_s),
+    # the server's around them (SERVE_PARTS) and the driver's client_send_s; with them the client's
+    # TTFT leaves other_s (bench/ttft_breakdown)
+    ttft_parts: dict[str, float] | None = None
 
     @property
     def ok(self) -> bool:

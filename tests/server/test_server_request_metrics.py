@@ -106,19 +106,25 @@ def test_stream_reports_the_servers_parts_around_the_engine(live_server):
     first chunk out. A request handed over while the engine thread is busy waits in its inbox for
     at least as long as the thread was seen busy with it queued."""
     held, release = threading.Event(), threading.Event()
+    lock = live_server.engine.engine.lock
     live_server.engine.call(lambda e: (held.set(), release.wait(60)))
-    assert held.wait(60)
-    live_server.engine.engine.lock.acquire()  # then the state lock (a hint edit's, a scrape's)
-    chunks: list = []
-    client = threading.Thread(target=_stream_completion, args=(live_server, chunks))
-    client.start()
-    assert wait_until(lambda: not live_server.engine._inbox.empty())  # the request is handed over
-    seen_queued = time.perf_counter()
-    time.sleep(0.2)  # the engine thread stays busy a while longer (any time works: the bound is measured)
-    release.set()
-    time.sleep(0.2)  # the engine thread now waits for the state lock in add_request
-    busy_s = time.perf_counter() - seen_queued
-    live_server.engine.engine.lock.release()
+    locked = False
+    try:  # (a failed assert must not leave the module's engine thread blocked)
+        assert held.wait(60)
+        locked = lock.acquire()  # then the state lock (a hint edit's, a scrape's)
+        chunks: list = []
+        client = threading.Thread(target=_stream_completion, args=(live_server, chunks))
+        client.start()
+        assert wait_until(lambda: not live_server.engine._inbox.empty())  # the request is handed over
+        seen_queued = time.perf_counter()
+        time.sleep(0.2)  # the engine thread stays busy a while longer (any time works: the bound is measured)
+        release.set()
+        time.sleep(0.2)  # the engine thread now waits for the state lock in add_request
+        busy_s = time.perf_counter() - seen_queued
+    finally:
+        release.set()
+        if locked:
+            lock.release()
     client.join(120)
     m = next(c["hintkv_metrics"] for c in chunks if c.get("hintkv_metrics"))
     parts = m["serve_parts"]
@@ -127,6 +133,7 @@ def test_stream_reports_the_servers_parts_around_the_engine(live_server):
     assert parts["inbox_s"] >= busy_s
     own = parts["http_s"] + parts["inbox_s"] + parts["wake_s"] + parts["stream_s"] + m["ttft_s"]
     assert parts["serve_s"] == pytest.approx(own, abs=1e-3)
+    assert parts["stream_s"] < m["inter_token_latency_s"]  # the first chunk's, not a later step's
 
 
 def test_a_whole_response_reports_the_servers_parts_too(live_server):

@@ -75,6 +75,8 @@ def test_live_hints_in_order_and_offline_agrees(workload, admission):
     for c in live.calls:  # the engine's TTFT parts, the server's around them, the driver's own
         assert set(c.ttft_parts) == {*TtftParts.FIELDS, *SERVE_PARTS, "client_send_s"}
         assert min(c.ttft_parts.values()) >= 0
+        # the parts are disjoint pieces of the client's TTFT: together never more than it
+        assert sum(c.ttft_parts.values()) <= c.ttft_s + 1e-3, (c.ttft_parts, c.ttft_s)
     got: dict[str, list[str]] = {}
     for _, kind, sid in live.events:
         got.setdefault(sid, []).append(kind)
