@@ -72,6 +72,8 @@ class Attention(nn.Module):
             return self.o_proj(o.reshape(x.shape[0], self.q_size))
         rows, sub = suffix
         write_kv(k, v, kv_cache, meta.slot_mapping)
+        if rows.numel() == 0:  # a step that samples nothing (a prefill chunk): its K/V is all it leaves
+            return x.new_empty(0, x.shape[1])
         o = paged_attention(q.index_select(0, rows), k.index_select(0, rows), v.index_select(0, rows), kv_cache,
                             sub, self.scale)  # writes the kept rows' K/V again: the same values
         return self.o_proj(o.reshape(rows.numel(), self.q_size))

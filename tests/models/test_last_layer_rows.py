@@ -78,10 +78,10 @@ def test_suffix_rows_rejects_more_rows_than_the_sequence_brings(tiny):
         suffix_rows(inputs.meta, [4])
 
 
-def _greedy(monkeypatch, rows: str, speculative: str | None) -> list[list[int]]:
+def _greedy(monkeypatch, rows: str, speculative: str | None, **cfg) -> list[list[int]]:
     monkeypatch.setenv("HINTKV_LAST_LAYER_ROWS", rows)
-    engine = LLMEngine(EngineConfig(model="dummy:tiny", dtype="float32", kv_cache_tokens=4096,
-                                    max_num_batched_tokens=48, speculative=speculative))
+    engine = LLMEngine(EngineConfig(**{**dict(model="dummy:tiny", dtype="float32", kv_cache_tokens=4096,
+                                              max_num_batched_tokens=48, speculative=speculative), **cfg}))
     rng = random.Random(11)
     base = [rng.randrange(100, 40000) for _ in range(60)]
     for i in range(3):  # a shared head, then each its own text and a repeat the ngram proposer can draft from
@@ -99,3 +99,12 @@ def _greedy(monkeypatch, rows: str, speculative: str | None) -> list[list[int]]:
 @pytest.mark.parametrize("speculative", [None, "ngram"])
 def test_greedy_tokens_are_the_same_with_every_row_or_the_sampled_ones(monkeypatch, speculative):
     assert _greedy(monkeypatch, "sampled", speculative) == _greedy(monkeypatch, "all", speculative)
+
+
+@pytest.mark.parametrize("cfg", [dict(kv_cache_dtype="int8"), dict(dtype="bfloat16")])
+def test_a_chunk_that_samples_nothing_runs_on_the_pytorch_attention_path(monkeypatch, cfg):
+    """A prefill chunk alone in its step keeps no row; attention paths other than the float32 C++ kernel
+    (int8 KV, bfloat16) took its 0 query rows into `_derive_short`'s max() and failed the step."""
+    sampled = _greedy(monkeypatch, "sampled", None, **cfg)
+    assert [len(t) for t in sampled] == [12, 12, 12]
+    assert sampled == _greedy(monkeypatch, "all", None, **cfg)
