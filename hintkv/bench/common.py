@@ -454,12 +454,16 @@ async def stream_batch(
         )
 
 
+MIN_WINDOW_SHARE = 0.25  # of the whole decode span, for the all-streams window to count
+
+
 def batch_decode_tok_per_s(timings: Sequence[CompletionTiming]) -> float | None:
     """Aggregate decode throughput of concurrent streams, over the window where all decode.
 
     Counts chunks that arrived after the last stream's first token and before the first stream
-    ended; a server that ran the streams one after another has no such window and gets the plain
-    total (all tokens after each stream's first over the whole decode span) instead.
+    ended; a server that ran the streams one after another has no such window (or one shorter than
+    MIN_WINDOW_SHARE of the decode span) and gets the plain total (all tokens after each stream's
+    first over the whole decode span) instead.
     """
     if not timings or any(len(t.chunk_times) < 2 for t in timings):
         return None
@@ -467,13 +471,15 @@ def batch_decode_tok_per_s(timings: Sequence[CompletionTiming]) -> float | None:
     abs_times = [[t.sent_at - base + c for c in t.chunk_times] for t in timings]
     start = max(ts[0] for ts in abs_times)
     end = min(ts[-1] for ts in abs_times)
+    first = min(ts[0] for ts in abs_times)
+    last = max(ts[-1] for ts in abs_times)
     tokens_per_chunk = [t.num_tokens / len(t.chunk_times) for t in timings]
-    if end > start:
+    # a window of a sliver of the span (one stream ending just as the last starts) holds a step's bunched
+    # chunks over microseconds: a rate of tens of thousands of tokens/s; it must span a quarter of the decode
+    if end > start and end - start >= MIN_WINDOW_SHARE * (last - first):
         count = sum(k * sum(1 for c in ts if start < c <= end) for k, ts in zip(tokens_per_chunk, abs_times))
         if count >= 2 * len(timings):
             return count / (end - start)
-    first = min(ts[0] for ts in abs_times)
-    last = max(ts[-1] for ts in abs_times)
     total = sum(t.num_tokens - 1 for t in timings)
     return total / (last - first) if last > first else None
 
