@@ -93,7 +93,8 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     assert last["load_waits"]["sam+hints+host"] == {"waited": 0, "nested_waits_declined": 0}
     for g in last["goals"].values():
         assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling",
-                                                            "ceiling_compulsory", "compute_share"}
+                                                            "ceiling_compulsory", "ceiling_contended",
+                                                            "ceiling_contended_compulsory", "compute_share"}
     ratio = last["goals"]["hit_rate_ratio_vs_lru"]
     assert 0 < ratio["measured"] <= ratio["ceiling"] + 1e-9
     # the oracle is the best Belady over every run's own access order: no run of its tier hits more
