@@ -14,7 +14,7 @@ import time
 from tier_engine_helpers import BLOCK, generate, prompt, session, tiny_engine
 
 from hintkv.cache.types import CacheEdit
-from tests.tiers.lock_order import LockOrder
+from tests.tiers.lock_order import LockOrder, guarded
 
 JOIN_S = 240  # threads still running after this are stuck: reported, never waited on forever
 
@@ -40,16 +40,6 @@ def test_no_lock_order_cycle_between_steps_edits_and_scrapes(tmp_path):
     done = threading.Event()
     errors: list[BaseException] = []
 
-    def guarded(fn):
-        def run():
-            try:
-                fn()
-            except BaseException as e:  # noqa: BLE001 - reported by the test below
-                errors.append(e)
-            finally:
-                done.set()  # one thread failing (or the driver finishing) stops the others
-        return run
-
     def driver():  # the engine thread: sessions come back after others pushed them down
         for r in range(2):
             for s in names:
@@ -72,8 +62,8 @@ def test_no_lock_order_cycle_between_steps_edits_and_scrapes(tmp_path):
             engine.stats()
             n += 1
 
-    threads = [threading.Thread(target=guarded(driver), name="driver", daemon=True)]
-    threads += [threading.Thread(target=guarded(fn), name=fn.__name__, daemon=True)
+    threads = [threading.Thread(target=guarded(driver, errors, done), name="driver", daemon=True)]
+    threads += [threading.Thread(target=guarded(fn, errors, done), name=fn.__name__, daemon=True)
                 for fn in (editor, scraper)]
     for t in threads:
         t.start()

@@ -19,6 +19,20 @@ import threading
 import traceback
 
 
+def guarded(fn, errors: list[BaseException], done: threading.Event | None = None):
+    """`fn` as a thread's target: an exception it raises goes to `errors` (the test reports them); `done`, if
+    given, is set when it ends either way (one thread failing, or the driver finishing, stops the others)."""
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+        finally:
+            if done is not None:
+                done.set()
+    return run
+
+
 class LockOrder:
     def __init__(self) -> None:
         self._local = threading.local()

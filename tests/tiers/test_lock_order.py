@@ -27,7 +27,7 @@ from hintkv.tiers.mover import Mover
 from hintkv.tiers.pool import PoolTier
 from hintkv.tiers.ranks import RankBoard, RankDelta
 from hintkv.tiers.stack import TierStack
-from lock_order import LockOrder
+from lock_order import LockOrder, guarded
 
 JOIN_S = 60  # threads still running after this are stuck: reported, never waited on forever
 
@@ -89,14 +89,6 @@ def test_no_lock_order_cycle_under_concurrent_store_load_scrape(layout, key, pay
     payloads = [payload(i) for i in range(n_keys)]
     errors: list[BaseException] = []
 
-    def guarded(fn):
-        def run():
-            try:
-                fn()
-            except BaseException as e:  # noqa: BLE001 - reported by the test below
-                errors.append(e)
-        return run
-
     def writer():
         rng = random.Random(1)
         for _ in range(rounds):
@@ -135,7 +127,7 @@ def test_no_lock_order_cycle_under_concurrent_store_load_scrape(layout, key, pay
                 for t in stack.tiers:
                     t.remove_many([keys[rng.randrange(n_keys)]])
 
-    threads = [threading.Thread(target=guarded(fn), name=fn.__name__, daemon=True)
+    threads = [threading.Thread(target=guarded(fn, errors), name=fn.__name__, daemon=True)
                for fn in (writer, loader, scraper, publisher)]
     stuck = _run(threads)
     assert not stuck, f"threads {stuck} never finished (deadlock?)\n{order.explain()}"
