@@ -13,18 +13,26 @@ schedule, batched or not (L. Schrage, Operations Research 16(3), 1968; processor
 call's first token comes no earlier than its work's completion there, so the mean of
 `completion - sent` bounds the mean TTFT of any scheduler on this run's arrivals at these hits.
 
-A call's least work: its uncached tokens in budget-sized chunks (the chunking that minimizes the
-model's attention: its attention to the prefix is linear in the query tokens, so a finer split
-only moves tokens later, onto a longer prefix), each chunk costing its attention to what is
-before it (`CostModel.attn_ms`) plus its tokens at the cheapest per-token rate a step reaches
-(`min cold_ms(n) / n` for n up to the budget: a step costs `cold_ms` of ALL its tokens, so
+A call's least work: its uncached tokens' cold compute at the cheapest per-token rate a step
+reaches (`min cold_ms(n) / n` for n up to the budget: a step costs `cold_ms` of ALL its tokens, so
 batching small prefills can share a step's flat, launch-bound cost, but no step computes a token
-for less than that rate). Decodes, loads and the step overhead are left out (they only add).
+for less than that rate), plus its least attention to what is before each chunk
+(`least_attn_ms`). Attention per query token falls with the chunk's size (launch-bound below
+2048 tokens on the h200 profiles) and grows with the prefix, so the least is budget-sized chunks
+from the cached prefix on, each at the least per-token rate of any chunk the call could take
+(`attn_rate_ms`: a chunk of at most min(uncached, budget) tokens). Decodes, loads and the step
+overhead are left out (they only add).
 
-Each call's own prefill alone (`sim.bound`) is a floor too, call by call (a step holding its chunk
-costs at least `cold_ms` of that chunk plus its attention), so the bound is the larger of the two
-means: the SRPT mean is below it where the calls' tails are short and the cheapest rate far under
-a small chunk's launch-bound cost (`--quick`: 0.1453 vs 0.1516 s), above it where prefills pile up.
+Why not more (the fifteenth session's review of this bound, which overstated the floor by 1.8-4%):
+- it took the larger of the SRPT mean and the mean of the calls' prefills alone (`sim.bound`), but
+  a prefill alone in budget-filling chunks is not a floor for every chunking: `cold()` is convex
+  between 2048 and 8192 tokens, so an even split of a tail just above the budget costs up to 3.7%
+  less (8192 + 149 on 90,000 cached: 1819.0 ms, 4171 + 4170: 1750.9 ms);
+- it priced a call's last chunk at that chunk's own attention rate: 149 tokens after 8192 pay the
+  launch-bound rate of a 149-token chunk (4x the 2048-token rate at a 98K prefix), which a split
+  into two larger chunks avoids.
+So the bound is the SRPT mean alone: a call's work never exceeds what any chunking of the call
+costs in any step (tested against every split of a small call).
 
 With several instances, each one's calls (by the run's placement, `CallRecord.instance`) are
 served on their own. At the oracle's hits it is a bound for the policies that reach them call by
@@ -38,7 +46,6 @@ import heapq
 from collections import defaultdict
 from collections.abc import Sequence
 
-from hintkv.sim.bound import prefill_alone_s
 from hintkv.sim.costs import CostModel
 
 
@@ -48,15 +55,37 @@ def cheapest_token_ms(costs: CostModel, budget: int) -> float:
     return min(costs.cold_ms(n) / n for n in xs)
 
 
-def prefill_work_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int, rate_ms: float) -> float:
-    """The least step time a call's prefill takes up, in budget-sized chunks (module doc)."""
+def attn_rate_ms(costs: CostModel, cached: int, largest: int) -> float:
+    """The least attention per query token to a `cached`-token prefix of any chunk of 1 to
+    `largest` tokens (`attn_ms` is piecewise linear in the chunk's size, so its per-token rate is
+    monotone between the measured sizes: the least is at one of them or an end)."""
+    xs = {1, largest, *(n for n in costs._attn_n if 1 <= n <= largest)}
+    return min(costs.attn_ms(n, cached) / n for n in xs)
+
+
+def least_attn_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int) -> float:
+    """At most the attention any chunking of a call's uncached tokens (chunks of at most `budget`)
+    pays: budget-sized chunks from the cached prefix on, each token at the least rate of a chunk
+    the call could take (module doc). Budget-sized chunks put the least token weight on later
+    prefixes (sum of n_i x start_i = (U^2 - sum n_i^2) / 2 for U tokens is least with the most
+    full chunks), which is the least attention where the rate grows linearly with the prefix (the
+    h200 profiles' nearly do: tests/sim/test_sim_contended.py checks it against every chunking on
+    a 64-token grid)."""
     done = min(cached, prompt_tokens - 1)
+    largest = min(budget, prompt_tokens - done)
     ms = 0.0
     while done < prompt_tokens:
         n = min(budget, prompt_tokens - done)
-        ms += rate_ms * n + costs.attn_ms(n, done)
+        ms += n * attn_rate_ms(costs, done, largest)
         done += n
     return ms
+
+
+def prefill_work_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int, rate_ms: float) -> float:
+    """The least step time a call's prefill takes up (module doc): its uncached tokens at the
+    cheapest cold rate `rate_ms` (`cheapest_token_ms`) plus `least_attn_ms`."""
+    new = prompt_tokens - min(cached, prompt_tokens - 1)
+    return rate_ms * new + least_attn_ms(costs, prompt_tokens, cached, budget)
 
 
 def srpt_flow_s(jobs: Sequence[tuple[float, float]]) -> list[float]:
@@ -84,9 +113,8 @@ def srpt_flow_s(jobs: Sequence[tuple[float, float]]) -> list[float]:
 
 
 def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], budget: int) -> float | None:
-    """The larger of: the mean over `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`)
-    of their SRPT flow time on their instance, each call's work at `hits[call.access]` cached
-    tokens; and the mean of their prefills alone at those hits (module doc)."""
+    """The mean over `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`) of their SRPT
+    flow time on their instance, each call's work at `hits[call.access]` cached tokens (module doc)."""
     calls = [c for c in calls if c.access >= 0]
     if not calls:
         return None
@@ -95,9 +123,7 @@ def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], bu
     for c in calls:
         work = prefill_work_ms(costs, c.prompt_tokens, hits[c.access], budget, rate) / 1e3
         per[c.instance].append((c.sent_s, work))
-    srpt = sum(sum(srpt_flow_s(jobs)) for jobs in per.values()) / len(calls)
-    alone = sum(prefill_alone_s(costs, c.prompt_tokens, hits[c.access], budget) for c in calls) / len(calls)
-    return max(srpt, alone)
+    return sum(sum(srpt_flow_s(jobs)) for jobs in per.values()) / len(calls)
 
 
 HINTED = ("sam+hints+pool", "sam+hints+host")  # whose arrivals the report's contended bound takes

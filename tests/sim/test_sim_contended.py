@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hintkv.sim.bound import prefill_alone_s
-from hintkv.sim.contended import (cheapest_token_ms, contended_bound_s, contended_bounds, prefill_work_ms,
-                                  srpt_flow_s)
+from hintkv.sim.contended import (attn_rate_ms, cheapest_token_ms, contended_bound_s, contended_bounds,
+                                  least_attn_ms, prefill_work_ms, srpt_flow_s)
 from hintkv.sim.oracles import OracleBook
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
 from hintkv.sim.workload import build_workload
@@ -57,6 +57,47 @@ def test_a_calls_work_is_at_most_its_prefill_alone(costs):
         assert 0 < work <= prefill_alone_s(costs, prompt, cached, budget) * 1e3 + 1e-9
 
 
+def test_the_bound_is_under_a_split_that_beats_the_prefill_alone(costs):
+    """Hand-checked (the review that found the bound 1.8-4% over the floor): 8192 + 149 uncached
+    tokens on 90,000 cached, alone on the instance. Budget-filling chunks cost 1819.0 ms, an even
+    split 4171 + 4170 1750.9 ms; the old bound took the first as a floor (and priced the 149-token
+    tail at its launch-bound attention rate). The work is under the even split."""
+    budget, cached, prompt = 8192, 90_000, 90_000 + 8192 + 149
+    greedy = costs.step_ms([(8192, cached)]) + costs.step_ms([(149, cached + 8192)])
+    even = costs.step_ms([(4171, cached)]) + costs.step_ms([(4170, cached + 4171)])
+    assert (round(greedy, 1), round(even, 1)) == (1819.0, 1750.9)
+    assert prefill_alone_s(costs, prompt, cached, budget) * 1e3 == pytest.approx(greedy)
+    rate = cheapest_token_ms(costs, budget)
+    # by hand: 8341 tokens at 12.501 / 512 ms (the 512-token point's rate) plus every token's
+    # attention at the 2048-token chunk's rate (the least), from 90,000 and from 98,192
+    assert rate == pytest.approx(12.501 / 512)
+    g = costs.attn_ms(2048, cached) / 2048, costs.attn_ms(2048, cached + 8192) / 2048
+    assert attn_rate_ms(costs, cached, 8192) == pytest.approx(g[0])
+    attn = 8192 * g[0] + 149 * g[1]
+    assert least_attn_ms(costs, prompt, cached, budget) == pytest.approx(attn)
+    work = prefill_work_ms(costs, prompt, cached, budget, rate)
+    assert work == pytest.approx(8341 * rate + attn)
+    assert work < even < greedy
+    # the old tail price: 149 tokens at a 149-token chunk's own rate, 4x the least at this prefix
+    assert costs.attn_ms(149, cached + 8192) > 3.5 * 149 * g[1]
+    call = SimpleNamespace(access=0, sent_s=0.0, prompt_tokens=prompt, instance=0)
+    assert contended_bound_s(costs, [call], [cached], budget) == pytest.approx(work / 1e3)
+
+
+@pytest.mark.parametrize("cached,new,budget", [(0, 5000, 2048), (9000, 9000, 4096), (90_000, 8192 + 149, 8192),
+                                               (30_000, 700, 8192), (200_000, 6000, 2048)])
+def test_no_chunking_pays_less_attention_than_the_bound(costs, cached, new, budget):
+    """Every split of the uncached tokens into chunks of at most the budget on a 64-token grid (the
+    least by dynamic programming) pays at least `least_attn_ms`."""
+    grid = 64
+    units, most = -(-new // grid), budget // grid
+    size = [min(grid * k, new) for k in range(units + 1)]  # tokens done after k units (the last may be short)
+    best = [0.0] + [float("inf")] * units
+    for k in range(1, units + 1):
+        best[k] = min(best[j] + costs.attn_ms(size[k] - size[j], cached + size[j]) for j in range(max(0, k - most), k))
+    assert least_attn_ms(costs, cached + new, cached, budget) <= best[units] + 1e-9
+
+
 @pytest.fixture(scope="module")
 def runs(traces, costs):
     # 8 users at once with think times / 1000 and a 256-token budget: prefills overlap
@@ -97,10 +138,10 @@ def test_the_report_takes_the_hinted_runs_arrivals(runs, costs):
     assert contended_bounds(costs, {"lru+host": res["lru+host"]}, book, budget) == {}
 
 
-def test_a_call_with_nothing_beside_it_is_bounded_by_its_prefill_alone(costs):
-    """One call: its SRPT flow is its work (the cheapest rate, under its launch-bound chunk's cost),
-    so the bound is its prefill alone, the larger floor."""
+def test_a_call_with_nothing_beside_it_is_bounded_by_its_work(costs):
+    """One call: its SRPT flow is its work (the cheapest rate, under its launch-bound chunk's cost)."""
     call = SimpleNamespace(access=0, sent_s=3.0, prompt_tokens=300, instance=0)
     rate = cheapest_token_ms(costs, 8192)
-    assert prefill_work_ms(costs, 300, 64, 8192, rate) < prefill_alone_s(costs, 300, 64, 8192) * 1e3
-    assert contended_bound_s(costs, [call], [64], 8192) == prefill_alone_s(costs, 300, 64, 8192)
+    work = prefill_work_ms(costs, 300, 64, 8192, rate)
+    assert work < prefill_alone_s(costs, 300, 64, 8192) * 1e3
+    assert contended_bound_s(costs, [call], [64], 8192) == pytest.approx(work / 1e3)
