@@ -94,7 +94,8 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     for g in last["goals"].values():
         assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling",
                                                             "ceiling_compulsory", "ceiling_contended",
-                                                            "ceiling_contended_compulsory", "compute_share"}
+                                                            "ceiling_contended_compulsory", "compute_share",
+                                                            "reachable"}
     ratio = last["goals"]["hit_rate_ratio_vs_lru"]
     assert 0 < ratio["measured"] <= ratio["ceiling"] + 1e-9
     # the oracle is the best Belady over every run's own access order: no run of its tier hits more
@@ -106,12 +107,16 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     # no policy takes more off a task than its whole serving time
     task = last["goals"]["task_e2e_reduction_vs_lru"]
     assert task["measured"] <= task["ceiling"] < 1
+    # reachable: the target within the ceiling (the traces cap the task goal: tool and think time)
+    assert task["reachable"] is (task["ceiling"] >= task["target"]) and ratio["reachable"] is (ratio["ceiling"] >= 1.33)
+    assert "reachable" not in last["goals"]["peak_host_bytes_reduction_vs_lru_host"]  # no ceiling, no verdict
     # TTFT: each call's own prefill alone at the oracle+host's hits (ceiling), at compulsory misses
     # (ceiling_compulsory: no run's mean TTFT is below it); compute_share is the hinted run's waits removed
     ttft = last["goals"]["ttft_reduction_vs_lru_host"]
     assert 0 <= ttft["compute_share"] < 1
     assert ttft["measured"] <= ttft["ceiling_compulsory"] + 1e-9 and ttft["ceiling_compulsory"] < 1
     assert ttft["ceiling"] <= ttft["ceiling_compulsory"] + 1e-9
+    assert ttft["reachable"] is (ttft["ceiling_contended_compulsory"] >= 0.3)
     bounds = last["ttft_bounds"]
     assert bounds["oracle"] == "oracle+host" and 0 < bounds["compulsory_s"] <= bounds["bound_s"]
     assert all(r["ttft_mean_s"] >= bounds["compulsory_s"] - 1e-9 for r in last["results"].values() if "ttft_mean_s" in r)
