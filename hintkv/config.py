@@ -140,7 +140,7 @@ class EngineConfig:
     pool_policy: str = _opt("spm", "spm: session-aware pool | lru: a plain store (the baseline)")
     pool_write_through: bool = _opt(
         False, "SPM writes every finished request's blocks through to the pool (default: only what "
-        "no private tier keeps, i.e. what the host tier evicts): a session that moves to another "
+        "no private tier keeps, i.e. what the host tier, or the disk tier below it, evicts): a session that moves to another "
         "instance (failover, rebalancing) then loads its whole prefix there, at the cost of pool "
         "traffic and bytes (docs/benchmarks.md: at 100 users it cost 28 percent in TTFT at full token scale and saved 26 percent at half scale)")
     pool_dir: str | None = _opt(None, "embedded pool: a directory shared by the instances on "

@@ -10,8 +10,8 @@ makes it follow the agents, on top of what every tier already gets from `TierCon
                                            full blocks are written through to the pool
                                            (`publish`), so a session resumed on another
                                            instance loads its whole prefix; by default the pool
-                                           gets only what no private tier keeps (the host
-                                           tier's evictions of live sessions' blocks)
+                                           gets only what no private tier keeps (the lowest
+                                           private tier's evictions of live sessions' blocks)
     keep-alive of live sessions            every KEEPALIVE_EVERY_S, ONE batched call refreshes
                                            the pool's lease on every block that an active,
                                            waiting or suspended session holds (`tick`)
@@ -65,7 +65,8 @@ class SessionPoolManager:
         """Write the device blocks among `hashes` that the pool does not know yet through to
         it (asynchronous; a copy is taken now, so the device blocks may be reused at once).
         With the pool's `write_through` off nothing is published: blocks reach the pool only
-        when the host tier evicts them (a live session's, as to any lower tier)."""
+        when the lowest private tier (host, or disk) evicts them (a live session's, as to any
+        lower tier)."""
         if not self.pool.write_through:
             return 0
         unknown = self.pool.unknown_among(hashes)  # one lock for a prompt's thousands of blocks

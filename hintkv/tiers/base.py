@@ -17,8 +17,12 @@ Semantics shared by all tiers:
   - When full, a tier evicts ready blocks of the lowest eviction class first (the class the
     engine last published on the tier's `RankBoard`; 0 without one), least recently used first
     inside a class, without scanning the tier. Blocks still being written are never evicted. Each evicted block is
-    reported to `on_evict(key, payload)`; `payload` is a tensor view valid only during the call
-    (copy it to keep it), or None when the tier cannot provide the bytes.
+    reported to `on_evict(key, payload)`, under the tier's lock; `payload` is a tensor view
+    valid only during the call (copy it to keep it), or None when the tier cannot provide the
+    bytes. A tier whose bytes cost a read (disk) provides them only for the keys the listener
+    `wants` (`set_on_evict`): it reads the block back on the mover and reports the eviction
+    from there once the read finished (None if the block failed its checks); any other key is
+    reported at once, with None.
   - `get(key, dst)` is asynchronous: True once `dst` holds the block's exact bytes; False on a
     miss, including a block that fails its checksum or an I/O error (the caller recomputes).
     On False the content of `dst` is undefined. Errors are counted and logged, never raised.
@@ -39,6 +43,7 @@ from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.ranks import RankBoard
 
 OnEvict = Callable[[bytes, "torch.Tensor | None"], None]
+Wants = Callable[[bytes], bool]  # whether an eviction listener would keep the block's bytes
 
 
 @dataclass(slots=True)
@@ -105,8 +110,9 @@ class Tier(ABC):
         cache layer's tier connector; the tier subscribes to the board's changes."""
 
     @abstractmethod
-    def set_on_evict(self, on_evict: OnEvict | None) -> None:
-        """Plug the eviction listener (the tier stack uses it to cascade blocks downward)."""
+    def set_on_evict(self, on_evict: OnEvict | None, wants: Wants | None = None) -> None:
+        """Plug the eviction listener (the tier stack uses it to cascade blocks downward);
+        `wants(key)`: the listener would keep this block's bytes (None: it never does)."""
 
     @abstractmethod
     def last_access(self, key: bytes) -> int:

@@ -169,21 +169,25 @@ class DiskTier(IndexedTier):
             _quiet_unlink(temp)  # ours if it exists: the name is random and was created O_EXCL
             return False
 
+    def _read_checked(self, key: bytes, view) -> None:
+        """Read the block's file into `view` (flat uint8), checking its size, header and MAC;
+        raises BadBlockFile, or OSError (FileNotFoundError: no file)."""
+        with open_nofollow(self._path(key)) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != self.file_nbytes:
+                raise BadBlockFile(f"file is {size} bytes, expected {self.file_nbytes}")
+            _, mac = decode_header(f.read(HEADER_SIZE), self._fingerprint,
+                                   self.layout.nbytes, key)
+            if f.readinto(view) != self.layout.nbytes:
+                raise BadBlockFile("truncated payload")
+        if self._mac(key, view) != mac:
+            raise BadBlockFile("payload MAC mismatch (corrupt, or not written by us)")
+
     def _read_file(self, key: bytes, entry: Entry, dst: torch.Tensor) -> bool:
         direct = dst.device.type == "cpu" and dst.is_contiguous()
         buf = dst if direct else torch.empty(self.layout.shape, dtype=self.layout.dtype)
-        view = _as_bytes(buf)
         try:
-            with open_nofollow(self._path(key)) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != self.file_nbytes:
-                    raise BadBlockFile(f"file is {size} bytes, expected {self.file_nbytes}")
-                _, mac = decode_header(f.read(HEADER_SIZE), self._fingerprint,
-                                       self.layout.nbytes, key)
-                if f.readinto(view) != self.layout.nbytes:
-                    raise BadBlockFile("truncated payload")
-            if self._mac(key, view) != mac:
-                raise BadBlockFile("payload MAC mismatch (corrupt, or not written by us)")
+            self._read_checked(key, _as_bytes(buf))
         except FileNotFoundError:
             self._discard(key, entry, "file is missing")
             return False
@@ -209,11 +213,35 @@ class DiskTier(IndexedTier):
 
     def _drop(self, key: bytes, evicted: bool) -> None:
         self._pop_entry(key)
-        if evicted:
-            self._safe_on_evict(key, None)  # the bytes stay on disk until the unlink below
         path = self._path(key)
-        self._track(key, self.mover.run(None, lambda: self._unlink(path), 0, 0,
-                                         after=self._after(key)))
+        if evicted and self._on_evict is not None and self._wants is not None \
+                and self._wants(key):  # the tier below keeps it: read it back first
+            job = lambda: self._hand_down(key, path)  # noqa: E731
+        else:
+            if evicted:
+                self._safe_on_evict(key, None)
+            job = lambda: self._unlink(path)  # noqa: E731
+        # after the file's last I/O; a new put of the key waits for this one (`_track`)
+        self._track(key, self.mover.run(None, job, 0, 0, after=self._after(key)))
+
+    def _hand_down(self, key: bytes, path: Path) -> bool:
+        """An evicted block whose bytes the listener wants (the stack: to put it into the
+        pool): read back from its file, checked as any read, reported under the lock with its
+        bytes (None if they failed the checks: never hand down a bad block), then unlinked."""
+        payload: torch.Tensor | None = torch.empty(self.layout.shape, dtype=self.layout.dtype)
+        try:
+            self._read_checked(key, _as_bytes(payload))
+        except (FileNotFoundError, BadBlockFile) as e:
+            log.warning("disk tier: not handing down block %s: %s", key.hex(), e)
+            with self._lock:
+                self._stats.num_corrupt += 1
+            payload = None
+        except OSError as e:
+            self._io_error(f"read back {key.hex()}", e)
+            payload = None
+        with self._lock:
+            self._safe_on_evict(key, payload)
+        return self._unlink(path)
 
     def _discard(self, key: bytes, entry: Entry, reason: str) -> None:
         log.warning("disk tier: dropping block %s: %s", key.hex(), reason)

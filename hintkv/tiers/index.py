@@ -22,7 +22,7 @@ from concurrent.futures import Future
 
 import torch
 
-from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage
+from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage, Wants
 from hintkv.tiers.index_io import Entry, TierIO
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
@@ -51,6 +51,7 @@ class IndexedTier(TierIO, Tier):
         self._ranks: RankBoard | None = None
         self._order: ClassedLRU[bytes, None] = ClassedLRU()  # class -> group node -> keys
         self._on_evict = on_evict
+        self._wants: Wants | None = None  # keys whose evicted bytes the listener keeps
         self._stats = TierStats()
         self._last_op: dict[Hashable, Future] = {}  # storage unit -> its latest I/O
         if ranks is not None:
@@ -221,9 +222,10 @@ class IndexedTier(TierIO, Tier):
                     if self._order.node_class(group) is not None:
                         self._order.move_node(group, self._ranks.group_class(group))
 
-    def set_on_evict(self, on_evict: OnEvict | None) -> None:
+    def set_on_evict(self, on_evict: OnEvict | None, wants: Wants | None = None) -> None:
         with self._lock:
             self._on_evict = on_evict
+            self._wants = wants
 
     def stats(self) -> TierStats:
         with self._lock:

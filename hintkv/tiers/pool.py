@@ -35,7 +35,7 @@ import torch
 
 from hintkv.pool.backend import PoolBackend
 from hintkv.pool.breaker import CircuitBreaker
-from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage
+from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage, Wants
 from hintkv.tiers.disk_format import HEADER_SIZE
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import resolved
@@ -225,7 +225,8 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
         with self._lock:
             self._ranks = ranks if self.session_aware else None
 
-    def set_on_evict(self, on_evict: OnEvict | None) -> None:
+    def set_on_evict(self, on_evict: OnEvict | None, wants: Wants | None = None) -> None:
+        """`wants` is moot: the pool reports no payload (nothing lies below it)."""
         with self._lock:
             self._on_evict = on_evict
 

@@ -8,7 +8,9 @@
 `keep(key)` is the cache manager's "some live session still holds this block": blocks nobody
 holds are not worth a write to a slower tier. `on_drop(key)` hears of every evicted block that
 was not passed down (an upper tier may still hold a promoted copy: ask `lookup`). Both run
-under the evicting tier's lock: they must be quick and must not call into the tiers.
+under the evicting tier's lock: they must be quick and must not call into the tiers. A tier
+whose bytes cost a read (disk) asks `keep` first, and reads back only what is kept (see
+`Tier.set_on_evict`): a disk eviction reaches the pool from the mover, once read and checked.
 
 Each tier evicts by the classes on the engine's `RankBoard` (`Tier.set_ranks`). A failed read
 on one tier (corrupt block, I/O error) falls through to the next tier that has the key, and
@@ -73,7 +75,9 @@ class TierStack:
         self._num_cascaded = self._num_dropped = self._num_promoted = self._num_spilled = 0
         for i, tier in enumerate(tiers):
             tier.upper = "device" if i == 0 else tiers[i - 1].name
-            tier.set_on_evict(lambda key, payload, i=i: self._evicted(i, key, payload))
+            # `wants`: what a tier must read back to hand down (disk) is read only if kept
+            tier.set_on_evict(lambda key, payload, i=i: self._evicted(i, key, payload),
+                              wants=self._wants if i + 1 < len(tiers) else None)
 
     def set_keep(self, keep: Callable[[bytes], bool]) -> None:
         self._keep = keep
@@ -214,6 +218,9 @@ class TierStack:
             self.mover.close()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _wants(self, key: bytes) -> bool:
+        return self._keep(key)  # late-bound: `set_keep` may replace `_keep`
 
     def _evicted(self, i: int, key: bytes, payload: torch.Tensor | None) -> None:
         """Called by tier i, under its lock, with a payload view valid only during the call.

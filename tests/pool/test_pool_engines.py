@@ -159,3 +159,30 @@ def test_by_default_the_host_tiers_evictions_reach_the_pool(tmp_path):
     finally:
         a.close()
         fresh.close()
+
+
+def test_with_a_disk_tier_the_disk_tiers_evictions_reach_the_pool(tmp_path):
+    """host -> disk -> pool: a session whose blocks left the device, the host and the disk
+    resumes from the pool with the right output (the disk tier hands its evictions down)."""
+    a = tiny_engine(pool_size="4MiB", pool="embedded", pool_dir=str(tmp_path / "pool"),
+                    host_cache_memory="512KiB", disk_cache_dir=str(tmp_path / "disk"),
+                    disk_cache_size="600KiB", eviction_policy="lru")  # lru: see the test above
+    fresh = tiny_engine()
+    try:
+        host, disk, _ = a.tiers.stack.tiers
+        assert disk.capacity_blocks == 4
+        first = prompt(1, 4 * BLOCK)
+        out, _ = generate(a, first, sid="s0")
+        below = host.capacity_blocks + disk.capacity_blocks
+        for i in range(1, 4 + below // 4 + 2):  # push s0 off the device, the host and the disk
+            generate(a, prompt(10 + i, 4 * BLOCK), sid=f"s{i}")
+        a.tiers.stack.flush()
+        assert disk.stats().num_evicted >= 4 and a.tier_stats()["pool"]["puts"] >= 4
+        resumed = first + out + prompt(2, BLOCK)
+        out_a, cached = generate(a, resumed, sid="s0")
+        assert out_a == generate(fresh, resumed)[0]
+        assert cached >= 4 * BLOCK and a.kv.hit_tokens_by_tier.get("pool", 0) >= 4 * BLOCK
+        a.tiers.check_integrity()
+    finally:
+        a.close()
+        fresh.close()
