@@ -85,7 +85,8 @@ class EngineConfig:
         "| prefill-judged (prefill-fair; a swap only when it saves the newcomer more than it costs the "
         "decodes) | short-alone (short-first; a step giving a prefill its first token carries no chunk of "
         "one that does not finish, unless due; a long prefill's chunk is half the budget) | judged-alone "
-        "(prefill-judged with short-alone's rule). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
+        "(prefill-judged with short-alone's rule) | srpt (short-first whose deadlines age 4x slower: nearer "
+        "shortest remaining prefill first) | srpt-alone (srpt with short-alone's rule). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "

@@ -37,6 +37,9 @@
 - `short-alone`, `judged-alone`: `short-first` / `prefill-judged` whose steps that give a prefill its
   first token carry no chunk of a prefill that does not finish in them (unless it is due):
   `hintkv.engine.admission_alone`.
+- `srpt`, `srpt-alone`: `short-first` / `short-alone` whose deadlines age 4x slower (nearer shortest
+  remaining prefill first; a long prefill waits at most about 4x its own steps):
+  `hintkv.engine.admission_srpt`.
 
 The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
 and sizes. New policies register with `@register_admission("name")`.
@@ -302,3 +305,4 @@ from hintkv.engine import admission_swap  # noqa: E402,F401  (registers the swap
 from hintkv.engine import swap_gain  # noqa: E402,F401  (registers prefill-judged)
 from hintkv.engine import admission_serial  # noqa: E402,F401  (registers cache-aware-serial)
 from hintkv.engine import admission_alone  # noqa: E402,F401  (registers short-alone, judged-alone)
+from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, srpt-alone)
