@@ -11,7 +11,7 @@ outputs are bit-identical to the per-op path (tests/models/test_decode_layers.py
     DecodeLayers(h, cos, sin, kv_caches, meta) -> (h, residual) | None   None: this step is not its case
 
 Its case: a CPU float32 model with the C++ kernels on (decided once, when `LlamaForCausalLM.prepare`
-picks the GEMM kernels), every projection on `linear.py`'s `mkl` kernel (run by `gemv_cpu` at <= 12
+picks the GEMM kernels), every projection on `linear.py`'s `mkl` or `onednn` kernel (`gemv_cpu` at <= 12
 rows) or W8A8's int8 kernels with their few-row blocks (`int8_cpu.gemv`, <= GEMV_ROWS int8 rows), a
 float32 KV cache, no CUDA-graph metadata; a short prefill of <= max_rows tokens is fused too (the same
 kernels). Other steps (more rows, int8 / fp8 KV) run the per-op layers. The C++ kernels' switch
@@ -30,7 +30,7 @@ import torch
 
 from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
 from hintkv.models.int8 import GEMV_ROWS
-from hintkv.models.linear import MklPackedKernel, W8A8FineKernel, W8A8Kernel
+from hintkv.models.linear import MklPackedKernel, OneDnnKernel, W8A8FineKernel, W8A8Kernel
 
 _CSRC = Path(__file__).parent / "csrc"
 _HEADERS = """#include <torch/extension.h>
@@ -53,7 +53,7 @@ _HEADERS = """#include <torch/extension.h>
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _EMPTY = torch.empty(0)
 PER_LAYER = 26  # 2 norm weights + 4 linears x 6 tensors (csrc/decode_layers.cpp)
-_KIND = {MklPackedKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2}
+_KIND = {MklPackedKernel: 0, OneDnnKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2}  # onednn: gemv at few rows, as mkl
 
 
 @functools.cache

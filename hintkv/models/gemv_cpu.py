@@ -1,7 +1,7 @@
 """Few-row float32 GEMMs on a CPU: decode steps and short verifies, bound by the bytes they read.
 
 The source is `csrc/gemv.cpp` (its header says why it beats MKL's packed GEMM there), built by
-`cpu_ext.load`. `linear.py`'s `mkl` kernel runs steps of at most `ROWS` rows through it.
+`cpu_ext.load`. `linear.py`'s `mkl` and `onednn` kernels run steps of at most `ROWS` rows through it.
 
     gemv(x, w, b) -> y | None    y = x W^T (+ b) for CPU float32, x of at most ROWS rows; None: not its case
     ops().gemv_isa() -> str      the build's vector loop: "avx512", "avx2" (+ FMA) or "plain"

@@ -24,6 +24,9 @@ activation outliers into the weight, where per-channel scales absorb them.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -104,6 +107,25 @@ def fine_int8_rows() -> int:
     (two-level int8) differs slightly from the same row in a step of 3+ (its float weight), and a speculative
     verify (k + 1 >= 3 rows) runs the float weight; float32 serving is unaffected (w8a8 promises a tolerance)."""
     return 2 if gemv_path() == "avx2" else GEMV_ROWS // LEVELS
+
+
+@functools.cache
+def int8_gemm_rows_run_int8() -> bool:
+    """Whether a CPU w8a8 step past the few-row gemv (prefill) runs `torch._int_mm`; False: the float weight.
+
+    `torch._int_mm` on a CPU is fast only with VNNI or AMX: on AVX2 alone (Zen 1, 14th session) w8a8's prefill
+    ran 17-20x slower than float32, so there its many-row steps take the float weight (exact, as W8A8FineKernel
+    already does past a few rows). With VNNI (Zen 4, 15th session, dummy:tiny, 1 thread, CPU time) the int8
+    prefill is the faster one: 512 tokens 195 ms vs float32 249 (oneDNN) / 306 (MKL); 2048: 1,013 vs 1,264.
+    HINTKV_W8A8_PREFILL=int8|float|auto overrides (auto: int8 where the CPU has VNNI or AMX tiles). Decided
+    once per process."""
+    want = os.environ.get("HINTKV_W8A8_PREFILL", "auto").strip().lower() or "auto"
+    if want not in ("int8", "float", "auto"):
+        raise ValueError(f"HINTKV_W8A8_PREFILL must be int8, float or auto, not {want!r}")
+    if want != "auto":
+        return want == "int8"
+    probe = [getattr(torch.cpu, name, None) for name in ("_is_vnni_supported", "_is_amx_tile_supported")]
+    return any(f is not None and f() for f in probe)
 
 
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,

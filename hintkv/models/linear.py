@@ -11,17 +11,24 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                the C++ kernels the weight packed for MKL
                                                (torch.ops.mkl._mkl_linear) per row bucket (1, 8, 16;
                                                rows padded up); more rows run F.linear
+    onednn  CPU, float32, `cpu_gemm()` says    <= 12 rows as `mkl`; more rows: the weight prepacked once
+            onednn (auto: a non-Intel CPU      for oneDNN (torch.ops.mkldnn._linear_pointwise, vLLM's
+            with AVX-512)                      `onednn_mm`), one copy for every row count. MKL's sgemm
+                                               takes its AVX2 code on AMD: on Zen 4, 1 thread, oneDNN's
+                                               avx512 brgemm ran dummy:tiny's 128-2048-row GEMMs at
+                                               ~100 GFLOP/s, MKL's at 63-85 (1.2-1.5x)
     w8a8    --quantization w8a8                int8 weight (per output channel scale, SmoothQuant-
                                                scaled from calibration), activations quantized per
                                                token in two levels at run time, one torch._int_mm
                                                (int8 x int8 -> int32); <= 16 int8 rows (decode,
                                                verify): one few-row call, `int8_cpu.gemv`, on AMX
                                                tiles where the CPU has them, else AVX512-VNNI, else
-                                               AVX2 (vpmaddubsw)
+                                               AVX2 (vpmaddubsw); more rows on a CPU without VNNI
+                                               or AMX: the float weight (`int8_gemm_rows_run_int8`)
     w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
     w8a8-fine  down_proj under w8a8            two int8 levels of the weight in few-row steps (gemv;
                                                AVX2: <= 2 rows, `int8.fine_int8_rows`), the float
-                                               weight (MKL / gemv_cpu) in more rows
+                                               weight (`mkl` / `onednn`, as `cpu_gemm()`) in more rows
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
 when the weight changed, so a packed or quantized copy is never stale.
@@ -29,15 +36,20 @@ when the weight changed, so a packed or quantized copy is never stale.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hintkv.models import cpu_kernels, gemv_cpu, int8_cpu
 from hintkv.models.int8 import (
+    GEMV_ROWS,
     LEVELS,
     block_weight,
     fine_int8_rows,
+    int8_gemm_rows_run_int8,
     int8_linear,
     quantize_weight,
     smoothing,
@@ -71,6 +83,9 @@ class LinearKernel:
 
     def prepare(self) -> None:
         pass
+
+    def warm(self) -> None:
+        """Build now what a first many-row call would build (at model load, not in a request's step)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -107,21 +122,90 @@ class MklPackedKernel(LinearKernel):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        y = gemv_cpu.gemv(x2, self.weight, self.bias) if x2.shape[0] <= gemv_cpu.ROWS else None
+        if y is None:
+            y = self._many(x2)
+        return y.view(*shape[:-1], y.shape[-1])
+
+    def _many(self, x2: torch.Tensor) -> torch.Tensor:
+        """A 2-D x past the few-row kernel: a packed bucket up to 16 rows, F.linear above."""
         m = x2.shape[0]
-        if m <= gemv_cpu.ROWS:
-            y = gemv_cpu.gemv(x2, self.weight, self.bias)
-            if y is not None:
-                return y.view(*shape[:-1], y.shape[-1])
         bucket = next((b for b in self.BUCKETS if b >= m), None)
         if bucket is None:
-            y = F.linear(x2, self.weight, self.bias)
-        else:
-            if m != bucket:
-                x2 = F.pad(x2, (0, 0, 0, bucket - m))
-            elif not x2.is_contiguous():
-                x2 = x2.contiguous()
-            y = torch.ops.mkl._mkl_linear(x2, self._pack(bucket), self.weight, self.bias, bucket)[:m]
-        return y.view(*shape[:-1], y.shape[-1])
+            return F.linear(x2, self.weight, self.bias)
+        if m != bucket:
+            x2 = F.pad(x2, (0, 0, 0, bucket - m))
+        elif not x2.is_contiguous():
+            x2 = x2.contiguous()
+        return torch.ops.mkl._mkl_linear(x2, self._pack(bucket), self.weight, self.bias, bucket)[:m]
+
+
+class OneDnnKernel(MklPackedKernel):
+    """CPU float32 where `cpu_gemm()` picks oneDNN: few rows as `mkl` (gemv_cpu), more through the weight
+    prepacked for oneDNN's matmul, the GEMM vLLM's CPU build runs (`onednn_mm`).
+
+    One packed copy serves every row count (oneDNN's blocked weight layout does not depend on M: no
+    per-call reorder in DNNL_VERBOSE at 17, 512 or 2048 rows). The copy is a second float32 weight
+    (gemv reads the plain one): the layers' projections pack at load (`warm`, from `prepare_linears`),
+    the LM head on its first many-row call, so a head only ever run on few rows (a prefill's last-row
+    cut, decode) costs no copy. float32 accumulation (torch's default fp32 math mode): it agrees
+    with F.linear to rounding."""
+
+    name = "onednn"
+    PACK_ROWS = 32  # the row-count hint for the reorder (vLLM's); any M runs on the same copy
+
+    @staticmethod
+    def available(weight: torch.Tensor) -> bool:
+        return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.onednn_weight: torch.Tensor | None = None
+
+    def warm(self) -> None:
+        if self.onednn_weight is None:
+            self.onednn_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), self.PACK_ROWS)
+
+    def _many(self, x2: torch.Tensor) -> torch.Tensor:
+        self.warm()
+        return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.onednn_weight, self.bias, "none", [], "")
+
+
+CPU_GEMMS = ("mkl", "onednn")
+
+
+@functools.cache
+def cpu_gemm() -> str:
+    """Which library runs CPU float32 GEMMs past the few-row kernel: HINTKV_CPU_GEMM=mkl|onednn, or auto.
+
+    auto: onednn on a non-Intel CPU with AVX-512 (MKL's sgemm runs its AVX2 code there; oneDNN's brgemm
+    its AVX-512 one: 1.2-1.5x on Zen 4), else mkl (an Intel AMX machine, 13th session: MKL-packed 26.5 ms
+    per dummy:tiny layer at 512 rows, F.linear 28.3, oneDNN 29.6). Decided once per process, so every
+    step of a server runs the same kernels (greedy output does not depend on the step)."""
+    want = os.environ.get("HINTKV_CPU_GEMM", "auto").strip().lower() or "auto"
+    if want not in (*CPU_GEMMS, "auto"):
+        raise ValueError(f"HINTKV_CPU_GEMM must be one of {CPU_GEMMS} or auto, not {want!r}")
+    if want != "auto":
+        return want
+    return "onednn" if _non_intel_avx512() else "mkl"
+
+
+def _non_intel_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read(65536)
+    except OSError:
+        return False
+    return "GenuineIntel" not in info and " avx512f" in info and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+
+
+def float_kernel_name(weight: torch.Tensor) -> str:
+    """The float kernel for a weight: `cpu_gemm()`'s CPU float32 kernel where it applies, else dense."""
+    for kind in (OneDnnKernel, MklPackedKernel) if cpu_gemm() == "onednn" else (MklPackedKernel,):
+        if kind.available(weight):
+            return kind.name
+    return LinearKernel.name
 
 
 class W8A8Kernel(LinearKernel):
@@ -137,9 +221,22 @@ class W8A8Kernel(LinearKernel):
         self.w_int8_t, self.w_scale = quantize_weight(self.weight, smooth)
         # the few-row kernel's copy (CPU): another int8 weight's memory, a quarter of the float one
         self.blocked = None if self.weight.is_cuda else block_weight(self.w_int8_t)
+        # past gemv's rows on a CPU without a fast int8 GEMM: the float weight (`int8_gemm_rows_run_int8`)
+        self.float_kernel = (None if self.weight.is_cuda or int8_gemm_rows_run_int8()
+                             else KERNELS[float_kernel_name(self.weight)](self.weight, self.bias))
+
+    def warm(self) -> None:
+        if self.float_kernel is not None:
+            self.float_kernel.warm()
+
+    def in_float(self, x2: torch.Tensor) -> bool:
+        """This 2-D x runs the float weight: a CPU without a fast int8 GEMM, more int8 rows than gemv's."""
+        return self.float_kernel is not None and x2.shape[0] * self.levels > GEMV_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        if self.in_float(x.reshape(-1, shape[-1])):
+            return self.float_kernel(x)
         y = int8_linear(x.reshape(-1, shape[-1]), self.w_int8_t, self.w_scale, self.inv_smooth, self.levels,
                         self.blocked)
         if self.bias is not None:
@@ -161,6 +258,8 @@ class W8A8HeadKernel(W8A8Kernel):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
+        if self.in_float(x2):
+            return self.float_kernel(x)  # float logits: nothing to rescore
         logits = super().__call__(x2)  # [M, V] in x's dtype
         k, fused = min(self.RESCORE, logits.shape[-1]), None if x.is_cuda else int8_cpu.ops()
         if fused is not None and logits.dtype == torch.float32:
@@ -194,8 +293,7 @@ class W8A8FineKernel(W8A8Kernel):
         fast = not self.weight.is_cuda and int8_cpu.ops() is not None and int8_cpu.ops().has_fast_gemv()
         self.blocked = block_weight(self.w_int8_t) if fast else None
         self.int8_rows = fine_int8_rows() if fast else 0  # more rows: the float weight (AVX2: > 2)
-        float_kind = MklPackedKernel if MklPackedKernel.available(self.weight) else LinearKernel
-        self.float_kernel = float_kind(self.weight, self.bias)
+        self.float_kernel = KERNELS[float_kernel_name(self.weight)](self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape, n = x.shape, self.weight.shape[0]
@@ -210,16 +308,16 @@ class W8A8FineKernel(W8A8Kernel):
 
 
 KERNELS: dict[str, type[LinearKernel]] = {
-    k.name: k for k in (LinearKernel, MklPackedKernel, W8A8Kernel, W8A8HeadKernel, W8A8FineKernel)}
+    k.name: k for k in (LinearKernel, MklPackedKernel, OneDnnKernel, W8A8Kernel, W8A8HeadKernel, W8A8FineKernel)}
 
 
 def choose_kernel(weight: torch.Tensor, quantization: str | None, *, is_lm_head: bool = False) -> str:
-    """Kernel name for a weight: w8a8 (w8a8-head for the LM head) when asked, else MKL-packed where it applies."""
+    """Kernel name for a weight: w8a8 (w8a8-head for the LM head) when asked, else `float_kernel_name`."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, not {quantization!r}")
     if quantization == "w8a8":
         return "w8a8-head" if is_lm_head else "w8a8"
-    return "mkl" if MklPackedKernel.available(weight) else "dense"
+    return float_kernel_name(weight)
 
 
 class Linear(nn.Module):
@@ -250,5 +348,6 @@ def prepare_linears(model: nn.Module, quantization: str | None = None,
             fine = quantization == "w8a8" and name.rpartition(".")[2] in W8A8_FINE
             kind = "w8a8-fine" if fine else choose_kernel(mod.weight, quantization)
             mod.set_kernel(kind, (act_absmax or {}).get(name))
+            mod.kernel.warm()
             counts[kind] = counts.get(kind, 0) + 1
     return counts

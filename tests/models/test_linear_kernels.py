@@ -1,6 +1,7 @@
 """GEMM kernels (linear.py): each matches F.linear (exactly enough, or within w8a8's tolerance),
 never runs on a stale copy, and the prepared real SmolLM2 decodes the same greedy tokens as plain
-float32 F.linear (fusion + packing are exact); w8a8 stays within its stated accuracy."""
+float32 F.linear (fusion + packing are exact); w8a8 stays within its stated accuracy; the CPU GEMM
+library (`cpu_gemm`) is chosen once, by HINTKV_CPU_GEMM or the CPU."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from hintkv.bench.accuracy import compare, fixed_token_lists, greedy
-from hintkv.models.linear import KERNELS, Linear, MklPackedKernel, choose_kernel
+from hintkv.models import linear
+from hintkv.models.linear import KERNELS, Linear, MklPackedKernel, OneDnnKernel, choose_kernel
 from hintkv.models.loader import load_model
 
 
@@ -21,6 +23,11 @@ def _linear(n_in: int, n_out: int, bias: bool, seed: int = 0) -> Linear:
         if bias:
             lin.bias.copy_(torch.randn(n_out, generator=g))
     return lin
+
+
+def _runs_here(name: str, weight: torch.Tensor) -> bool:
+    kind = KERNELS[name]
+    return not isinstance(kind.__dict__.get("available"), staticmethod) or kind.available(weight)
 
 
 def _all_dense(model) -> None:
@@ -37,7 +44,7 @@ def test_kernels_match_f_linear(rows, bias):
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
     ref = F.linear(x, lin.weight, lin.bias)
     for name in KERNELS:
-        if name == "mkl" and not MklPackedKernel.available(lin.weight):
+        if not _runs_here(name, lin.weight):
             continue
         lin.set_kernel(name)
         out = lin(x)
@@ -52,23 +59,98 @@ def test_three_dim_input_keeps_its_shape():
     lin = _linear(32, 48, False)
     x = torch.randn(2, 5, 32)
     for name in KERNELS:
+        if not _runs_here(name, lin.weight):
+            continue
         lin.set_kernel(name)
         assert lin(x).shape == (2, 5, 48)
 
 
-@pytest.mark.parametrize("name", ["mkl", "w8a8"])
-def test_prepared_copy_follows_weight_changes(name):
+@pytest.mark.parametrize("rows", [4, 40])  # few rows (gemv, MKL buckets) and many (F.linear, oneDNN's packed copy)
+@pytest.mark.parametrize("name", ["mkl", "onednn", "w8a8"])
+def test_prepared_copy_follows_weight_changes(name, rows):
     """A packed or quantized copy is rebuilt when the weight is written: never a stale GEMM."""
-    if name == "mkl" and not torch._C.has_mkl:
-        pytest.skip("no MKL in this torch build")
     lin = _linear(64, 64, False)
+    if not _runs_here(name, lin.weight):
+        pytest.skip(f"no {name} kernel in this torch build")
     lin.set_kernel(name)
-    x = torch.randn(4, 64)
+    lin.kernel.warm()  # oneDNN's copy exists before the write, as after a model load
+    x = torch.randn(rows, 64)
     before = lin(x)
     with torch.no_grad():
         lin.weight.mul_(-2.0)
     after = lin(x)
     torch.testing.assert_close(after, -2.0 * before, atol=0.05 * float(before.abs().max()), rtol=0.05)
+
+
+def test_one_onednn_copy_serves_every_row_count():
+    """oneDNN's weight is packed once (at `warm`), and every row count past the few-row kernel runs on that copy."""
+    lin = _linear(96, 80, True)
+    if not OneDnnKernel.available(lin.weight):
+        pytest.skip("no oneDNN in this torch build")
+    lin.set_kernel("onednn")
+    lin.kernel.warm()
+    packed = lin.kernel.onednn_weight
+    assert packed is not None
+    for rows in (13, 17, 64, 300):
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+    assert lin.kernel.onednn_weight is packed
+
+
+def test_cpu_gemm_is_chosen_by_name_or_cpu(monkeypatch):
+    """HINTKV_CPU_GEMM names the library; auto follows the CPU; a bad name is refused, not ignored."""
+    w = torch.zeros(8, 8)
+    try:
+        for want in ("mkl", "onednn"):
+            monkeypatch.setenv("HINTKV_CPU_GEMM", want)
+            linear.cpu_gemm.cache_clear()
+            assert linear.cpu_gemm() == want
+            if KERNELS[want].available(w):
+                assert choose_kernel(w, None) == want
+        monkeypatch.setenv("HINTKV_CPU_GEMM", "auto")
+        linear.cpu_gemm.cache_clear()
+        assert linear.cpu_gemm() == ("onednn" if linear._non_intel_avx512() else "mkl")
+        assert choose_kernel(w.to(torch.bfloat16), None) == "dense"
+        monkeypatch.setenv("HINTKV_CPU_GEMM", "blas9")
+        linear.cpu_gemm.cache_clear()
+        with pytest.raises(ValueError, match="HINTKV_CPU_GEMM"):
+            linear.cpu_gemm()
+    finally:
+        monkeypatch.undo()
+        linear.cpu_gemm.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["w8a8", "w8a8-head"])
+def test_w8a8_prefill_rows_take_the_float_weight_where_int8_gemm_is_slow(name, monkeypatch):
+    """HINTKV_W8A8_PREFILL=float (auto on a CPU without VNNI / AMX, where torch._int_mm ran w8a8's prefill
+    17-20x slower than float32): past gemv's rows the float weight runs (float32's result), few rows stay int8;
+    =int8 keeps every row in int8; a bad value is refused."""
+    from hintkv.models import int8
+
+    lin = _linear(96, 80, False)
+    many, few = (torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (40, 4))
+    try:
+        for want in ("float", "int8"):
+            monkeypatch.setenv("HINTKV_W8A8_PREFILL", want)
+            int8.int8_gemm_rows_run_int8.cache_clear()
+            lin.set_kernel(name)
+            lin.kernel.warm()
+            ref_many, ref_few = F.linear(many, lin.weight), F.linear(few, lin.weight)
+            out_many, out_few = lin(many), lin(few)
+            assert float((out_few - ref_few).norm() / ref_few.norm()) < 0.01
+            assert not torch.equal(out_few, ref_few)  # int8 at few rows either way
+            if want == "float":
+                torch.testing.assert_close(out_many, ref_many, atol=1e-5, rtol=1e-5)
+            else:
+                assert not torch.allclose(out_many, ref_many, atol=1e-5, rtol=1e-5)
+                assert float((out_many - ref_many).norm() / ref_many.norm()) < 0.01
+        monkeypatch.setenv("HINTKV_W8A8_PREFILL", "fast")
+        int8.int8_gemm_rows_run_int8.cache_clear()
+        with pytest.raises(ValueError, match="HINTKV_W8A8_PREFILL"):
+            int8.int8_gemm_rows_run_int8()
+    finally:
+        monkeypatch.undo()
+        int8.int8_gemm_rows_run_int8.cache_clear()
 
 
 def test_unknown_quantization_is_rejected():
