@@ -1,6 +1,6 @@
 """The TTFT bound with the prefills that must overlap: one instance computes one step at a time.
 
-    contended_bound_s(costs, calls, hits, budget)   # mean s per call: SRPT over the calls' work
+    contended_bound_s(costs, calls, hits, budget)   # mean s per call: SRPT over the calls' work, or their floors alone
     contended_bounds(costs, results, book, budget)  # the report's: the hinted run's arrivals
 
 `sim.bound` serves every call alone at the oracle's hits. But calls arrive while others prefill,
@@ -14,30 +14,22 @@ call's first token comes no earlier than its work's completion there, so the mea
 `completion - sent` bounds the mean TTFT of any scheduler on this run's arrivals at these hits.
 
 A call's least work: its uncached tokens' cold compute at the cheapest per-token rate a step
-reaches (`min cold_ms(n) / n` for n up to the budget: a step costs `cold_ms` of ALL its tokens, so
-batching small prefills can share a step's flat, launch-bound cost, but no step computes a token
-for less than that rate), plus its least attention to what is before each chunk
-(`least_attn_ms`). Attention per query token falls with the chunk's size (launch-bound below
-2048 tokens on the h200 profiles) and grows with the prefix, so the least is budget-sized chunks
-from the cached prefix on, each at the least per-token rate of any chunk the call could take
-(`attn_rate_ms`: a chunk of at most min(uncached, budget) tokens). Decodes, loads and the step
-overhead are left out (they only add).
+reaches (`CostModel.least_cold_rate_ms` up to the budget: a step costs `cold_ms` of ALL its tokens,
+so batching small prefills can share a step's flat, launch-bound cost, but no step computes a token
+for less than that rate), plus `least_attn_ms`. Decodes, loads and the step overhead are left out
+(they only add).
 
-Why not more (the fifteenth session's review of this bound, which overstated the floor by 1.8-4%):
-- it took the larger of the SRPT mean and the mean of the calls' prefills alone (`sim.bound`), but
-  a prefill alone in budget-filling chunks is not a floor for every chunking: `cold()` is convex
-  between 2048 and 8192 tokens, so an even split of a tail just above the budget costs up to 3.7%
-  less (8192 + 149 on 90,000 cached: 1819.0 ms, 4171 + 4170: 1750.9 ms);
-- it priced a call's last chunk at that chunk's own attention rate: 149 tokens after 8192 pay the
-  launch-bound rate of a 149-token chunk (4x the 2048-token rate at a 98K prefix), which a split
-  into two larger chunks avoids.
-So the bound is the SRPT mean alone: a call's work never exceeds what any chunking of the call
-costs in any step (tested against every split of a small call).
+The SRPT mean prices every token at the cheapest batched rate, which no call reaches alone. So
+the bound is the larger of it and the mean of the calls' `least_alone_ms`: a step holding a chunk
+of n tokens costs at least `cold(n)` plus its attention (`cold` never decreases with the step's
+tokens), so a call's TTFT is at least its cheapest chunking's cost as if alone. Not the engine's
+budget-filling chunks (`sim.bound`): `cold` is convex, so an even split can cost less.
 
 With several instances, each one's calls (by the run's placement, `CallRecord.instance`) are
 served on their own. At the oracle's hits it is a bound for the policies that reach them call by
 call (as `sim.bound`: Belady maximizes the total); at compulsory misses (`hits` of an unbounded
-cache) for every policy.
+cache) for every policy, on these arrivals (the agents are closed-loop: another policy or
+scheduler sends at other times).
 """
 
 from __future__ import annotations
@@ -49,41 +41,58 @@ from collections.abc import Sequence
 from hintkv.sim.costs import CostModel
 
 
-def cheapest_token_ms(costs: CostModel, budget: int) -> float:
-    """The least `cold_ms(n) / n` over 1 <= n <= budget (piecewise linear: at a knot or an end)."""
-    xs = {1, budget, *(int(x) for x in costs._cold_x if 1 <= x <= budget)}
-    return min(costs.cold_ms(n) / n for n in xs)
-
-
-def attn_rate_ms(costs: CostModel, cached: int, largest: int) -> float:
-    """The least attention per query token to a `cached`-token prefix of any chunk of 1 to
-    `largest` tokens (`attn_ms` is piecewise linear in the chunk's size, so its per-token rate is
-    monotone between the measured sizes: the least is at one of them or an end)."""
-    xs = {1, largest, *(n for n in costs._attn_n if 1 <= n <= largest)}
-    return min(costs.attn_ms(n, cached) / n for n in xs)
-
-
 def least_attn_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int) -> float:
-    """At most the attention any chunking of a call's uncached tokens (chunks of at most `budget`)
-    pays: budget-sized chunks from the cached prefix on, each token at the least rate of a chunk
-    the call could take (module doc). Budget-sized chunks put the least token weight on later
-    prefixes (sum of n_i x start_i = (U^2 - sum n_i^2) / 2 for U tokens is least with the most
-    full chunks), which is the least attention where the rate grows linearly with the prefix (the
-    h200 profiles' nearly do: tests/sim/test_sim_contended.py checks it against every chunking on
-    a 64-token grid)."""
+    """The least attention to what is before each chunk that a chunking of a call's uncached
+    tokens (chunks of at most `budget`) pays, each token at the least rate of any chunk the call
+    could take (`CostModel.least_attn_rate_ms`) at its chunk's start. Over budget-sized chunks and
+    one shorter one, the short one at its best position.
+
+    Assumption (tested, not proven): no other chunking pays less. Where the rate is linear in the
+    prefix, every order of the same chunks pays the same and the most full chunks the least
+    (sum of n_i x start_i = (U^2 - sum n_i^2) / 2 for U tokens); where it bends upward (8192 and
+    32768 cached on the h200 profiles) a short chunk before the bend can pay less than one at the
+    end, so every position is tried. tests/sim/test_sim_contended.py checks it against every
+    chunking on a token grid (dynamic programming) on both h200 profiles."""
     done = min(cached, prompt_tokens - 1)
-    largest = min(budget, prompt_tokens - done)
-    ms = 0.0
-    while done < prompt_tokens:
-        n = min(budget, prompt_tokens - done)
-        ms += n * attn_rate_ms(costs, done, largest)
-        done += n
-    return ms
+    new = prompt_tokens - done
+    largest = min(budget, new)
+    full, short = divmod(new, budget)
+    before = [costs.least_attn_rate_ms(done + i * budget, largest) for i in range(full + 1)]
+    if not short:
+        return budget * sum(before[:full])
+    after = [costs.least_attn_rate_ms(done + short + i * budget, largest) for i in range(full)]
+    # the short chunk after `at` full chunks: full ones start at done + i x budget before it,
+    # at done + short + i x budget after it
+    head, tail, best = 0.0, budget * sum(after), float("inf")
+    for at in range(full + 1):
+        best = min(best, head + short * before[at] + tail)
+        head += budget * before[at]
+        if at < full:
+            tail -= budget * after[at]
+    return best
+
+
+def least_alone_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int) -> float:
+    """A floor on a call's prefill in any steps whatever runs beside it (module doc): its
+    cheapest chunking's cold compute plus `least_attn_ms`. `cold` is convex from 1 token on
+    (flat below the first measured size, then slopes that do not fall: tested on the profiles), so
+    for k chunks an even split costs the least, and its cost is convex in k: stop when it rises."""
+    new = prompt_tokens - min(cached, prompt_tokens - 1)
+
+    def even(k: int) -> float:
+        q, r = divmod(new, k)
+        return r * costs.cold_ms(q + 1) + (k - r) * costs.cold_ms(q)
+
+    k = -(-new // budget)
+    cold = even(k)
+    while k < new and (nxt := even(k + 1)) < cold:
+        k, cold = k + 1, nxt
+    return cold + least_attn_ms(costs, prompt_tokens, cached, budget)
 
 
 def prefill_work_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int, rate_ms: float) -> float:
     """The least step time a call's prefill takes up (module doc): its uncached tokens at the
-    cheapest cold rate `rate_ms` (`cheapest_token_ms`) plus `least_attn_ms`."""
+    cheapest cold rate `rate_ms` (`CostModel.least_cold_rate_ms`) plus `least_attn_ms`."""
     new = prompt_tokens - min(cached, prompt_tokens - 1)
     return rate_ms * new + least_attn_ms(costs, prompt_tokens, cached, budget)
 
@@ -113,17 +122,20 @@ def srpt_flow_s(jobs: Sequence[tuple[float, float]]) -> list[float]:
 
 
 def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], budget: int) -> float | None:
-    """The mean over `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`) of their SRPT
-    flow time on their instance, each call's work at `hits[call.access]` cached tokens (module doc)."""
+    """The larger of: the mean over `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`)
+    of their SRPT flow time on their instance, and the mean of their `least_alone_ms`; each call at
+    `hits[call.access]` cached tokens (module doc)."""
     calls = [c for c in calls if c.access >= 0]
     if not calls:
         return None
-    rate = cheapest_token_ms(costs, budget)
+    rate = costs.least_cold_rate_ms(budget)
     per: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for c in calls:
         work = prefill_work_ms(costs, c.prompt_tokens, hits[c.access], budget, rate) / 1e3
         per[c.instance].append((c.sent_s, work))
-    return sum(sum(srpt_flow_s(jobs)) for jobs in per.values()) / len(calls)
+    srpt = sum(sum(srpt_flow_s(jobs)) for jobs in per.values()) / len(calls)
+    alone = sum(least_alone_ms(costs, c.prompt_tokens, hits[c.access], budget) for c in calls) / 1e3 / len(calls)
+    return max(srpt, alone)
 
 
 HINTED = ("sam+hints+pool", "sam+hints+host")  # whose arrivals the report's contended bound takes

@@ -90,6 +90,20 @@ class CostModel:
     def prefill_ms(self, new: int, cached: int = 0) -> float:
         return self.cold_ms(new) + self.attn_ms(new, cached)
 
+    # The least per-token rates (`sim.contended`'s floors). Each cost is piecewise linear in the
+    # chunk's size (flat or zero-anchored below the first measured size, linear above the last), so
+    # its per-token rate is monotone between the measured sizes: the least is at one of them or an end.
+    def least_cold_rate_ms(self, upto: int) -> float:
+        """The least `cold_ms(n) / n` over 1 <= n <= upto."""
+        xs = {1, upto, *(int(x) for x in self._cold_x if 1 <= x <= upto)}
+        return min(self.cold_ms(n) / n for n in xs)
+
+    def least_attn_rate_ms(self, cached: int, largest: int) -> float:
+        """The least `attn_ms(n, cached) / n` over 1 <= n <= largest: a chunk's attention per query
+        token to a `cached`-token prefix, at the cheapest chunk size."""
+        xs = {1, largest, *(n for n in self._attn_n if 1 <= n <= largest)}
+        return min(self.attn_ms(n, cached) / n for n in xs)
+
     # ---- decode --------------------------------------------------------------------------
     def _decode_grid(self, points: list[tuple[int, int, float]]) -> None:
         self._batches = sorted({b for b, _, _ in points})

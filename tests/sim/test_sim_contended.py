@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hintkv.sim.bound import prefill_alone_s
-from hintkv.sim.contended import (attn_rate_ms, cheapest_token_ms, contended_bound_s, contended_bounds,
-                                  least_attn_ms, prefill_work_ms, srpt_flow_s)
+from hintkv.sim.contended import (contended_bound_s, contended_bounds, least_alone_ms, least_attn_ms,
+                                  prefill_work_ms, srpt_flow_s)
+from hintkv.sim.costs import CostModel
 from hintkv.sim.oracles import OracleBook
+from hintkv.sim.profile import load_profile
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
 from hintkv.sim.workload import build_workload
 
@@ -50,7 +52,7 @@ def test_srpt_is_no_worse_than_any_order(jobs):
 
 def test_a_calls_work_is_at_most_its_prefill_alone(costs):
     budget = 8192
-    rate = cheapest_token_ms(costs, budget)
+    rate = costs.least_cold_rate_ms(budget)
     assert all(rate * n <= costs.cold_ms(n) + 1e-12 for n in range(1, budget + 1, 7))
     for prompt, cached in ((105_000, 98_000), (20_000, 0), (9000, 8999), (300, 64)):
         work = prefill_work_ms(costs, prompt, cached, budget, rate)
@@ -61,41 +63,88 @@ def test_the_bound_is_under_a_split_that_beats_the_prefill_alone(costs):
     """Hand-checked (the review that found the bound 1.8-4% over the floor): 8192 + 149 uncached
     tokens on 90,000 cached, alone on the instance. Budget-filling chunks cost 1819.0 ms, an even
     split 4171 + 4170 1750.9 ms; the old bound took the first as a floor (and priced the 149-token
-    tail at its launch-bound attention rate). The work is under the even split."""
+    tail at its launch-bound attention rate). The floor is the cheapest chunking's cost, under the
+    even split; the work (the cheapest batched rate) under that."""
     budget, cached, prompt = 8192, 90_000, 90_000 + 8192 + 149
     greedy = costs.step_ms([(8192, cached)]) + costs.step_ms([(149, cached + 8192)])
     even = costs.step_ms([(4171, cached)]) + costs.step_ms([(4170, cached + 4171)])
     assert (round(greedy, 1), round(even, 1)) == (1819.0, 1750.9)
     assert prefill_alone_s(costs, prompt, cached, budget) * 1e3 == pytest.approx(greedy)
-    rate = cheapest_token_ms(costs, budget)
+    rate = costs.least_cold_rate_ms(budget)
     # by hand: 8341 tokens at 12.501 / 512 ms (the 512-token point's rate) plus every token's
     # attention at the 2048-token chunk's rate (the least), from 90,000 and from 98,192
     assert rate == pytest.approx(12.501 / 512)
     g = costs.attn_ms(2048, cached) / 2048, costs.attn_ms(2048, cached + 8192) / 2048
-    assert attn_rate_ms(costs, cached, 8192) == pytest.approx(g[0])
+    assert costs.least_attn_rate_ms(cached, 8192) == pytest.approx(g[0])
     attn = 8192 * g[0] + 149 * g[1]
     assert least_attn_ms(costs, prompt, cached, budget) == pytest.approx(attn)
     work = prefill_work_ms(costs, prompt, cached, budget, rate)
     assert work == pytest.approx(8341 * rate + attn)
-    assert work < even < greedy
-    # the old tail price: 149 tokens at a 149-token chunk's own rate, 4x the least at this prefix
+    # the 149-token tail priced at its own chunk's rate would pay 4x the least at this prefix
     assert costs.attn_ms(149, cached + 8192) > 3.5 * 149 * g[1]
+    # alone, the cheapest chunking's cold compute is 16 even chunks near 512 tokens (the size with
+    # the least cold rate); with the least attention that is the call's floor, above the work
+    floor = least_alone_ms(costs, prompt, cached, budget)
+    assert floor == pytest.approx(5 * costs.cold_ms(522) + 11 * costs.cold_ms(521) + attn)
+    assert floor - attn < costs.cold_ms(557) + 14 * costs.cold_ms(556)  # 15 chunks
+    assert floor - attn < 11 * costs.cold_ms(491) + 6 * costs.cold_ms(490)  # 17 chunks
+    assert work < floor < even < greedy
     call = SimpleNamespace(access=0, sent_s=0.0, prompt_tokens=prompt, instance=0)
-    assert contended_bound_s(costs, [call], [cached], budget) == pytest.approx(work / 1e3)
+    assert contended_bound_s(costs, [call], [cached], budget) == pytest.approx(floor / 1e3)
 
 
-@pytest.mark.parametrize("cached,new,budget", [(0, 5000, 2048), (9000, 9000, 4096), (90_000, 8192 + 149, 8192),
-                                               (30_000, 700, 8192), (200_000, 6000, 2048)])
-def test_no_chunking_pays_less_attention_than_the_bound(costs, cached, new, budget):
-    """Every split of the uncached tokens into chunks of at most the budget on a 64-token grid (the
-    least by dynamic programming) pays at least `least_attn_ms`."""
-    grid = 64
+PROFILES = ("h200-llama3-8b", "h200-llama3-70b")
+
+
+@pytest.fixture(scope="module", params=PROFILES)
+def h200(request) -> CostModel:
+    return CostModel(load_profile(request.param))
+
+
+def _least_chunking(f, cached: int, new: int, budget: int, grid: int) -> float:
+    """The least sum of f(n, start) over every split of `new` tokens after `cached` into chunks
+    of at most `budget`, boundaries on a `grid`-token grid (the last chunk may be short)."""
     units, most = -(-new // grid), budget // grid
-    size = [min(grid * k, new) for k in range(units + 1)]  # tokens done after k units (the last may be short)
+    size = [min(grid * k, new) for k in range(units + 1)]  # tokens done after k units
     best = [0.0] + [float("inf")] * units
     for k in range(1, units + 1):
-        best[k] = min(best[j] + costs.attn_ms(size[k] - size[j], cached + size[j]) for j in range(max(0, k - most), k))
-    assert least_attn_ms(costs, cached + new, cached, budget) <= best[units] + 1e-9
+        best[k] = min(best[j] + f(size[k] - size[j], cached + size[j]) for j in range(max(0, k - most), k))
+    return best[units]
+
+
+def test_cold_is_convex_from_one_token(h200):
+    """`least_alone_ms`'s even split and its stop rule need it: flat below the first measured
+    size, then slopes that never fall."""
+    xs, ys = h200._cold_x, h200._cold_y
+    slopes = [0.0] + [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:])]
+    assert all(a <= b + 1e-12 for a, b in zip(slopes, slopes[1:]))
+
+
+# the first four cross the rate's upward bend at 8192 or 32768 cached with a short chunk: a short
+# chunk first pays less there than budget-sized chunks from the start (the review's (4000, 12000))
+@pytest.mark.parametrize("cached,new,budget", [(4000, 12000, 8192), (7000, 3000, 2048), (30_000, 5000, 4096),
+                                               (28_000, 12_000, 8192), (0, 5000, 2048), (9000, 9000, 4096),
+                                               (90_000, 8192 + 149, 8192), (30_000, 700, 8192),
+                                               (200_000, 6000, 2048)])
+def test_no_chunking_pays_less_attention_than_the_bound(h200, cached, new, budget):
+    """Every split into chunks of at most the budget on a 64-token grid pays at least
+    `least_attn_ms`, and every split alone costs at least `least_alone_ms`."""
+    assert least_attn_ms(h200, cached + new, cached, budget) <= _least_chunking(
+        h200.attn_ms, cached, new, budget, 64) + 1e-9
+    assert least_alone_ms(h200, cached + new, cached, budget) <= _least_chunking(
+        lambda n, c: h200.step_ms([(n, c)]), cached, new, budget, 64) + 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(cached=st.integers(0, 160).map(lambda u: 256 * u), new=st.integers(1, 20_000),
+       budget=st.integers(1, 32).map(lambda u: 256 * u))
+def test_drawn_chunkings_pay_at_least_the_bounds(h200, cached, new, budget):
+    """As above, drawn (cached, new, budget) on a 256-token grid (odd budgets too: the bends at
+    8192 and 32768 need not fall on a chunk boundary)."""
+    assert least_attn_ms(h200, cached + new, cached, budget) <= _least_chunking(
+        h200.attn_ms, cached, new, budget, 256) + 1e-9
+    assert least_alone_ms(h200, cached + new, cached, budget) <= _least_chunking(
+        lambda n, c: h200.step_ms([(n, c)]), cached, new, budget, 256) + 1e-9
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +165,7 @@ def test_no_run_is_under_its_contended_compulsory_bound(runs, costs):
     is below the bound on its own arrivals; the overlap shows (above the calls' work alone and
     above each call's prefill alone: the 256-token budget and the burst make prefills queue)."""
     res, book, budget = runs
-    rate = cheapest_token_ms(costs, budget)
+    rate = costs.least_cold_rate_ms(budget)
     for n, r in res.items():
         hits = book.own_compulsory[n]
         bound = contended_bound_s(costs, r.calls, hits, budget)
@@ -138,10 +187,13 @@ def test_the_report_takes_the_hinted_runs_arrivals(runs, costs):
     assert contended_bounds(costs, {"lru+host": res["lru+host"]}, book, budget) == {}
 
 
-def test_a_call_with_nothing_beside_it_is_bounded_by_its_work(costs):
-    """One call: its SRPT flow is its work (the cheapest rate, under its launch-bound chunk's cost)."""
+def test_a_call_with_nothing_beside_it_is_bounded_by_its_prefill_alone(costs):
+    """One call: its SRPT flow is its work (the cheapest batched rate), under the floor of its
+    cheapest chunking alone; 236 uncached tokens have one chunking worth taking (two chunks pay
+    the flat launch-bound cold cost twice), so the bound is its prefill alone."""
     call = SimpleNamespace(access=0, sent_s=3.0, prompt_tokens=300, instance=0)
-    rate = cheapest_token_ms(costs, 8192)
-    work = prefill_work_ms(costs, 300, 64, 8192, rate)
-    assert work < prefill_alone_s(costs, 300, 64, 8192) * 1e3
-    assert contended_bound_s(costs, [call], [64], 8192) == pytest.approx(work / 1e3)
+    work = prefill_work_ms(costs, 300, 64, 8192, costs.least_cold_rate_ms(8192))
+    alone = prefill_alone_s(costs, 300, 64, 8192)
+    assert work < alone * 1e3 and 2 * costs.cold_ms(118) > costs.cold_ms(236)
+    assert least_alone_ms(costs, 300, 64, 8192) == pytest.approx(alone * 1e3)
+    assert contended_bound_s(costs, [call], [64], 8192) == pytest.approx(alone)
