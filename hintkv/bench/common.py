@@ -89,14 +89,22 @@ def goal(target: float, measured: float | None, met: bool) -> dict[str, Any]:
     return {"target": target, "measured": measured, "met": bool(met)}
 
 
-def goal_at_least(target: float, measured: float | None) -> dict[str, Any]:
-    """A goal met when measured >= target; a missing measurement is never met."""
-    return goal(target, measured, measured is not None and measured >= target)
+NO_REACH = object()  # a goal with no ceiling: no `reachable` verdict
 
 
-def goal_at_most(target: float, measured: float | None) -> dict[str, Any]:
-    """A goal met when measured <= target; a missing measurement is never met."""
-    return goal(target, measured, measured is not None and measured <= target)
+def goal_at_least(target: float, measured: float | None, reach: Any = NO_REACH) -> dict[str, Any]:
+    """A goal met when measured >= target; a missing measurement is never met. `reach`: the
+    most a goal's benchmark shows any policy could measure (a ceiling computed from the runs,
+    None when not known): adds `reachable`, the target within it (None: not known)."""
+    g = goal(target, measured, measured is not None and measured >= target)
+    return g if reach is NO_REACH else {**g, "reachable": None if reach is None else reach >= target}
+
+
+def goal_at_most(target: float, measured: float | None, reach: Any = NO_REACH) -> dict[str, Any]:
+    """A goal met when measured <= target; a missing measurement is never met. `reach`: the
+    least any policy could measure, as for `goal_at_least`."""
+    g = goal(target, measured, measured is not None and measured <= target)
+    return g if reach is NO_REACH else {**g, "reachable": None if reach is None else reach <= target}
 
 
 def format_cell(value: Any) -> str:

@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
           "(ceiling_compulsory: at compulsory misses; ceiling_contended[_compulsory]: the same hits with the "
           "prefills that must overlap served shortest remaining work first on the hinted run's arrivals). "
           "compute_share (NOT a bound): the hinted run with its waits removed; reachable: the target within the "
-          "ceiling (TTFT: the contended one at compulsory misses; no: no policy meets it on these traces)")
+          "ceiling (TTFT: the contended one at compulsory misses, on the hinted run's arrivals, else unknown; "
+          "hit rate: on the runs' access orders)")
     cols = ["goal", "target", "measured", "met", "reachable", "ceiling", "ceiling_compulsory", "ceiling_contended",
             "ceiling_contended_compulsory", "compute_share"]
     print_table([{"goal": k, **{c: v.get(c, "-") for c in cols[1:]}} for k, v in g.items()], cols)

@@ -69,6 +69,20 @@ def test_goal_objects_are_computed_from_measurements():
     assert goal_at_most(1.5, None)["met"] is False
 
 
+def test_a_goals_verdict_follows_its_direction():
+    """`reachable`: the target within the ceiling, each way; an unknown ceiling gives None, no
+    ceiling no verdict; a goal met is never unreachable."""
+    assert goal_at_least(0.3, 0.2, reach=0.35)["reachable"] is True
+    assert goal_at_least(0.3, 0.2, reach=0.25)["reachable"] is False
+    assert goal_at_most(300.0, 350.0, reach=250.0)["reachable"] is True
+    assert goal_at_most(300.0, 350.0, reach=320.0)["reachable"] is False
+    assert goal_at_least(0.3, 0.2, reach=None)["reachable"] is None
+    assert "reachable" not in goal_at_least(0.3, 0.2) and "reachable" not in goal_at_most(1.0, 2.0)
+    for at, target, measured, reach in ((goal_at_least, 0.3, 0.31, 0.31), (goal_at_most, 300.0, 299.0, 299.0)):
+        g = at(target, measured, reach=reach)
+        assert g["met"] and g["reachable"]
+
+
 def test_format_table_aligns_columns_and_marks_missing():
     rows = [{"model": "tiny", "tok_s": 1234.5, "ratio": 0.5}, {"model": "smollm2-135m", "tok_s": 12.345}]
     text = format_table(rows, ["model", "tok_s", "ratio"])

@@ -107,8 +107,11 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     # no policy takes more off a task than its whole serving time
     task = last["goals"]["task_e2e_reduction_vs_lru"]
     assert task["measured"] <= task["ceiling"] < 1
-    # reachable: the target within the ceiling (the traces cap the task goal: tool and think time)
-    assert task["reachable"] is (task["ceiling"] >= task["target"]) and ratio["reachable"] is (ratio["ceiling"] >= 1.33)
+    # reachable: the target within the ceiling (the traces cap the task goal: tool and think time);
+    # a goal the run met is within its ceiling, since the ceiling holds for every run
+    for g in last["goals"].values():
+        assert not (g["met"] and g.get("reachable") is False), g
+    assert task["reachable"] is False and ratio["reachable"] is False
     assert "reachable" not in last["goals"]["peak_host_bytes_reduction_vs_lru_host"]  # no ceiling, no verdict
     # TTFT: each call's own prefill alone at the oracle+host's hits (ceiling), at compulsory misses
     # (ceiling_compulsory: no run's mean TTFT is below it); compute_share is the hinted run's waits removed
@@ -116,7 +119,10 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     assert 0 <= ttft["compute_share"] < 1
     assert ttft["measured"] <= ttft["ceiling_compulsory"] + 1e-9 and ttft["ceiling_compulsory"] < 1
     assert ttft["ceiling"] <= ttft["ceiling_compulsory"] + 1e-9
-    assert ttft["reachable"] is (ttft["ceiling_contended_compulsory"] >= 0.3)
+    # the verdict's ceiling: no run's TTFT is under the contended bound at compulsory misses (here
+    # every call's cheapest chunking alone: the calls barely overlap), whatever the policy
+    assert ttft["measured"] <= ttft["ceiling_contended_compulsory"] + 1e-9
+    assert ttft["reachable"] is False and ttft["ceiling_contended_compulsory"] < 0.3
     bounds = last["ttft_bounds"]
     assert bounds["oracle"] == "oracle+host" and 0 < bounds["compulsory_s"] <= bounds["bound_s"]
     assert all(r["ttft_mean_s"] >= bounds["compulsory_s"] - 1e-9 for r in last["results"].values() if "ttft_mean_s" in r)

@@ -1,0 +1,50 @@
+"""`sim.goals`: each goal's verdict against the ceiling that holds for it (TTFT: the contended
+bound at compulsory misses only), on real `SimResult`s of hand-set calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from hintkv.sim.goals import goals
+from hintkv.sim.simulate import SimResult, TaskSpan
+from hintkv.workload.records import CallRecord
+
+
+def _run(config: str, ttft_s: float, task_s: float, cached: int) -> SimResult:
+    call = CallRecord("t0", "s0", 0, 0.0, ttft_s=ttft_s, e2e_s=ttft_s, prompt_tokens=100, cached_tokens=cached)
+    return SimResult(config, [call], [TaskSpan("t0", 0.0, task_s)], num_steps=1, busy_s=ttft_s, sim_s=task_s,
+                     wall_s=1.0, num_events=1, num_preemptions=0, prompt_tokens=100, prompt_tokens_computed=100 - cached)
+
+
+@pytest.fixture
+def runs():
+    # the hinted run takes 20% off lru+host's TTFT; tasks barely move; hit rates 0.5 / 0.6
+    return {"lru": _run("lru", 1.0, 100.0, 50), "lru+host": _run("lru+host", 1.0, 100.0, 50),
+            "sam+hints+host": _run("sam+hints+host", 0.8, 99.0, 60)}
+
+
+def test_the_ttft_verdict_takes_only_the_contended_compulsory_ceiling(runs):
+    """The alone bounds say 0.5 could come off; the contended one 0.1: not reachable. Without a
+    contended bound the verdict is unknown, not the alone bound's."""
+    bounds = {"bound_s": 0.5, "compulsory_s": 0.5, "contended_s": 0.9, "contended_compulsory_s": 0.9}
+    g = goals(runs, {"oracle+host": 0.9}, users=1, zero_serving_task_s=90.0, ttft_bounds=bounds)
+    ttft = g["ttft_reduction_vs_lru_host"]
+    assert ttft["ceiling_compulsory"] == pytest.approx(0.5) and ttft["ceiling_contended_compulsory"] == pytest.approx(0.1)
+    assert ttft["reachable"] is False and not ttft["met"]
+    bounds = {"bound_s": 0.5, "compulsory_s": 0.5}
+    ttft = goals(runs, {}, users=1, ttft_bounds=bounds)["ttft_reduction_vs_lru_host"]
+    assert ttft["ceiling_compulsory"] == pytest.approx(0.5) and ttft["reachable"] is None
+
+
+def test_each_ceiling_gives_its_goal_a_verdict_or_none(runs):
+    g = goals(runs, {"oracle+host": 0.9}, users=1, zero_serving_task_s=50.0)
+    assert g["task_e2e_reduction_vs_lru"]["ceiling"] == pytest.approx(0.5)
+    assert g["task_e2e_reduction_vs_lru"]["reachable"] is True  # 0.3 within 0.5
+    assert g["hit_rate_ratio_vs_lru"]["ceiling"] == pytest.approx(1.8) and g["hit_rate_ratio_vs_lru"]["reachable"]
+    assert g["ttft_reduction_vs_lru_host"]["reachable"] is None  # no bounds
+    # every ceiling missing: every verdict unknown; goals with no ceiling get none
+    g = goals(runs, {}, users=1)
+    assert [g[k]["reachable"] for k in ("ttft_reduction_vs_lru_host", "task_e2e_reduction_vs_lru",
+                                         "hit_rate_ratio_vs_lru")] == [None, None, None]
+    assert not any("reachable" in g[k] for k in ("ttft_reduction_vs_lru", "peak_host_bytes_reduction_vs_lru_host",
+                                                  "captured_headroom_vs_oracle", "sim_wall_s_per_config"))
