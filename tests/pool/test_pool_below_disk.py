@@ -14,7 +14,7 @@ from hintkv.tiers.host import HostTier
 from hintkv.tiers.mover import Mover
 from hintkv.tiers.pool import PoolTier
 from hintkv.tiers.stack import TierStack
-from tests.pool.test_pool_tier import FRAME, LAYOUT, key, payload, same
+from tests.pool.blocks import FRAME, LAYOUT, key, payload, same
 
 
 @pytest.fixture
