@@ -19,15 +19,18 @@ Semantics shared by all tiers:
     inside a class, without scanning the tier. Blocks still being written are never evicted. Each evicted block is
     reported to `on_evict(key, payload)`, under the tier's lock; `payload` is a tensor view
     valid only during the call (copy it to keep it), or None when the tier cannot provide the
-    bytes. A tier whose bytes cost a read (disk) provides them only for the keys the listener
-    `wants` (`set_on_evict`): it reads the block back on the mover and reports the eviction
-    from there once the read finished (None if the block failed its checks); any other key is
-    reported at once, with None.
+    bytes. A tier whose bytes cost a read (disk, `reads_back`) provides them only for the keys
+    the listener `wants` (`set_on_evict`), asked once, under its lock, at eviction: it reads
+    the block back on the mover and reports the eviction from there, with bytes the listener
+    then owns (None if the block failed its checks); until then the block still counts as held
+    (`contains`, `get`), and a `remove` cancels the hand-down (reported then, with None). Any
+    other key is reported at once, with None. Every eviction is reported exactly once.
   - `get(key, dst)` is asynchronous: True once `dst` holds the block's exact bytes; False on a
     miss, including a block that fails its checksum or an I/O error (the caller recomputes).
     On False the content of `dst` is undefined. Errors are counted and logged, never raised.
   - `remove(key)` forgets a block now; storage is reclaimed once in-flight reads of it finish.
-  - `contains(key)` is a probe: it does not count as an access for eviction order.
+  - `contains(key)` is a probe: it does not count as an access for eviction order. `known(key)`
+    answers from the tier's own index, never a remote round trip (safe under another tier's lock).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class Tier(ABC):
 
     name: str = "tier"
     upper: str = "device"  # where blocks come from; names transfer directions ("device->host")
+    lower: str | None = None  # the tier evicted blocks go down to (set by the stack)
+    reads_back = False  # evicted bytes cost a read: reported only for keys the listener wants
     layout: BlockLayout  # the payload every block of this tier has
 
     @abstractmethod
@@ -80,6 +85,10 @@ class Tier(ABC):
     def contains_many(self, keys: list[bytes]) -> list[bool]:
         """`contains` for many keys (a remote tier answers them in one round trip)."""
         return [self.contains(k) for k in keys]
+
+    def known(self, key: bytes) -> bool:
+        """`contains` from this tier's own index: never a remote round trip."""
+        return self.contains(key)
 
     @abstractmethod
     def put(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]: ...

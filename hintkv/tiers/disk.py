@@ -36,6 +36,7 @@ from hintkv.tiers.disk_format import (
     decode_header,
     encode_header,
 )
+from hintkv.tiers.hand_down import HandDown
 from hintkv.tiers.index import Entry, IndexedTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, resolved
@@ -83,7 +84,7 @@ def _as_bytes(t: torch.Tensor):
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
-class DiskTier(IndexedTier):
+class DiskTier(HandDown, IndexedTier):
     name = "disk"
 
     def __init__(self, layout: BlockLayout, directory: str | os.PathLike, capacity_bytes: int,
@@ -120,6 +121,7 @@ class DiskTier(IndexedTier):
         with self._lock:
             self._check_entries()
             assert all(e.ready for e in self._entries.values()), "disk: a write never finished"
+            assert not self._leaving, "disk: a hand-down never finished"
             try:
                 names = {p.name for p in self.directory.iterdir()} if self.directory.exists() \
                     else set()
@@ -214,34 +216,29 @@ class DiskTier(IndexedTier):
     def _drop(self, key: bytes, evicted: bool) -> None:
         self._pop_entry(key)
         path = self._path(key)
-        if evicted and self._on_evict is not None and self._wants is not None \
-                and self._wants(key):  # the tier below keeps it: read it back first
-            job = lambda: self._hand_down(key, path)  # noqa: E731
-        else:
-            if evicted:
-                self._safe_on_evict(key, None)
-            job = lambda: self._unlink(path)  # noqa: E731
+        if evicted and self._queue_hand_down(key, path):  # read back for the tier below
+            return
+        if evicted:
+            self._safe_on_evict(key, None)
         # after the file's last I/O; a new put of the key waits for this one (`_track`)
-        self._track(key, self.mover.run(None, job, 0, 0, after=self._after(key)))
+        self._track(key, self.mover.run(None, lambda: self._unlink(path), 0, 0,
+                                        after=self._after(key)))
 
-    def _hand_down(self, key: bytes, path: Path) -> bool:
-        """An evicted block whose bytes the listener wants (the stack: to put it into the
-        pool): read back from its file, checked as any read, reported under the lock with its
-        bytes (None if they failed the checks: never hand down a bad block), then unlinked."""
-        payload: torch.Tensor | None = torch.empty(self.layout.shape, dtype=self.layout.dtype)
+    def _read_back(self, key: bytes) -> torch.Tensor | None:
+        """An evicted block's bytes, read from its file and checked as any read, for the tier
+        below (`HandDown`); None if they failed the checks: never hand down a bad block."""
+        payload = torch.empty(self.layout.shape, dtype=self.layout.dtype)
         try:
             self._read_checked(key, _as_bytes(payload))
         except (FileNotFoundError, BadBlockFile) as e:
             log.warning("disk tier: not handing down block %s: %s", key.hex(), e)
             with self._lock:
                 self._stats.num_corrupt += 1
-            payload = None
+            return None
         except OSError as e:
             self._io_error(f"read back {key.hex()}", e)
-            payload = None
-        with self._lock:
-            self._safe_on_evict(key, payload)
-        return self._unlink(path)
+            return None
+        return payload
 
     def _discard(self, key: bytes, entry: Entry, reason: str) -> None:
         log.warning("disk tier: dropping block %s: %s", key.hex(), reason)

@@ -9,8 +9,9 @@
 holds are not worth a write to a slower tier. `on_drop(key)` hears of every evicted block that
 was not passed down (an upper tier may still hold a promoted copy: ask `lookup`). Both run
 under the evicting tier's lock: they must be quick and must not call into the tiers. A tier
-whose bytes cost a read (disk) asks `keep` first, and reads back only what is kept (see
-`Tier.set_on_evict`): a disk eviction reaches the pool from the mover, once read and checked.
+whose bytes cost a read (disk) asks first (`_wants`: kept, and not already in the tier below),
+and reads back only those (see `Tier.set_on_evict`, `tiers.hand_down`): a disk eviction reaches
+the pool from the mover, once read and checked; until then the disk still serves it.
 
 Each tier evicts by the classes on the engine's `RankBoard` (`Tier.set_ranks`). A failed read
 on one tier (corrupt block, I/O error) falls through to the next tier that has the key, and
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 class StackStats:
     tiers: dict[str, TierStats]
     transfers: MoverStats  # bytes / blocks per direction, load wait, over all movers
-    num_cascaded: int  # evicted blocks written one tier down
+    num_cascaded: int  # evicted blocks written one tier down (or already there)
     num_dropped: int  # evicted blocks that left the stack (not kept, or evicted from the bottom)
     num_promoted: int  # lower-tier hits copied up into tiers[0]
     num_spilled: int  # stored blocks the top tier refused, written to a lower tier instead
@@ -75,9 +76,11 @@ class TierStack:
         self._num_cascaded = self._num_dropped = self._num_promoted = self._num_spilled = 0
         for i, tier in enumerate(tiers):
             tier.upper = "device" if i == 0 else tiers[i - 1].name
+            tier.lower = tiers[i + 1].name if i + 1 < len(tiers) else None
             # `wants`: what a tier must read back to hand down (disk) is read only if kept
             tier.set_on_evict(lambda key, payload, i=i: self._evicted(i, key, payload),
-                              wants=self._wants if i + 1 < len(tiers) else None)
+                              wants=(lambda key, i=i: self._wants(i, key))
+                              if i + 1 < len(tiers) else None)
 
     def set_keep(self, keep: Callable[[bytes], bool]) -> None:
         self._keep = keep
@@ -219,15 +222,24 @@ class TierStack:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _wants(self, key: bytes) -> bool:
-        return self._keep(key)  # late-bound: `set_keep` may replace `_keep`
+    def _wants(self, i: int, key: bytes) -> bool:
+        """Whether tier i should read an evicted block back for the tier below (asked once, at
+        eviction, under tier i's lock): kept, and not already there. `known`, never `contains`:
+        no pool round trip under a tier lock (tier i -> tier i+1: the lock order's direction)."""
+        return not self.tiers[i + 1].known(key) and self._keep(key)  # `_keep`: late-bound
 
     def _evicted(self, i: int, key: bytes, payload: torch.Tensor | None) -> None:
-        """Called by tier i, under its lock, with a payload view valid only during the call.
-        Only calls downward (tier i+1), so tier locks are always taken top-down."""
+        """Called by tier i, under its lock. A tier that `reads_back` already decided (`_wants`)
+        and gives its payload away; any other's payload is a view valid only during the call,
+        kept if `keep` says so. Only calls downward (tier i+1), so tier locks are taken top-down."""
+        tier = self.tiers[i]
         below = self.tiers[i + 1] if i + 1 < len(self.tiers) else None
-        if below is not None and payload is not None and self._keep(key):
-            below.put([(key, payload.clone())])  # the slot is reused as soon as we return
+        if below is not None and payload is not None and (tier.reads_back or self._keep(key)):
+            below.put([(key, payload if tier.reads_back else payload.clone())])
+            with self._lock:
+                self._num_cascaded += 1
+            return
+        if below is not None and payload is None and below.known(key):  # already below: kept
             with self._lock:
                 self._num_cascaded += 1
             return

@@ -137,6 +137,9 @@ def test_no_lock_order_cycle_under_concurrent_store_load_scrape(layout, key, pay
     top = stack.tiers[0].name
     assert (top, "stack") in order.edges, order.explain()  # an eviction's callback
     assert (top, stack.tiers[1].name) in order.edges, order.explain()  # a cascade
+    if "disk" in shape and "pool" in shape:  # a disk eviction asks the pool (`known`), and a
+        assert ("disk", "pool") in order.edges, order.explain()  # hand-down puts into it,
+        assert ("disk", "pool.queue") in order.edges, order.explain()  # queued under its lock
     stack.flush()
     stack.check_integrity()
     stack.close()
