@@ -73,6 +73,33 @@ def test_claude_code_blocks_are_deterministic_and_scaled(claude):
     assert a.root.calls[-1].wait_s == 0.0
 
 
+def test_claude_code_block_tokens_are_the_digest_per_token(claude):
+    """The batched draw (`_Blocks.many`, numpy) gives each hash id the tokens of the per-token
+    formula it replaced: SHAKE-128 of (seed, id) read as native uint16, TOKEN_LOW + v % span.
+    Every token id of every recorded workload depends on it."""
+    import hashlib
+    from array import array
+
+    from hintkv.workload.traces.claude_code import TOKEN_HIGH, TOKEN_LOW, _Blocks
+
+    def reference(seed: bytes, n: int) -> tuple[int, ...]:
+        raw = array("H", hashlib.shake_128(seed).digest(2 * n))
+        return tuple(TOKEN_LOW + v % (TOKEN_HIGH - TOKEN_LOW) for v in raw)
+
+    blocks = _Blocks("trace_0002:0:1", 16)
+    hids = [7, 3, 7, 123456, 0, 3]  # repeats and ids drawn before
+    assert blocks[3] == reference(b"trace_0002:0:1:3", 16)
+    got = blocks.many(hids)
+    assert got == [reference(b"trace_0002:0:1:" + str(h).encode(), 16) for h in hids]
+    assert got[0] is got[2]  # one tuple per id: prompts share their chunks
+    assert blocks.tail("main:4", 37) == reference(b"trace_0002:0:1:tail:main:4", 37)
+    # and through a task: the first call's first block is the first hash id's draw
+    s = claude[0]
+    first = next(r for r in s.requests if r.get("type") != "subagent")
+    call = s.task("t", Scale(1.0), salt="r").root.calls[0]
+    assert call.prompt[0] == reference(f"{s.name}:r:{first['hash_ids'][0]}".encode(), 64)
+
+
 def test_gzip_or_not(tmp_path, claude):
     src = TRACES / "claude-code" / "trace_0002.json.gz"
     with gzip.open(src, "rb") as f, open(tmp_path / "trace_0002.json", "wb") as g:
