@@ -53,6 +53,7 @@ from hintkv.sim.simulate import (
     simulate,
 )
 from hintkv.sim.workload import DEFAULT_TRACES, build_workload
+from hintkv.sim.workload_cache import cached_workload
 
 ORACLES = ("oracle", "oracle+host", "oracle+pool")
 ONE_INSTANCE_CONFIGS = ("lru", "lru+host", "sam+hints", "sam+hints+host", "oracle", "oracle+host")
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help=f"a reduced workload: {QUICK}")
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--workload-cache", type=Path, default=None, metavar="DIR",
+                   help="keep the built workload in DIR, keyed by the traces' bytes, the knobs and the "
+                        "loaders' source (sim/workload_cache.py; a pickle: a directory you own)")
     p.add_argument("--no-fast-decode", action="store_true",
                    help="step every decode (no decode stretches as one event: the same report, slower)")
     args = p.parse_args(argv)
@@ -189,12 +193,17 @@ def main(argv: list[str] | None = None) -> int:
         names.insert(0, "lru")  # the oracle replays the lru run's accesses
     device_tokens = args.device_tokens or int(profile.device_kv_tokens * args.token_scale)
     t0 = time.perf_counter()
-    wl = build_workload(args.traces, args.users, args.seed, args.token_scale, args.max_calls, args.max_tasks)
+    if args.workload_cache is not None:
+        wl, from_cache = cached_workload(args.workload_cache, args.traces, args.users, args.seed, args.token_scale,
+                                args.max_calls, args.max_tasks)
+    else:
+        wl, from_cache = build_workload(args.traces, args.users, args.seed, args.token_scale, args.max_calls,
+                                        args.max_tasks), False
     load_s = time.perf_counter() - t0
     bound_task_s = zero_serving_task_s(wl, args.block_size)  # no policy's mean task time is below it
     print(f"[sim] workload: {len(wl.tasks())} tasks, {wl.num_calls} calls, {wl.prompt_tokens / 1e6:.1f}M "
           f"prompt tokens, {args.users} users on {args.instances} instance(s); profile {profile.name}; device "
-          f"{device_tokens} tokens; loaded in {load_s:.1f}s", file=sys.stderr, flush=True)
+          f"{device_tokens} tokens; loaded in {load_s:.1f}s{' (from --workload-cache)' if from_cache else ''}", file=sys.stderr, flush=True)
     results: dict[str, SimResult] = {}
     scheduling: dict[str, str] = {}
     blocks = device_tokens // args.block_size
