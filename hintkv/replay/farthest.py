@@ -29,17 +29,25 @@ from collections.abc import Sequence
 import numpy as np
 
 
+class _Ids(dict):
+    """Block hash -> its id, ids given in first-seen order (`ids[h]` files an unseen `h`)."""
+
+    def __missing__(self, h) -> int:
+        j = self[h] = len(self)
+        return j
+
+
 class AccessIndex:
     """An access sequence as flat int arrays: for each access its prompt's ids (`prompt`,
     `p_off`), its distinct touched ids in depth order (prompt then written; `touch`, `t_off`)
     and, for each touch, the block's next read after it (`nxt`; `self.n` = never)."""
 
     def __init__(self, accesses: Sequence) -> None:
-        ids: dict[bytes, int] = {}
+        ids = _Ids()
         prompt, touch = array("q"), array("q")  # 8 bytes an id (a list of ints: ~36)
         p_off, t_off, reads = [0], [0], []
         for a in accesses:
-            p = [ids.setdefault(h, len(ids)) for h in a.prompt]
+            p = list(map(ids.__getitem__, a.prompt))  # C-level; a new hash takes the next id
             prompt.extend(p)
             p_off.append(len(prompt))
             seen = set(p)
@@ -49,7 +57,7 @@ class AccessIndex:
             if w and w[:len(a.prompt)] == a.prompt:  # the usual case: the prompt's blocks, then more
                 w = w[len(a.prompt):]
             for h in w:
-                j = ids.setdefault(h, len(ids))
+                j = ids[h]
                 if j not in seen:
                     seen.add(j)
                     touch.append(j)

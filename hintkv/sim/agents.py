@@ -80,7 +80,10 @@ def prompt_and_shared(old: _Memo, chunks) -> tuple[list[int], int]:
             break
         n += len(a)
         k += 1
-    prompt = old.tokens[:n] + list(itertools.chain.from_iterable(chunks[k:]))
+    # one slice, extended in place: `old[:n] + list(rest)` touched each shared token's refcount three
+    # times (scattered int objects: 10.7% of a 20-task full-scale run under py-spy)
+    prompt = old.tokens[:n]
+    prompt.extend(itertools.chain.from_iterable(chunks[k:]))
     if k < len(old.chunks) and k < len(chunks):  # chunk boundaries may differ from here on
         return prompt, n + common_prefix(old.tokens[n:], prompt[n:])
     return prompt, n
@@ -221,6 +224,6 @@ class ProgramDriver:
         bs = self._bs
         same = min(shared, len(memo.hashes) * bs) // bs
         keep = memo.hashes[:same]
-        more = hash_blocks(self.root, prompt, bs, start=same, parent=keep[-1] if keep else None)
-        memo.tokens, memo.hashes, memo.chunks = prompt, keep + more, chunks
+        keep.extend(hash_blocks(self.root, prompt, bs, start=same, parent=keep[-1] if keep else None))
+        memo.tokens, memo.hashes, memo.chunks = prompt, keep, chunks
         return memo.hashes
