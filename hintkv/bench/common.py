@@ -217,11 +217,32 @@ class PromptFactory:
 # ---------------------------------------------------------------- server processes
 
 
+PORTS_ENV = "HINTKV_BENCH_PORTS"  # "LO-HI": servers take ports from this range only (a shared machine)
+_next_port: list[int] = []  # where the range's next search starts: after the last port handed out
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago: any (the OS's choice), or, with
+    HINTKV_BENCH_PORTS=LO-HI, a free one of that range, searched from after the last one handed
+    out (servers launched together do not get the same port before any of them listens)."""
+    spec = os.environ.get(PORTS_ENV)
+    if not spec:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    lo_s, _, hi_s = spec.partition("-")
+    lo, hi = int(lo_s), int(hi_s or lo_s)
+    start = _next_port[0] if _next_port and lo <= _next_port[0] <= hi else lo
+    for i in range(hi - lo + 1):
+        port = lo + (start - lo + i) % (hi - lo + 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _next_port[:] = [port + 1]
+        return port
+    raise RuntimeError(f"{PORTS_ENV}={spec}: no free port left in the range")
 
 
 @dataclass(slots=True)

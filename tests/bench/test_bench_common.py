@@ -171,3 +171,22 @@ def test_server_process_reports_an_early_exit():
                       startup_timeout_s=30)
     with pytest.raises(RuntimeError, match="boom"):
         ServerProcess(spec).start()
+
+
+def test_free_port_keeps_to_the_range_it_is_given(monkeypatch):
+    """HINTKV_BENCH_PORTS=LO-HI (a shared machine's share of ports): every server port comes
+    from the range, a taken port is skipped, and ports handed out one after another differ
+    before any server listens on them."""
+    import socket
+
+    from hintkv.bench import common
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        lo = taken.getsockname()[1]
+        monkeypatch.setenv(common.PORTS_ENV, f"{lo}-{lo + 3}")
+        monkeypatch.setattr(common, "_next_port", [])
+        ports = [common.free_port() for _ in range(3)]
+    assert lo not in ports and len(set(ports)) == 3
+    assert all(lo < p <= lo + 3 for p in ports)
+    assert common.free_port() in range(lo, lo + 4)  # wraps around the range once it is through
