@@ -35,22 +35,27 @@ LIVE = (("lru", "lru", False, False), ("lru+host", "lru", False, True), ("sam", 
         ("lru+host/pf", "lru", False, True), ("lru+host/sf", "lru", False, True),
         ("sam+host/fair", "sam", True, True), ("sam+host/sf", "sam", True, True),
         ("lru+host/ss", "lru", False, True), ("sam+host/ss", "sam", True, True),
-        ("sam+host/watch", "sam", True, True), ("lru+host/ja", "lru", False, True), ("sam+host/ja", "sam", True, True))
+        ("sam+host/watch", "sam", True, True), ("lru+host/ja", "lru", False, True), ("sam+host/ja", "sam", True, True),
+        ("sam+host/fine", "sam", True, True), ("sam+host/fine-watch", "sam", True, True))
 HINTED_ADMISSION = "prefill-judged"  # the hinted runs' scheduler (and qlru+host's, lru+host/pf's)
 LIVE_ADMISSION = {"lru": "fcfs", "lru+host": "fcfs", "sam": HINTED_ADMISSION, "sam+host": HINTED_ADMISSION,
                   "qlru+host": HINTED_ADMISSION, "lru+host/pf": HINTED_ADMISSION,
                   "lru+host/sf": "short-first", "sam+host/fair": "prefill-fair",
                   "sam+host/sf": "short-first", "lru+host/ss": "fcfs",
                   "sam+host/ss": HINTED_ADMISSION, "sam+host/watch": HINTED_ADMISSION,
-                  "lru+host/ja": "judged-alone", "sam+host/ja": "judged-alone"}  # offline: ADMISSION
+                  "lru+host/ja": "judged-alone", "sam+host/ja": "judged-alone",
+                  "sam+host/fine": HINTED_ADMISSION, "sam+host/fine-watch": HINTED_ADMISSION}  # offline: ADMISSION
 # the /ja rows: `judged-alone` (engine/admission_alone.py), engine-only, so lru+host/ja shows what it gives alone
 # the /ss rows: their run with the opt-in `--load-timing same-step` (a host hit computes in the step its
 # load starts; every other run: the engine's default `next-step`, engine/load_timing.py). A row's own
 # arguments come after `--server-arg`, so no `--server-arg` can turn a /ss row back.
 # the /watch row: SAM's predicted-resume prefetch keeps looking until the call arrives (the opt-in
 # `--resume-prefetch watch`, cache/resume_prefetch.py), against sam+host's default `once`
+# the /fine row: sam+host with sam's bands cut finer (`--eviction-policy sam-fine`, cache/policies/sam_fine.py);
+# /fine-watch: that and the resume watch (a session due sooner than others now has room ranked below it)
 LIVE_SERVER_ARGS = {"lru+host/ss": ["--load-timing", "same-step"], "sam+host/ss": ["--load-timing", "same-step"],
-                    "sam+host/watch": ["--resume-prefetch", "watch"]}
+                    "sam+host/watch": ["--resume-prefetch", "watch"], "sam+host/fine": ["--eviction-policy", "sam-fine"],
+                    "sam+host/fine-watch": ["--eviction-policy", "sam-fine", "--resume-prefetch", "watch"]}
 DEFAULT_RUNS = ("lru", "lru+host", "sam", "sam+host", "qlru+host", "lru+host/pf")
 
 

@@ -133,6 +133,18 @@ def test_the_watch_row_is_sam_host_with_the_opt_in_resume_watch():
         EngineConfig(model="dummy:tiny", resume_prefetch="twice")
 
 
+def test_the_fine_row_is_sam_host_with_sam_fine():
+    """`sam+host/fine`'s server is sam+host's with `--eviction-policy sam-fine` last, so the
+    server's parser keeps that one (`hintkv serve` parsed as the bench launches it)."""
+    from hintkv.bench.swarm_live import LIVE, LIVE_ADMISSION, LIVE_SERVER_ARGS
+    from hintkv.cli import build_parser, engine_config_from_args
+
+    runs = {name: rest for name, *rest in LIVE}
+    assert runs["sam+host/fine"] == runs["sam+host"] and LIVE_ADMISSION["sam+host/fine"] == LIVE_ADMISSION["sam+host"]
+    argv = ["serve", "--model", "dummy:tiny", "--eviction-policy", "sam", *LIVE_SERVER_ARGS["sam+host/fine"]]
+    assert engine_config_from_args(build_parser().parse_args(argv)).eviction_policy == "sam-fine"
+
+
 @pytest.mark.parametrize("users,seed", [(3, 2), (5, 7)])
 def test_pinned_oracle_bounds_every_run_at_every_capacity_of_the_sweep(users, seed):
     """The headroom goal's reference (`oracle/pinned`: never evicts a running request's blocks) is
