@@ -12,7 +12,7 @@ costs about the same at 8 and 16 rows here; a single row takes two one-row calls
 one-row path is 3-10x faster than its 2-row GEMM on this CPU). The activation error is
 then ~1/127 of one int8 step: on SmolLM2 the activations, not the weights, were W8A8's error (KL
 to float32 per token, 295 fixed tokens: weights and activations int8 0.0116, weights only 0.0024,
-two-level activations 0.0024; see docs/benchmarks.md).
+two-level activations 0.0024; see docs/benchmarks/engine.md).
 
 On a CPU the quantize and the rescale are one fused call each (`int8_cpu.py`, same arithmetic;
 eager ops when it cannot be built), and a step of a few rows is one call (`gemv`) that reads the
