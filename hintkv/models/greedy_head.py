@@ -28,7 +28,7 @@ from types import ModuleType
 
 import torch
 
-from hintkv.models import cpu_ext, cpu_kernels
+from hintkv.models import cpu_ext, cpu_kernels, int8
 
 _SOURCE = (Path(__file__).parent / "csrc" / "greedy_head.cpp").read_text()
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
@@ -42,7 +42,7 @@ MAX_ROWS = 12
 
 
 def ops() -> ModuleType | None:
-    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen"], _CFLAGS)
+    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen", "blocked"], _CFLAGS)
 
 
 def quantise_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,6 +83,8 @@ class GreedyHead:
             self._key = key
             self._prepared = quantise_rows(self.weight) if self.applies() and bool(
                 torch.isfinite(self.weight).all()) else None
+            if self._prepared is not None and ops().blocked():  # the VNNI build reads 16-row blocks
+                self._prepared = (int8.block_weight(self._prepared[0].t())[0], *self._prepared[1:])
         return self._prepared is not None
 
     @torch.inference_mode()

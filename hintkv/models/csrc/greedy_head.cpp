@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <vector>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -38,30 +39,7 @@ constexpr int kOffset = 128;  // x's int8 values go in as u8 = xq + 128 (dpbusd 
 constexpr int kOffset = 0;  // AVX2 keeps them signed
 #endif
 
-#if defined(HINTKV_VNNI)
-// out[r * ldo + i] = u_i . q_r (u8 x s8, int32) for R weight rows and M x rows, all of H bytes (row
-// stride H for q, Hp for u, which is zero past H): R x M independent accumulator chains
-template <int R, int M>
-inline void dots_u8s8(const uint8_t* u, int64_t Hp, const int8_t* q, int64_t H, int32_t* out, int64_t ldo) {
-    __m512i c[R][M];
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < M; ++i) c[r][i] = _mm512_setzero_si512();
-    for (int64_t d = 0; d < H; d += 64) {
-        const __mmask64 m = H - d >= 64 ? ~__mmask64(0) : ((__mmask64(1) << (H - d)) - 1);
-        __m512i xv[M];
-        for (int i = 0; i < M; ++i) xv[i] = _mm512_loadu_si512(u + i * Hp + d);
-        for (int r = 0; r < R; ++r) {
-            // the block PREFETCH_ROWS rows on: hardware prefetchers stop at each 4 KiB page, which
-            // 8 rows of 512 bytes fill (a one-row step ran at half the bandwidth without this)
-            _mm_prefetch(reinterpret_cast<const char*>(q + (r + PREFETCH_ROWS) * H + d), _MM_HINT_T0);
-            const __m512i wv = _mm512_maskz_loadu_epi8(m, q + r * H + d);
-            for (int i = 0; i < M; ++i) c[r][i] = _mm512_dpbusd_epi32(c[r][i], xv[i], wv);
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < M; ++i) out[r * ldo + i] = _mm512_reduce_add_epi32(c[r][i]);
-}
-#elif defined(HINTKV_SCREEN)
+#if defined(HINTKV_SCREEN) && !defined(HINTKV_VNNI)
 // The same sums on AVX2, x kept signed (u holds xq as int8, kOffset 0): vpmaddubsw multiplies |x| (u8) by
 // sign(x) q (s8) into int16 pair sums, exact since 2 x 127 x 127 < 2^15, vpmaddwd by 1 widens them to int32.
 template <int R, int M>
@@ -131,6 +109,114 @@ bool has_screen() {
 #endif
 }
 
+#if defined(HINTKV_VNNI)
+namespace {
+
+struct Screen {
+    const int32_t* u;                   // x's rows as u8 quads, row stride Hq
+    const int8_t* wb;                   // the blocked copy [Vb][Hq][16][4]
+    const float *sp, *ep, *sx, *l1, *dx;
+    const int32_t* wsp;
+    int64_t N, V, Hq, ld;               // ld = Vb * 16
+    float* hi;                          // [N][ld]: a_r + b_r (-inf past V)
+};
+
+// blocks [v0, v0 + B) (16 rows each, [Hq][16][4] int8: block_weight's layout) against G x rows: each block's 16
+// dot products per x row land in one register (the row-major screen reduced every (row, x row) pair's register
+// horizontally: ~40% of its instructions at 8 rows); a dpbusd does 64 multiply-adds with x's 4 bytes broadcast.
+// Then hi for each x row, and the rows' a_r - b_r folded into lo [G] (vector maxima). Registers: B x G
+// accumulators, G broadcasts, one weight line (of 32).
+template <int B, int G>
+inline void screen_blocks(const Screen& sc, int64_t v0, __m512* lo) {
+    __m512i acc[B][G];
+    for (int b = 0; b < B; ++b)
+        for (int g = 0; g < G; ++g) acc[b][g] = _mm512_setzero_si512();
+    const int8_t* wb = sc.wb + v0 * sc.Hq * 64;
+    for (int64_t kq = 0; kq < sc.Hq; ++kq) {
+        __m512i xb[G];
+        for (int g = 0; g < G; ++g) xb[g] = _mm512_set1_epi32(sc.u[g * sc.Hq + kq]);
+        for (int b = 0; b < B; ++b) {
+            const int8_t* line = wb + (b * sc.Hq + kq) * 64;
+            _mm_prefetch(reinterpret_cast<const char*>(line + 1024), _MM_HINT_T0);  // hardware prefetch stops at 4 KiB pages
+            const __m512i wv = _mm512_loadu_si512(line);
+            for (int g = 0; g < G; ++g) acc[b][g] = _mm512_dpbusd_epi32(acc[b][g], xb[g], wv);
+        }
+    }
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int b = 0; b < B; ++b) {
+        const int64_t r = (v0 + b) * 16;
+        const __mmask16 live = sc.V - r >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(0, sc.V - r)) - 1);
+        const __m512 s = _mm512_maskz_loadu_ps(live, sc.sp + r), e = _mm512_maskz_loadu_ps(live, sc.ep + r);
+        const __m512i comp = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(live, sc.wsp + r), 7);  // 128 wsum_r
+        for (int g = 0; g < G; ++g) {
+            // a = sx s_r dot, b = |x|_1 err_r + dx 127 s_r (1 + 1e-6): the row-major screen's arithmetic, 16 rows a time
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[b][g], comp));
+            const __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sc.sx[g]), s), dot);
+            const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sc.dx[g] * 127.f), s), _mm512_set1_ps(1.f + 1e-6f));
+            const __m512 bnd = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(sc.l1[g]), e), t);
+            lo[g] = _mm512_mask_max_ps(lo[g], live, lo[g], _mm512_sub_ps(a, bnd));
+            _mm512_storeu_ps(sc.hi + g * sc.ld + r, _mm512_mask_blend_ps(live, ninf, _mm512_add_ps(a, bnd)));
+        }
+    }
+}
+
+template <int G>
+void screen_all(const Screen& sc, float* lo_out) {
+    constexpr int B = G == 1 ? 4 : 1;  // one row: 4 chains in flight; more: B > 1 measured slower (spills)
+    const int64_t Vb = (sc.V + 15) / 16;
+    std::mutex merge;
+    at::parallel_for(0, (Vb + B - 1) / B, 64, [&](int64_t c0, int64_t c1) {
+        __m512 lo[G];
+        for (int g = 0; g < G; ++g) lo[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t c = c0; c < c1; ++c) {
+            const int64_t v0 = c * B;
+            if (v0 + B <= Vb) screen_blocks<B, G>(sc, v0, lo);
+            else
+                for (int64_t v = v0; v < Vb; ++v) screen_blocks<1, G>(sc, v, lo);
+        }
+        std::lock_guard<std::mutex> hold(merge);
+        for (int g = 0; g < G; ++g) lo_out[g] = std::max(lo_out[g], _mm512_reduce_max_ps(lo[g]));
+    });
+}
+
+// G x rows at a time (the blocks are read once per group), up to 12
+void screen_rows(Screen sc, float* lo) {
+    const int64_t N = sc.N, ld = sc.ld;
+    for (int64_t n0 = 0; n0 < N;) {
+        Screen part = sc;
+        part.u += n0 * sc.Hq, part.sx += n0, part.l1 += n0, part.dx += n0, part.hi += n0 * ld;
+        const int64_t g = std::min<int64_t>(N - n0, 12);
+        switch (g) {
+            case 1: screen_all<1>(part, lo + n0); break;
+            case 2: screen_all<2>(part, lo + n0); break;
+            case 3: screen_all<3>(part, lo + n0); break;
+            case 4: screen_all<4>(part, lo + n0); break;
+            case 5: screen_all<5>(part, lo + n0); break;
+            case 6: screen_all<6>(part, lo + n0); break;
+            case 7: screen_all<7>(part, lo + n0); break;
+            case 8: screen_all<8>(part, lo + n0); break;
+            case 9: screen_all<9>(part, lo + n0); break;
+            case 10: screen_all<10>(part, lo + n0); break;
+            case 11: screen_all<11>(part, lo + n0); break;
+            default: screen_all<12>(part, lo + n0); break;
+        }
+        n0 += g;
+    }
+}
+
+}  // namespace
+#endif
+
+// blocked() -> bool: the screen reads the int8 copy in 16-row blocks (`int8.block_weight`'s [ceil(V/16), Hq, 16, 4],
+// the VNNI build) rather than as rows [V, H] (the AVX2 build)
+bool blocked() {
+#if defined(HINTKV_VNNI)
+    return true;
+#else
+    return false;
+#endif
+}
+
 std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::Tensor scale, torch::Tensor err,
                                      torch::Tensor wsum, torch::Tensor w) {
 #if !defined(HINTKV_SCREEN)
@@ -138,11 +224,18 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     return {};
 #else
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32 [N, H]");
-    const int64_t N = x.size(0), H = x.size(1), V = wq.size(0);
-    TORCH_CHECK(wq.dim() == 2 && wq.scalar_type() == torch::kInt8 && wq.is_contiguous() && wq.size(1) == H && V > 0,
-                "wq must be contiguous int8 [V, H]");
-    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.size(0) == V &&
-                w.size(1) == H, "w must be contiguous float32 [V, H]");
+    const int64_t N = x.size(0), H = x.size(1), V = w.size(0);
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && V > 0 && w.size(1) == H,
+                "w must be contiguous float32 [V, H]");
+#if defined(HINTKV_VNNI)
+    TORCH_CHECK(wq.dim() == 4 && wq.scalar_type() == torch::kInt8 && wq.is_contiguous() && wq.size(0) == (V + 15) / 16 &&
+                wq.size(2) == 16 && wq.size(3) == 4 && wq.size(1) * 4 >= H, "wq must be contiguous int8 [ceil(V/16), Hq, 16, 4]");
+    const int64_t Hp = wq.size(1) * 4;
+#else
+    TORCH_CHECK(wq.dim() == 2 && wq.scalar_type() == torch::kInt8 && wq.is_contiguous() && wq.size(0) == V &&
+                wq.size(1) == H, "wq must be contiguous int8 [V, H]");
+    const int64_t Hp = (H + 63) / 64 * 64;
+#endif
     TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && err.scalar_type() == torch::kFloat32 &&
                 wsum.scalar_type() == torch::kInt32 && scale.is_contiguous() && err.is_contiguous() &&
                 wsum.is_contiguous() && scale.numel() == V && err.numel() == V && wsum.numel() == V,
@@ -153,11 +246,8 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     const float* ep = err.data_ptr<float>();
     const int32_t* wsp = wsum.data_ptr<int32_t>();
     const float* wp = w.data_ptr<float>();
-    const int64_t Hp = (H + 63) / 64 * 64;
     static thread_local std::vector<uint8_t> ubuf;
-    static thread_local std::vector<int32_t> dbuf;
     uint8_t* u = scratch(ubuf, N * Hp);
-    int32_t* dots = scratch(dbuf, N * V);  // dots[r * N + n]: u_n . q_r
     std::vector<float> l1(N), dx(N), sx(N);
     for (int64_t n = 0; n < N; ++n) {
         const float* xr = xp + n * H;
@@ -176,25 +266,49 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
         l1[n] = static_cast<float>(s1 * (1.0 + 1e-6));  // rounded up: the bound stays a bound
         dx[n] = static_cast<float>(e * (1.0 + 1e-6));
     }
-    // the u8 offset 128 is 0 past H, so a row's correction is 128 wsum_r whatever the padding
+    std::vector<int64_t> best(N);
+#if defined(HINTKV_VNNI)
+    // pass 1: every row's bounds from the blocked copy (the weight's padding is 0, so u's padding adds nothing);
+    // pass 2: per x row, the rows with a_r + b_r >= lo, in increasing r, get float dots
+    const int64_t ld = (V + 15) / 16 * 16;
+    static thread_local std::vector<float> hbuf;
+    float* hi = scratch(hbuf, N * ld);
+    std::vector<float> lo(N, -std::numeric_limits<float>::infinity());  // lo: below the argmax's exact value
+    screen_rows(Screen{reinterpret_cast<const int32_t*>(u), qp, sp, ep, sx.data(), l1.data(), dx.data(), wsp, N, V,
+                       Hp / 4, ld, hi}, lo.data());
+    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+            const float* hn = hi + n * ld;
+            const __m512 lov = _mm512_set1_ps(lo[n]);
+            float top = -std::numeric_limits<float>::infinity();
+            int64_t arg = -1;
+            for (int64_t r0 = 0; r0 < ld; r0 += 16) {  // increasing r, strict >: the first maximum, like torch.argmax
+                for (__mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(hn + r0), lov, _CMP_NLT_UQ); m; m &= m - 1) {
+                    const int64_t r = r0 + __builtin_ctz(m);
+                    const float e = float_dot(xp + n * H, wp + r * H, H);
+                    if (arg < 0 || e > top) top = e, arg = r;
+                }
+            }
+            best[n] = arg;
+        }
+    });
+#else
+    static thread_local std::vector<int32_t> dbuf;
+    int32_t* dots = scratch(dbuf, N * V);  // dots[r * N + n]: u_n . q_r
+    // x signed (kOffset 0): the padding past H adds nothing
     at::parallel_for(0, V, 2048, [&](int64_t r0, int64_t r1) {
         int64_t r = r0;
         for (; r + 8 <= r1; r += 8) {
             int64_t n = 0;
-#if defined(HINTKV_VNNI)
-            for (; n + 2 <= N; n += 2) dots_u8s8<8, 2>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
-#else  // 16 ymm registers: 4 x 2 accumulators (8 x 2 would spill)
-            for (; n + 2 <= N; n += 2) {
+            for (; n + 2 <= N; n += 2) {  // 16 ymm registers: 4 x 2 accumulators (8 x 2 would spill)
                 dots_u8s8<4, 2>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
                 dots_u8s8<4, 2>(u + n * Hp, Hp, qp + (r + 4) * H, H, dots + (r + 4) * N + n, N);
             }
-#endif
             for (; n < N; ++n) dots_u8s8<8, 1>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
         }
         for (; r < r1; ++r)
             for (int64_t n = 0; n < N; ++n) dots_u8s8<1, 1>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
     });
-    std::vector<int64_t> best(N);
     at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
             auto bounds = [&](int64_t r, float& a, float& b) {
@@ -215,6 +329,7 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
             best[n] = arg;
         }
     });
+#endif
     return best;
 #endif
 }
