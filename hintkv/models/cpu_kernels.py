@@ -1,6 +1,7 @@
 """hintkv's C++ CPU kernels for a float32 step: paged causal attention and fused norm / RoPE / SiLU-mul.
 
-The source is `csrc/cpu_kernels.cpp` (its header says what each function computes and how), built
+The source is `csrc/cpu_kernels.cpp` (its header says what each function computes and how), with the
+attention kernel in `csrc/cpu_attention_tiles.cpp` and `csrc/cpu_attention.cpp` (`SOURCE`: the three as one), built
 by `cpu_ext.load` like W8A8's ops. Measured by `python -m hintkv.bench.engine_cputime` (CPU time,
 one thread): eager PyTorch's attention cost hintkv 65 ms of a 316 ms 512-token prefill where vLLM's
 CPU attention kernel took ~29, and the unfused RMSNorm / RoPE / SiLU-mul 34 vs ~21 ms.
@@ -29,14 +30,16 @@ import torch
 from hintkv.models import cpu_ext
 from hintkv.models.compile import Regions, add_rmsnorm_, rope_, silu_mul
 
-_SOURCE = (Path(__file__).parent / "csrc" / "cpu_kernels.cpp").read_text()
+# one translation unit: includes and exp polynomials first, then the attention's tile micro-kernels, then its driver
+_FILES = ("cpu_kernels.cpp", "cpu_attention_tiles.cpp", "cpu_attention.cpp")
+SOURCE = "\n".join((Path(__file__).parent / "csrc" / name).read_text() for name in _FILES)
 # -march=native: built on the machine that runs it; vector code is guarded by __AVX512F__
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _FUNCTIONS = ["attention", "add_rmsnorm", "rope_", "silu_mul", "argmax_rows", "simd"]
 
 
 def ops() -> ModuleType | None:
-    return cpu_ext.load("hintkv_cpu_kernels", _SOURCE, _FUNCTIONS, _CFLAGS)
+    return cpu_ext.load("hintkv_cpu_kernels", SOURCE, _FUNCTIONS, _CFLAGS)
 
 
 def enabled() -> bool:

@@ -59,9 +59,9 @@ _KIND = {MklPackedKernel: 0, OneDnnKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2} 
 @functools.cache
 def source() -> str:
     """The extension's C++: the per-op files inside namespaces, then csrc/decode_layers.cpp."""
-    def part(name: str, ns: str) -> str:
-        return f"namespace {ns} {{\n{(_CSRC / name).read_text()}\n}}  // namespace {ns}\n"
-    return (_HEADERS + part("cpu_kernels.cpp", "hk_kernels") + part("gemv.cpp", "hk_gemv")
+    def part(text: str, ns: str) -> str:
+        return f"namespace {ns} {{\n{text}\n}}  // namespace {ns}\n"
+    return (_HEADERS + part(cpu_kernels.SOURCE, "hk_kernels") + part((_CSRC / "gemv.cpp").read_text(), "hk_gemv")
             + (_CSRC / "decode_layers.cpp").read_text())
 
 

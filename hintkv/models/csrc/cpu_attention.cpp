@@ -1,0 +1,191 @@
+// attention(): the paged causal attention kernel's driver (see csrc/cpu_kernels.cpp's header): the step's K / V
+// written into the cache, work items of (sequence, KV head, query tile) over OpenMP, K gathered transposed once
+// per (sequence, KV head). Built last, after csrc/cpu_kernels.cpp and csrc/cpu_attention_tiles.cpp.
+
+namespace {
+
+constexpr int TILE_ROWS = 64; // query rows (tokens x group) per work item, at most
+constexpr int DIRECT_ROWS = 16; // a sequence with at most this many rows reads K untransposed
+// A step whose attention is fewer multiply-adds than this runs on the calling thread alone: an OpenMP
+// region costs a worker's wake-up (tens of us when the pool's threads sleep between regions, as in the
+// server, whose engine thread is not the process's first OpenMP thread), more than a decode step's
+// attention (decode b8 at a 128-token context: 1M multiply-adds, ~50 us on one thread per layer).
+constexpr int64_t SERIAL_MACS = int64_t(1) << 21;
+
+struct Item {
+    int64_t b, h, t0, t1;  // sequence, KV head, query tokens [t0, t1) of the sequence's new tokens
+};
+
+// scratch that outlives a call: fresh multi-MB vectors per layer cost page faults and zeroing
+float* scratch(std::vector<float>& buf, int64_t n) {
+    if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+    return buf.data();
+}
+
+}  // namespace
+
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots, torch::Tensor kv,
+                        std::vector<torch::Tensor> tables, std::vector<int64_t> qsl, std::vector<int64_t> ctx,
+                        double scale) {
+    TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.stride(2) == 1, "q must be float32 [T, Hq, D]");
+    TORCH_CHECK(kv.dim() == 5 && kv.scalar_type() == torch::kFloat32 && kv.is_contiguous(),
+                "kv must be contiguous float32 [2, NB, BS, Hkv, D]");
+    const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
+    const int64_t NB = kv.size(1), BS = kv.size(2), Hkv = kv.size(3);
+    TORCH_CHECK(kv.size(4) == D && Hq % Hkv == 0, "head shapes disagree");
+    const int64_t G = Hq / Hkv, B = static_cast<int64_t>(ctx.size());
+    TORCH_CHECK(static_cast<int64_t>(qsl.size()) == B + 1 && qsl[0] == 0 && qsl[B] == T &&
+                static_cast<int64_t>(tables.size()) == B, "qsl must have B+1 entries from 0 to T, tables B");
+    const int64_t* qp = qsl.data();
+    const int64_t* cp = ctx.data();
+    std::vector<const int64_t*> tp(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = qp[b + 1] - qp[b];
+        tables[b] = tables[b].contiguous();
+        TORCH_CHECK(tables[b].scalar_type() == torch::kInt64, "block tables must be int64");
+        TORCH_CHECK(n > 0 && n <= cp[b] && (cp[b] + BS - 1) / BS <= tables[b].numel(), "sequence ", b, ": bad lengths");
+        tp[b] = tables[b].data_ptr<int64_t>();
+        for (int64_t i = 0; i < (cp[b] + BS - 1) / BS; ++i)
+            TORCH_CHECK(tp[b][i] >= 0 && tp[b][i] < NB, "sequence ", b, ": block id out of range");
+    }
+    if (k.numel() > 0) {  // the step's new K / V rows into their slots first
+        TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.size(0) == T && v.size(0) == T && k.size(1) == Hkv &&
+                    v.size(1) == Hkv && k.size(2) == D && v.size(2) == D && k.stride(2) == 1 && v.stride(2) == 1 &&
+                    k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32,
+                    "k, v must be float32 [T, Hkv, D]");
+        TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == T, "slots must be int64 [T]");
+        auto sl = slots.contiguous();
+        const int64_t* sp = sl.data_ptr<int64_t>();
+        float* kvp = kv.data_ptr<float>();
+        const float* kp = k.data_ptr<float>();
+        const float* vp = v.data_ptr<float>();
+        const int64_t nslots = NB * BS, half_n = nslots * Hkv * D;
+        for (int64_t t = 0; t < T; ++t) {
+            TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "slot out of range");
+            for (int64_t h = 0; h < Hkv; ++h) {
+                std::memcpy(kvp + (sp[t] * Hkv + h) * D, kp + t * k.stride(0) + h * k.stride(1), D * sizeof(float));
+                std::memcpy(kvp + half_n + (sp[t] * Hkv + h) * D, vp + t * v.stride(0) + h * v.stride(1),
+                            D * sizeof(float));
+            }
+        }
+    }
+    auto out = torch::empty({T, Hq, D}, q.options());
+    const float* qd = q.data_ptr<float>();
+    const float* kd = kv.data_ptr<float>();
+    float* od = out.data_ptr<float>();
+    const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+    const int64_t half = NB * BS * Hkv * D;  // K -> V
+
+    // K of every (sequence, KV head) in key tiles, each transposed [D][KT] (tile t at t * D * KT):
+    // gathered once, shared by the sequence's query tiles (V rows are read where they lie)
+    std::vector<int64_t> koff(B * Hkv + 1, 0), spad(B);
+    std::vector<char> direct(B);
+    for (int64_t b = 0; b < B; ++b) {
+        direct[b] = (qp[b + 1] - qp[b]) * G <= DIRECT_ROWS;
+        spad[b] = direct[b] ? 0 : (cp[b] + KT - 1) / KT * KT;
+        for (int64_t h = 0; h < Hkv; ++h) koff[b * Hkv + h + 1] = koff[b * Hkv + h] + D * spad[b];
+    }
+    const int64_t tq = std::max<int64_t>(1, TILE_ROWS / G);  // query tokens per work item
+    int64_t macs = 0;  // QK and PV multiply-adds of the whole step (upper bound: full key tiles)
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = qp[b + 1] - qp[b];
+        macs += 2 * Hkv * G * D * n * cp[b];
+    }
+    const bool serial = macs < SERIAL_MACS;
+    static thread_local std::vector<float> kbuf;  // per calling thread: engines may run in several
+    float* kt = scratch(kbuf, koff[B * Hkv]);
+    auto transpose = [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t b = i / Hkv, h = i % Hkv, S = direct[b] ? 0 : cp[b], P = spad[b];
+            float* kb = kt + koff[i];
+            for (int64_t s0 = 0; s0 < S; s0 += BS) {
+                const int64_t blk = tp[b][s0 / BS], n = std::min(BS, S - s0);
+                for (int64_t j = 0; j < n; ++j) {
+                    const float* src = kd + ((blk * BS + j) * Hkv + h) * D;
+                    const int64_t key = s0 + j;
+                    float* kdst = kb + (key / KT) * D * KT + key % KT;
+                    for (int64_t d = 0; d < D; ++d) kdst[d * KT] = src[d];
+                }
+            }
+            for (int64_t key = S; key < P; ++key)
+                for (int64_t d = 0; d < D; ++d) kb[(key / KT) * D * KT + d * KT + key % KT] = 0.f;
+        }
+    };
+    if (koff[B * Hkv] > 0) {  // none when every sequence reads K directly (decodes)
+        if (serial) transpose(0, B * Hkv);
+        else at::parallel_for(0, B * Hkv, 1, transpose);
+    }
+
+    std::vector<Item> items;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t t0 = 0, n = qp[b + 1] - qp[b]; t0 < n; t0 += tq)
+            for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, t0, std::min(n, t0 + tq)});
+    const int64_t ni = static_cast<int64_t>(items.size());
+    // Dynamic schedule: each thread takes the next item off a shared counter, costliest first (a causal
+    // tile's keys grow along its sequence), so a thread the OS deschedules (a loaded machine) holds up
+    // at most one item instead of its whole static share; on free cores it splits like the old
+    // round-robin. An item's arithmetic does not depend on which thread runs it: outputs are identical.
+    std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
+        return cp[x.b] - (qp[x.b + 1] - qp[x.b]) + x.t1 > cp[y.b] - (qp[y.b + 1] - qp[y.b]) + y.t1;
+    });
+    std::atomic<int64_t> next{0};
+    const int64_t nt = serial ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ni));
+    auto work = [&](int64_t, int64_t) {
+        const int64_t rmax = tq * G;
+        std::vector<float> qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax);
+        std::vector<int64_t> lastb(rmax);
+        const float* kr[KT];
+        const float* vr[KT];
+        for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < ni;) {
+            const Item& item = items[it];
+            const int64_t b = item.b, h = item.h, S = cp[b], n = qp[b + 1] - qp[b];
+            const int64_t R = (item.t1 - item.t0) * G;
+            const float* kb = kt + koff[b * Hkv + h];
+            for (int64_t t = item.t0; t < item.t1; ++t)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = (t - item.t0) * G + g;
+                    const float* src = qd + (qp[b] + t) * qs0 + (h * G + g) * qs1;
+                    for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * static_cast<float>(scale);
+                    lastb[r] = S - n + t;
+                }
+            std::fill(ob.begin(), ob.begin() + R * D, 0.f);
+            std::fill(mb.begin(), mb.begin() + R, -std::numeric_limits<float>::infinity());
+            std::fill(lb.begin(), lb.begin() + R, 0.f);
+            const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
+            for (int64_t k0 = 0; k0 < kend; k0 += KT) {
+                const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
+                for (int j = 0; j < nk; ++j) {
+                    const int64_t key = k0 + j;
+                    kr[j] = kd + ((tp[b][key / BS] * BS + key % BS) * Hkv + h) * D;
+                    vr[j] = kr[j] + half;
+                }
+                int64_t r = 0;
+                if (direct[b]) {
+                    score_direct(qb.data(), R, D, kr, nk, sb.data());
+                } else {
+                    const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
+                    for (; r + MR <= R; r += MR) score_tile<MR>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
+                    for (; r + 4 <= R; r += 4) score_tile<4>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
+                    for (; r < R; ++r) score_tile<1>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
+                }
+                for (r = 0; r < R; ++r) {
+                    const float alpha = softmax_row(sb.data() + r * KT, nk, k0, lastb[r], mb[r], lb[r]);
+                    if (alpha != 1.f)
+                        for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
+                }
+                for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
+                for (; r < R; ++r) pv_tile<1>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
+            }
+            for (int64_t t = item.t0; t < item.t1; ++t)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = (t - item.t0) * G + g;
+                    const float inv = 1.f / lb[r];
+                    float* dst = od + ((qp[b] + t) * Hq + h * G + g) * D;
+                    for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
+                }
+        }
+    };
+    if (nt == 1) work(0, 1);
+    else at::parallel_for(0, nt, 1, work);
+    return out;
+}

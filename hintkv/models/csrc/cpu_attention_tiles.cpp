@@ -1,0 +1,258 @@
+// The attention kernel's tile micro-kernels (see csrc/cpu_kernels.cpp's header for the algorithm): scores of a
+// query tile against a key tile, P V into an output tile, and a row's online softmax; AVX-512, AVX2 + FMA or
+// plain loops. Built after csrc/cpu_kernels.cpp (its includes, HK_AVX2, exp16 / exp8), before csrc/cpu_attention.cpp.
+
+namespace {
+
+constexpr int KT = 32;        // keys per tile
+constexpr int MR = 8;         // query rows per score micro-tile
+
+#if defined(HK_AVX2)
+
+inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+inline float hmax8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+// R <= 4 rows x 16 keys of S = Q Kt: 8 accumulators, two K vectors loaded per d and shared by the rows
+template <int R>
+inline void score_block8(const float* q, int64_t D, const float* kt, float* s) {
+    __m256 c[R][2];
+    for (int i = 0; i < R; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        const __m256 b0 = _mm256_loadu_ps(kt + d * KT), b1 = _mm256_loadu_ps(kt + d * KT + 8);
+        for (int i = 0; i < R; ++i) {
+            const __m256 a = _mm256_broadcast_ss(q + i * D + d);
+            c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < R; ++i) {
+        _mm256_storeu_ps(s + i * KT, c[i][0]);
+        _mm256_storeu_ps(s + i * KT + 8, c[i][1]);
+    }
+}
+
+// R <= 2 rows x 32 output columns of O += P V: 8 accumulators, four V vectors loaded per key
+template <int R>
+inline void pv_block8(const float* p, const float* const* v, int nk, int64_t d0, int64_t D, float* o) {
+    __m256 c[R][4];
+    for (int i = 0; i < R; ++i)
+        for (int u = 0; u < 4; ++u) c[i][u] = _mm256_loadu_ps(o + i * D + d0 + 8 * u);
+    for (int j = 0; j < nk; ++j) {
+        const float* vr = v[j] + d0;
+        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), v2 = _mm256_loadu_ps(vr + 16),
+                     v3 = _mm256_loadu_ps(vr + 24);
+        for (int i = 0; i < R; ++i) {
+            const __m256 a = _mm256_broadcast_ss(p + i * KT + j);
+            c[i][0] = _mm256_fmadd_ps(a, v0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(a, v1, c[i][1]);
+            c[i][2] = _mm256_fmadd_ps(a, v2, c[i][2]);
+            c[i][3] = _mm256_fmadd_ps(a, v3, c[i][3]);
+        }
+    }
+    for (int i = 0; i < R; ++i)
+        for (int u = 0; u < 4; ++u) _mm256_storeu_ps(o + i * D + d0 + 8 * u, c[i][u]);
+}
+#endif
+
+// S[M][KT] = Q[M][D] Kt[D][KT] (Q rows at stride D, Kt rows at stride KT)
+template <int M>
+inline void score_tile(const float* q, int64_t D, const float* kt, float* s) {
+#if defined(__AVX512F__)
+    __m512 c[M][2];
+    for (int i = 0; i < M; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        const __m512 b0 = _mm512_loadu_ps(kt + d * KT), b1 = _mm512_loadu_ps(kt + d * KT + 16);
+        for (int i = 0; i < M; ++i) {
+            const __m512 a = _mm512_set1_ps(q[i * D + d]);
+            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < M; ++i) {
+        _mm512_storeu_ps(s + i * KT, c[i][0]);
+        _mm512_storeu_ps(s + i * KT + 16, c[i][1]);
+    }
+#elif defined(HK_AVX2)
+    static_assert(KT == 32, "two halves of 16 keys");
+    for (int h = 0; h < KT; h += 16) {
+        int i = 0;
+        for (; i + 4 <= M; i += 4) score_block8<4>(q + i * D, D, kt + h, s + i * KT + h);
+        for (; i < M; ++i) score_block8<1>(q + i * D, D, kt + h, s + i * KT + h);
+    }
+#else
+    for (int i = 0; i < M; ++i) {
+        float acc[KT] = {0};
+        for (int64_t d = 0; d < D; ++d)
+            for (int j = 0; j < KT; ++j) acc[j] += q[i * D + d] * kt[d * KT + j];
+        std::memcpy(s + i * KT, acc, sizeof(acc));
+    }
+#endif
+}
+
+// O[M][D] += P[M][KT] V[nk][D] (V row j at v[j], in the cache), in chunks of 64 output columns
+template <int M>
+inline void pv_tile(const float* p, const float* const* v, int nk, int64_t D, float* o) {
+#if defined(__AVX512F__)
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {
+        __m512 c[M][4];
+        for (int i = 0; i < M; ++i)
+            for (int u = 0; u < 4; ++u) c[i][u] = _mm512_loadu_ps(o + i * D + d0 + 16 * u);
+        for (int j = 0; j < nk; ++j) {
+            const float* vr = v[j] + d0;
+            const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
+                         v3 = _mm512_loadu_ps(vr + 48);
+            for (int i = 0; i < M; ++i) {
+                const __m512 a = _mm512_set1_ps(p[i * KT + j]);
+                c[i][0] = _mm512_fmadd_ps(a, v0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(a, v1, c[i][1]);
+                c[i][2] = _mm512_fmadd_ps(a, v2, c[i][2]);
+                c[i][3] = _mm512_fmadd_ps(a, v3, c[i][3]);
+            }
+        }
+        for (int i = 0; i < M; ++i)
+            for (int u = 0; u < 4; ++u) _mm512_storeu_ps(o + i * D + d0 + 16 * u, c[i][u]);
+    }
+    for (; d0 + 16 <= D; d0 += 16) {
+        __m512 c[M];
+        for (int i = 0; i < M; ++i) c[i] = _mm512_loadu_ps(o + i * D + d0);
+        for (int j = 0; j < nk; ++j) {
+            const __m512 vv = _mm512_loadu_ps(v[j] + d0);
+            for (int i = 0; i < M; ++i) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[i * KT + j]), vv, c[i]);
+        }
+        for (int i = 0; i < M; ++i) _mm512_storeu_ps(o + i * D + d0, c[i]);
+    }
+    for (; d0 < D; ++d0)
+        for (int i = 0; i < M; ++i)
+            for (int j = 0; j < nk; ++j) o[i * D + d0] += p[i * KT + j] * v[j][d0];
+#elif defined(HK_AVX2)
+    int64_t d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) {
+        int i = 0;
+        for (; i + 2 <= M; i += 2) pv_block8<2>(p + i * KT, v, nk, d0, D, o + i * D);
+        for (; i < M; ++i) pv_block8<1>(p + i * KT, v, nk, d0, D, o + i * D);
+    }
+    for (; d0 + 8 <= D; d0 += 8)
+        for (int i = 0; i < M; ++i) {
+            __m256 c = _mm256_loadu_ps(o + i * D + d0);
+            for (int j = 0; j < nk; ++j)
+                c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i * KT + j), _mm256_loadu_ps(v[j] + d0), c);
+            _mm256_storeu_ps(o + i * D + d0, c);
+        }
+    for (; d0 < D; ++d0)
+        for (int i = 0; i < M; ++i)
+            for (int j = 0; j < nk; ++j) o[i * D + d0] += p[i * KT + j] * v[j][d0];
+#else
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < nk; ++j) {
+            const float pj = p[i * KT + j];
+            for (int64_t d = 0; d < D; ++d) o[i * D + d] += pj * v[j][d];
+        }
+#endif
+}
+
+// S[r][j] = Q[r] . K[j] for R rows and nk key rows (k[j], in the cache): few-row items (decodes)
+// read K where it lies instead of transposing it first
+inline void score_direct(const float* q, int64_t R, int64_t D, const float* const* k, int nk, float* s) {
+    for (int j = 0; j < nk; ++j) {
+        const float* kr = k[j];
+        int64_t r = 0;
+#if defined(__AVX512F__)
+        if (D % 16 == 0) {
+            for (; r + 4 <= R; r += 4) {  // four independent chains, K's row loaded once
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t d = 0; d < D; d += 16) {
+                    const __m512 kv = _mm512_loadu_ps(kr + d);
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * D + d), kv, a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + (r + 1) * D + d), kv, a1);
+                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + (r + 2) * D + d), kv, a2);
+                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + (r + 3) * D + d), kv, a3);
+                }
+                s[r * KT + j] = _mm512_reduce_add_ps(a0);
+                s[(r + 1) * KT + j] = _mm512_reduce_add_ps(a1);
+                s[(r + 2) * KT + j] = _mm512_reduce_add_ps(a2);
+                s[(r + 3) * KT + j] = _mm512_reduce_add_ps(a3);
+            }
+        }
+#endif
+        for (; r < R; ++r) {
+            const float* qr = q + r * D;
+            float sum = 0.f;
+            for (int64_t d = 0; d < D; ++d) sum += qr[d] * kr[d];
+            s[r * KT + j] = sum;
+        }
+    }
+}
+
+// Row r's online softmax over one score tile s[KT] (keys k0 .. k0+nk-1, visible while k <= last):
+// p[KT] = exp(s - m_new) (0 for hidden keys), returns alpha = exp(m_old - m_new), updates m, l.
+inline float softmax_row(float* s, int nk, int64_t k0, int64_t last, float& m, float& l) {
+    const int vis = static_cast<int>(std::min<int64_t>(nk, std::max<int64_t>(0, last - k0 + 1)));
+    if (vis == 0) {
+        std::fill(s, s + KT, 0.f);
+        return 1.f;
+    }
+#if defined(__AVX512F__)
+    static_assert(KT == 32, "two vectors per tile");
+    const uint32_t bits = vis >= 32 ? 0xffffffffu : ((1u << vis) - 1u);
+    const __mmask16 k0m = static_cast<__mmask16>(bits & 0xffff), k1m = static_cast<__mmask16>(bits >> 16);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 s0 = _mm512_mask_loadu_ps(ninf, k0m, s), s1 = _mm512_mask_loadu_ps(ninf, k1m, s + 16);
+    const float mt = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    const float mn = std::max(m, mt);
+    const float alpha = mn == m ? 1.f : std::exp(m - mn);  // m = -inf at the first tile: alpha = 0
+    const __m512 vm = _mm512_set1_ps(mn);
+    const __m512 e0 = _mm512_maskz_mov_ps(k0m, exp16(_mm512_sub_ps(s0, vm)));
+    const __m512 e1 = _mm512_maskz_mov_ps(k1m, exp16(_mm512_sub_ps(s1, vm)));
+    _mm512_storeu_ps(s, e0);
+    _mm512_storeu_ps(s + 16, e1);
+    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+#elif defined(HK_AVX2)
+    static_assert(KT == 32, "four vectors per tile");
+    __m256 sv[4];
+    __m256 vmask[4];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 mx = ninf;
+    for (int u = 0; u < 4; ++u) {  // hidden keys (j >= vis) read as -inf
+        vmask[u] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(vis - 8 * u), lane));
+        sv[u] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * u), vmask[u]);
+        mx = _mm256_max_ps(mx, sv[u]);
+    }
+    const float mt = hmax8(mx);
+    const float mn = std::max(m, mt);
+    const float alpha = mn == m ? 1.f : std::exp(m - mn);  // m = -inf at the first tile: alpha = 0
+    const __m256 vm = _mm256_set1_ps(mn);
+    __m256 acc = _mm256_setzero_ps();
+    for (int u = 0; u < 4; ++u) {
+        const __m256 e = _mm256_and_ps(vmask[u], exp8(_mm256_sub_ps(sv[u], vm)));
+        _mm256_storeu_ps(s + 8 * u, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    const float sum = hsum8(acc);
+#else
+    float mt = s[0];
+    for (int j = 1; j < vis; ++j) mt = std::max(mt, s[j]);
+    const float mn = std::max(m, mt);
+    const float alpha = mn == m ? 1.f : std::exp(m - mn);
+    float sum = 0.f;
+    for (int j = 0; j < KT; ++j) {
+        s[j] = j < vis ? std::exp(s[j] - mn) : 0.f;
+        sum += s[j];
+    }
+#endif
+    l = l * alpha + sum;
+    m = mn;
+    return alpha;
+}
+
+}  // namespace
