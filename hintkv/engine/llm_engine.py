@@ -95,6 +95,8 @@ class LLMEngine:
             _check_shareable(loaded, cfg, self.dtype, self.device)
         if cfg.wants_compile(self.device.type):
             loaded.model.compile()  # warns and stays eager when no compiler is available
+        # the most rows a step's LM head sees: one per running sequence, or a verify's rows
+        loaded.model.warm_head(max(cfg.max_num_seqs, cfg.speculative_max_rows if cfg.speculative else 1))
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_name = cfg.served_model_name or loaded.name

@@ -25,12 +25,12 @@ activation outliers into the weight, where per-channel scales absorb them.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
 from hintkv.models import int8_cpu
+from hintkv.models.cpu_choice import cpu_flags, env_choice, int8_rows_for, read_cpuinfo
 
 LEVELS = 2
 # Steps of at most this many int8 rows (levels x tokens: a decode batch of 8, a 1 + k verify) run the
@@ -115,17 +115,13 @@ def int8_gemm_rows_run_int8() -> bool:
 
     `torch._int_mm` on a CPU is fast only with VNNI or AMX: on AVX2 alone (Zen 1, 14th session) w8a8's prefill
     ran 17-20x slower than float32, so there its many-row steps take the float weight (exact, as W8A8FineKernel
-    already does past a few rows). With VNNI (Zen 4, 15th session, dummy:tiny, 1 thread, CPU time) the int8
-    prefill is the faster one: 512 tokens 195 ms vs float32 249 (oneDNN) / 306 (MKL); 2048: 1,013 vs 1,264.
-    HINTKV_W8A8_PREFILL=int8|float|auto overrides (auto: int8 where the CPU has VNNI or AMX tiles). Decided
-    once per process."""
-    want = os.environ.get("HINTKV_W8A8_PREFILL", "auto").strip().lower() or "auto"
-    if want not in ("int8", "float", "auto"):
-        raise ValueError(f"HINTKV_W8A8_PREFILL must be int8, float or auto, not {want!r}")
+    already does past a few rows). With AVX512-VNNI the int8 prefill is the faster one (Zen 4, 15th session:
+    docs/benchmarks/engine.md, "w8a8 prefill with VNNI"). HINTKV_W8A8_PREFILL=int8|float|auto overrides (auto:
+    `cpu_choice.int8_rows_for`, int8 where /proc/cpuinfo lists avx512_vnni or amx_int8). Decided once per process."""
+    want = env_choice("HINTKV_W8A8_PREFILL", ("int8", "float"))
     if want != "auto":
         return want == "int8"
-    probe = [getattr(torch.cpu, name, None) for name in ("_is_vnni_supported", "_is_amx_tile_supported")]
-    return any(f is not None and f() for f in probe)
+    return int8_rows_for(cpu_flags(read_cpuinfo()))
 
 
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,

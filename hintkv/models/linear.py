@@ -16,7 +16,8 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
             with AVX-512)                      `onednn_mm`), one copy for every row count. MKL's sgemm
                                                takes its AVX2 code on AMD: on Zen 4, 1 thread, oneDNN's
                                                avx512 brgemm ran dummy:tiny's 128-2048-row GEMMs at
-                                               ~100 GFLOP/s, MKL's at 63-85 (1.2-1.5x)
+                                               99-104 GFLOP/s, MKL's at 63-85 (a prefill's four
+                                               projections: 1.23-1.32x; docs/benchmarks/engine.md)
     w8a8    --quantization w8a8                int8 weight (per output channel scale, SmoothQuant-
                                                scaled from calibration), activations quantized per
                                                token in two levels at run time, one torch._int_mm
@@ -31,19 +32,21 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                weight (`mkl` / `onednn`, as `cpu_gemm()`) in more rows
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
-when the weight changed, so a packed or quantized copy is never stale.
+when the weight changed, so a packed or quantized copy is never stale after a write that bumps the
+weight's version (`weight.mul_`, `copy_`). A write through `.data` (the loader's) is not seen: call
+`prepare_linears` again (`LlamaForCausalLM.prepare`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hintkv.models import cpu_kernels, gemv_cpu, int8_cpu
+from hintkv.models.cpu_choice import env_choice, float_gemm_for, read_cpuinfo, this_cpu_capability
 from hintkv.models.int8 import (
     GEMV_ROWS,
     LEVELS,
@@ -146,13 +149,15 @@ class OneDnnKernel(MklPackedKernel):
 
     One packed copy serves every row count (oneDNN's blocked weight layout does not depend on M: no
     per-call reorder in DNNL_VERBOSE at 17, 512 or 2048 rows). The copy is a second float32 weight
-    (gemv reads the plain one): the layers' projections pack at load (`warm`, from `prepare_linears`),
-    the LM head on its first many-row call, so a head only ever run on few rows (a prefill's last-row
-    cut, decode) costs no copy. float32 accumulation (torch's default fp32 math mode): it agrees
-    with F.linear to rounding."""
+    (gemv reads the plain one): the layers' projections pack once at load (`warm`, in `prepare_linears`);
+    the LM head at engine start when a step can give it more than 12 rows (`LlamaForCausalLM.warm_head`: its
+    49152 x 576 reorder took 406 ms inside a request's step before), else on its first many-row call, so a
+    head only ever run on few rows (a prefill's last-row cut, decode) costs no copy. float32 accumulation
+    (torch's default fp32 math mode): it agrees with F.linear to rounding."""
 
     name = "onednn"
     PACK_ROWS = 32  # the row-count hint for the reorder (vLLM's); any M runs on the same copy
+    num_packs = 0  # weights reordered in this process (each a weight's memory and load time; tests count them)
 
     @staticmethod
     def available(weight: torch.Tensor) -> bool:
@@ -166,6 +171,7 @@ class OneDnnKernel(MklPackedKernel):
     def warm(self) -> None:
         if self.onednn_weight is None:
             self.onednn_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), self.PACK_ROWS)
+            OneDnnKernel.num_packs += 1
 
     def _many(self, x2: torch.Tensor) -> torch.Tensor:
         self.warm()
@@ -177,27 +183,13 @@ CPU_GEMMS = ("mkl", "onednn")
 
 @functools.cache
 def cpu_gemm() -> str:
-    """Which library runs CPU float32 GEMMs past the few-row kernel: HINTKV_CPU_GEMM=mkl|onednn, or auto.
-
-    auto: onednn on a non-Intel CPU with AVX-512 (MKL's sgemm runs its AVX2 code there; oneDNN's brgemm
-    its AVX-512 one: 1.2-1.5x on Zen 4), else mkl (an Intel AMX machine, 13th session: MKL-packed 26.5 ms
-    per dummy:tiny layer at 512 rows, F.linear 28.3, oneDNN 29.6). Decided once per process, so every
+    """Which library runs CPU float32 GEMMs past the few-row kernel: HINTKV_CPU_GEMM=mkl|onednn, or auto
+    (`cpu_choice.float_gemm_for`: onednn on a non-Intel CPU with AVX-512). Decided once per process, so every
     step of a server runs the same kernels (greedy output does not depend on the step)."""
-    want = os.environ.get("HINTKV_CPU_GEMM", "auto").strip().lower() or "auto"
-    if want not in (*CPU_GEMMS, "auto"):
-        raise ValueError(f"HINTKV_CPU_GEMM must be one of {CPU_GEMMS} or auto, not {want!r}")
+    want = env_choice("HINTKV_CPU_GEMM", CPU_GEMMS)
     if want != "auto":
         return want
-    return "onednn" if _non_intel_avx512() else "mkl"
-
-
-def _non_intel_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read(65536)
-    except OSError:
-        return False
-    return "GenuineIntel" not in info and " avx512f" in info and torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+    return float_gemm_for(read_cpuinfo(), this_cpu_capability())
 
 
 def float_kernel_name(weight: torch.Tensor) -> str:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hintkv.models import cpu_kernels
+from hintkv.models import cpu_kernels, gemv_cpu
 from hintkv.models.attention import AttentionMetadata, paged_attention, suffix_rows, write_kv
 from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, compile_regions
@@ -194,6 +194,15 @@ class LlamaForCausalLM(nn.Module):
             self._greedy_head.refresh()  # its int8 copy now, not in the first request's step
         return counts
 
+    def warm_head(self, max_rows: int) -> None:
+        """Build the LM head's many-row copy now (at engine start) when a step can give it more than the
+        few-row kernels' 12 rows (`gemv_cpu.ROWS`): a decode batch of 13+ sequences or a longer verify. For
+        the `onednn` head that is a second float32 head (SmolLM2: 113 MB) reordered in ~0.4 s, not in a
+        request's step; a process whose steps never exceed 12 rows never pays it."""
+        if max_rows > gemv_cpu.ROWS:
+            self._lm_head_kernel.refresh()
+            self._lm_head_kernel.warm()
+
     def compile(self) -> Regions:
         """Compile the step's element-wise regions (compile.py); stays eager, with a warning, on failure."""
         cfg = self.config
@@ -217,8 +226,9 @@ class LlamaForCausalLM(nn.Module):
         return self._greedy_head(hidden) if self.quantization is None else None
 
     @torch.inference_mode()
-    def load_state_dict_hf(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face-named weights in (fusing q/k/v and gate/up); raise if any is missing."""
+    def load_state_dict_hf(self, sd: dict[str, torch.Tensor], *, prepare: bool = True) -> None:
+        """Copy Hugging Face-named weights in (fusing q/k/v and gate/up); raise if any is missing.
+        `prepare=False`: the caller prepares next (`load_model`), so the kernels' copies are built once."""
         cfg = self.config
         loaded: set[str] = set()
         own = dict(self.named_parameters(remove_duplicate=False))
@@ -240,7 +250,8 @@ class LlamaForCausalLM(nn.Module):
         missing = expected - loaded
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
-        self.prepare(self.quantization)  # packed / quantized copies follow the new weights
+        if prepare:
+            self.prepare(self.quantization)  # packed / quantized copies follow the new weights
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")

@@ -78,5 +78,5 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: str | torch.device, name:
 def _build(name: str, cfg: ModelConfig, sd: dict[str, torch.Tensor], tok: Tokenizer, dtype: torch.dtype,
            device: str | torch.device) -> LoadedModel:
     model = LlamaForCausalLM(cfg, dtype=dtype, device=device)
-    model.load_state_dict_hf(sd)
+    model.load_state_dict_hf(sd, prepare=False)  # load_model prepares it once
     return LoadedModel(name, cfg, model.eval(), tok)

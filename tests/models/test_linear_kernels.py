@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hintkv.bench.accuracy import compare, fixed_token_lists, greedy
-from hintkv.models import linear
+from hintkv.models import gemv_cpu, linear
 from hintkv.models.linear import KERNELS, Linear, MklPackedKernel, OneDnnKernel, choose_kernel
 from hintkv.models.loader import load_model
 
@@ -83,18 +83,24 @@ def test_prepared_copy_follows_weight_changes(name, rows):
 
 
 def test_one_onednn_copy_serves_every_row_count():
-    """oneDNN's weight is packed once (at `warm`), and every row count past the few-row kernel runs on that copy."""
-    lin = _linear(96, 80, True)
+    """oneDNN's weight is packed once (at `warm`), every row count past the few-row kernel reads that copy, and 12
+    rows or fewer read the plain weight (gemv). oneDNN matches F.linear bit for bit at these shapes, so the copy
+    is swapped for one of -W: the sign of the output says which weight a row count read."""
+    lin = _linear(96, 80, False)
     if not OneDnnKernel.available(lin.weight):
         pytest.skip("no oneDNN in this torch build")
     lin.set_kernel("onednn")
+    packs = OneDnnKernel.num_packs
     lin.kernel.warm()
-    packed = lin.kernel.onednn_weight
-    assert packed is not None
-    for rows in (13, 17, 64, 300):
+    lin.kernel.warm()
+    assert OneDnnKernel.num_packs == packs + 1
+    lin.kernel.onednn_weight = torch.ops.mkldnn._reorder_linear_weight(-lin.weight, OneDnnKernel.PACK_ROWS)
+    gemv_here = gemv_cpu.gemv(torch.zeros(1, 96), lin.weight, None) is not None  # else few rows run oneDNN too
+    for rows in (1, 12, 13, 17, 64, 300):
         x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
-        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
-    assert lin.kernel.onednn_weight is packed
+        sign = 1.0 if rows <= gemv_cpu.ROWS and gemv_here else -1.0
+        torch.testing.assert_close(lin(x), sign * F.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
+    assert OneDnnKernel.num_packs == packs + 1
 
 
 def test_cpu_gemm_is_chosen_by_name_or_cpu(monkeypatch):
@@ -107,9 +113,9 @@ def test_cpu_gemm_is_chosen_by_name_or_cpu(monkeypatch):
             assert linear.cpu_gemm() == want
             if KERNELS[want].available(w):
                 assert choose_kernel(w, None) == want
-        monkeypatch.setenv("HINTKV_CPU_GEMM", "auto")
+        monkeypatch.setenv("HINTKV_CPU_GEMM", "auto")  # auto's decision: test_cpu_choice.py, on fixed cpuinfo
         linear.cpu_gemm.cache_clear()
-        assert linear.cpu_gemm() == ("onednn" if linear._non_intel_avx512() else "mkl")
+        assert linear.cpu_gemm() in linear.CPU_GEMMS
         assert choose_kernel(w.to(torch.bfloat16), None) == "dense"
         monkeypatch.setenv("HINTKV_CPU_GEMM", "blas9")
         linear.cpu_gemm.cache_clear()
@@ -120,30 +126,30 @@ def test_cpu_gemm_is_chosen_by_name_or_cpu(monkeypatch):
         linear.cpu_gemm.cache_clear()
 
 
-@pytest.mark.parametrize("name", ["w8a8", "w8a8-head"])
-def test_w8a8_prefill_rows_take_the_float_weight_where_int8_gemm_is_slow(name, monkeypatch):
+# the row counts each side of `in_float`'s edge: w8a8 quantizes 2 levels per row, 16 int8 rows in gemv
+@pytest.mark.parametrize(("name", "int8_rows"), [("w8a8", 8), ("w8a8-head", 16)])
+def test_w8a8_prefill_rows_take_the_float_weight_where_int8_gemm_is_slow(name, int8_rows, monkeypatch):
     """HINTKV_W8A8_PREFILL=float (auto on a CPU without VNNI / AMX, where torch._int_mm ran w8a8's prefill
-    17-20x slower than float32): past gemv's rows the float weight runs (float32's result), few rows stay int8;
-    =int8 keeps every row in int8; a bad value is refused."""
+    17-20x slower than float32): past gemv's 16 int8 rows (w8a8: 8 rows of 2 levels; the head: 16 of 1) the
+    float weight runs (float32's result), up to them int8; =int8 keeps every row in int8; a bad value is refused."""
     from hintkv.models import int8
 
     lin = _linear(96, 80, False)
-    many, few = (torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (40, 4))
+    xs = {rows: torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+          for rows in (4, int8_rows, int8_rows + 1, 40)}
     try:
         for want in ("float", "int8"):
             monkeypatch.setenv("HINTKV_W8A8_PREFILL", want)
             int8.int8_gemm_rows_run_int8.cache_clear()
             lin.set_kernel(name)
             lin.kernel.warm()
-            ref_many, ref_few = F.linear(many, lin.weight), F.linear(few, lin.weight)
-            out_many, out_few = lin(many), lin(few)
-            assert float((out_few - ref_few).norm() / ref_few.norm()) < 0.01
-            assert not torch.equal(out_few, ref_few)  # int8 at few rows either way
-            if want == "float":
-                torch.testing.assert_close(out_many, ref_many, atol=1e-5, rtol=1e-5)
-            else:
-                assert not torch.allclose(out_many, ref_many, atol=1e-5, rtol=1e-5)
-                assert float((out_many - ref_many).norm() / ref_many.norm()) < 0.01
+            for rows, x in xs.items():
+                ref, out = F.linear(x, lin.weight), lin(x)
+                if want == "float" and rows > int8_rows:
+                    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+                else:
+                    assert not torch.allclose(out, ref, atol=1e-5, rtol=1e-5), rows  # int8
+                    assert float((out - ref).norm() / ref.norm()) < 0.01
         monkeypatch.setenv("HINTKV_W8A8_PREFILL", "fast")
         int8.int8_gemm_rows_run_int8.cache_clear()
         with pytest.raises(ValueError, match="HINTKV_W8A8_PREFILL"):
@@ -161,16 +167,40 @@ def test_unknown_quantization_is_rejected():
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_model(None, torch.float32, "cpu")
+def smollm2_load():
+    """The real SmolLM2 on the `onednn` kernel (pinned: auto picks mkl on Intel), whether it could be pinned
+    (a torch with oneDNN), and how many weights its load reordered."""
+    pinned = OneDnnKernel.available(torch.zeros(1, 1))
+    with pytest.MonkeyPatch.context() as mp:
+        if pinned:
+            mp.setenv("HINTKV_CPU_GEMM", "onednn")
+        linear.cpu_gemm.cache_clear()
+        packs = OneDnnKernel.num_packs
+        lm = load_model(None, torch.float32, "cpu")
+        packs = OneDnnKernel.num_packs - packs
+    linear.cpu_gemm.cache_clear()
+    return lm, pinned, packs
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_load):
+    return smollm2_load[0]
 
 
 def _prompt(lm, question: str) -> list[int]:
     return lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": question}]))
 
 
-def test_prepared_smollm2_decodes_like_plain_float32(smollm2):
-    """Fused norms, in-place RoPE and packed GEMMs vs every GEMM through F.linear: same greedy tokens."""
+def test_prepared_smollm2_decodes_like_plain_float32(smollm2_load):
+    """Fused norms, in-place RoPE and packed GEMMs (`onednn`, each layer weight reordered once at load, not
+    twice) vs every GEMM through F.linear: same greedy tokens."""
+    smollm2, pinned, packs = smollm2_load
+    layers = [m for m in smollm2.model.modules() if isinstance(m, Linear)]
+    if pinned:
+        assert {m.kernel.name for m in layers} == {"onednn"}
+        assert smollm2.model._lm_head_kernel.name == "onednn"
+        assert packs == len(layers) == 120  # the head packs at engine start (`warm_head`) or on demand
+        assert all(m.kernel.onednn_weight is not None for m in layers)
     prompt = _prompt(smollm2, "Write a Python function that reverses a string.")
     fast = greedy(smollm2.model, prompt, 24)
     plain = load_model(None, torch.float32, "cpu")
