@@ -28,7 +28,7 @@ import torch
 
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
-from hintkv.tiers.mover import Mover, MoverStats
+from hintkv.tiers.mover import SKIPPED, Mover, MoverStats
 
 _SHARED = threading.Condition()  # the simulation is one thread: nothing ever waits on it
 
@@ -92,10 +92,11 @@ class VirtualMover(Mover):
 
         def finish() -> None:
             try:
-                ok = bool(fn())
+                done = fn()
             except Exception:  # noqa: BLE001 - as the real mover: a failed transfer is a miss
-                ok = False
-            if direction is not None:
+                done = False
+            ok = done is not SKIPPED and bool(done)
+            if direction is not None and done is not SKIPPED:
                 if ok:
                     self._bytes[direction] += num_blocks * self._block_bytes
                     self._blocks[direction] += num_blocks

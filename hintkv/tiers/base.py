@@ -19,12 +19,8 @@ Semantics shared by all tiers:
     inside a class, without scanning the tier. Blocks still being written are never evicted. Each evicted block is
     reported to `on_evict(key, payload)`, under the tier's lock; `payload` is a tensor view
     valid only during the call (copy it to keep it), or None when the tier cannot provide the
-    bytes. A tier whose bytes cost a read (disk, `reads_back`) provides them only for the keys
-    the listener `wants` (`set_on_evict`), asked once, under its lock, at eviction: it reads
-    the block back on the mover and reports the eviction from there, with bytes the listener
-    then owns (None if the block failed its checks); until then the block still counts as held
-    (`contains`, `get`), and a `remove` cancels the hand-down (reported then, with None). Any
-    other key is reported at once, with None. Every eviction is reported exactly once.
+    bytes. Every eviction is reported exactly once. A tier whose bytes cost a read (disk,
+    `reads_back`) hands blocks down instead: see `tiers.hand_down`, the one statement of it.
   - `get(key, dst)` is asynchronous: True once `dst` holds the block's exact bytes; False on a
     miss, including a block that fails its checksum or an I/O error (the caller recomputes).
     On False the content of `dst` is undefined. Errors are counted and logged, never raised.
@@ -67,7 +63,7 @@ class TierStats:
     num_corrupt: int = 0  # blocks dropped because their checksum, header or length was wrong
     num_io_errors: int = 0  # OSErrors met (ENOSPC, EROFS, EACCES, ...), all turned into misses
     num_evicted: int = 0  # blocks evicted to make room
-    num_removed: int = 0  # blocks removed by `remove`
+    num_removed: int = 0  # blocks removed by `remove` (not one already evicted: `tiers.hand_down`)
 
 
 class Tier(ABC):
@@ -76,7 +72,7 @@ class Tier(ABC):
     name: str = "tier"
     upper: str = "device"  # where blocks come from; names transfer directions ("device->host")
     lower: str | None = None  # the tier evicted blocks go down to (set by the stack)
-    reads_back = False  # evicted bytes cost a read: reported only for keys the listener wants
+    reads_back = False  # evicted bytes cost a read: handed down (`tiers.hand_down`)
     layout: BlockLayout  # the payload every block of this tier has
 
     @abstractmethod

@@ -1,49 +1,64 @@
-"""Hand-down: a tier whose bytes cost a read (disk) gives an evicted block to the tier below.
+"""Hand-down: a tier whose bytes cost a read (disk, `reads_back`) gives an evicted block to the
+tier below. This docstring is the contract; base.py, stack.py and disk.py point here.
 
     evict ─▶ wants(key)? ──no──▶ reported at once (payload None), file unlinked
                  └─yes─▶ _leaving[key] ─ mover: read back, checked ─▶ reported with the bytes
-                          (lookup / contains / get still find it)     (the listener owns them),
+                          (contains / lookup / get still find it)     (the listener owns them),
                           remove(key) ─▶ cancelled: reported (None),   then the file unlinked
-                                         counted removed, never handed down
+                                         never handed down
 
-The decision is made once, under the tier lock, at eviction (`wants`: the stack's "kept, and not
-already below"); the listener trusts a payload as kept. Until the hand-down lands the block is
-still this tier's to serve: `contains` counts it and `get` is served from the bytes read back,
-so a reader never sees it in no tier. A `remove` in that window cancels it (the edit that asked
-for it sees the block removed, and the pool never gets it). Every eviction is reported exactly
-once. The read-back is counted under "<tier>-><tier below>" (1 block, the payload's bytes); one
-cancelled or failed counts as a failed transfer.
+- The decision is made once, under the tier lock, at eviction (`wants`: the stack's "kept, and
+  not already below", from the tier below's own index: `known`); the listener trusts a payload
+  as kept and owns it (`Tier.reads_back`).
+- Until the job ends the block is still this tier's: `contains`, `contains_many` (so the
+  stack's `lookup`) count it, and `get` is served from the bytes read back, so a reader never
+  sees it in no tier. `keys()`, `usage()` and `last_access()` do not see it: it is no longer
+  an entry (its file, until unlinked, is not in `usage().bytes_used`).
+- A `remove` / `remove_many` of a leaving key cancels the hand-down: the call counts it removed
+  (returns it), its eviction is reported then, with None, and the tier below never gets it. A
+  get already waiting on it is served as for any disk block removed mid-read: the job still
+  reads the file for it; only a cancelled block with no waiting get is not read.
+- Every eviction is reported exactly once, and every leaving key is released, however the job
+  ends: read back, cancelled, failed checks (None), raised, or never run (the mover closed).
+  The file is unlinked after it.
+- Counting: the eviction in `num_evicted` (a cancelled block is not also `num_removed`); a
+  read-back is a transfer "<tier>-><tier below>" (1 block, the payload's bytes), a failed one a
+  failed transfer, a cancelled one with nothing to read neither (`mover.SKIPPED`).
 
 `HandDown` is a mixin of `DiskTier` (before `IndexedTier`): it uses the tier's `_lock`,
-`_entries`, `_stats`, `_wants`, `_after`, `_track`, `mover`, `layout`, `lower`, and the
-subclass's `_read_back(key) -> tensor | None` and `_unlink(path)`.
+`_entries`, `_stats`, `_wants`, `_after`, `_track`, `_safe_on_evict`, `mover`, `layout`,
+`lower`, and the subclass's `_read_back(key) -> tensor | None` and `_unlink(path)`.
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 
-from hintkv.tiers.mover import resolved
+from hintkv.tiers.mover import SKIPPED
+
+log = logging.getLogger(__name__)
 
 
 class Leaving:
     """An evicted block whose hand-down is queued: `read` resolves with its bytes once read back
-    (None: the file failed its checks, or the hand-down was cancelled before the read)."""
+    (None: not read, or failed its checks); `waiters`: gets waiting on it."""
 
-    __slots__ = ("read",)
+    __slots__ = ("read", "waiters")
 
     def __init__(self) -> None:
         self.read: Future[torch.Tensor | None] = Future()
+        self.waiters = 0
 
 
 class HandDown:
-    reads_back = True  # the listener trusts a payload as wanted, and owns it (`Tier.reads_back`)
+    reads_back = True
 
     def __init__(self, *args, **kw) -> None:
-        self._leaving: dict[bytes, Leaving] = {}  # evicted keys whose hand-down is queued
+        self._leaving: dict[bytes, Leaving] = {}  # evicted keys whose hand-down has not ended
         super().__init__(*args, **kw)
 
     # -- what still finds a leaving block ----------------------------------------------------
@@ -65,31 +80,30 @@ class HandDown:
             if leaving is None:
                 return super().get(key, dst)
             self.layout.check_payload(dst)
-            if leaving.read.done():  # read back, not yet reported: serve it now
-                return resolved(self._serve(leaving.read.result(), dst))
+            leaving.waiters += 1  # read back for it even if a remove cancels the hand-down
         out: Future[bool] = Future()
         leaving.read.add_done_callback(lambda f: out.set_result(self._serve(f.result(), dst)))
         return out
 
     def _serve(self, payload: torch.Tensor | None, dst: torch.Tensor) -> bool:
-        if payload is not None:
-            dst.copy_(payload)
+        ok = payload is not None
+        try:
+            if ok:
+                dst.copy_(payload)
+        except Exception:  # a callback must resolve its future: a miss, as any failed read
+            log.exception("disk tier: serving a leaving block failed")
+            ok = False
         with self._lock:
-            if payload is not None:
+            if ok:
                 self._stats.num_hits += 1
             else:
                 self._stats.num_misses += 1
-        return payload is not None
+        return ok
 
     # -- removal cancels it ------------------------------------------------------------------
 
     def remove(self, key: bytes) -> bool:
-        with self._lock:
-            cancelled = self._cancel(key)
-            removed = super().remove(key)
-            if cancelled and not removed:
-                self._stats.num_removed += 1
-            return cancelled or removed
+        return self.remove_many([key]) == 1
 
     def remove_many(self, keys: list[bytes]) -> int:
         with self._lock:
@@ -97,8 +111,7 @@ class HandDown:
             if self._leaving:
                 for k in keys:
                     if self._cancel(k) and k not in self._entries:
-                        self._stats.num_removed += 1
-                        n += 1
+                        n += 1  # counted evicted already, not also removed
             return n + super().remove_many(keys)
 
     def _cancel(self, key: bytes) -> bool:
@@ -117,26 +130,41 @@ class HandDown:
         if self._wants is None or key in self._leaving or not self._wants(key):
             return False
         leaving = self._leaving[key] = Leaving()
-        fut = self.mover.run(f"{self.name}->{self.lower}",
-                             lambda: self._hand_down(key, path, leaving), 1, self.layout.nbytes,
-                             after=self._after(key))
-        # a job that never ran (the mover closed) still lets waiting gets miss
-        fut.add_done_callback(lambda _: leaving.read.done() or leaving.read.set_result(None))
+        try:
+            fut = self.mover.run(f"{self.name}->{self.lower}",
+                                 lambda: self._hand_down(key, path, leaving), 1,
+                                 self.layout.nbytes, after=self._after(key))
+        except Exception:  # e.g. a simulated mover with no such link: not handed down
+            log.exception("disk tier: cannot queue the hand-down of %s", key.hex())
+            del self._leaving[key]
+            return False
+        fut.add_done_callback(lambda _: self._ended(key, path, leaving))
         self._track(key, fut)
         return True
 
-    def _hand_down(self, key: bytes, path: Path, leaving: Leaving) -> bool:
-        """On the mover: read the block back (checked as any read) unless a remove cancelled it,
-        serve the gets waiting on it, report it under the lock with its bytes (unless cancelled
-        meanwhile), then unlink. True: read back and handed down."""
+    def _hand_down(self, key: bytes, path: Path, leaving: Leaving) -> object:
+        """On the mover: read the block back (checked as any read) if it is still wanted or a get
+        waits on it, serve those gets, report it with its bytes unless a remove cancelled it,
+        unlink. True: read back; False: the read failed; SKIPPED: cancelled, nothing read."""
         with self._lock:
-            wanted = self._leaving.get(key) is leaving
-        payload = self._read_back(key) if wanted else None
+            read = self._leaving.get(key) is leaving or leaving.waiters > 0
+        payload = self._read_back(key) if read else None
+        self._release(key, leaving, payload)
+        self._unlink(path)
+        return SKIPPED if not read else payload is not None
+
+    def _ended(self, key: bytes, path: Path, leaving: Leaving) -> None:
+        """The job's done-callback: one that raised, or never ran (the mover closed), did not
+        release the key; release it here, with no bytes, and unlink."""
+        if not leaving.read.done():
+            self._release(key, leaving, None)
+            self._unlink(path)
+
+    def _release(self, key: bytes, leaving: Leaving, payload: torch.Tensor | None) -> None:
+        """Serve the waiting gets, then report the eviction (unless cancelled): the listener
+        owns the bytes from then on."""
         leaving.read.set_result(payload)
         with self._lock:
-            handed = self._leaving.get(key) is leaving
-            if handed:
+            if self._leaving.get(key) is leaving:
                 del self._leaving[key]
                 self._safe_on_evict(key, payload)
-        self._unlink(path)
-        return handed and payload is not None

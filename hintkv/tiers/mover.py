@@ -48,6 +48,10 @@ class MoverStats:
         return out
 
 
+SKIPPED = "skipped"  # what a job returns when it had nothing to do (a cancelled hand-down):
+# its future resolves False, and it is counted neither as moved nor as failed
+
+
 def resolved(value: bool) -> Future[bool]:
     """A future that is already done with `value`."""
     f: Future[bool] = Future()
@@ -121,16 +125,19 @@ class Mover:
     def run(self, direction: str | None, fn: Callable[[], bool], num_blocks: int, nbytes: int,
             after: Future | None = None) -> Future[bool]:
         """Run `fn` on the pool once `after` (if any) is done; count it under `direction` if it
-        returns True (direction None: housekeeping, not a transfer, never counted)."""
+        returns True, as failed if False (direction None: housekeeping, not a transfer, never
+        counted; `SKIPPED`: nothing done, not counted, resolves False)."""
         out: Future[bool] = Future()
 
         def work() -> None:
             try:
-                ok = bool(fn())
+                done = fn()
             except Exception:
                 log.exception("transfer %s failed", direction)
-                ok = False
-            self._count(direction, ok, num_blocks, nbytes)
+                done = False
+            ok = done is not SKIPPED and bool(done)
+            if done is not SKIPPED:
+                self._count(direction, ok, num_blocks, nbytes)
             out.set_result(ok)
 
         def launch(_: Future | None = None) -> None:

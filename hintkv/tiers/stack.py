@@ -9,9 +9,7 @@
 holds are not worth a write to a slower tier. `on_drop(key)` hears of every evicted block that
 was not passed down (an upper tier may still hold a promoted copy: ask `lookup`). Both run
 under the evicting tier's lock: they must be quick and must not call into the tiers. A tier
-whose bytes cost a read (disk) asks first (`_wants`: kept, and not already in the tier below),
-and reads back only those (see `Tier.set_on_evict`, `tiers.hand_down`): a disk eviction reaches
-the pool from the mover, once read and checked; until then the disk still serves it.
+whose bytes cost a read (disk) hands its evictions down from the mover: `tiers.hand_down`.
 
 Each tier evicts by the classes on the engine's `RankBoard` (`Tier.set_ranks`). A failed read
 on one tier (corrupt block, I/O error) falls through to the next tier that has the key, and
@@ -223,14 +221,13 @@ class TierStack:
     # -- internals --------------------------------------------------------------------------
 
     def _wants(self, i: int, key: bytes) -> bool:
-        """Whether tier i should read an evicted block back for the tier below (asked once, at
-        eviction, under tier i's lock): kept, and not already there. `known`, never `contains`:
-        no pool round trip under a tier lock (tier i -> tier i+1: the lock order's direction)."""
+        """`wants` of tier i's hand-down (`tiers.hand_down`): kept, and not already below.
+        `known`, never `contains`: no pool round trip under a tier lock."""
         return not self.tiers[i + 1].known(key) and self._keep(key)  # `_keep`: late-bound
 
     def _evicted(self, i: int, key: bytes, payload: torch.Tensor | None) -> None:
-        """Called by tier i, under its lock. A tier that `reads_back` already decided (`_wants`)
-        and gives its payload away; any other's payload is a view valid only during the call,
+        """Called by tier i, under its lock. A `reads_back` tier's payload was already decided
+        and is given away (`tiers.hand_down`); any other's is a view valid only during the call,
         kept if `keep` says so. Only calls downward (tier i+1), so tier locks are taken top-down."""
         tier = self.tiers[i]
         below = self.tiers[i + 1] if i + 1 < len(self.tiers) else None

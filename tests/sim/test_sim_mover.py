@@ -11,6 +11,7 @@ from hintkv.sim.costs import CostModel
 from hintkv.sim.mover import VirtualMover
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.layout import BlockLayout
+from hintkv.tiers.mover import SKIPPED
 from hintkv.tiers.stack import TierStack
 
 
@@ -47,6 +48,16 @@ def test_host_tier_puts_and_loads_take_profile_time(costs):
     assert clock() - t0 == pytest.approx(_link_s(costs, "host", "device", real))
     assert mover.stats().bytes_moved == {"device->host": 4 * real, "host->device": real}
     host.check_integrity()
+
+
+def test_a_skipped_job_resolves_false_and_is_counted_neither_moved_nor_failed(costs):
+    clock = EventClock()
+    mover = VirtualMover(clock, costs, 1024)
+    skipped = mover.run("device->host", lambda: SKIPPED, 1, 0)
+    _drain(clock)
+    assert skipped.result() is False
+    s = mover.stats()
+    assert s.num_failed == 0 and s.bytes_moved == {} and s.blocks_moved == {}
 
 
 def test_pool_puts_and_gets_take_profile_time_and_return_checked_bytes(costs):

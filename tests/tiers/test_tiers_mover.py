@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import torch
 
-from hintkv.tiers.mover import Mover, MoverStats, gather, resolved
+from hintkv.tiers.mover import SKIPPED, Mover, MoverStats, gather, resolved
 
 
 def test_copy_counts_bytes_and_blocks_per_direction():
@@ -52,6 +52,14 @@ def test_failures_resolve_false_and_are_not_counted_as_moved():
     assert s.num_failed == 2 and s.bytes_moved == {}
     m.close()
     assert m.run("host->disk", lambda: True, 1, 100).result() is False  # closed: no crash
+
+
+def test_a_skipped_job_resolves_false_and_is_counted_neither_moved_nor_failed():
+    m = Mover(num_workers=1)  # a cancelled hand-down: nothing to read, nothing failed
+    assert m.run("disk->pool", lambda: SKIPPED, 1, 100).result() is False
+    s = m.stats()
+    assert s.num_failed == 0 and s.bytes_moved == {} and s.blocks_moved == {}
+    m.close()
 
 
 def test_wait_loads_counts_waits_and_merge_adds_up():
