@@ -53,7 +53,7 @@ from hintkv.sim.simulate import (
     simulate,
 )
 from hintkv.sim.workload import DEFAULT_TRACES, build_workload
-from hintkv.sim.workload_cache import cached_workload
+from hintkv.sim.workload_cache import KEEP, cached_workload
 
 ORACLES = ("oracle", "oracle+host", "oracle+pool")
 ONE_INSTANCE_CONFIGS = ("lru", "lru+host", "sam+hints", "sam+hints+host", "oracle", "oracle+host")
@@ -157,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plots", type=Path, default=None, help="write PNG plots here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--workload-cache", type=Path, default=None, metavar="DIR",
-                   help="keep the built workload in DIR, keyed by the traces' bytes, the knobs and the "
-                        "loaders' source (sim/workload_cache.py; a pickle: a directory you own)")
+                   help="keep the built workload in DIR, keyed by the traces' bytes, the knobs, the loaders' "
+                        "source and the tokenizer; a damaged file is built again with a warning; DIR keeps its "
+                        f"{KEEP} newest files (sim/workload_cache.py; a pickle: a directory you own)")
     p.add_argument("--no-fast-decode", action="store_true",
                    help="step every decode (no decode stretches as one event: the same report, slower)")
     args = p.parse_args(argv)
@@ -194,16 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     device_tokens = args.device_tokens or int(profile.device_kv_tokens * args.token_scale)
     t0 = time.perf_counter()
     if args.workload_cache is not None:
-        wl, from_cache = cached_workload(args.workload_cache, args.traces, args.users, args.seed, args.token_scale,
-                                args.max_calls, args.max_tasks)
+        wl, from_cache = cached_workload(args.workload_cache, args.traces, args.users, args.seed,
+                                         args.token_scale, args.max_calls, args.max_tasks)
     else:
         wl, from_cache = build_workload(args.traces, args.users, args.seed, args.token_scale, args.max_calls,
                                         args.max_tasks), False
     load_s = time.perf_counter() - t0
     bound_task_s = zero_serving_task_s(wl, args.block_size)  # no policy's mean task time is below it
+    source = " (from --workload-cache)" if from_cache else ""
     print(f"[sim] workload: {len(wl.tasks())} tasks, {wl.num_calls} calls, {wl.prompt_tokens / 1e6:.1f}M "
           f"prompt tokens, {args.users} users on {args.instances} instance(s); profile {profile.name}; device "
-          f"{device_tokens} tokens; loaded in {load_s:.1f}s{' (from --workload-cache)' if from_cache else ''}", file=sys.stderr, flush=True)
+          f"{device_tokens} tokens; loaded in {load_s:.1f}s{source}", file=sys.stderr, flush=True)
     results: dict[str, SimResult] = {}
     scheduling: dict[str, str] = {}
     blocks = device_tokens // args.block_size
@@ -282,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                "seed": args.seed, "token_scale": args.token_scale, "device_tokens": device_tokens,
                "block_size": args.block_size,
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
+               "workload_from_cache": from_cache,
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy,
                "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "ttft_gap": gap, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),

@@ -16,14 +16,21 @@ import random
 from pathlib import Path
 
 from hintkv.workload.program import Task, User, Workload
-from hintkv.workload.traces import Scale, load_claude_code, load_swe_agent
+from hintkv.workload.traces import Scale, claude_code, load_claude_code, load_swe_agent, swe_agent, trace_files
 
 DEFAULT_TRACES = ("/work/shared/traces/claude-code", "/work/shared/traces/swe-agent")
 
 
-def _kind(folder: Path) -> str:
+def trace_kind(folder: Path) -> str:
     names = [p.name for p in folder.iterdir()]
     return "swe-agent" if any(".traj.json" in n for n in names) else "claude-code"
+
+
+def source_files(folder: str | Path) -> list[Path]:
+    """The trace files `build_workload` reads from `folder` (its loader's own suffixes)."""
+    folder = Path(folder)
+    loader = swe_agent if trace_kind(folder) == "swe-agent" else claude_code
+    return trace_files(folder, loader.SUFFIXES)
 
 
 def build_workload(folders: list[str] | tuple[str, ...], users: int, seed: int = 0, token_scale: float = 1.0,
@@ -35,7 +42,7 @@ def build_workload(folders: list[str] | tuple[str, ...], users: int, seed: int =
     sources: list[tuple[str, object]] = []
     for f in folders:
         folder = Path(f)
-        if _kind(folder) == "swe-agent":
+        if trace_kind(folder) == "swe-agent":
             sources += [("swe-agent", r) for r in load_swe_agent(folder)]
         else:
             sources += [("claude-code", s) for s in load_claude_code(folder)]

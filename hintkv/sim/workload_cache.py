@@ -5,14 +5,27 @@
 
 Building the whole trace set at full scale costs ~12 s of CPU (claude-code blocks drawn from
 SHAKE-128, swe-agent text tokenized, gzip JSON parsed), 100-200 s of wall on this shared 2-core
-machine; reading it back is one unpickle (~2.3 s of CPU, 185 MB). The key is a SHA-256 over: each
-trace file's name and bytes; the knobs (`build_workload`'s arguments); the source of every module
-that turns a trace into token ids (`KEY_MODULES`: a code change there is a new key, never a stale
-workload); and, where a swe-agent folder is read, the tokenizer's file identity (path, size, mtime,
-as `models.gguf_loader.load_tokenizer`'s own cache) and the `tokenizers` version. A file is written
-under a temporary name and renamed, so a reader never sees half of one; a file that cannot be read
-or written is rebuilt or skipped, never an error. Opt-in: a pickle runs code when it is loaded, so
-point it only at a directory you own.
+machine; reading it back is one unpickle (~2.3 s of CPU, 185 MB). The key is a SHA-256 over:
+
+- each trace file's name and bytes (`sim.workload.source_files`: the loaders' own suffixes);
+- the knobs (`build_workload`'s arguments);
+- the source of every module that turns a trace into token ids, as this process LOADED it: read
+  once, when this module is imported (right after it imports them), never again for the key, so a
+  loader edited on disk while a long run holds the old code cannot store the old code's workload
+  under the new source's key. Before a write the files are read again; if one changed since import
+  the write is skipped (the built workload may be the old code's or the new code's: unknown);
+- where a swe-agent folder is read, the tokenizer: the source of its conversion code
+  (`TOKENIZER_MODULES`, GGUF -> `tokenizers`), the SHA-256 of the tokenizer it encodes with (its
+  whole serialized content, as `models.presets.smollm2_tokenizer` loads it) and the `tokenizers`
+  version.
+
+A file is `MAGIC`, the key, a SHA-256 over key + payload, then the pickled `Workload`; one with
+another header, another key (a foreign file), a wrong digest (a damaged one) or a payload that does
+not load as a `Workload` is built again, with a `WorkloadCacheWarning`, never an error and never
+served. A file is written under a temporary name and renamed, so a reader never sees half of one;
+the temporary file is removed on any failure, and a write that fails is only a warning. After a
+write the directory keeps its `KEEP` newest workload files. Opt-in: a pickle runs code when it is
+loaded and the digest is a checksum, not a MAC, so point it only at a directory you own.
 """
 
 from __future__ import annotations
@@ -22,66 +35,146 @@ import importlib
 import json
 import os
 import pickle
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from hintkv.sim.workload import _kind, build_workload
+from hintkv.sim.workload import build_workload, source_files, trace_kind
 from hintkv.workload.program import Workload
-from hintkv.workload.traces.files import trace_files
 
-FORMAT = 1  # bumped when the file layout changes
-KEY_MODULES = ("hintkv.sim.workload", "hintkv.workload.program", "hintkv.workload.traces.files",
-               "hintkv.workload.traces.claude_code", "hintkv.workload.traces.swe_agent")
-
-
-def workload_key(folders: list[str] | tuple[str, ...], knobs: dict) -> str:
-    h = hashlib.sha256(json.dumps({"format": FORMAT, "knobs": knobs}, sort_keys=True).encode())
-    for name in KEY_MODULES:
-        h.update(Path(importlib.import_module(name).__file__).read_bytes())
-    for f in folders:
-        folder = Path(f)
-        swe = _kind(folder) == "swe-agent"
-        files = trace_files(folder, (".traj.json", ".json") if swe else (".json",))
-        for p in files:
-            h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
-        if swe:
-            h.update(_tokenizer_identity().encode())
-    return h.hexdigest()
+FORMAT = 2  # bumped when the file layout changes
+MAGIC = b"hintkv-workload-cache\x00v%d\n" % FORMAT
+KEEP = 8  # workload files a directory keeps (newest by mtime); each is up to ~185 MB
+LOADER_MODULES = ("hintkv.sim.workload", "hintkv.workload.program", "hintkv.workload.traces.files",
+                  "hintkv.workload.traces.claude_code", "hintkv.workload.traces.swe_agent")
+TOKENIZER_MODULES = ("hintkv.models.presets", "hintkv.models.gguf_loader", "hintkv.models.tokenizer")
 
 
-def _tokenizer_identity() -> str:
-    from hintkv.models.presets import smollm2_gguf_path
+class WorkloadCacheWarning(UserWarning):
+    """A cache file was not used or not written; the run goes on with a fresh build."""
 
-    p = smollm2_gguf_path()
-    st = p.stat()
+
+def source_digests(names: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """Each module's SHA-256 over its source, through its own loader (imported first if not yet)."""
+    out = {}
+    for name in names:
+        mod = importlib.import_module(name)
+        out[name] = hashlib.sha256(mod.__spec__.loader.get_data(mod.__file__)).hexdigest()
+    return out
+
+
+# The code this process builds workloads with: read once, here, right after the imports above.
+LOADED = source_digests(LOADER_MODULES + TOKENIZER_MODULES)
+
+
+def tokenizer_digest() -> str:
+    """SHA-256 of the tokenizer swe-agent texts are encoded with (its whole content) + library version."""
+    from hintkv.models.presets import smollm2_tokenizer
+
     try:
         tv = version("tokenizers")
     except PackageNotFoundError:
         tv = "?"
-    return f"{p}:{st.st_size}:{int(st.st_mtime)}:tokenizers={tv}"
+    content = smollm2_tokenizer().backend.to_str()
+    return hashlib.sha256(f"tokenizers={tv}\n{content}".encode()).hexdigest()
+
+
+def workload_key(folders: list[str] | tuple[str, ...], knobs: dict) -> str:
+    h = hashlib.sha256(json.dumps({"format": FORMAT, "knobs": knobs}, sort_keys=True).encode())
+    h.update(json.dumps({m: LOADED[m] for m in LOADER_MODULES}, sort_keys=True).encode())
+    swe = False
+    for f in folders:
+        for p in source_files(f):
+            h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+        swe = swe or trace_kind(Path(f)) == "swe-agent"
+    if swe:
+        h.update(json.dumps({m: LOADED[m] for m in TOKENIZER_MODULES}, sort_keys=True).encode())
+        h.update(tokenizer_digest().encode())
+    return h.hexdigest()
+
+
+def _warn(path: Path, why: str) -> None:
+    warnings.warn(f"--workload-cache {path}: {why}", WorkloadCacheWarning, stacklevel=3)
+
+
+def read_cached(path: Path, key: str) -> Workload | None:
+    """The workload stored in `path` under `key`; None (with a warning unless absent) otherwise."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _warn(path, f"unreadable ({e}); building it again")
+        return None
+    head = len(MAGIC)
+    if not data.startswith(MAGIC) or len(data) < head + 64:
+        _warn(path, "not a workload cache file of this format; building it again")
+        return None
+    if data[head:head + 32] != bytes.fromhex(key):
+        _warn(path, "stored under another key (a foreign file); building it again")
+        return None
+    if hashlib.sha256(data[head:head + 32] + data[head + 64:]).digest() != data[head + 32:head + 64]:
+        _warn(path, "damaged (its digest does not match); building it again")
+        return None
+    try:
+        wl = pickle.loads(data[head + 64:])
+    except Exception as e:  # the digest matched, so only a writer's bug gets here: still never fatal
+        _warn(path, f"does not load ({type(e).__name__}: {e}); building it again")
+        return None
+    if not isinstance(wl, Workload):
+        _warn(path, f"holds a {type(wl).__name__}, not a Workload; building it again")
+        return None
+    return wl
+
+
+def write_cached(path: Path, key: str, wl: Workload) -> bool:
+    """Store `wl` in `path` atomically (temporary file + rename); False (with a warning) if not written."""
+    if source_digests(list(LOADED)) != LOADED:
+        _warn(path, "the workload code changed on disk since this process loaded it; not written")
+        return False
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        payload = pickle.dumps(wl, protocol=pickle.HIGHEST_PROTOCOL)
+        kb = bytes.fromhex(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + kb + hashlib.sha256(kb + payload).digest())
+            f.write(payload)
+        tmp.replace(path)
+    except Exception as e:  # a cache we cannot write is only slower, never wrong
+        _warn(path, f"not written ({type(e).__name__}: {e})")
+        return False
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # not ours to remove (a directory under that name): the warning above says enough
+    _prune(path.parent)
+    return True
+
+
+def _prune(d: Path) -> None:
+    files = []
+    for p in d.glob("workload-*.pickle"):
+        try:
+            files.append((p.stat().st_mtime_ns, p))
+        except OSError:
+            pass  # removed meanwhile by another process
+    for _, p in sorted(files, reverse=True)[KEEP:]:
+        p.unlink(missing_ok=True)
 
 
 def cached_workload(cache_dir: Path, folders: list[str] | tuple[str, ...], users: int, seed: int = 0,
                     token_scale: float = 1.0, max_calls: int | None = None,
                     max_tasks: int | None = None) -> tuple[Workload, bool]:
     """`build_workload`'s workload, from `cache_dir` when built before; True: it was read back."""
-    knobs = {"folders": list(folders), "users": users, "seed": seed,
+    knobs = {"folders": [str(f) for f in folders], "users": users, "seed": seed,
              "token_scale": token_scale, "max_calls": max_calls, "max_tasks": max_tasks}
-    path = Path(cache_dir) / f"workload-{workload_key(folders, knobs)}.pickle"
-    try:
-        with open(path, "rb") as f:
-            wl = pickle.load(f)
-        if isinstance(wl, Workload):
-            return wl, True
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
-        pass  # none yet, or unreadable: built again below
+    key = workload_key(folders, knobs)
+    path = Path(cache_dir) / f"workload-{key}.pickle"
+    wl = read_cached(path, key)
+    if wl is not None:
+        return wl, True
     wl = build_workload(folders, users, seed, token_scale, max_calls, max_tasks)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(wl, f, protocol=pickle.HIGHEST_PROTOCOL)
-        tmp.replace(path)
-    except OSError:
-        pass  # a cache we cannot write is only slower, never wrong
+    write_cached(path, key, wl)
     return wl, False

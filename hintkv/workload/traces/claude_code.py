@@ -53,8 +53,11 @@ class ClaudeCodeSession:
         return Task(task_id, self.name, _agent(task_id, "main", task_id, self.requests, blocks, scale))
 
 
+SUFFIXES = (".json",)  # the trace files this loader reads (+ .gz)
+
+
 def load_claude_code(folder: str | Path) -> list[ClaudeCodeSession]:
-    return [ClaudeCodeSession(trace_name(p), read_json(p)) for p in trace_files(folder)]
+    return [ClaudeCodeSession(trace_name(p), read_json(p)) for p in trace_files(folder, SUFFIXES)]
 
 
 class _Blocks:

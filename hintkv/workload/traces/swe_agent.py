@@ -64,8 +64,11 @@ class SweAgentRun:
         return Task(task_id, self.name, AgentScript(task_id, tuple(_calls(r, list(self.turns), scale))))
 
 
+SUFFIXES = (".traj.json", ".json")  # the trace files this loader reads (+ .gz)
+
+
 def load_swe_agent(folder: str | Path) -> list[SweAgentRun]:
-    return [_parse(trace_name(p), read_json(p)) for p in trace_files(folder, (".traj.json", ".json"))]
+    return [_parse(trace_name(p), read_json(p)) for p in trace_files(folder, SUFFIXES)]
 
 
 def team_task(task_id: str, leader: SweAgentRun, teammates: list[SweAgentRun], scale: Scale = DEFAULT_SCALE,
