@@ -42,11 +42,15 @@ MAX_ROWS = 12
 
 
 def ops() -> ModuleType | None:
-    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen", "blocked"], _CFLAGS)
+    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen", "blocked",
+                                                              "last_recomputed"], _CFLAGS)
 
 
-def quantise_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(int8 rows, per-row scale, per-row error bound err_r, int32 row sums) of a float32 weight [V, H]."""
+def quantise_rows(w: torch.Tensor, blocked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
+    """(int8 copy, per-row scale, per-row error bound err_r, int32 row sums) of a float32 weight [V, H]: the
+    screen's arguments after x. The copy is rows [V, H], or with `blocked` (`ops().blocked()`: the VNNI build)
+    `int8.block_weight`'s 16-row blocks [ceil(V/16), ceil(H/64) * 16, 16, 4]."""
     w = w.detach().float()
     amax = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
     scale = amax / 127
@@ -55,7 +59,8 @@ def quantise_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     # both dot products (int8 approximate, float exact) round: each is within H * 2^-24 * |x|_1 * amax
     # of the real value (Higham's gamma_H); 2^-22 doubles that margin once more
     err = resid + amax * (w.shape[1] * 2.0 ** -22)
-    return q.contiguous(), scale.contiguous(), err.contiguous(), q.sum(dim=1, dtype=torch.int32)
+    wsum = q.sum(dim=1, dtype=torch.int32)
+    return (int8.block_weight(q.t())[0] if blocked else q.contiguous()), scale.contiguous(), err.contiguous(), wsum
 
 
 class GreedyHead:
@@ -81,10 +86,8 @@ class GreedyHead:
         key = (self.weight.data_ptr(), self.weight._version)
         if key != self._key:
             self._key = key
-            self._prepared = quantise_rows(self.weight) if self.applies() and bool(
+            self._prepared = quantise_rows(self.weight, ops().blocked()) if self.applies() and bool(
                 torch.isfinite(self.weight).all()) else None
-            if self._prepared is not None and ops().blocked():  # the VNNI build reads 16-row blocks
-                self._prepared = (int8.block_weight(self._prepared[0].t())[0], *self._prepared[1:])
         return self._prepared is not None
 
     @torch.inference_mode()

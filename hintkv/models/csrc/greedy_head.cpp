@@ -1,6 +1,8 @@
 // Greedy decoding's LM head on a CPU (greedy_head.py): each row's argmax of x W^T, reading W's int8 copy.
 //
-// screened_argmax(x [N, H] f32, wq [V, H] i8, scale [V], err [V], wsum [V] i32, w [V, H] f32) -> N ints
+// screened_argmax(x [N, H] f32, wq, scale [V], err [V], wsum [V] i32, w [V, H] f32) -> N ints
+//   wq: the int8 copy in the layout blocked() names (greedy_head.quantise_rows makes it): the VNNI build reads
+//   16-row blocks [ceil(V/16), Hq, 16, 4] (int8.block_weight's, zero padded), the AVX2 build rows [V, H]
 //   1. x's rows quantised per row: x ~ sx xq (|xq| <= 127), dx = |x - sx xq|_1 (exact, in double)
 //   2. approximate logits a_r = sx scale_r (xq . wq_r): integer dot products (AVX-512 VNNI: 64
 //      multiply-adds per instruction on u8 = xq + 128, minus 128 wsum_r), so the step reads a quarter
@@ -8,14 +10,18 @@
 //   3. |x . w_r - a_r| <= |x|_1 err_r + dx 127 scale_r =: b_r (err_r: the row's largest rounding error
 //      plus float summation's margin); lo = max_r (a_r - b_r) is below the argmax's value, so the
 //      argmax is among the rows with a_r + b_r >= lo, which get exact float32 dot products
-//   The first of equal exact values wins (torch.argmax's rule). Empty result: a row of x not finite.
+//   The first of equal exact values wins (torch.argmax's rule); every token is < V. Empty result (the caller
+//   computes the logits): a row of x not finite, or a bound that is not finite in float (|x|_1 past float's range)
+// last_recomputed() -> int: rows the calling thread's last screened_argmax recomputed in float (all x rows together)
 // has_screen() -> bool: whether this build has the screen (AVX-512 VNNI, or AVX2's vpmaddubsw on |x| and sign(x) q,
 // e.g. AMD Zen 1; else greedy_head.py computes the logits).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -93,6 +99,8 @@ inline float float_dot(const float* x, const float* w, int64_t H) {
     return sum;
 }
 
+thread_local int64_t recomputed_rows = 0;
+
 template <typename T>
 T* scratch(std::vector<T>& buf, int64_t n) {
     if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
@@ -100,6 +108,8 @@ T* scratch(std::vector<T>& buf, int64_t n) {
 }
 
 }  // namespace
+
+int64_t last_recomputed() { return recomputed_rows; }
 
 bool has_screen() {
 #if defined(HINTKV_SCREEN)
@@ -113,7 +123,7 @@ bool has_screen() {
 namespace {
 
 struct Screen {
-    const int32_t* u;                   // x's rows as u8 quads, row stride Hq
+    const uint8_t* u;                   // x's rows as u8, row stride 4 Hq (read 4 at a time through memcpy)
     const int8_t* wb;                   // the blocked copy [Vb][Hq][16][4]
     const float *sp, *ep, *sx, *l1, *dx;
     const int32_t* wsp;
@@ -134,7 +144,11 @@ inline void screen_blocks(const Screen& sc, int64_t v0, __m512* lo) {
     const int8_t* wb = sc.wb + v0 * sc.Hq * 64;
     for (int64_t kq = 0; kq < sc.Hq; ++kq) {
         __m512i xb[G];
-        for (int g = 0; g < G; ++g) xb[g] = _mm512_set1_epi32(sc.u[g * sc.Hq + kq]);
+        for (int g = 0; g < G; ++g) {
+            int32_t quad;  // x's 4 bytes; memcpy, not an int32_t* into the u8 buffer (strict aliasing)
+            std::memcpy(&quad, sc.u + (g * sc.Hq + kq) * 4, sizeof quad);
+            xb[g] = _mm512_set1_epi32(quad);
+        }
         for (int b = 0; b < B; ++b) {
             const int8_t* line = wb + (b * sc.Hq + kq) * 64;
             _mm_prefetch(reinterpret_cast<const char*>(line + 1024), _MM_HINT_T0);  // hardware prefetch stops at 4 KiB pages
@@ -184,7 +198,7 @@ void screen_rows(Screen sc, float* lo) {
     const int64_t N = sc.N, ld = sc.ld;
     for (int64_t n0 = 0; n0 < N;) {
         Screen part = sc;
-        part.u += n0 * sc.Hq, part.sx += n0, part.l1 += n0, part.dx += n0, part.hi += n0 * ld;
+        part.u += n0 * sc.Hq * 4, part.sx += n0, part.l1 += n0, part.dx += n0, part.hi += n0 * ld;
         const int64_t g = std::min<int64_t>(N - n0, 12);
         switch (g) {
             case 1: screen_all<1>(part, lo + n0); break;
@@ -249,6 +263,7 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     static thread_local std::vector<uint8_t> ubuf;
     uint8_t* u = scratch(ubuf, N * Hp);
     std::vector<float> l1(N), dx(N), sx(N);
+    recomputed_rows = 0;
     for (int64_t n = 0; n < N; ++n) {
         const float* xr = xp + n * H;
         double amax = 0.0, s1 = 0.0;
@@ -265,7 +280,9 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
         sx[n] = s;
         l1[n] = static_cast<float>(s1 * (1.0 + 1e-6));  // rounded up: the bound stays a bound
         dx[n] = static_cast<float>(e * (1.0 + 1e-6));
+        if (!std::isfinite(l1[n]) || !std::isfinite(dx[n])) return {};  // an infinite bound screens nothing out
     }
+    std::atomic<int64_t> recomputed{0};
     std::vector<int64_t> best(N);
 #if defined(HINTKV_VNNI)
     // pass 1: every row's bounds from the blocked copy (the weight's padding is 0, so u's padding adds nothing);
@@ -274,21 +291,30 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     static thread_local std::vector<float> hbuf;
     float* hi = scratch(hbuf, N * ld);
     std::vector<float> lo(N, -std::numeric_limits<float>::infinity());  // lo: below the argmax's exact value
-    screen_rows(Screen{reinterpret_cast<const int32_t*>(u), qp, sp, ep, sx.data(), l1.data(), dx.data(), wsp, N, V,
+    screen_rows(Screen{u, qp, sp, ep, sx.data(), l1.data(), dx.data(), wsp, N, V,
                        Hp / 4, ld, hi}, lo.data());
     at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
             const float* hn = hi + n * ld;
+            if (!std::isfinite(lo[n])) {  // a bound overflowed float: no screen (best -1 -> the logits)
+                best[n] = -1;
+                continue;
+            }
             const __m512 lov = _mm512_set1_ps(lo[n]);
             float top = -std::numeric_limits<float>::infinity();
-            int64_t arg = -1;
+            int64_t arg = -1, count = 0;
             for (int64_t r0 = 0; r0 < ld; r0 += 16) {  // increasing r, strict >: the first maximum, like torch.argmax
-                for (__mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(hn + r0), lov, _CMP_NLT_UQ); m; m &= m - 1) {
+                // rows >= V are padding (hi -inf, but a NaN lo would take them): never candidates
+                const __mmask16 live = V - r0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (V - r0)) - 1);
+                for (__mmask16 m = _mm512_mask_cmp_ps_mask(live, _mm512_loadu_ps(hn + r0), lov, _CMP_NLT_UQ); m;
+                     m &= m - 1) {
                     const int64_t r = r0 + __builtin_ctz(m);
                     const float e = float_dot(xp + n * H, wp + r * H, H);
                     if (arg < 0 || e > top) top = e, arg = r;
+                    ++count;
                 }
             }
+            recomputed += count;
             best[n] = arg;
         }
     });
@@ -318,18 +344,27 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
             };
             float lo = -std::numeric_limits<float>::infinity(), a, b;  // lo: below the argmax's exact value
             for (int64_t r = 0; r < V; ++r) bounds(r, a, b), lo = std::max(lo, a - b);
+            if (!std::isfinite(lo)) {  // a bound overflowed float: no screen (best -1 -> the logits)
+                best[n] = -1;
+                continue;
+            }
             float top = -std::numeric_limits<float>::infinity();
-            int64_t arg = -1;
+            int64_t arg = -1, count = 0;
             for (int64_t r = 0; r < V; ++r) {  // increasing r, strict >: the first maximum, like torch.argmax
                 bounds(r, a, b);
                 if (a + b < lo) continue;
                 const float e = float_dot(xp + n * H, wp + r * H, H);
                 if (arg < 0 || e > top) top = e, arg = r;
+                ++count;
             }
+            recomputed += count;
             best[n] = arg;
         }
     });
 #endif
+    recomputed_rows = recomputed.load();
+    for (const int64_t b : best)
+        if (b < 0 || b >= V) return {};  // no candidate (a NaN bound): the caller computes the logits
     return best;
 #endif
 }

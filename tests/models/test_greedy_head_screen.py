@@ -1,0 +1,84 @@
+"""greedy_head's screen itself (review of c2689c6): tokens are always < V and never read a padding row, a bound
+past float's range falls back to the logits, padding lanes do not raise lo (all-negative logits), every x-row
+group size 1..12 (one compiled instance each) gives the float64 argmax, many random heads do, and the screen
+screens: only a few rows are recomputed in float."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintkv.models import greedy_head
+from hintkv.models.greedy_head import GreedyHead
+
+pytestmark = pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies(),
+                                reason="no C++ kernels or neither AVX-512 VNNI nor AVX2: greedy rows use the logits")
+
+
+def exact(x: torch.Tensor, w: torch.Tensor) -> list[int]:
+    return (x.double() @ w.double().T).argmax(-1).tolist()
+
+
+def test_a_bound_past_floats_range_never_takes_a_padding_row():
+    """|x|_1 = 6.4e38 fits a double, not a float: the bound is inf and lo -inf. The blocked screen then took the
+    padding rows [300, 304) as candidates and read them from the memory after w (here: rows of -1, which win):
+    it returned 300. The logits are finite; the screen must give their argmax or None (the logits)."""
+    big = torch.randn(316, 64, generator=torch.Generator().manual_seed(0)) * 0.02
+    big[300:] = -1
+    w = big[:300]  # a contiguous view: what follows it is big's rows of -1
+    x = torch.full((1, 64), -1e37)
+    assert torch.isfinite(x @ w.T).all()
+    got = GreedyHead(w)(x)
+    assert got is None or got == (x @ w.T).argmax(-1).tolist()
+    for s in (-1e36, 1e35):  # large but finite bounds: screened, tokens < V
+        x = torch.full((2, 64), s)
+        x[1, ::2] *= -1
+        got = GreedyHead(w)(x)
+        assert got is None or got == exact(x, w)
+
+
+def test_all_negative_logits_with_a_partial_last_block():
+    """V % 16 != 0 and every logit < 0: padding lanes (a = 0, b = 0) folded into lo would put lo at 0, above
+    every real row's bound, and leave no candidate."""
+    gen = torch.Generator().manual_seed(4)
+    w = torch.rand(3001, 80, generator=gen) + 0.01
+    x = -torch.rand(4, 80, generator=gen)
+    assert (x @ w.T).max() < 0
+    assert GreedyHead(w)(x) == exact(x, w)
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_every_row_group_size(n):
+    """screen_all<G> is compiled once per G = 1..12: each must give the float64 argmax. V = 3001: a partial
+    last block, and more than 64 blocks, so several threads' lo are merged."""
+    gen = torch.Generator().manual_seed(100 + n)
+    w = torch.randn(3001, 200, generator=gen) * 0.05
+    x = torch.randn(n, 200, generator=gen)
+    assert GreedyHead(w)(x) == exact(x, w)
+
+
+def test_many_random_heads_give_the_float64_argmax():
+    gen = torch.Generator().manual_seed(7)
+    wrong = []
+    for trial in range(60):
+        v = int(torch.randint(1, 5000, (1,), generator=gen))
+        h = [1, 17, 64, 80, 200, 512][trial % 6]
+        n = int(torch.randint(1, 13, (1,), generator=gen))
+        w = torch.randn(v, h, generator=gen) * float(torch.rand(1, generator=gen)) + 0.1 * (trial % 3 - 1)
+        x = torch.randn(n, h, generator=gen) * 10 ** float(torch.randint(-2, 3, (1,), generator=gen))
+        got = GreedyHead(w)(x)
+        if got != exact(x, w):
+            wrong.append((trial, v, h, n, got, exact(x, w)))
+    assert wrong == []
+
+
+def test_the_screen_recomputes_few_rows():
+    """The point of the screen: on a head like a model's (rows of one scale, x a hidden state) only the rows
+    near the top are recomputed in float (an unmerged lo recomputes all of them)."""
+    gen = torch.Generator().manual_seed(11)
+    v, h = 8192, 256
+    w = torch.randn(v, h, generator=gen) * 0.05
+    x = torch.randn(8, h, generator=gen)
+    assert GreedyHead(w)(x) == exact(x, w)
+    rows = greedy_head.ops().last_recomputed()
+    assert 8 <= rows < 0.01 * v * 8, rows
