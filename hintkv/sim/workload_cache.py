@@ -24,8 +24,9 @@ another header, another key (a foreign file), a wrong digest (a damaged one) or 
 not load as a `Workload` is built again, with a `WorkloadCacheWarning`, never an error and never
 served. A file is written under a temporary name and renamed, so a reader never sees half of one;
 the temporary file is removed on any failure, and a write that fails is only a warning. After a
-write the directory keeps its `KEEP` newest workload files. Opt-in: a pickle runs code when it is
-loaded and the digest is a checksum, not a MAC, so point it only at a directory you own.
+write the directory keeps its `KEEP` newest workload files and drops a dead writer's temporary
+files. Opt-in: a pickle runs code when it is loaded and the digest is a checksum, not a MAC, so
+point it only at a directory you own.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import importlib
 import json
 import os
 import pickle
+import time
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -45,6 +47,7 @@ from hintkv.workload.program import Workload
 FORMAT = 2  # bumped when the file layout changes
 MAGIC = b"hintkv-workload-cache\x00v%d\n" % FORMAT
 KEEP = 8  # workload files a directory keeps (newest by mtime); each is up to ~185 MB
+STALE_TMP_S = 3600.0  # a temporary file this old is a dead writer's (a write takes seconds)
 LOADER_MODULES = ("hintkv.sim.workload", "hintkv.workload.program", "hintkv.workload.traces.files",
                   "hintkv.workload.traces.claude_code", "hintkv.workload.traces.swe_agent")
 TOKENIZER_MODULES = ("hintkv.models.presets", "hintkv.models.gguf_loader", "hintkv.models.tokenizer")
@@ -154,10 +157,17 @@ def write_cached(path: Path, key: str, wl: Workload) -> bool:
 
 
 def _prune(d: Path) -> None:
+    """Keeps the `KEEP` newest workload files; drops temporary files older than `STALE_TMP_S` (a writer
+    killed mid-write; a live writer's file is younger)."""
     files = []
-    for p in d.glob("workload-*.pickle"):
+    now = time.time()
+    for p in d.glob("workload-*"):
         try:
-            files.append((p.stat().st_mtime_ns, p))
+            mtime = p.stat().st_mtime_ns
+            if p.name.endswith(".pickle"):
+                files.append((mtime, p))
+            elif p.name.endswith(".tmp") and now - mtime / 1e9 > STALE_TMP_S:
+                p.unlink(missing_ok=True)
         except OSError:
             pass  # removed meanwhile by another process
     for _, p in sorted(files, reverse=True)[KEEP:]:

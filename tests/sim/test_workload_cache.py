@@ -6,8 +6,10 @@ test_workload_cache_key.py.)"""
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -119,8 +121,9 @@ def test_a_failed_write_warns_and_leaves_no_temporary_file(traces, tmp_path, mon
     path.unlink()
     path.mkdir()
     (path / "x").write_bytes(b"")
-    with pytest.warns(WorkloadCacheWarning, match="not written"):
+    with pytest.warns(WorkloadCacheWarning) as warned:  # unreadable, then not written
         wl, hit = cached_workload(taken, [traces], **KNOBS)
+    assert any("not written" in str(w.message) for w in warned)
     assert not hit and wl == build_workload([traces], **KNOBS)
     assert sorted(p.name for p in taken.iterdir()) == [path.name]
     # an error that is not an OSError while pickling: a warning too, never an exception
@@ -135,9 +138,15 @@ def test_a_failed_write_warns_and_leaves_no_temporary_file(traces, tmp_path, mon
 
 def test_the_directory_keeps_its_newest_files(traces, tmp_path, monkeypatch):
     monkeypatch.setattr(workload_cache, "KEEP", 2)
+    dead, live = tmp_path / "workload-a.pickle.1.tmp", tmp_path / "workload-b.pickle.2.tmp"
+    dead.write_bytes(b"x")
+    live.write_bytes(b"x")
+    old = time.time() - workload_cache.STALE_TMP_S - 60
+    os.utime(dead, (old, old))  # a writer killed mid-write an hour ago; `live` is being written now
     for seed in (1, 2, 3):
         cached_workload(tmp_path, [traces], **{**KNOBS, "seed": seed})
     assert len(_files(tmp_path)) == 2
+    assert not dead.exists() and live.exists()
     _, hit = cached_workload(tmp_path, [traces], **{**KNOBS, "seed": 1})
     assert not hit  # the oldest went
     for seed in (3, 1):
