@@ -82,3 +82,26 @@ def test_the_screen_recomputes_few_rows():
     assert GreedyHead(w)(x) == exact(x, w)
     rows = greedy_head.ops().last_recomputed()
     assert 8 <= rows < 0.01 * v * 8, rows
+
+
+@pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies() or not greedy_head.ops().blocked(),
+                    reason="the native build is already the row-major (AVX2) one, which the tests above run")
+def test_the_avx2_build_and_the_blocked_one_recompute_the_same_rows():
+    """A VNNI machine never builds the AVX2 screen (CPUs without VNNI, e.g. AMD Zen 1): build it here without
+    VNNI. Both compute a and b in the same order, so they recompute the same rows and give the same tokens."""
+    from hintkv.models import cpu_ext
+
+    avx2 = cpu_ext.load("hintkv_greedy_head_novnni", greedy_head._SOURCE,
+                        ["screened_argmax", "has_screen", "blocked", "last_recomputed"],
+                        greedy_head._CFLAGS + ["-mno-avx512vnni"])
+    assert avx2 is not None and avx2.has_screen() and not avx2.blocked()
+    native = greedy_head.ops()
+    gen = torch.Generator().manual_seed(12)
+    for v, h, n in [(3001, 200, 8), (4099, 80, 1), (17, 64, 12), (1, 1, 3), (5000, 512, 5)]:
+        w = torch.randn(v, h, generator=gen) * 0.05
+        x = torch.randn(n, h, generator=gen) * 3
+        rows = avx2.screened_argmax(x, *greedy_head.quantise_rows(w), w)
+        rows_count = avx2.last_recomputed()
+        blocks = native.screened_argmax(x, *greedy_head.quantise_rows(w, blocked=True), w)
+        assert rows == blocks == exact(x, w), (v, h, n)
+        assert rows_count == native.last_recomputed(), (v, h, n)

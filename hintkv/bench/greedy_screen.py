@@ -1,0 +1,88 @@
+"""The greedy LM head's screen alone: the blocked VNNI screen vs the row-major one vs logits + argmax.
+
+    python -m hintkv.bench.greedy_screen [--rows 1,8,12,16] [--reps 9] [--vocab 49152] [--hidden 512]
+
+A random head (dummy:tiny's 49152 x 512 by default, rows * 0.05) and x ~ N(0, 1), one thread, process CPU time
+per call, the median of `--reps` calls interleaved across the three. "blocked" is this machine's build of
+`csrc/greedy_head.cpp` (16-row blocks where the CPU has AVX-512 VNNI); "row-major" is the same source built
+with -mno-avx512vnni (the AVX2 screen a CPU without VNNI runs: vpmaddubsw on rows); "logits" is
+`linear.KERNELS["mkl"]` + argmax, what the runner does above `greedy_head.MAX_ROWS`. Each row count's tokens
+are checked against a float64 argmax; "recomputed" is the blocked screen's rows recomputed in float.
+docs/benchmarks/engine.md's fifteenth-session mend section comes from this probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from hintkv.bench.common import print_table
+from hintkv.models import cpu_ext, greedy_head
+from hintkv.models.linear import KERNELS
+
+
+def _cpu_ms(fn: Callable[[], object]) -> float:
+    t = time.process_time()
+    fn()
+    return (time.process_time() - t) * 1e3
+
+
+def rows_table(vocab: int, hidden: int, rows: list[int], reps: int) -> list[dict[str, object]]:
+    native = greedy_head.ops()
+    if native is None or not native.has_screen():
+        raise SystemExit("no greedy screen on this machine (C++ kernels off, or neither VNNI nor AVX2)")
+    rowmajor = cpu_ext.load("hintkv_greedy_head_novnni", greedy_head._SOURCE,
+                            ["screened_argmax", "has_screen", "blocked", "last_recomputed"],
+                            greedy_head._CFLAGS + ["-mno-avx512vnni"])
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(vocab, hidden, generator=g) * 0.05
+    prep = {True: greedy_head.quantise_rows(w, blocked=True), False: greedy_head.quantise_rows(w)}
+    logits = KERNELS["mkl"](w, None)
+    out = []
+    for m in rows:
+        x = torch.randn(m, hidden, generator=g)
+        want = (x.double() @ w.double().T).argmax(-1).tolist()
+        cases: dict[str, Callable[[], object]] = {"logits": lambda: logits(x).argmax(-1).tolist()}
+        if rowmajor is not None and rowmajor.has_screen() and not rowmajor.blocked():
+            cases["row-major"] = lambda: rowmajor.screened_argmax(x, *prep[False], w)
+        cases["blocked"] = lambda: native.screened_argmax(x, *prep[native.blocked()], w)
+        for name, fn in cases.items():  # warm-up; the screens must give the float64 argmax
+            got = fn()
+            if name != "logits" and got != want:
+                raise AssertionError(f"{name} screen at {m} rows: {got} != float64 argmax {want}")
+        recomputed = native.last_recomputed()
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(reps):
+            for name, fn in cases.items():
+                times[name].append(_cpu_ms(fn))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        row: dict[str, object] = {"rows": m, **{f"{name} ms": round(v, 2) for name, v in med.items()},
+                                  "recomputed": recomputed}
+        if "row-major" in med:
+            row["row-major/blocked"] = round(med["row-major"] / med["blocked"], 2)
+        row["logits/blocked"] = round(med["logits"] / med["blocked"], 2)
+        out.append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hintkv.bench.greedy_screen", description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,8,12,16", help="x rows per call (decode batch sizes)")
+    p.add_argument("--reps", type=int, default=9, help="interleaved calls per case")
+    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--hidden", type=int, default=512)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    table = rows_table(args.vocab, args.hidden, [int(r) for r in args.rows.split(",")], args.reps)
+    print(f"greedy head {args.vocab} x {args.hidden}: one thread, CPU time per call (ms), median of {args.reps}; "
+          f"blocked build: {greedy_head.ops().blocked()}")
+    print_table(table, list(table[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

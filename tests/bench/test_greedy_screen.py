@@ -1,0 +1,20 @@
+"""The greedy screen probe (`python -m hintkv.bench.greedy_screen`): each case timed, tokens checked, rows counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintkv.bench import greedy_screen
+from hintkv.models import greedy_head
+
+
+@pytest.mark.skipif(not greedy_head.GreedyHead(torch.zeros(2, 64)).applies(), reason="no greedy screen here")
+def test_probe_times_each_screen_and_counts_recomputed_rows():
+    rows = greedy_screen.rows_table(3001, 80, [1, 5], reps=1)
+    assert [r["rows"] for r in rows] == [1, 5]
+    for r in rows:
+        assert r["blocked ms"] >= 0 and r["logits ms"] >= 0 and r["logits/blocked"] > 0
+        assert 1 <= r["recomputed"] < 3001 * r["rows"]
+        if greedy_head.ops().blocked():  # the row-major build is the -mno-avx512vnni one
+            assert r["row-major ms"] >= 0 and r["row-major/blocked"] > 0
