@@ -95,7 +95,7 @@ class SimEngine:
         self.scheduler = Scheduler.from_config(cfg, num_blocks, clock=clock)
         if host_blocks:
             self.scheduler.kv.tiers = sim_tiers(self.scheduler.kv, cfg.hints, host_blocks, clock, costs,
-                                                pool)
+                                                pool, offload_mode=cfg.offload_mode)
         self.root = namespace_root(model_name, "sim", cfg.block_size, None)
         self.stats = StepStats()
         self._pending: dict[str, _Pending] = {}

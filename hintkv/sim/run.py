@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hintkv.bench.common import emit_json, percentile, print_table
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
+from hintkv.cache.types import OFFLOAD_MODES
 from hintkv.config import EngineConfig
 from hintkv.engine.admission import admission_names, live_admission_error, live_admission_names
 from hintkv.engine.load_timing import load_timing_names
@@ -141,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                    "ones again under the hinted runs' scheduler S as NAME/S")
     p.add_argument("--scheduling-policy", default=SCHEDULING, choices=admission_names(),
                    help="the hinted configurations' scheduler (lru configurations keep fcfs = vLLM)")
+    p.add_argument("--hinted-offload-mode", default="lazy", choices=OFFLOAD_MODES,
+                   help="`hintkv serve --offload-mode` of the hinted configurations (lazy: the server's default; "
+                        "deferred: write nothing at the hint, demote only)")
     p.add_argument("--load-timing", default=ENGINE_LOAD_TIMING, choices=load_timing_names(),
                    help="when a host hit computes (engine.load_timing), for every configuration")
     p.add_argument("--device-tokens", type=int, default=None)
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                                          max_num_batched_tokens=args.max_num_batched_tokens,
                                          progress=not args.no_progress, instances=args.instances,
                                          max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode,
-                                         load_timing=args.load_timing)
+                                         load_timing=args.load_timing,
+                                         offload_mode=args.hinted_offload_mode)
             except PromptDoesNotFit as exc:
                 print(f"hintkv sim: {exc}", file=sys.stderr)
                 return 2
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "workload_from_cache": from_cache,
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
-               "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy,
+               "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy, "hinted_offload_mode": args.hinted_offload_mode,
                "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "ttft_gap": gap, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
                "zero_serving_task_s": bound_task_s, "goals": g})
     return 0

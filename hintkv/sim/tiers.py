@@ -29,8 +29,9 @@ def real_block_bytes(costs: CostModel, block_size: int) -> int:
 
 
 def sim_tiers(kv: KVCacheManager, hints: bool, host_blocks: int, clock: EventClock,
-              costs: CostModel, pool: SimPool | None = None) -> TierConnector:
-    """`pool`: the cluster's shared pool, below the host tier (a `SimPoolTier` per instance)."""
+              costs: CostModel, pool: SimPool | None = None, offload_mode: str = "lazy") -> TierConnector:
+    """`pool`: the cluster's shared pool, below the host tier (a `SimPoolTier` per instance);
+    `offload_mode`: what an offload hint does (`EngineConfig.offload_mode`, as the server's)."""
     bs = kv.block_size
     num_blocks = kv.pool.num_blocks
     device = [torch.zeros((2, num_blocks, bs, 1, 1), dtype=torch.uint8)]
@@ -41,4 +42,4 @@ def sim_tiers(kv: KVCacheManager, hints: bool, host_blocks: int, clock: EventClo
     if pool is not None:
         tiers.append(pool.tier(io.layout, clock, mover))
     stack = TierStack(tiers, mover=mover)
-    return TierConnector(kv.pool, bs, stack, io, kv.ranking, hints, clock=clock)
+    return TierConnector(kv.pool, bs, stack, io, kv.ranking, hints, clock=clock, offload_mode=offload_mode)
