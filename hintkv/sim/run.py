@@ -61,6 +61,7 @@ ONE_INSTANCE_CONFIGS = ("lru", "lru+host", "sam+hints", "sam+hints+host", "oracl
 CLUSTER_CONFIGS = ("lru", "lru+pool", "sam+hints+pool", "sam+hints+pool+wt", "oracle", "oracle+pool")
 QUICK = {"token_scale": 0.25, "max_calls": 12, "max_tasks": 20}
 ENGINE_LOAD_TIMING = EngineConfig.__dataclass_fields__["load_timing"].default  # the engine's default
+ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default  # `hintkv serve`'s
 SCHEDULING = "short-first"  # hintkv's scheduler for the hinted configurations (lru runs keep fcfs)
 
 
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                    "ones again under the hinted runs' scheduler S as NAME/S")
     p.add_argument("--scheduling-policy", default=SCHEDULING, choices=admission_names(),
                    help="the hinted configurations' scheduler (lru configurations keep fcfs = vLLM)")
-    p.add_argument("--hinted-offload-mode", default="lazy", choices=OFFLOAD_MODES,
+    p.add_argument("--hinted-offload-mode", default=ENGINE_OFFLOAD_MODE, choices=OFFLOAD_MODES,
                    help="`hintkv serve --offload-mode` of the hinted configurations (lazy: the server's default; "
                         "deferred: write nothing at the hint, demote only)")
     p.add_argument("--load-timing", default=ENGINE_LOAD_TIMING, choices=load_timing_names(),

@@ -172,17 +172,18 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
              time_scale: float = 1.0, progress: bool = False,
              on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True,
              instances: int = 1, max_inflight: int = 8, fast_decode: bool = True,
-             load_timing: str | None = None, offload_mode: str = "lazy") -> SimResult:
+             load_timing: str | None = None, offload_mode: str | None = None) -> SimResult:
     """`instances` SimEngines of `device_tokens` each on one clock, placed by the router's code
     (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool;
     `fast_decode`: decode stretches as one event each (`sim.stretch`; the same result);
     `load_timing`: the engine's (`engine.load_timing`; None: the engine's default), every config;
-    `offload_mode`: what an offload hint does (`hintkv serve --offload-mode`; only hinted configs send one)."""
-    timing = {} if load_timing is None else {"load_timing": load_timing}
+    `offload_mode`: what an offload hint does (`hintkv serve --offload-mode`; None: the engine's
+    default; only hinted configs send one)."""
+    opts = {k: v for k, v in (("load_timing", load_timing), ("offload_mode", offload_mode)) if v is not None}
     cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        eviction_policy=config.policy, hints=config.hints, scheduling_policy=config.scheduling,
-                       offload_mode=offload_mode, **timing)
+                       **opts)
     clock = EventClock()
     num_blocks = device_tokens // block_size
     host_blocks = HOST_FACTOR * num_blocks if config.host else 0

@@ -94,10 +94,7 @@ class HandDown:
             log.exception("disk tier: serving a leaving block failed")
             ok = False
         with self._lock:
-            if ok:
-                self._stats.num_hits += 1
-            else:
-                self._stats.num_misses += 1
+            self._count_reads(ok)
         return ok
 
     # -- removal cancels it ------------------------------------------------------------------

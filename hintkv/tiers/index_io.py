@@ -65,10 +65,7 @@ class TierIO:
         is counted."""
         def record(ok: bool) -> bool:
             with self._lock:
-                if ok:
-                    self._stats.num_hits += 1
-                else:
-                    self._stats.num_misses += 1
+                self._count_reads(ok)
             return ok
         return self._finish(unit, raw, record)
 
@@ -78,12 +75,16 @@ class TierIO:
         out: Future[bool] = Future()
 
         def record(ok: bool) -> None:
-            if ok:
-                self._stats.num_hits += n
-            else:
-                self._stats.num_misses += n
+            self._count_reads(ok, n)
         self._finish_batch(units, raw, out, "a batched read", record)
         return out
+
+    def _count_reads(self, ok: bool, n: int = 1) -> None:
+        """n hits or n misses (the caller holds the tier lock)."""
+        if ok:
+            self._stats.num_hits += n
+        else:
+            self._stats.num_misses += n
 
     def _finish(self, unit: Hashable, raw: Future[bool],
                 record: Callable[[bool], bool]) -> Future[bool]:

@@ -171,11 +171,11 @@ class SAMPolicy(EvictionPolicy):
         return min(times) if times else None
 
 
-def band_class(r: float, q: float) -> int:
+def band_class(r: float, q: float, bands: tuple[float, ...] = BANDS) -> int:
     """The class of a session predicted back in `r` seconds, turnaround `q`: one band per
-    threshold of BANDS it is within (BANDS descend, so those are a prefix of them)."""
+    threshold of `bands` it is within (they descend, so those are a prefix of them)."""
     n = 0
-    for t in BANDS:
+    for t in bands:
         if r > t * q:
             break
         n += 1

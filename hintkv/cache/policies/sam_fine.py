@@ -27,7 +27,7 @@ import math
 from typing import TYPE_CHECKING
 
 from hintkv.cache.policies.base import register_policy
-from hintkv.cache.policies.sam import BANDS, FIRST_BAND, GONE, MAX_RECHECK_S, SAMPolicy
+from hintkv.cache.policies.sam import BANDS, FIRST_BAND, GONE, MAX_RECHECK_S, SAMPolicy, band_class
 from hintkv.cache.sessions import SessionState
 
 if TYPE_CHECKING:
@@ -80,9 +80,4 @@ class SAMFinePolicy(SAMPolicy):
 
 def fine_band_class(r: float, q: float) -> int:
     """`sam.band_class` over FINE_BANDS: one class per threshold `r` is within."""
-    n = 0
-    for t in FINE_BANDS:
-        if r > t * q:
-            break
-        n += 1
-    return FIRST_BAND + n
+    return band_class(r, q, FINE_BANDS)
