@@ -92,12 +92,12 @@ class EngineConfig:
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "
         "after its load lands) | same-step (opt-in: wait for the load inside the step that starts it "
         "when the wait costs the step's others less than the step it saves; the wait holds the engine's "
-        "state lock, and no clean A/B shows it faster: docs/benchmarks/swarm.md, eleventh session)"
+        "state lock, and no clean A/B shows it faster: docs/benchmarks/history/swarm.md, eleventh session)"
     )
     resume_prefetch: str = _opt(
         "once", "after SAM's predicted-resume prefetch of a waiting session (host/disk tiers): once (the "
         "first look only) | watch (opt-in: look again each step until its call arrives and bring back what "
-        "was evicted meanwhile, into room ranked below it; measured worse live, mean TTFT +15%: docs/benchmarks/swarm.md, "
+        "was evicted meanwhile, into room ranked below it; measured worse live, mean TTFT +15%: docs/benchmarks/history/swarm.md, "
         "thirteenth session): cache/resume_prefetch.py"
     )
     offload_mode: str = _opt(
@@ -143,7 +143,7 @@ class EngineConfig:
         False, "SPM writes every finished request's blocks through to the pool (default: only what "
         "no private tier keeps, i.e. what the host tier, or the disk tier below it, evicts): a session that moves to another "
         "instance (failover, rebalancing) then loads its whole prefix there, at the cost of pool "
-        "traffic and bytes (docs/benchmarks/sim.md: at 100 users it cost 28 percent in TTFT at full token scale and saved 26 percent at half scale)")
+        "traffic and bytes (docs/benchmarks/history/sim.md: at 100 users it cost 28 percent in TTFT at full token scale and saved 26 percent at half scale)")
     pool_dir: str | None = _opt(None, "embedded pool: a directory shared by the instances on "
                                 "this machine (none: in this process only)")
     pool_master: str | None = _opt(None, "mooncake pool: the master's RPC address, HOST:PORT "

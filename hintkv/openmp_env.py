@@ -7,7 +7,7 @@ CPUs, 100 once it manages more. A process whose regions all start on one thread 
 hintkv.bench.*`, the simulator's calibration) has one pool and got the long spin; the server, whose
 engine thread is not the main thread, already ran at 100.
 
-Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks/engine.md "Tenth session"):
+Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks/history/engine.md "Tenth session"):
 - under load 8-10, one pool: a decode b1 step 400-1,490 ms with the default spin, 32-61 ms at 100
   (a whole run 44-76 s -> 8-12 s wall, 17-23 s -> 3.4-4.1 s CPU): spinners take the CPUs the other
   threads need;

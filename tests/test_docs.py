@@ -113,10 +113,53 @@ def test_the_benchmark_docs_links_resolve():
     assert not broken, broken
 
 
-def test_cited_benchmark_docs_exist():
-    """A docstring or doc that cites `docs/benchmarks/<x>.md` (or the index) cites a file that exists."""
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+            "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth")
+CITATION = re.compile(r"docs/benchmarks(?:/[\w/]+)?\.md")
+
+
+def _citations() -> list[tuple[str, str, str]]:
+    """(source, cited file, the text right after it) for every `docs/benchmarks...md` a docstring,
+    help text or doc cites."""
     sources = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]
-    cited = {(src.relative_to(ROOT).as_posix(), m) for src in sources
-             for m in re.findall(r"docs/benchmarks(?:/[\w/]+)?\.md", src.read_text())}
-    gone = sorted(c for c in cited if not (ROOT / c[1]).exists())
-    assert not gone, gone
+    out = []
+    for src in sources:
+        text = " ".join(src.read_text().split())
+        out += [(src.relative_to(ROOT).as_posix(), m.group(0), text[m.end():m.end() + 80])
+                for m in CITATION.finditer(text)]
+    return out
+
+
+def stale_citation(cited: str, after: str, root: Path = ROOT) -> str | None:
+    """Why a citation is stale, or None: the cited file is gone, or the session (`..., tenth session`)
+    or the quoted section (`"W8A8 prefill"`) it names is not in that file."""
+    path = root / cited
+    if not path.exists():
+        return "no such file"
+    text = path.read_text()
+    heads = " ".join(line.lower() for line in text.splitlines() if line.startswith("#"))
+    m = re.match(r"""[\s,'"]*(\w+) session""", after, re.I)
+    if m and m.group(1).lower() in ORDINALS and f"{m.group(1).lower()} session" not in heads:
+        return f"no section of the {m.group(1)} session"
+    q = re.match(r"['s]*\s*,?\s*(?:[\w-]+ )?\"([^\"]+)\"", after)
+    plain = " ".join(re.sub(r"[*`]", "", text).split()).lower()
+    if q and " ".join(q.group(1).split()).lower() not in plain:
+        return f'no "{q.group(1)}"'
+    return None
+
+
+def test_cited_benchmark_docs_hold_what_is_cited():
+    stale = [(src, cited, why) for src, cited, after in _citations()
+             if (why := stale_citation(cited, after))]
+    assert not stale, stale
+
+
+def test_a_citation_of_a_session_the_file_lacks_is_stale(tmp_path):
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "docs" / "benchmarks.md").write_text("| sim | fifteenth session: -21.1% |\n")
+    (tmp_path / "docs" / "benchmarks" / "sim.md").write_text("## Fifteenth session, sched\n**srpt** wins\n")
+    assert stale_citation("docs/benchmarks.md", ", fifteenth session): 10 tasks", tmp_path)
+    assert stale_citation("docs/benchmarks/sim.md", ", fifteenth session): 10 tasks", tmp_path) is None
+    assert stale_citation("docs/benchmarks/sim.md", ' "srpt wins"', tmp_path) is None
+    assert stale_citation("docs/benchmarks/sim.md", ' "srpt loses"', tmp_path)
+    assert stale_citation("docs/benchmarks/gone.md", "", tmp_path)

@@ -147,7 +147,7 @@ def compute_goals(results: dict[str, dict[str, Any]], w: Workload,
 
 def with_gemm_path(goals: dict[str, dict[str, Any]], path: str | None) -> dict[str, dict[str, Any]]:
     """The w8a8 decode goal says which int8 GEMM its steps ran (`int8.gemv_path`): the ratio is ~1.5x
-    on the VNNI loop and ~2.3x on AMX tiles (AVX2: vpmaddubsw, CPUs without VNNI) (docs/benchmarks/engine.md), so a figure from another CPU reads
+    on the VNNI loop and ~2.3x on AMX tiles (AVX2: vpmaddubsw, CPUs without VNNI) (docs/benchmarks/history/engine.md), so a figure from another CPU reads
     only with it."""
     if path:
         goals["w8a8_decode_vs_float32"]["gemm_path"] = path

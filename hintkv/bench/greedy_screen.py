@@ -8,7 +8,7 @@ per call, the median of `--reps` calls interleaved across the three. "blocked" i
 with -mno-avx512vnni (the AVX2 screen a CPU without VNNI runs: vpmaddubsw on rows); "logits" is
 `linear.KERNELS["mkl"]` + argmax, what the runner does above `greedy_head.MAX_ROWS`. Each row count's tokens
 are checked against a float64 argmax; "recomputed" is the blocked screen's rows recomputed in float.
-docs/benchmarks/engine.md's fifteenth-session mend section comes from this probe.
+docs/benchmarks/history/engine.md's fifteenth-session mend section comes from this probe.
 """
 
 from __future__ import annotations

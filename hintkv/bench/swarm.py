@@ -15,7 +15,7 @@ real cache code on a virtual clock): every configuration of `swarm_study.CONFIGS
 oracle and the pinned one (the headroom goal's reference), a capacity sweep and issue 8's headroom
 grid. Then a table, PNG plots (`--plots`) and one JSON line with every goal of issue 8, computed
 from the runs. What each run is, the pace (`swarm_pace.py`), the parts and the measured figures:
-docs/benchmarks/swarm.md. prefill-judged is the hinted default: in the simulated
+docs/benchmarks/history/swarm.md. prefill-judged is the hinted default: in the simulated
 cells (`bench swarm_sched`) it equals prefill-fair; live runs at load could not separate it from
 prefill-fair or short-first. `--quick`: 3 calls an agent, the grid at `--users` only.
 """
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 def goals_workload(wl: Workload, max_calls: int | None, grid: list[int]) -> str:
     """What the goals were computed on: issue 8 sets them for the whole workload; the first calls
     of each agent are a trajectory's opening (swe-agent, 3 calls: 45% of each prompt new vs 1.2%
-    over whole trajectories; docs/benchmarks/swarm.md), a smoke test. Every call was replayed when no
+    over whole trajectories; docs/benchmarks/history/swarm.md), a smoke test. Every call was replayed when no
     agent reached `max_calls` (one of exactly `max_calls` calls may have been cut: not claimed
     whole); `grid`: the user counts of the headroom grid this run computed."""
     m, full_grid = wl.meta, sorted({u for u, _ in GRID})

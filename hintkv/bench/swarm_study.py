@@ -58,7 +58,7 @@ def run_configs(wl: Workload, base: OfflineConfig, device: int, host: int, memo:
     """Every configuration of CONFIGS at one capacity, plus the oracles (device, device + host):
     `oracle` is Belady over lru's accesses (it may evict a running request's blocks, which no
     engine can); `oracle/pinned` is `pinned_reference` (the headroom goal's reference:
-    docs/benchmarks/swarm.md, "Captured headroom's reference"). The main table, the sweep and the grid
+    docs/benchmarks/history/swarm.md, "Captured headroom's reference"). The main table, the sweep and the grid
     all call this, so a cell's reference never depends on which rows a caller reads. `hinted`:
     the policy of the hinted runs (named `sam`, `sam+host` in the table)."""
     out: dict[str, dict[str, Any]] = {}

@@ -6,7 +6,7 @@ SmolLM2-135M's linear shapes on random weights, each through `linear.KERNELS` (t
 uses: `mkl`, `w8a8`, `w8a8-head` for the LM head, `w8a8-fine` for down_proj), one thread, process
 CPU time per call (robust to other jobs on the machine), the median of `--reps` calls interleaved
 across kernels. The AMX column flips `int8.AMX` (the path `int8.gemv_path()` names); where the CPU
-has no AMX both w8a8 columns run the VNNI loop. docs/benchmarks/engine.md's eleventh-session per-op table
+has no AMX both w8a8 columns run the VNNI loop. docs/benchmarks/history/engine.md's eleventh-session per-op table
 comes from this probe.
 """
 

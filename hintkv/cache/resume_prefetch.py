@@ -25,7 +25,7 @@ What happens after that first look is this policy's:
   did not, and came out WORSE (2 interleaved whole-workload rounds at load 10-16, `watch` vs
   `once`: mean TTFT 0.649/0.736 vs 0.634/0.568 s, 0.693 vs 0.601 s over both rounds (+15%); p99
   2.26/3.10 vs 2.08/2.37 s; e2e per task 95/109 vs 93/84 s; load part 0.089 vs 0.082 s/call;
-  that watch still had the capless fallback mended since, see docs/benchmarks/swarm.md). There the
+  that watch still had the capless fallback mended since, see docs/benchmarks/history/swarm.md). There the
   agents' tool gaps (0.29 s median) are shorter than the turnaround (0.5-1.3 s), so every
   waiting session ranks "due soon", no room below a lost session's class opens before its call,
   and a reload can only come out of another session due as soon: so it is not the default.

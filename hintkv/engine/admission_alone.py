@@ -34,7 +34,7 @@ prompt's prefill grows on the same cost model (8192 -> 4096-token chunks: 16K +9
 90K +2.6%; more with decodes beside it), and the profile charges no per-step overhead, which real
 engines pay for twice the steps. `short-first` with a 4096-token budget gives about the same
 (1.63 s on the slice below): the gain is the smaller chunk, not the step rule. On the
-sim's 10-task full-scale slice (h200-llama3-8b, 10 users, block 64; docs/benchmarks/swarm.md) mean TTFT:
+sim's 10-task full-scale slice (h200-llama3-8b, 10 users, block 64; docs/benchmarks/history/swarm.md) mean TTFT:
 lru+host under short-first 1.707 s, short-alone without the cap 1.700 s, with it 1.663 s;
 sam+hints+host 1.688 / 1.682 / 1.646 s (with the cap: after the fix that counts a waiting resume's
 resident prefix as computed; before it, 1.634 / 1.650): the gain is the scheduler's, not the hints'.

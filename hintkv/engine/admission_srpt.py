@@ -18,7 +18,7 @@ the later deadline), and a prefill with more left than the budget computes at mo
 
 Engine-only knowledge (no hints): `hintkv sim --scheduling-policy srpt` runs it on the hinted rows,
 and `lru+host/srpt` on the lru one. Measured on the sim's full-scale slices (h200-llama3-8b, 10
-users, block 64; docs/benchmarks.md, fifteenth session): 10 tasks, sam+hints+host mean TTFT
+users, block 64; docs/benchmarks/history/sim.md, fifteenth session, sched): 10 tasks, sam+hints+host mean TTFT
 short-first 1.688 s, srpt 1.592, srpt-alone 1.584 (aging 16: 1.592 / 1.582, so 4 is past the knee).
 """
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from hintkv.engine.sequence import Sequence
 
 
-MAX_OVERTAKES = 4  # new prefills a displaced decode lets go first (measured in `bench swarm_sched`: docs/benchmarks/swarm.md)
+MAX_OVERTAKES = 4  # new prefills a displaced decode lets go first (measured in `bench swarm_sched`: docs/benchmarks/history/swarm.md)
 
 
 def swap_frees(seq: Sequence, block_size: int, max_model_len: int | None) -> int:

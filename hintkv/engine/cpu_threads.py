@@ -21,7 +21,7 @@ process may use (the last sibling, as vLLM's auto does on x86; hintkv has no sep
 process, so it reserves none), `nobind` leaves the threads to the OS, a list binds thread i to its
 i-th CPU and sets the thread count to its length.
 
-Default `nobind` (thirteenth session, dummy:tiny float32, 2 threads; docs/benchmarks/engine.md "Thirteenth
+Default `nobind` (thirteenth session, dummy:tiny float32, 2 threads; docs/benchmarks/history/engine.md "Thirteenth
 session, speed"): on free cores (SCHED_FIFO, bound vs unbound interleaved in one process) binding is neutral
 (bound prefill at 0.91-1.10x unbound's speed at 512, 0.88-1.02x at 2048, signs flipping between runs); under
 load a bound team waits for its own core while another process holds it, and its partner waits at the

@@ -31,7 +31,7 @@ Where the load factor is capped (a saturated engine, busy share >= 0.95) a swap 
 when the room is about to come back (a decode near its end); otherwise it swaps as `prefill-fair`
 does. On an idle engine it swaps only for a newcomer whose prefill and room are shorter than the
 wait it saves. Until a decode step is measured it swaps as `prefill-fair` does. Everything else
-(order, the displaced decodes' bounded wait) is `prefill-fair`'s. Measured (docs/benchmarks/swarm.md,
+(order, the displaced decodes' bounded wait) is `prefill-fair`'s. Measured (docs/benchmarks/history/swarm.md,
 tenth session): in the simulated `bench swarm_sched` cells it equals `prefill-fair`; live runs at
 a load of 7-13 on 2 cores could not separate them.
 """

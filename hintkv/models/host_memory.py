@@ -8,7 +8,7 @@ tokens) with the defaults, depending on the history of glibc's dynamic threshold
 OneSequence step scoring 2048 rows. `keep_freed_memory()` raises the mmap threshold to 256 MB
 (larger blocks, e.g. a KV cache, are still mapped) and the trim threshold to 1 GiB, so freed
 activations stay in malloc's free lists: none then. The forward's CPU time moved within noise at
-load ~3 (docs/benchmarks/engine.md); it removes a variable, not a measured cost. No-op off glibc.
+load ~3 (docs/benchmarks/history/engine.md); it removes a variable, not a measured cost. No-op off glibc.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ costs about the same at 8 and 16 rows here; a single row takes two one-row calls
 one-row path is 3-10x faster than its 2-row GEMM on this CPU). The activation error is
 then ~1/127 of one int8 step: on SmolLM2 the activations, not the weights, were W8A8's error (KL
 to float32 per token, 295 fixed tokens: weights and activations int8 0.0116, weights only 0.0024,
-two-level activations 0.0024; see docs/benchmarks/engine.md).
+two-level activations 0.0024; see docs/benchmarks/history/engine.md).
 
 On a CPU the quantize and the rescale are one fused call each (`int8_cpu.py`, same arithmetic;
 eager ops when it cannot be built), and a step of a few rows is one call (`gemv`) that reads the
@@ -116,7 +116,7 @@ def int8_gemm_rows_run_int8() -> bool:
     `torch._int_mm` on a CPU is fast only with VNNI or AMX: on AVX2 alone (Zen 1, 14th session) w8a8's prefill
     ran 17-20x slower than float32, so there its many-row steps take the float weight (exact, as W8A8FineKernel
     already does past a few rows). With AVX512-VNNI the int8 prefill is the faster one (Zen 4, 15th session:
-    docs/benchmarks/engine.md, "w8a8 prefill with VNNI"). HINTKV_W8A8_PREFILL=int8|float|auto overrides (auto:
+    docs/benchmarks/history/engine.md, "w8a8 prefill with VNNI"). HINTKV_W8A8_PREFILL=int8|float|auto overrides (auto:
     `cpu_choice.int8_rows_for`, int8 where /proc/cpuinfo lists avx512_vnni or amx_int8). Decided once per process."""
     want = env_choice("HINTKV_W8A8_PREFILL", ("int8", "float"))
     if want != "auto":

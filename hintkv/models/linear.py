@@ -17,7 +17,7 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                takes its AVX2 code on AMD: on Zen 4, 1 thread, oneDNN's
                                                avx512 brgemm ran dummy:tiny's 128-2048-row GEMMs at
                                                99-104 GFLOP/s, MKL's at 63-85 (a prefill's four
-                                               projections: 1.23-1.32x; docs/benchmarks/engine.md)
+                                               projections: 1.23-1.32x; docs/benchmarks/history/engine.md)
     w8a8    --quantization w8a8                int8 weight (per output channel scale, SmoothQuant-
                                                scaled from calibration), activations quantized per
                                                token in two levels at run time, one torch._int_mm

@@ -17,7 +17,7 @@ shared prefix is hot for everyone.
 Shapes come from the real traces in /work/shared/traces (Claude Code sessions with sub-agents,
 mini-swe-agent runs), scaled down to fit a 2-core CPU: tokens / 64, seconds / 10, and calls
 merged (2 real sub-agent calls per replayed one, 6 real leader calls' context growth per
-replayed one); see `SwarmShape` field by field, and docs/benchmarks/sessions.md.
+replayed one); see `SwarmShape` field by field, and docs/benchmarks/history/sessions.md.
 
 The generator only decides *what* is sent and how long tools take; `hintkv.workload.replay`
 decides *when*, from the calls' tool waits and the server's answers.

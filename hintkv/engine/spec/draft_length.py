@@ -22,7 +22,7 @@ proposer gets `k` below its length then.
 Offline, on the greedy outputs of swe-agent turns (tokens per forward, then the speed-up that the
 cost model above gives): the old 4 quick turns ngram k=4 2.17 / 1.84x, k=7 2.38 / 2.05x, adaptive
 7/15 2.56 / 2.18x; 16 turns k=4 2.78 / 2.26x, adaptive 3.79 / 3.03x. Through the engine, 8 quick
-turns: 3.42 tokens per forward, 3.21x wall / 2.80x CPU time (docs/benchmarks/spec_decode.md).
+turns: 3.42 tokens per forward, 3.21x wall / 2.80x CPU time (docs/benchmarks/history/spec_decode.md).
 """
 
 from __future__ import annotations
