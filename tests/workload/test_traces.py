@@ -100,6 +100,15 @@ def test_claude_code_block_tokens_are_the_digest_per_token(claude):
     assert call.prompt[0] == reference(f"{s.name}:r:{first['hash_ids'][0]}".encode(), 64)
 
 
+def test_claude_code_tokens_share_one_int_object_per_id(claude):
+    """Every drawn token id is one shared int object (8 bytes a token in a block, not 36): the
+    1000-user workload's ~250M distinct block tokens fit only that way."""
+    task = claude[0].task("t", Scale(1.0), salt="r")
+    tokens = [t for a in task.agents() for c in a.calls for chunk in c.prompt for t in chunk]
+    assert len(tokens) > 10_000
+    assert len({id(t) for t in tokens}) == len(set(tokens))
+
+
 def test_gzip_or_not(tmp_path, claude):
     src = TRACES / "claude-code" / "trace_0002.json.gz"
     with gzip.open(src, "rb") as f, open(tmp_path / "trace_0002.json", "wb") as g:
