@@ -199,8 +199,10 @@ class CacheAwareAdmission(AdmissionPolicy):
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
-        mine = {b.block_id for b in match.blocks}
-        kept = sum(1 for bid in plan.kept if bid not in mine and kv.pool.blocks[bid].ref_cnt == 0)
+        kept = 0
+        if plan.kept:  # (the matched ids' set only then: a full-scale prompt matches ~2,000 blocks)
+            mine = {b.block_id for b in match.blocks}
+            kept = sum(1 for bid in plan.kept if bid not in mine and kv.pool.blocks[bid].ref_cnt == 0)
         return need <= kv.free_room(match) - plan.reserved - kept
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:

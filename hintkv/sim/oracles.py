@@ -42,6 +42,8 @@ class OracleBook:
         """Belady at each capacity over `result`'s accesses, then drop them."""
         accesses, result.accesses = result.accesses, []
         self.num_accesses = self.num_accesses or len(accesses)
+        if not self.capacities:  # no oracle asked for: no index (5% of a 100-user run without one)
+            return
         index = AccessIndex(accesses)  # hashes -> ids and next reads once for every capacity
         compulsory = ()
         if self.bound_tier is not None:  # the contended bound's hits at compulsory misses (sim.contended)
