@@ -18,6 +18,11 @@ torch.argmax of the logits (rare; both are the real argmax up to float rounding)
     GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI or AVX2, finite weight (int8 copy made)
     GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits),
                                                        more than MAX_ROWS rows included
+    screens_w8a8() -> bool    a w8a8 model's greedy steps of >= W8A8_MIN_ROWS rows use the screen too (VNNI)
+
+Under w8a8 the screen reads the float head with the w8a8 layers' hidden state: its token is that hidden state's
+float argmax, which the int8 head's (top 16 recomputed in float) equals whenever the float argmax is in its int8
+top 16; otherwise the screen's is the float32 head's answer, where the int8 head's was not.
 """
 
 from __future__ import annotations
@@ -39,11 +44,22 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs
 # speed2 (load 4.4, 3-4 interleaved rounds, medians): 1 row 4.77x, 8 1.46-1.53x, 10 1.48x, 12 1.29x, 14 1.04x,
 # 16 0.89-0.96x, 24 0.94x, 32 0.72x, 64 0.46x. 12: the last row count with a clear gain in both.
 MAX_ROWS = 12
+# Under w8a8 the head is an int8 GEMM whose top 16 logits of each row are recomputed in float (`linear.W8A8HeadKernel`);
+# the screen gives the float argmax itself. w8a8 dummy:tiny decode step, one process, the two interleaved (5 rounds x
+# 16 steps, one thread, CPU ms, median; sixteenth session, load 8-9): rows 1: head 4.93, screen 5.48; 2: 6.83 vs 5.54;
+# 4: 8.20 vs 7.30; 8: 11.75 vs 10.53. From 2 rows the screen is cheaper; at one row the int8 head stays.
+W8A8_MIN_ROWS = 2
 
 
 def ops() -> ModuleType | None:
     return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen", "blocked",
                                                               "last_recomputed"], _CFLAGS)
+
+
+def screens_w8a8() -> bool:
+    """Whether a w8a8 model's greedy steps of W8A8_MIN_ROWS rows or more take the screen instead of their int8
+    head's logits: in the VNNI build, the one measured (an AVX2-only CPU keeps the head)."""
+    return os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0" and ops() is not None and ops().blocked()
 
 
 def quantise_rows(w: torch.Tensor, blocked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,

@@ -23,7 +23,7 @@ from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, compile_regions
 from hintkv.models.config import ModelConfig
 from hintkv.models.decode_layers import DecodeLayers
-from hintkv.models.greedy_head import GreedyHead
+from hintkv.models.greedy_head import W8A8_MIN_ROWS, GreedyHead, screens_w8a8
 from hintkv.models.linear import (
     KERNELS,
     Linear,
@@ -190,7 +190,7 @@ class LlamaForCausalLM(nn.Module):
         self._decode_layers = DecodeLayers.build(self) if self.regions is self._cpp_regions else None
         # a new screen: the loader's `.data.copy_` leaves the head's (data_ptr, _version) key unchanged
         self._greedy_head = GreedyHead(self.lm_head)
-        if quantization is None:
+        if quantization is None or screens_w8a8():
             self._greedy_head.refresh()  # its int8 copy now, not in the first request's step
         return counts
 
@@ -222,8 +222,11 @@ class LlamaForCausalLM(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
         """[N, hidden] -> each row's argmax token without computing the logits (`greedy_head.py`, CPU
-        float32), or None where that does not apply (w8a8's head: its argmax is of its own logits)."""
-        return self._greedy_head(hidden) if self.quantization is None else None
+        float32), or None where that does not apply. Under w8a8 from `W8A8_MIN_ROWS` rows on a VNNI build
+        (measured cheaper than its int8 head there); one row, or another CPU: None, its head's own argmax."""
+        if self.quantization is not None and not (hidden.shape[0] >= W8A8_MIN_ROWS and screens_w8a8()):
+            return None
+        return self._greedy_head(hidden)
 
     @torch.inference_mode()
     def load_state_dict_hf(self, sd: dict[str, torch.Tensor], *, prepare: bool = True) -> None:
