@@ -6,8 +6,11 @@ we use rotate-half RoPE, so the permutation is undone here ("reverse_permute" in
 
 from __future__ import annotations
 
+import hashlib
 import json
+import mmap
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import torch
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
+from hintkv.models import tokenizer as _tokenizer_module
 from hintkv.models.config import ModelConfig
 from hintkv.models.tokenizer import Tokenizer
 
@@ -131,11 +135,73 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("HINTKV_CACHE_DIR", Path.home() / ".cache" / "hintkv"))
 
 
+# GGUF metadata value types (gguf spec): fixed-size scalars by byte width, strings, arrays
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_U32, _U64 = struct.Struct("<I").unpack_from, struct.Struct("<Q").unpack_from
+
+
+def gguf_metadata_end(buf: Any) -> int:
+    """The offset where a GGUF file's metadata (header + key/value pairs, the tokenizer among them)
+    ends and its tensor infos begin: a walk over the lengths only (~30 ms for SmolLM2's 49K-token
+    vocabulary), not a parse. GGUF v2 and v3 (64-bit counts)."""
+    if bytes(buf[:4]) != b"GGUF" or _U32(buf, 4)[0] < 2:
+        raise ValueError("not a GGUF v2/v3 file")
+    off, n_kv = 24, _U64(buf, 16)[0]
+
+    def skip(off: int, vtype: int) -> int:
+        if vtype in _GGUF_SCALAR_BYTES:
+            return off + _GGUF_SCALAR_BYTES[vtype]
+        if vtype == _GGUF_STRING:
+            return off + 8 + _U64(buf, off)[0]
+        if vtype == _GGUF_ARRAY:
+            etype, count = _U32(buf, off)[0], _U64(buf, off + 4)[0]
+            off += 12
+            if etype in _GGUF_SCALAR_BYTES:
+                return off + count * _GGUF_SCALAR_BYTES[etype]
+            for _ in range(count):
+                off = skip(off, etype)
+            return off
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+    try:
+        for _ in range(n_kv):
+            off += 8 + _U64(buf, off)[0]  # the key
+            off = skip(off + 4, _U32(buf, off)[0])
+    except struct.error as e:  # a length that points past the end
+        raise ValueError("GGUF metadata runs past the end of the file") from e
+    if off > len(buf):
+        raise ValueError("GGUF metadata runs past the end of the file")
+    return off
+
+
+def _conversion_digest() -> str:
+    """The GGUF -> `tokenizers` conversion code as this process loaded it (this module and the
+    `Tokenizer` wrapper, read once at import) and the `tokenizers` version."""
+    h = hashlib.sha256(f"tokenizers={tokenizers.__version__}\n".encode())
+    for module_file in (__file__, _tokenizer_module.__file__):
+        h.update(Path(module_file).read_bytes())
+    return h.hexdigest()
+
+
+_CONVERSION = _conversion_digest()
+
+
+def tokenizer_cache_path(path: str | Path, cache_dir: Path | None = None) -> Path:
+    """Where `load_tokenizer` keeps `path`'s tokenizer: keyed by a SHA-256 of what it converts (the
+    file's metadata bytes) and of the conversion code, so another file under the same name, size
+    and mtime, or another conversion, is another entry and never the old one's tokenizer."""
+    path = Path(path)
+    h = hashlib.sha256(_CONVERSION.encode())
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        h.update(buf[:gguf_metadata_end(buf)])
+    return (cache_dir or default_cache_dir()) / "tokenizers" / f"{path.stem}-{h.hexdigest()[:32]}.json"
+
+
 def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
     """Just the tokenizer of a GGUF file, cached as JSON: GGUFReader spends ~9 s parsing the vocab."""
     path = Path(path)
-    st = path.stat()
-    cache = (cache_dir or default_cache_dir()) / "tokenizers" / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}.json"
+    cache = tokenizer_cache_path(path, cache_dir)
     if cache.is_file():
         saved = json.loads(cache.read_text())
         return Tokenizer(tokenizers.Tokenizer.from_str(saved["tokenizer"]), saved["chat_template"],

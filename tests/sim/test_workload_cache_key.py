@@ -117,14 +117,13 @@ def test_a_swe_agent_key_holds_the_tokenizer_code_and_content(traces, swe, tmp_p
     assert hit
     monkeypatch.undo()
     # another tokenizer file (its first merges dropped) where load_tokenizer reads it: another key
-    from hintkv.models.gguf_loader import default_cache_dir, load_tokenizer
+    from hintkv.models.gguf_loader import load_tokenizer, tokenizer_cache_path
     from hintkv.models.presets import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     load_tokenizer(gguf)  # makes sure the file is there to copy
-    st = gguf.stat()
-    name = f"{gguf.stem}-{st.st_size}-{int(st.st_mtime)}.json"
-    saved = json.loads((default_cache_dir() / "tokenizers" / name).read_text())
+    name = tokenizer_cache_path(gguf).name
+    saved = json.loads(tokenizer_cache_path(gguf).read_text())
     tok = json.loads(saved["tokenizer"])
     tok["model"]["merges"] = tok["model"]["merges"][20:]
     saved["tokenizer"] = json.dumps(tok)
