@@ -51,6 +51,7 @@ from hintkv.sim.simulate import (
     POOL_FACTOR,
     SimConfig,
     SimResult,
+    num_host_blocks,
     simulate,
 )
 from hintkv.sim.workload import DEFAULT_TRACES, build_workload
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-timing", default=ENGINE_LOAD_TIMING, choices=load_timing_names(),
                    help="when a host hit computes (engine.load_timing), for every configuration")
     p.add_argument("--device-tokens", type=int, default=None)
+    p.add_argument("--host-factor", type=float, default=HOST_FACTOR,
+                   help="each instance's host tier / its device pool (bench swarm's 4; a smaller one sends a "
+                        "cut workload's host evictions to the shared pool)")
     p.add_argument("--token-scale", type=float, default=1.0)
     p.add_argument("--max-calls", type=int, default=None, help="cut each agent to its first N calls")
     p.add_argument("--max-tasks", type=int, default=None)
@@ -183,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.instances < 1:
         print("hintkv sim: --instances must be >= 1", file=sys.stderr)
         return 2
+    if not args.host_factor > 0:
+        print("hintkv sim: --host-factor must be > 0", file=sys.stderr)
+        return 2
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
         print("hintkv sim: --block-size must be a power of two", file=sys.stderr)
         return 2
@@ -214,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, SimResult] = {}
     scheduling: dict[str, str] = {}
     blocks = device_tokens // args.block_size
-    per = {"oracle": 1, "oracle+host": 1 + HOST_FACTOR, "oracle+pool": 1 + HOST_FACTOR + POOL_FACTOR}
+    host = num_host_blocks(args.host_factor, blocks)
+    per = {"oracle": blocks, "oracle+host": blocks + host, "oracle+pool": blocks + host + POOL_FACTOR * blocks}
     # one cache of the cluster's capacity; each run's Belady passes run as it ends (sim.oracles)
-    book = OracleBook({n: blocks * per[n] * args.instances for n in names if n in ORACLES}, args.block_size,
+    book = OracleBook({n: per[n] * args.instances for n in names if n in ORACLES}, args.block_size,
                       costs, args.max_num_batched_tokens)
     for name in names:
         if name not in ORACLES:
@@ -229,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                          progress=not args.no_progress, instances=args.instances,
                                          max_inflight=args.max_inflight, fast_decode=not args.no_fast_decode,
                                          load_timing=args.load_timing,
-                                         offload_mode=args.hinted_offload_mode)
+                                         offload_mode=args.hinted_offload_mode,
+                                         host_factor=args.host_factor)
             except PromptDoesNotFit as exc:
                 print(f"hintkv sim: {exc}", file=sys.stderr)
                 return 2
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                "router": {n: r.router for n, r in results.items()},
                "pool": {n: r.pool_stats for n, r in results.items() if r.pool_stats},
                "seed": args.seed, "token_scale": args.token_scale, "device_tokens": device_tokens,
-               "block_size": args.block_size,
+               "block_size": args.block_size, "host_factor": args.host_factor,
                "tasks": len(wl.tasks()), "calls": wl.num_calls, "workload_load_s": round(load_s, 2),
                "workload_from_cache": from_cache,
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},

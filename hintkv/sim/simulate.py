@@ -139,6 +139,11 @@ def task_spans(calls: list[CallRecord]) -> list[TaskSpan]:
 GC_EVERY_EVENTS = 1_000_000  # the one cyclic collection a run makes per this many clock events
 
 
+def num_host_blocks(host_factor: float, device_blocks: int) -> int:
+    """An instance's host tier, in blocks: `host_factor` x its device pool (at least one)."""
+    return max(1, int(host_factor * device_blocks))
+
+
 @contextmanager
 def no_cyclic_gc() -> Iterator[None]:
     """The simulation's loop without Python's automatic cyclic collector.
@@ -172,13 +177,14 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
              time_scale: float = 1.0, progress: bool = False,
              on_call: Callable[[CallRecord], None] | None = None, range_evicts: bool = True,
              instances: int = 1, max_inflight: int = 8, fast_decode: bool = True,
-             load_timing: str | None = None, offload_mode: str | None = None) -> SimResult:
+             load_timing: str | None = None, offload_mode: str | None = None,
+             host_factor: float = HOST_FACTOR) -> SimResult:
     """`instances` SimEngines of `device_tokens` each on one clock, placed by the router's code
     (`max_inflight`: its "room" for a sub-agent next to its parent); `config.pool`: one shared pool;
     `fast_decode`: decode stretches as one event each (`sim.stretch`; the same result);
     `load_timing`: the engine's (`engine.load_timing`; None: the engine's default), every config;
     `offload_mode`: what an offload hint does (`hintkv serve --offload-mode`; None: the engine's
-    default; only hinted configs send one)."""
+    default; only hinted configs send one); `host_factor`: each host tier's blocks / the device pool's."""
     opts = {k: v for k, v in (("load_timing", load_timing), ("offload_mode", offload_mode)) if v is not None}
     cfg = EngineConfig(model="sim", block_size=block_size, kv_cache_tokens=device_tokens,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -186,7 +192,7 @@ def simulate(workload: Workload, config: SimConfig, costs: CostModel, device_tok
                        **opts)
     clock = EventClock()
     num_blocks = device_tokens // block_size
-    host_blocks = HOST_FACTOR * num_blocks if config.host else 0
+    host_blocks = num_host_blocks(host_factor, num_blocks) if config.host else 0
     pool = (SimPool(config.pool, POOL_FACTOR * num_blocks, real_block_bytes(costs, block_size),
                     write_through=config.pool_write_through) if config.pool else None)
     engines = [SimEngine(cfg, costs, clock, num_blocks, host_blocks=host_blocks, pool=pool,

@@ -9,7 +9,8 @@ from collections import defaultdict
 import pytest
 
 from hintkv.replay import belady
-from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, POOL_FACTOR, simulate
+from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, POOL_FACTOR, num_host_blocks, simulate
+from hintkv.sim.tiers import real_block_bytes
 from hintkv.sim.workload import build_workload
 
 INSTANCES = 3
@@ -108,3 +109,20 @@ def test_same_seed_same_cluster_report(runs, traces, costs):
     assert fp == [(c.session_id, c.index, c.instance, round(c.sent_s, 9), round(c.e2e_s, 9),
                    c.cached_tokens) for c in again.calls]
     assert a.pool_stats == again.pool_stats and a.router == again.router
+
+
+def test_a_small_host_tier_sends_its_evictions_to_the_pool(traces, costs):
+    """`host_factor` sizes each host tier (`hintkv sim --host-factor`): at a quarter of the device
+    the host evicts, and the pool gets puts and serves gets without write-through; no host holds
+    more than its blocks; no run hits more than the oracle over the cluster's capacity."""
+    wl = _workload(traces)
+    room = _room(wl)
+    blocks = room // 16
+    host = num_host_blocks(0.25, blocks)
+    assert host == blocks // 4 and num_host_blocks(1e-9, blocks) == 1
+    for name in ("lru+pool", "sam+hints+pool"):
+        r = simulate(wl, CONFIGS[name], costs, room, instances=INSTANCES, host_factor=0.25)
+        assert r.host_tokens == host * 16, name
+        assert r.peak_host_bytes <= INSTANCES * host * real_block_bytes(costs, 16), name
+        assert r.pool_stats["puts"] > 0 and r.pool_stats["gets"] > 0, name
+        assert r.hit_rate <= belady(r.accesses, INSTANCES * (blocks + host + POOL_FACTOR * blocks), 16).hit_rate + 1e-9
