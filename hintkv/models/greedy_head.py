@@ -17,8 +17,9 @@ torch.argmax of the logits (rare; both are the real argmax up to float rounding)
 
     GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI or AVX2, finite weight (int8 copy made)
     GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits),
-                                                       more than MAX_ROWS rows included
-    screens_w8a8() -> bool    a w8a8 model's greedy steps of >= W8A8_MIN_ROWS rows use the screen too (VNNI)
+                                                       more than max_rows() rows included
+    max_rows() -> int    MAX_ROWS_BLOCKED (64) in the VNNI build, else MAX_ROWS (12)
+    screens_w8a8(rows) -> bool    a w8a8 model's greedy step of `rows` rows uses the screen too (2-12, VNNI)
 
 Under w8a8 the screen reads the float head with the w8a8 layers' hidden state: its token is that hidden state's
 float argmax, which the int8 head's (top 16 recomputed in float) equals whenever the float argmax is in its int8
@@ -43,7 +44,12 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs
 # s11 review (load 2.6-6): 1 row 5.4x, 8 rows 1.46-1.59x, 16 1.08x, 24 1.12x, 32 0.83x, 64 0.42x, 128 0.40x;
 # speed2 (load 4.4, 3-4 interleaved rounds, medians): 1 row 4.77x, 8 1.46-1.53x, 10 1.48x, 12 1.29x, 14 1.04x,
 # 16 0.89-0.96x, 24 0.94x, 32 0.72x, 64 0.46x. 12: the last row count with a clear gain in both.
-MAX_ROWS = 12
+MAX_ROWS = 12  # the row-major screen (AVX2 build); also the most rows a w8a8 step gives the screen (measured range)
+# The blocked screen (VNNI build) beats logits + argmax far past 12 rows: 49152 x 512 head, random rows, screen vs
+# `onednn` logits + cpu_kernels.argmax, CPU ms, median of 9 interleaved (sixteenth session, load 11-12), one thread:
+# 13 rows 5.90 vs 10.43, 16: 5.86 vs 11.67, 24: 8.28 vs 15.26, 32: 11.49 vs 20.06, 48: 16.90 vs 26.91, 64: 21.30 vs
+# 34.25 (1.6-2.3x); two threads 16-48 rows 1.5-1.9x. 64: the largest count measured.
+MAX_ROWS_BLOCKED = 64
 # Under w8a8 the head is an int8 GEMM whose top 16 logits of each row are recomputed in float (`linear.W8A8HeadKernel`);
 # the screen gives the float argmax itself. w8a8 dummy:tiny decode step, one process, the two interleaved (5 rounds x
 # 16 steps, one thread, CPU ms, median; sixteenth session, load 8-9): rows 1: head 4.93, screen 5.48; 2: 6.83 vs 5.54;
@@ -56,10 +62,16 @@ def ops() -> ModuleType | None:
                                                               "last_recomputed"], _CFLAGS)
 
 
-def screens_w8a8() -> bool:
-    """Whether a w8a8 model's greedy steps of W8A8_MIN_ROWS rows or more take the screen instead of their int8
-    head's logits: in the VNNI build, the one measured (an AVX2-only CPU keeps the head)."""
-    return os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0" and ops() is not None and ops().blocked()
+def max_rows() -> int:
+    """The most rows this build's screen answers; above it the caller computes the logits."""
+    return MAX_ROWS_BLOCKED if ops() is not None and ops().blocked() else MAX_ROWS
+
+
+def screens_w8a8(rows: int) -> bool:
+    """Whether a w8a8 model's greedy step of `rows` rows takes the screen instead of its int8 head's logits:
+    W8A8_MIN_ROWS to MAX_ROWS rows in the VNNI build, what was measured (an AVX2-only CPU keeps the head)."""
+    return (W8A8_MIN_ROWS <= rows <= MAX_ROWS and os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0"
+            and ops() is not None and ops().blocked())
 
 
 def quantise_rows(w: torch.Tensor, blocked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
@@ -108,8 +120,8 @@ class GreedyHead:
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> list[int] | None:
-        if (hidden.dtype != torch.float32 or hidden.dim() != 2 or hidden.shape[0] > MAX_ROWS
-                or not self.refresh()):
+        if (hidden.dtype != torch.float32 or hidden.dim() != 2 or not self.refresh()
+                or hidden.shape[0] > max_rows()):
             return None
         out = ops().screened_argmax(hidden.contiguous(), *self._prepared, self.weight)
         return out if len(out) == hidden.shape[0] else None  # empty: a non-finite row

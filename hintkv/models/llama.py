@@ -190,7 +190,7 @@ class LlamaForCausalLM(nn.Module):
         self._decode_layers = DecodeLayers.build(self) if self.regions is self._cpp_regions else None
         # a new screen: the loader's `.data.copy_` leaves the head's (data_ptr, _version) key unchanged
         self._greedy_head = GreedyHead(self.lm_head)
-        if quantization is None or screens_w8a8():
+        if quantization is None or screens_w8a8(W8A8_MIN_ROWS):
             self._greedy_head.refresh()  # its int8 copy now, not in the first request's step
         return counts
 
@@ -222,9 +222,9 @@ class LlamaForCausalLM(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
         """[N, hidden] -> each row's argmax token without computing the logits (`greedy_head.py`, CPU
-        float32), or None where that does not apply. Under w8a8 from `W8A8_MIN_ROWS` rows on a VNNI build
-        (measured cheaper than its int8 head there); one row, or another CPU: None, its head's own argmax."""
-        if self.quantization is not None and not (hidden.shape[0] >= W8A8_MIN_ROWS and screens_w8a8()):
+        float32), or None where that does not apply. Under w8a8 for 2-12 rows on a VNNI build (`screens_w8a8`:
+        measured cheaper than its int8 head there); other row counts, or another CPU: None, its head's own argmax."""
+        if self.quantization is not None and not screens_w8a8(hidden.shape[0]):
             return None
         return self._greedy_head(hidden)
 

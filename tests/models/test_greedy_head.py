@@ -100,9 +100,10 @@ def test_x_quantisation_error_with_w_exactly_int8(seed):
 def test_more_rows_than_the_cap_take_the_logits():
     w = torch.randn(300, 64) * 0.02
     head = GreedyHead(w)
-    x = torch.randn(greedy_head.MAX_ROWS + 1, 64)
+    x = torch.randn(greedy_head.max_rows() + 1, 64)
     assert head(x) is None
-    assert head(x[:greedy_head.MAX_ROWS]) == (x[:greedy_head.MAX_ROWS].double() @ w.double().T).argmax(-1).tolist()
+    n = greedy_head.max_rows()
+    assert head(x[:n]) == (x[:n].double() @ w.double().T).argmax(-1).tolist()
 
 
 def test_a_reloaded_checkpoint_is_requantised():
@@ -198,6 +199,7 @@ def test_engine_greedy_tokens_are_the_same_with_the_screen_and_with_the_logits(m
                         lambda self, h: logit_rows.append(h.shape[0]) or full(self, h))
     monkeypatch.delenv("HINTKV_GREEDY_HEAD")
     monkeypatch.setattr(greedy_head, "MAX_ROWS", 2)
+    monkeypatch.setattr(greedy_head, "MAX_ROWS_BLOCKED", 2)
     calls.clear()
     capped = run()
     assert calls and not any(calls) and 3 in logit_rows
@@ -220,8 +222,8 @@ def test_w8a8_greedy_steps_of_two_rows_or_more_take_the_float_argmax():
     float_argmax = (hidden.double() @ model.lm_head.double().T).argmax(-1).tolist()
     assert model.compute_logits(hidden).argmax(-1).tolist() == float_argmax
     assert model.greedy_tokens(hidden[:1]) is None
-    if greedy_head.screens_w8a8():
-        assert greedy_head.W8A8_MIN_ROWS <= 2
+    if greedy_head.screens_w8a8(2):
+        assert not greedy_head.screens_w8a8(greedy_head.MAX_ROWS + 1)
         assert model.greedy_tokens(hidden) == float_argmax
         assert model.greedy_tokens(hidden[:2]) == float_argmax[:2]
     else:  # an AVX2-only build: the int8 head answers every w8a8 step
@@ -254,7 +256,7 @@ def test_w8a8_engine_greedy_tokens_are_the_same_with_the_screen_and_with_its_hea
         return out
 
     on = run()
-    if greedy_head.screens_w8a8():
+    if greedy_head.screens_w8a8(3):
         assert 3 in calls and 2 in calls and 1 not in calls  # r2 alone at the end: its head
     else:
         assert not calls
