@@ -42,6 +42,7 @@ class PrefixMatch:
     lower_tiers: list[str] = field(default_factory=list)  # where each of `lower` was found
     # (`BlockPool.ref_epoch`, how many of `blocks` are unreferenced) when `free_room` last counted
     unreferenced: tuple[int, int] = (-1, 0)
+    awaits_prefetch: bool = False  # the next block is on its way up in a prefetch: wait for it
 
 
 @dataclass(slots=True)
@@ -103,13 +104,18 @@ class KVCacheManager:
         not fit is not re-planned every step: that was 69% of a stalled 100-user simulation).
         `loadable` (the scheduler, which drops a run it cannot load): a run longer than the
         device's free blocks can hold is left empty, and planning stops one block past that
-        room (a stalled queue's head was re-planned over its whole host run every step)."""
+        room (a stalled queue's head was re-planned over its whole host run every step); when
+        the block after the device run is on its way up in a prefetch, the request waits for
+        that (`awaits_prefetch`) instead of loading a second copy (a prefetch loads the run right
+        after a session's device blocks, so that is where its blocks begin)."""
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
         n = len(match.blocks)
         if self.tiers is None or n >= len(hashes):
             return
         if not loadable:
             match.lower_tiers = self.tiers.plan(hashes[n:])
+        elif self.tiers.prefetching(hashes[n]):  # no second copy: matched on the device once landed
+            match.awaits_prefetch = True
         else:  # a plan of at most room + 1 blocks is the full plan when that fits, else too long
             room = self.free_room(match)
             tiers = self.tiers.plan(hashes[n:n + room + 1]) if room > 0 else []

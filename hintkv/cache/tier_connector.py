@@ -109,6 +109,7 @@ class TierConnector(TierLoads):
         self.counters = TierCounters()
         self._loads: dict[str, PendingLoad] = {}  # request id -> its prefix load
         self._prefetches: list[PendingLoad] = []
+        self._fetching: set[BlockHash] = set()  # the hashes of `_prefetches` (`prefetching`)
         # offloads: counted until `poll` consumed them; the landed ones queued by done-callbacks
         # (mover threads) under `_landed_lock`
         self._num_offloads = 0

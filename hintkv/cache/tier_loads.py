@@ -10,7 +10,13 @@ A load only ever fills a staging buffer it owns, so a late or abandoned one cann
 device cache; the device write happens on the engine thread, after queued write-downs are
 flushed (`_land`). The mixin uses the connector's `pool`, `stack`, `io`, `costs`, `counters`,
 `clock`, `layout`, `host_mode`, `pool_tier`, `spm`, `protected_class`, `keep`, `_loads`,
-`_prefetches`, `_staging` and `flush_write_downs`.
+`_prefetches`, `_fetching`, `_staging` and `flush_write_downs`.
+
+A request never loads a second copy of a block a prefetch is bringing up (`prefetching`): it
+waits for that prefetch to land (`KVCacheManager.match_lower`), then matches those blocks on the
+device. (The agent sends its prefetch hint just before its call: the call's own load of the same
+blocks took a second copy's room and bandwidth, and its room came out of queued requests'
+prefixes: `hintkv sim`, sixteenth session.)
 """
 
 from __future__ import annotations
@@ -149,6 +155,7 @@ class TierLoads:
             return 0
         blocks = self.pool.allocate(n)  # victims (ranked below running) are written down first
         self._prefetches.append(self._load(todo[:n], blocks, tiers[:n]))
+        self._fetching.update(todo[:n])
         return n
 
     def room_below_protected(self, cls: int | None = None) -> int:
@@ -161,7 +168,11 @@ class TierLoads:
         return empty + self.pool.num_cached_below(limit)
 
     def _in_flight(self) -> set[BlockHash]:
-        return {h for p in self._prefetches for h in p.hashes}
+        return self._fetching
+
+    def prefetching(self, h: BlockHash) -> bool:
+        """A pending prefetch is bringing `h` up: a request that needs it next waits for it."""
+        return h in self._fetching
 
     def prefetching_blocks(self) -> list[Block]:
         """Device blocks held by pending prefetches (in use, owned by no sequence)."""
@@ -219,6 +230,7 @@ class TierLoads:
                     if self.spm is not None and p.tiers[i] == self.spm.pool.name:
                         self.spm.counters.num_pool_prefetched += 1
             self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty
+            self._fetching.difference_update(p.hashes)
         self._prefetches = still
 
     def pending_futures(self) -> list[Future]:

@@ -121,6 +121,10 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
         fits = alone or policy.room(seq, match, sch.kv, plan)
         if fits:  # a candidate without room is skipped or stops admission: its plan is not needed
             sch.kv.match_lower(seq, match, loadable=True)
+            if match.awaits_prefetch:  # its next blocks land with a prefetch: it waits for them,
+                #                        its resident prefix kept from the candidates after it
+                plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
+                continue
         if match.lower and fits:  # load first (no budget now); computes once the blocks land
             if not sch.kv.can_admit(seq, match, 0):
                 match.lower, match.lower_tiers = [], []  # no room to load into: compute it
