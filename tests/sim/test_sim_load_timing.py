@@ -106,7 +106,9 @@ def test_a_host_hit_computes_in_the_step_its_load_starts_under_same_step(costs, 
 
 def test_the_load_timing_moves_nothing_without_loads_and_repeats_for_a_seed(traces, costs):
     """lru has no lower tier, so no load: same-step gives next-step's report field by field; and a
-    same-step run with waits (sam+hints+host, a device that binds) is the same run twice."""
+    same-step run with waits (lru+host, a device that binds) is the same run twice. (Not
+    sam+hints+host: there each reload is a prefetch hint's, which its call waits for, so it has no
+    load of its own to wait for: tests/engine/test_scheduler_prefetch_wait.py.)"""
     from test_sim_stretch import _everything, _room, _workload
 
     from hintkv.sim.simulate import CONFIGS, simulate
@@ -115,7 +117,7 @@ def test_the_load_timing_moves_nothing_without_loads_and_repeats_for_a_seed(trac
     room = _room(wl) + 8 * BS
     runs = {t: simulate(wl, CONFIGS["lru"], costs, room, load_timing=t) for t in ("next-step", "same-step")}
     assert _everything(runs["next-step"]) == _everything(runs["same-step"])
-    a, b = (simulate(wl, CONFIGS["sam+hints+host"], costs, room, load_timing="same-step") for _ in "ab")
+    a, b = (simulate(wl, CONFIGS["lru+host"], costs, room, load_timing="same-step") for _ in "ab")
     assert _everything(a) == _everything(b)
     assert a.load_waits > 0  # the run waited
     queued = sum(c.ttft_parts["queue_s"] for c in a.calls)  # queue_why splits the admission wait
