@@ -9,6 +9,15 @@ OneSequence step scoring 2048 rows. `keep_freed_memory()` raises the mmap thresh
 (larger blocks, e.g. a KV cache, are still mapped) and the trim threshold to 1 GiB, so freed
 activations stay in malloc's free lists: none then. The forward's CPU time moved within noise at
 load ~3 (docs/benchmarks/history/engine.md); it removes a variable, not a measured cost. No-op off glibc.
+
+It also keeps one malloc arena (M_ARENA_MAX 1, as MALLOC_ARENA_MAX=1): a server's steps run on the
+engine thread, whose own arena grows in 64 MB heaps that glibc unmaps whole once their top is free
+(`heap_trim` deletes an empty heap whatever the trim threshold), so every 2048-token prefill mapped its
+activations afresh: 29K minor faults and 60-70 ms of system time (both OpenMP threads fault the pages
+they first write) per request in `hintkv serve`, 116K through `AsyncLLM` in process; 2-5 with one
+arena (sixteenth session, docs/benchmarks/engine.md). vLLM's CPU worker runs its model on its
+process's main thread, whose arena is the main one. Set before the engine thread first allocates:
+glibc caps the arenas only for threads that take one after the call.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import ctypes.util
 import functools
 import sys
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
 MMAP_THRESHOLD = 256 << 20
 TRIM_THRESHOLD = 1 << 30
 
@@ -30,7 +39,7 @@ def keep_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        return all(libc.mallopt(param, value) for param, value in (
+            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_ARENA_MAX, 1)))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
