@@ -108,7 +108,8 @@ def measure_model(model: str, args: argparse.Namespace, w: Workload, variants: l
             log(f"{model}: no vLLM peer: {exc}")
     with ExitStack() as stack:
         up, errors = start_all(stack, specs)
-        figures = asyncio.run(measure_interleaved({n: p.base_url for n, p in up.items()}, model, prompts, w))
+        groups = {n: p.proc.pid for n, p in up.items() if p.proc is not None}  # each its own session
+        figures = asyncio.run(measure_interleaved({n: p.base_url for n, p in up.items()}, model, prompts, w, groups))
         for name, proc in up.items():
             figures[name].startup_s = proc.startup_s
     figures.update({name: ServerFigures(error=err) for name, err in errors.items()})

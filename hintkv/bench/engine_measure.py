@@ -5,7 +5,9 @@ round takes one sample of each figure from every server, figure by figure, so th
 compares were taken seconds apart (a load spike lands on both sides, not on one server's whole
 run); the order of the servers alternates between rounds (A B C, then C B A), and each figure is
 the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
-the spread of every ratio over the rounds.
+the spread of every ratio over the rounds. Before each sample every server's process group must be at
+rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then under a tenth of a CPU over 0.2 s, at most
+`REST_MAX_S`): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
 
 - prefill tok/s at 512 / 2048 / 8192 prompt tokens (`max_tokens=1`; prompt tokens / TTFT)
 - decode tok/s at batch 1 and 8 (128-token prompts, `ignore_eos`, fixed `max_tokens`; batch 8 is
@@ -30,8 +32,10 @@ from hintkv.bench.common import (
     stream_batch,
     stream_completion,
 )
+from hintkv.bench.idle_wait import wait_idle
 
 SWITCH_PAUSE_S = 0.3  # between two servers' samples: a peer's spinning OpenMP threads go to sleep
+REST_MAX_S = 3.0  # the longest wait for every server to come to rest (idle_wait.py)
 
 
 @dataclass(slots=True)
@@ -170,9 +174,11 @@ def samplers(w: Workload) -> list[Sampler]:
 
 
 async def measure_interleaved(servers: dict[str, str], model: str, prompts: PromptFactory,
-                              w: Workload) -> dict[str, ServerFigures]:
-    """`servers` ({name: base url}, all up): warm each up, then `w.repeats` interleaved rounds."""
+                              w: Workload, groups: dict[str, int] | None = None) -> dict[str, ServerFigures]:
+    """`servers` ({name: base url}, all up): warm each up, then `w.repeats` interleaved rounds; `groups`
+    ({name: process group id}) are waited for to be at rest before each sample."""
     figures = {name: ServerFigures() for name in servers}
+    pgids = list((groups or {}).values())
     for name, url in servers.items():
         t0 = time.perf_counter()
         try:
@@ -183,11 +189,15 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
     live = [n for n in servers if figures[n].error is None]
     for r in range(w.repeats):
         order = live if r % 2 == 0 else live[::-1]
+        waits: list[float] = []
+        restless = 0
         for sample in samplers(w):
             for name in order:
                 if figures[name].error is not None:
                     continue
-                await asyncio.sleep(SWITCH_PAUSE_S)
+                waited, idle = await wait_idle(pgids, min_s=SWITCH_PAUSE_S, max_s=REST_MAX_S)
+                waits.append(waited)
+                restless += not idle
                 try:
                     got = await sample(servers[name], model, prompts, w)
                 except Exception as exc:  # noqa: BLE001
@@ -197,7 +207,7 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
                     figures[name].samples.setdefault(key, []).append(value)
         log(f"  round {r + 1}/{w.repeats}: " + ", ".join(
             f"{n} b1 {_last(figures[n], 'decode_tok_s_b1')} b{w.batch} {_last(figures[n], 'decode_tok_s_batch')}"
-            for n in order))
+            for n in order) + (f"; rest waits max {max(waits):.2f}s, {restless} not at rest" if waits else ""))
     for f in figures.values():
         f.summarize()
     return figures

@@ -1,0 +1,54 @@
+"""bench/idle_wait.py: a comparison's next sample waits until every server's process group is at rest."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from hintkv.bench.idle_wait import group_cpu_s, wait_idle
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+# busy for `spin` seconds of wall clock (a spinning peer), then marks the file and sleeps
+CHILD = """
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    pass
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+
+def _child(spin_s: float, mark) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(spin_s), str(mark)], start_new_session=True)
+
+
+def test_it_waits_through_a_peers_spin_and_not_for_a_resting_one(tmp_path):
+    busy, rest = _child(1.5, tmp_path / "busy"), _child(0.0, tmp_path / "rest")
+    try:
+        while not (tmp_path / "rest").exists():  # the resting child's start-up is done
+            asyncio.run(asyncio.sleep(0.05))
+        waited, idle = asyncio.run(wait_idle([busy.pid, rest.pid], min_s=0.05, max_s=60, max_busy=0.05))
+        assert idle and (tmp_path / "busy").exists()  # at rest only once the spin was over
+        assert group_cpu_s(busy.pid) > group_cpu_s(rest.pid)
+        waited, idle = asyncio.run(wait_idle([rest.pid], min_s=0.0, max_s=60))
+        assert idle
+    finally:
+        busy.kill(), rest.kill()
+
+
+def test_a_peer_that_never_rests_is_waited_for_at_most_max_s(tmp_path):
+    busy = _child(600.0, tmp_path / "busy")
+    try:
+        waited, idle = asyncio.run(wait_idle([busy.pid], min_s=0.0, max_s=0.5, max_busy=0.05))
+        assert not idle
+    finally:
+        busy.kill()
+
+
+def test_no_groups_are_at_rest():
+    assert asyncio.run(wait_idle([], min_s=0.0))[1]
