@@ -16,8 +16,9 @@ engine thread, whose own arena grows in 64 MB heaps that glibc unmaps whole once
 activations afresh: 29K minor faults and 60-70 ms of system time (both OpenMP threads fault the pages
 they first write) per request in `hintkv serve`, 116K through `AsyncLLM` in process; 2-5 with one
 arena (sixteenth session, docs/benchmarks/engine.md). vLLM's CPU worker runs its model on its
-process's main thread, whose arena is the main one. Set before the engine thread first allocates:
-glibc caps the arenas only for threads that take one after the call.
+process's main thread, whose arena is the main one. Set before the engine thread first allocates
+(the model runner calls it as it builds the engine): glibc keeps in use an arena a thread took before the
+cap, or one an exited thread left for reuse.
 """
 
 from __future__ import annotations
