@@ -8,8 +8,8 @@ hintkv.bench.*`, the simulator's calibration) has one pool and got the long spin
 engine thread is not the main thread, already ran at 100.
 
 Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks/history/engine.md "Tenth session"):
-- under load 8-10, one pool: a decode b1 step 400-1,490 ms with the default spin, 32-61 ms at 100
-  (a whole run 44-76 s -> 8-12 s wall, 17-23 s -> 3.4-4.1 s CPU): spinners take the CPUs the other
+- under load 7.9-9.2, one pool: a decode b1 step 609-1,486 ms with the default spin, 56-61 ms at 100
+  (a whole run 55-76 s -> 11-12 s wall, 20-23 s -> 3.9-4.1 s CPU): spinners take the CPUs the other
   threads need;
 - on free cores (SCHED_FIFO, interleaved in one process): spinning 2,000 or 10,000 times cut the
   engine's sleeps 2.4-12x and changed no figure by more than the noise (prefill 128 / 512 / 2048,
