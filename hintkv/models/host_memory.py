@@ -7,8 +7,9 @@ them in again: measured with `getrusage` minor faults, 0.3K-24K per dummy:tiny f
 tokens) with the defaults, depending on the history of glibc's dynamic thresholds, ~100K for a
 OneSequence step scoring 2048 rows. `keep_freed_memory()` raises the mmap threshold to 256 MB
 (larger blocks, e.g. a KV cache, are still mapped) and the trim threshold to 1 GiB, so freed
-activations stay in malloc's free lists: none then. The forward's CPU time moved within noise at
-load ~3 (docs/benchmarks/history/engine.md); it removes a variable, not a measured cost. No-op off glibc.
+activations stay in malloc's free lists: none then. The forward's CPU time moved within noise
+(dummy:tiny, one thread, 512 tokens 296-311 vs 310-311 ms; docs/benchmarks/history/engine.md, eighth
+session); it removes a variable, not a measured cost. No-op off glibc.
 
 It also keeps one malloc arena (M_ARENA_MAX 1, as MALLOC_ARENA_MAX=1): a server's steps run on the
 engine thread, whose own arena grows in 64 MB heaps that glibc unmaps whole once their top is free
