@@ -1,14 +1,18 @@
 """The greedy LM head's screen alone: the blocked VNNI screen vs the row-major one vs logits + argmax.
 
     python -m hintkv.bench.greedy_screen [--rows 1,8,12,16] [--reps 9] [--vocab 49152] [--hidden 512]
+                                         [--logits onednn|mkl]
 
 A random head (dummy:tiny's 49152 x 512 by default, rows * 0.05) and x ~ N(0, 1), one thread, process CPU time
 per call, the median of `--reps` calls interleaved across the three. "blocked" is this machine's build of
 `csrc/greedy_head.cpp` (16-row blocks where the CPU has AVX-512 VNNI); "row-major" is the same source built
 with -mno-avx512vnni (the AVX2 screen a CPU without VNNI runs: vpmaddubsw on rows); "logits" is
-`linear.KERNELS["mkl"]` + argmax, what the runner does above `greedy_head.MAX_ROWS`. Each row count's tokens
-are checked against a float64 argmax; "recomputed" is the blocked screen's rows recomputed in float.
-docs/benchmarks/history/engine.md's fifteenth-session mend section comes from this probe.
+`linear.KERNELS[--logits]` + argmax, what the runner does above `greedy_head.max_rows()` rows: by default the
+runner's own float kernel on this CPU (`linear.float_kernel_name`: `onednn` on a non-Intel AVX-512 CPU, else
+`mkl`; HINTKV_CPU_GEMM picks another). Each row count's tokens are checked against a float64 argmax;
+"recomputed" is the blocked screen's rows recomputed in float. docs/benchmarks/history/engine.md's
+fifteenth-session mend section comes from this probe, and greedy_head.MAX_ROWS_BLOCKED's figures:
+`--rows 13,16,24,32,48,64 --reps 9` (default --logits).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from hintkv.bench.common import print_table
 from hintkv.models import cpu_ext, greedy_head
-from hintkv.models.linear import KERNELS
+from hintkv.models.linear import KERNELS, float_kernel_name
 
 
 def _cpu_ms(fn: Callable[[], object]) -> float:
@@ -31,7 +35,8 @@ def _cpu_ms(fn: Callable[[], object]) -> float:
     return (time.process_time() - t) * 1e3
 
 
-def rows_table(vocab: int, hidden: int, rows: list[int], reps: int) -> list[dict[str, object]]:
+def rows_table(vocab: int, hidden: int, rows: list[int], reps: int, logits_kernel: str | None = None
+               ) -> list[dict[str, object]]:
     native = greedy_head.ops()
     if native is None or not native.has_screen():
         raise SystemExit("no greedy screen on this machine (C++ kernels off, or neither VNNI nor AVX2)")
@@ -41,7 +46,7 @@ def rows_table(vocab: int, hidden: int, rows: list[int], reps: int) -> list[dict
     g = torch.Generator().manual_seed(0)
     w = torch.randn(vocab, hidden, generator=g) * 0.05
     prep = {True: greedy_head.quantise_rows(w, blocked=True), False: greedy_head.quantise_rows(w)}
-    logits = KERNELS["mkl"](w, None)
+    logits = KERNELS[logits_kernel or float_kernel_name(w)](w, None)
     out = []
     for m in rows:
         x = torch.randn(m, hidden, generator=g)
@@ -75,11 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=9, help="interleaved calls per case")
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--logits", choices=("onednn", "mkl"), default=None,
+                   help="the logits' float kernel (default: the runner's on this CPU, linear.float_kernel_name)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    table = rows_table(args.vocab, args.hidden, [int(r) for r in args.rows.split(",")], args.reps)
+    table = rows_table(args.vocab, args.hidden, [int(r) for r in args.rows.split(",")], args.reps, args.logits)
+    kernel = args.logits or float_kernel_name(torch.zeros(args.vocab, args.hidden))
     print(f"greedy head {args.vocab} x {args.hidden}: one thread, CPU time per call (ms), median of {args.reps}; "
-          f"blocked build: {greedy_head.ops().blocked()}")
+          f"blocked build: {greedy_head.ops().blocked()}; logits: {kernel} + argmax; "
+          f"max_rows(): {greedy_head.max_rows()}")
     print_table(table, list(table[0]))
     return 0
 

@@ -38,17 +38,24 @@ from hintkv.models import cpu_ext, cpu_kernels, int8
 
 _SOURCE = (Path(__file__).parent / "csrc" / "greedy_head.cpp").read_text()
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
-# Above this many rows the screen is slower than logits + argmax (the runner then computes the logits): the
-# screen's cost grows with each row, while the logits' GEMM costs the same for 9-16 rows (MKL's 16-row bucket).
-# 49152 x 512 head, one thread, CPU time, screen vs MklPackedKernel + cpu_kernels.argmax (logits/screen):
-# s11 review (load 2.6-6): 1 row 5.4x, 8 rows 1.46-1.59x, 16 1.08x, 24 1.12x, 32 0.83x, 64 0.42x, 128 0.40x;
-# speed2 (load 4.4, 3-4 interleaved rounds, medians): 1 row 4.77x, 8 1.46-1.53x, 10 1.48x, 12 1.29x, 14 1.04x,
-# 16 0.89-0.96x, 24 0.94x, 32 0.72x, 64 0.46x. 12: the last row count with a clear gain in both.
+# MAX_ROWS: measured when the screen was the VNNI row-major one (before the blocked screen and the AVX2 path), against
+# logits + argmax on MklPackedKernel (49152 x 512 head, one thread, CPU time, logits/screen): s11 review (load
+# 2.6-6): 1 row 5.4x, 8 rows 1.46-1.59x, 16 1.08x, 24 1.12x, 32 0.83x, 64 0.42x, 128 0.40x; speed2 (load 4.4, 3-4
+# interleaved rounds, medians): 1 row 4.77x, 8 1.46-1.53x, 10 1.48x, 12 1.29x, 14 1.04x, 16 0.89-0.96x, 24 0.94x,
+# 32 0.72x, 64 0.46x. 12: the last row count with a clear gain in both. The AVX2 build keeps it, NOT re-measured on
+# an AVX2 CPU; this Zen 4's -mno-avx512vnni build (`bench.greedy_screen`'s row-major column, sixteenth session,
+# load 6-7) beat onednn logits at 13-16 rows (10.47 vs 11.50, 12.19 vs 13.59 ms) and MKL's at 13-48, and lost to
+# onednn from 24 (18.29 vs 16.52).
 MAX_ROWS = 12  # the row-major screen (AVX2 build); also the most rows a w8a8 step gives the screen (measured range)
-# The blocked screen (VNNI build) beats logits + argmax far past 12 rows: 49152 x 512 head, random rows, screen vs
-# `onednn` logits + cpu_kernels.argmax, CPU ms, median of 9 interleaved (sixteenth session, load 11-12), one thread:
-# 13 rows 5.90 vs 10.43, 16: 5.86 vs 11.67, 24: 8.28 vs 15.26, 32: 11.49 vs 20.06, 48: 16.90 vs 26.91, 64: 21.30 vs
-# 34.25 (1.6-2.3x); two threads 16-48 rows 1.5-1.9x. 64: the largest count measured.
+# The blocked screen (VNNI build) against the runner's logits + cpu_kernels.argmax on this CPU (`onednn` on Zen 4),
+# 49152 x 512 head, random rows, one thread, CPU ms, median of 9 interleaved, logits/screen. Commit 5cac9c7 (load
+# 11-12): 13 rows 10.43/5.90, 16 11.67/5.86, 24 15.26/8.28, 32 20.06/11.49, 48 26.91/16.90, 64 34.25/21.30: 1.6-2.0x
+# (two threads 16-48 rows 1.5-1.9x). `python -m hintkv.bench.greedy_screen --rows 13,16,24,32,48,64` (sixteenth
+# session mend, load 6-7, two runs): 13 rows 1.93/2.07x, 16 2.08/2.18, 24 2.24/2.18, 32 1.90/1.93, 48 1.85/2.01,
+# 64 1.73/1.56x; against MKL (an Intel CPU's logits, `--logits mkl`) 2.9-4.2x. 64: the largest count measured.
+# Its pass-1 scratch (`hbuf` in csrc/greedy_head.cpp) is rows x ceil(V/16)*16 floats, kept per calling thread and
+# reused (never shrunk): bounded by this cap at 64 x 49152 x 4 B = 12.6 MB (dummy:tiny, SmolLM2), 32.8 MB at a
+# 128k vocabulary; one engine thread calls it, so one such buffer per process.
 MAX_ROWS_BLOCKED = 64
 # Under w8a8 the head is an int8 GEMM whose top 16 logits of each row are recomputed in float (`linear.W8A8HeadKernel`);
 # the screen gives the float argmax itself. w8a8 dummy:tiny decode step, one process, the two interleaved (5 rounds x

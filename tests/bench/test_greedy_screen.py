@@ -10,8 +10,9 @@ from hintkv.models import greedy_head
 
 
 @pytest.mark.skipif(not greedy_head.GreedyHead(torch.zeros(2, 64)).applies(), reason="no greedy screen here")
-def test_probe_times_each_screen_and_counts_recomputed_rows():
-    rows = greedy_screen.rows_table(3001, 80, [1, 5], reps=1)
+@pytest.mark.parametrize("logits", [None, "mkl"])  # None: the runner's own float kernel on this CPU
+def test_probe_times_each_screen_and_counts_recomputed_rows(logits):
+    rows = greedy_screen.rows_table(3001, 80, [1, 5], reps=1, logits_kernel=logits)
     assert [r["rows"] for r in rows] == [1, 5]
     for r in rows:
         assert r["blocked ms"] >= 0 and r["logits ms"] >= 0 and r["logits/blocked"] > 0

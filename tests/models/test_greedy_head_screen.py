@@ -1,7 +1,8 @@
 """greedy_head's screen itself (review of c2689c6): tokens are always < V and never read a padding row, a bound
 past float's range falls back to the logits, padding lanes do not raise lo (all-negative logits), every x-row
 group size 1..12 (one compiled instance each) gives the float64 argmax, many random heads do, and the screen
-screens: only a few rows are recomputed in float."""
+screens: only a few rows are recomputed in float. Past 12 rows (the VNNI build's max_rows()) x is screened in groups
+of 12: each group's bound must use its own rows' |x|_1 and |x - x~|_1 (test_greedy_head_groups.py)."""
 
 from __future__ import annotations
 
