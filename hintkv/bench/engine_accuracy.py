@@ -10,7 +10,11 @@ one flipped near-tie moved top-1 by 0.0034, so 0.96 and 0.97 could not be told a
   few-row GEMM, cut to `int8.fine_int8_rows()` where down_proj's two-level int8 kernel stops there (AVX2
   without VNNI: 2 rows; above them it runs its float weight), so the steps run the same linear kernels
   as a one-token step; attention runs another float kernel over several rows, which moved KL and
-  perplexity by ~0.2% against 1-token steps, top-1 not).
+  perplexity by ~0.2% against 1-token steps, top-1 not). Top-1 (prefill and `decode_*`) is the argmax of
+  the logits, i.e. of the int8 head (`W8A8HeadKernel`, its top 16 rescored): what 1-row, 13+-row and
+  verify steps serve. A greedy decode step of 2-12 rows (VNNI build) is served by `greedy_head.py`'s
+  float argmax of the same hidden rows instead; the two gave the same token on SmolLM2's 2,301 eval rows
+  in 8-row steps (review of 70219a5), not a guarantee (`greedy_head.py` says when they differ).
 - `kv_quant_rows`: per KV format (int8, fp8), SmolLM2 reading its KV back from a quantised cache
   against float KV, and the blocks the same memory holds vs the run's dtype and vs bfloat16 (goal:
   >= 2x, the issue's "doubles the KV capacity"; top-1 >= 97% like w8a8's), and the mean KL divergence

@@ -15,15 +15,22 @@ float32 dot products (first index on ties among them). Those sum in another orde
 (MKL / gemv), so where two logits are equal within float rounding the token may differ from
 torch.argmax of the logits (rare; both are the real argmax up to float rounding).
 
-    GreedyHead(weight).refresh() -> bool    CPU float32, kernels built with VNNI or AVX2, finite weight (int8 copy made)
-    GreedyHead(weight)(hidden) -> list[int] | None    None: not its case (the caller computes the logits),
-                                                       more than max_rows() rows included
+    GreedyHead(weight, head).serves(rows, quantized) -> bool    THE decision: does a greedy step of `rows` rows
+                                        take the screen (CPU float32 weight first, env, kernels, row counts, w8a8 build)
     max_rows() -> int    MAX_ROWS_BLOCKED (64) in the VNNI build, else MAX_ROWS (12)
-    screens_w8a8(rows) -> bool    a w8a8 model's greedy step of `rows` rows uses the screen too (2-12, VNNI)
+    GreedyHead(weight, head)(hidden, quantized) -> list[int] | None    None: not served (the caller computes logits)
+    GreedyHead(weight, head).prepare(quantized) -> bool    build the int8 copy now if `serves` lets any step in
+    GreedyHead(weight, head).ready() -> bool    the int8 copy of the current weight is built
+    screens_w8a8() -> bool    the build's part of `serves` under w8a8: the VNNI (blocked) build, the one measured
 
-Under w8a8 the screen reads the float head with the w8a8 layers' hidden state: its token is that hidden state's
-float argmax, which the int8 head's (top 16 recomputed in float) equals whenever the float argmax is in its int8
-top 16; otherwise the screen's is the float32 head's answer, where the int8 head's was not.
+Under w8a8 the int8 copy is the head kernel's own (`head`, an unsmoothed `linear.W8A8HeadKernel`: `int8.quantize_weight`
++ `int8.block_weight` of the same weight, byte for byte), not a third one; only err_r and the row sums are derived.
+The screen reads the float head with the w8a8 layers' hidden rows, so its token is their float argmax. The int8 head
+(`W8A8HeadKernel`: int8 logits, its top 16 recomputed in float, then the argmax over all of them) gives that token only
+when the float argmax is in its int8 top 16 AND its exact logit is at least every int8 logit outside the top 16; a row
+outside keeps its int8 logit and can win. Not guaranteed, but almost always (SmolLM2 w8a8, 2,301 eval rows in 8-row
+steps: 0 differed). So a w8a8 greedy token depends on the step's rows (rare): 1 row, 13+ rows or a verify with drafts
+take the int8 head; 2-12 rows the float argmax (VNNI build; an AVX2-only build keeps the head for every step).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from types import ModuleType
 import torch
 
 from hintkv.models import cpu_ext, cpu_kernels, int8
+from hintkv.models.linear import LinearKernel, W8A8HeadKernel
 
 _SOURCE = (Path(__file__).parent / "csrc" / "greedy_head.cpp").read_text()
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
@@ -74,61 +82,108 @@ def max_rows() -> int:
     return MAX_ROWS_BLOCKED if ops() is not None and ops().blocked() else MAX_ROWS
 
 
-def screens_w8a8(rows: int) -> bool:
-    """Whether a w8a8 model's greedy step of `rows` rows takes the screen instead of its int8 head's logits:
-    W8A8_MIN_ROWS to MAX_ROWS rows in the VNNI build, what was measured (an AVX2-only CPU keeps the head)."""
-    return (W8A8_MIN_ROWS <= rows <= MAX_ROWS and os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0"
-            and ops() is not None and ops().blocked())
+def screens_w8a8() -> bool:
+    """Whether w8a8 greedy steps of W8A8_MIN_ROWS..MAX_ROWS (12) rows take the screen on this build: the VNNI (blocked)
+    build, the one measured cheaper than the int8 head; an AVX2-only build keeps the head. Only `GreedyHead.serves`
+    asks it, after the weight's device and the kernels (a CUDA model never builds this extension)."""
+    return bool(ops().blocked())
 
 
-def quantise_rows(w: torch.Tensor, blocked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                    torch.Tensor]:
+def quantise_rows(w: torch.Tensor, blocked: bool = False,
+                  int8_weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(int8 copy, per-row scale, per-row error bound err_r, int32 row sums) of a float32 weight [V, H]: the
-    screen's arguments after x. The copy is rows [V, H], or with `blocked` (`ops().blocked()`: the VNNI build)
-    `int8.block_weight`'s 16-row blocks [ceil(V/16), ceil(H/64) * 16, 16, 4]."""
+    screen's arguments after x. The int8 weight is `int8.quantize_weight`'s (one rule for every int8 copy); the copy
+    is its rows [V, H], or with `blocked` (`ops().blocked()`: the VNNI build) `int8.block_weight`'s 16-row blocks
+    [ceil(V/16), ceil(H/64) * 16, 16, 4]. `int8_weight`: (int8 [H, V], scale [V], copy in that layout) already made
+    of this `w` by those two functions (a w8a8 head kernel's), taken as they are: no new int8 copy."""
     w = w.detach().float()
-    amax = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
-    scale = amax / 127
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    if int8_weight is None:
+        q_t, scale = int8.quantize_weight(w)
+        copy = int8.block_weight(q_t)[0] if blocked else q_t.t().contiguous()
+    else:
+        q_t, scale, copy = int8_weight
+    q = q_t.t()
     resid = (w - q.float() * scale[:, None]).abs().amax(dim=1)
     # both dot products (int8 approximate, float exact) round: each is within H * 2^-24 * |x|_1 * amax
     # of the real value (Higham's gamma_H); 2^-22 doubles that margin once more
-    err = resid + amax * (w.shape[1] * 2.0 ** -22)
+    err = resid + w.abs().amax(dim=1) * (w.shape[1] * 2.0 ** -22)
     wsum = q.sum(dim=1, dtype=torch.int32)
-    return (int8.block_weight(q.t())[0] if blocked else q.contiguous()), scale.contiguous(), err.contiguous(), wsum
+    return copy, scale.contiguous(), err.contiguous(), wsum
 
 
 class GreedyHead:
     """The screened argmax of one LM-head weight; re-prepared when the weight changes (like linear.py's kernels).
 
     The change is seen by (data_ptr, _version); a `.data.copy_` (llama.py's loader) bumps neither, so whoever
-    copies weights in that way builds a new GreedyHead (`LlamaForCausalLM.prepare`)."""
+    copies weights in that way builds a new GreedyHead (`LlamaForCausalLM.prepare`). `head`: the model's LM-head
+    kernel; an unsmoothed `W8A8HeadKernel` of the same weight lends the screen its int8 copy."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, head: LinearKernel | None = None) -> None:
         self.weight = weight
-        self._key: tuple[int, int] | None = None
+        self.head = head
+        self._key: tuple[int, int] | None = None  # the weight's (data_ptr, _version) the three below are of
+        self._applies = False  # `applies()`, read once per key
+        self._built = False  # the int8 copy was tried (a non-finite weight leaves `_prepared` None)
         self._prepared: tuple[torch.Tensor, ...] | None = None
 
     def applies(self) -> bool:
-        """CPU float32 and the C++ kernels on (HINTKV_CPU_KERNELS), built with VNNI or AVX2; HINTKV_GREEDY_HEAD=0 turns it off."""
+        """CPU float32 and the C++ kernels on (HINTKV_CPU_KERNELS), built with VNNI or AVX2; HINTKV_GREEDY_HEAD=0
+        turns it off. The device and dtype come first: a CUDA weight never builds the extension."""
         w = self.weight
         return (w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous()
                 and os.environ.get("HINTKV_GREEDY_HEAD", "1") != "0" and cpu_kernels.enabled()
                 and ops() is not None and ops().has_screen())
 
-    def refresh(self) -> bool:
-        """Prepare the int8 copy if the weight changed; False when the screen cannot serve it."""
+    def serves(self, rows: int, quantized: bool) -> bool:
+        """Whether a greedy step of `rows` rows takes the screen (the only place that decides it): `applies()` (read
+        once per weight version: HINTKV_GREEDY_HEAD as it was when the model was prepared holds for its life, as
+        `bench spec_decode` relies on), then at most `max_rows()` rows; under w8a8 (`quantized`) only W8A8_MIN_ROWS
+        to MAX_ROWS rows (the range measured against the int8 head) and where `screens_w8a8()`."""
+        if (quantized and not W8A8_MIN_ROWS <= rows <= MAX_ROWS) or not self._applies_now() or rows > max_rows():
+            return False
+        return not quantized or screens_w8a8()
+
+    def prepare(self, quantized: bool) -> bool:
+        """Build the int8 copy now (model load) where the screen serves some step (those of MAX_ROWS rows do)."""
+        return self.serves(MAX_ROWS, quantized) and self.refresh()
+
+    def ready(self) -> bool:
+        """The int8 copy of the weight as it is now is built (no build here)."""
+        return self._prepared is not None and self._key == (self.weight.data_ptr(), self.weight._version)
+
+    def _head_int8(self, blocked: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The head kernel's (int8 [H, V], scale, copy in the screen's layout) where they are what `quantise_rows`
+        would make: a w8a8 head of this very weight, not smoothed (its scale per row is then the same rule's)."""
+        head = self.head
+        if not (isinstance(head, W8A8HeadKernel) and head.weight is self.weight and head.act_absmax is None):
+            return None
+        head.refresh()
+        if head.blocked is None or head.inv_smooth is not None:
+            return None
+        return head.w_int8_t, head.w_scale, head.blocked[0] if blocked else head.w_int8_t.t()
+
+    def _applies_now(self) -> bool:
+        """`applies()` for the weight as it is now (asked again only when the weight changed)."""
         key = (self.weight.data_ptr(), self.weight._version)
         if key != self._key:
-            self._key = key
-            self._prepared = quantise_rows(self.weight, ops().blocked()) if self.applies() and bool(
-                torch.isfinite(self.weight).all()) else None
+            self._key, self._applies, self._built, self._prepared = key, self.applies(), False, None
+        return self._applies
+
+    def refresh(self) -> bool:
+        """Prepare the int8 copy if the weight changed; False when the screen cannot serve it."""
+        if self._applies_now() and not self._built:
+            self._built = True
+            if bool(torch.isfinite(self.weight).all()):
+                blocked = bool(ops().blocked())
+                self._prepared = quantise_rows(self.weight, blocked, self._head_int8(blocked))
         return self._prepared is not None
 
     @torch.inference_mode()
-    def __call__(self, hidden: torch.Tensor) -> list[int] | None:
-        if (hidden.dtype != torch.float32 or hidden.dim() != 2 or not self.refresh()
-                or hidden.shape[0] > max_rows()):
+    def __call__(self, hidden: torch.Tensor, quantized: bool = False) -> list[int] | None:
+        """Each row's token, or None where the screen does not serve this step (`serves`) or a row is not finite."""
+        if (hidden.dtype != torch.float32 or hidden.dim() != 2 or not self.serves(hidden.shape[0], quantized)
+                or not self.refresh()):
             return None
         out = ops().screened_argmax(hidden.contiguous(), *self._prepared, self.weight)
         return out if len(out) == hidden.shape[0] else None  # empty: a non-finite row

@@ -240,9 +240,11 @@ class W8A8HeadKernel(W8A8Kernel):
     """The LM head in W8A8, then its top `RESCORE` logits of each row recomputed from the float weight.
 
     The head is the largest GEMM of a decode step (49152 x 576 on SmolLM2: a fifth of its weights,
-    half of dummy:tiny's), so it runs in int8 like the rest; the argmax then comes from exact float
-    logits whenever the float argmax is among the int8 top `RESCORE` (the other logits keep the int8
-    error, which sampling at temperature > 0 reads)."""
+    half of dummy:tiny's), so it runs in int8 like the rest. The argmax is then taken over all the logits:
+    the top `RESCORE` exact, the others with their int8 error (which sampling at temperature > 0 reads too).
+    So it is the float argmax when that is in the int8 top `RESCORE` and its exact logit is at least every
+    int8 logit outside them, not always: an outside row's int8 logit can beat it (near-equal rows; SmolLM2
+    w8a8's 2,301 eval rows: never). A greedy step's float argmax is `greedy_head.py`'s (2-12 rows, VNNI)."""
 
     name = "w8a8-head"
     RESCORE = 16

@@ -23,7 +23,7 @@ from hintkv.models.calibration import calibrate
 from hintkv.models.compile import Regions, compile_regions
 from hintkv.models.config import ModelConfig
 from hintkv.models.decode_layers import DecodeLayers
-from hintkv.models.greedy_head import W8A8_MIN_ROWS, GreedyHead, screens_w8a8
+from hintkv.models.greedy_head import GreedyHead
 from hintkv.models.linear import (
     KERNELS,
     Linear,
@@ -132,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
         use_cpp = torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_kernels.enabled()
         self.regions = cpu_kernels.regions() if use_cpp else Regions()
         self._lm_head_kernel: LinearKernel = LinearKernel(self.lm_head, None)
-        self._greedy_head = GreedyHead(self.lm_head)
+        self._greedy_head = GreedyHead(self.lm_head, self._lm_head_kernel)
         self._cpp_regions = self.regions  # the fused layers run only while these are the regions in use
         self._decode_layers: DecodeLayers | None = None  # every layer in one C++ call (few-row steps), set by prepare
 
@@ -188,10 +188,10 @@ class LlamaForCausalLM(nn.Module):
         counts[head] = counts.get(head, 0) + 1
         self.quantization = quantization
         self._decode_layers = DecodeLayers.build(self) if self.regions is self._cpp_regions else None
-        # a new screen: the loader's `.data.copy_` leaves the head's (data_ptr, _version) key unchanged
-        self._greedy_head = GreedyHead(self.lm_head)
-        if quantization is None or screens_w8a8(W8A8_MIN_ROWS):
-            self._greedy_head.refresh()  # its int8 copy now, not in the first request's step
+        # a new screen: the loader's `.data.copy_` leaves the head's (data_ptr, _version) key unchanged; under
+        # w8a8 it takes the head kernel's int8 copy
+        self._greedy_head = GreedyHead(self.lm_head, self._lm_head_kernel)
+        self._greedy_head.prepare(quantization is not None)  # its int8 copy now, not in the first request's step
         return counts
 
     def warm_head(self, max_rows: int) -> None:
@@ -221,12 +221,11 @@ class LlamaForCausalLM(nn.Module):
         return self._lm_head_kernel(hidden).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
-        """[N, hidden] -> each row's argmax token without computing the logits (`greedy_head.py`, CPU
-        float32), or None where that does not apply. Under w8a8 for 2-12 rows on a VNNI build (`screens_w8a8`:
-        measured cheaper than its int8 head there); other row counts, or another CPU: None, its head's own argmax."""
-        if self.quantization is not None and not screens_w8a8(hidden.shape[0]):
-            return None
-        return self._greedy_head(hidden)
+        """[N, hidden] -> each row's argmax token without computing the logits (`greedy_head.py`), or None where
+        the screen does not serve the step (`GreedyHead.serves` decides: CPU float32; under w8a8 only 2-12 rows
+        on a VNNI build): the caller then takes its head's logits. Under w8a8 the screen's token is the float
+        head's argmax, which the int8 head's logits give almost always, not always (greedy_head.py says when)."""
+        return self._greedy_head(hidden, self.quantization is not None)
 
     @torch.inference_mode()
     def load_state_dict_hf(self, sd: dict[str, torch.Tensor], *, prepare: bool = True) -> None:

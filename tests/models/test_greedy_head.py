@@ -165,8 +165,8 @@ def test_engine_greedy_tokens_are_the_same_with_the_screen_and_with_the_logits(m
     calls = []
     screened = greedy_head.GreedyHead.__call__
 
-    def counted(self, h):
-        out = screened(self, h)
+    def counted(self, h, quantized=False):
+        out = screened(self, h, quantized)
         calls.append(h.shape[0] if out is not None else 0)  # rows the screen answered
         return out
 
@@ -204,64 +204,3 @@ def test_engine_greedy_tokens_are_the_same_with_the_screen_and_with_the_logits(m
     capped = run()
     assert calls and not any(calls) and 3 in logit_rows
     assert capped == on
-
-
-def test_w8a8_greedy_steps_of_two_rows_or_more_take_the_float_argmax():
-    """Under w8a8 a step of W8A8_MIN_ROWS rows or more takes the screen (VNNI build): the float head's argmax of
-    its hidden rows, which the int8 head's logits (top 16 rescored in float) give too here; one row keeps the head."""
-    import dataclasses
-
-    from hintkv.models.llama import LlamaForCausalLM
-    from hintkv.models.presets import init_random_, preset_config
-
-    cfg = dataclasses.replace(preset_config("tiny"), vocab_size=3000, num_hidden_layers=1)
-    model = LlamaForCausalLM(cfg)
-    init_random_(model, 0)
-    model.prepare("w8a8")
-    hidden = torch.randn(5, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    float_argmax = (hidden.double() @ model.lm_head.double().T).argmax(-1).tolist()
-    assert model.compute_logits(hidden).argmax(-1).tolist() == float_argmax
-    assert model.greedy_tokens(hidden[:1]) is None
-    if greedy_head.screens_w8a8(2):
-        assert not greedy_head.screens_w8a8(greedy_head.MAX_ROWS + 1)
-        assert model.greedy_tokens(hidden) == float_argmax
-        assert model.greedy_tokens(hidden[:2]) == float_argmax[:2]
-    else:  # an AVX2-only build: the int8 head answers every w8a8 step
-        assert model.greedy_tokens(hidden) is None
-
-
-def test_w8a8_engine_greedy_tokens_are_the_same_with_the_screen_and_with_its_head(monkeypatch):
-    """dummy:tiny w8a8 through LLMEngine, 3 prompts decoded together and one alone: the screen answers the
-    3-row steps (VNNI build), the int8 head the one-row ones, and the tokens are those of the head's logits."""
-    from hintkv.config import EngineConfig
-    from hintkv.engine.llm_engine import LLMEngine
-    from hintkv.engine.types import GenerateRequest, SamplingParams
-
-    calls = []
-    screened = greedy_head.GreedyHead.__call__
-    monkeypatch.setattr(greedy_head.GreedyHead, "__call__",
-                        lambda self, h: calls.append(h.shape[0]) or screened(self, h))
-
-    def run() -> dict[str, list[int]]:
-        engine = LLMEngine(EngineConfig(model="dummy:tiny", dtype="float32", kv_cache_tokens=1024, seed=3,
-                                        quantization="w8a8"))
-        for i in range(3):
-            engine.add_request(GenerateRequest(f"r{i}", list(range(100 + 40 * i, 140 + 50 * i)),
-                                               SamplingParams(temperature=0, max_tokens=8 + 6 * i, ignore_eos=True)))
-        out: dict[str, list[int]] = {}
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_token_ids)
-        engine.close()
-        return out
-
-    on = run()
-    if greedy_head.screens_w8a8(3):
-        assert 3 in calls and 2 in calls and 1 not in calls  # r2 alone at the end: its head
-    else:
-        assert not calls
-    monkeypatch.setenv("HINTKV_GREEDY_HEAD", "0")
-    calls.clear()
-    off = run()
-    assert not calls
-    assert on == off and [len(on[f"r{i}"]) for i in range(3)] == [8, 14, 20]
