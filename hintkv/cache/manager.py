@@ -19,6 +19,7 @@ the blocks that arrived (a failed block truncates the run there: the rest is rec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import takewhile
 from operator import attrgetter, countOf
 from typing import TYPE_CHECKING
 
@@ -104,10 +105,12 @@ class KVCacheManager:
         not fit is not re-planned every step: that was 69% of a stalled 100-user simulation).
         `loadable` (the scheduler, which drops a run it cannot load): a run longer than the
         device's free blocks can hold is left empty, and planning stops one block past that
-        room (a stalled queue's head was re-planned over its whole host run every step); when
+        room (a stalled queue's head was re-planned over its whole host run every step). When
         the block after the device run is on its way up in a prefetch, the request waits for
-        that (`awaits_prefetch`) instead of loading a second copy (a prefetch loads the run right
-        after a session's device blocks, so that is where its blocks begin)."""
+        that (`awaits_prefetch`) instead of loading a second copy; a plan stops at the first
+        block a prefetch is bringing up (the request computes the rest once its load lands: its
+        next block was evicted after the prefetch was planned), or whose prefetch failed or timed out in this step (`TierLoads.held_up`: that block is
+        computed, not waited for a second time on a hung tier)."""
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
         n = len(match.blocks)
         if self.tiers is None or n >= len(hashes):
@@ -118,9 +121,17 @@ class KVCacheManager:
             match.awaits_prefetch = True
         else:  # a plan of at most room + 1 blocks is the full plan when that fits, else too long
             room = self.free_room(match)
-            tiers = self.tiers.plan(hashes[n:n + room + 1]) if room > 0 else []
+            held_up = self.tiers.held_up
+            todo = list(takewhile(lambda h: not held_up(h), hashes[n:n + room + 1])) if room > 0 else []
+            tiers = self.tiers.plan(todo) if todo else []
             match.lower_tiers = tiers if len(tiers) <= room else []
         match.lower = hashes[n:n + len(match.lower_tiers)]
+
+    def awaits_prefetch(self, seq: KVSequence, match: PrefixMatch) -> bool:
+        """The block after `match`'s device run is on its way up in a pending prefetch."""
+        hashes = self.update_hashes(seq, seq.num_tokens - 1)
+        n = len(match.blocks)
+        return self.tiers is not None and n < len(hashes) and self.tiers.prefetching(hashes[n])
 
     def device_run(self, key: str, hashes: list[BlockHash]) -> list[Block]:
         """`BlockPool.leading_run(hashes)` for a waiting request `key`, kept between calls: a

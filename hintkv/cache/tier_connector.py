@@ -110,6 +110,7 @@ class TierConnector(TierLoads):
         self._loads: dict[str, PendingLoad] = {}  # request id -> its prefix load
         self._prefetches: list[PendingLoad] = []
         self._fetching: set[BlockHash] = set()  # the hashes of `_prefetches` (`prefetching`)
+        self._lost: set[BlockHash] = set()  # hashes the last poll's prefetches did not bring up
         # offloads: counted until `poll` consumed them; the landed ones queued by done-callbacks
         # (mover threads) under `_landed_lock`
         self._num_offloads = 0

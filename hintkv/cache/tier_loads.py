@@ -10,11 +10,13 @@ A load only ever fills a staging buffer it owns, so a late or abandoned one cann
 device cache; the device write happens on the engine thread, after queued write-downs are
 flushed (`_land`). The mixin uses the connector's `pool`, `stack`, `io`, `costs`, `counters`,
 `clock`, `layout`, `host_mode`, `pool_tier`, `spm`, `protected_class`, `keep`, `_loads`,
-`_prefetches`, `_fetching`, `_staging` and `flush_write_downs`.
+`_prefetches`, `_fetching`, `_lost`, `_staging` and `flush_write_downs`.
 
-A request never loads a second copy of a block a prefetch is bringing up (`prefetching`): it
-waits for that prefetch to land (`KVCacheManager.match_lower`), then matches those blocks on the
-device. (The agent sends its prefetch hint just before its call: the call's own load of the same
+A request's own load never takes a block a prefetch is bringing up (`held_up`): when its next
+block is in flight it waits for that prefetch to land (`KVCacheManager.match_lower`), then matches
+those blocks on the device; a plan stops at the first in-flight block (past its loaded run it
+computes: its next block was evicted after the prefetch was planned). A block whose prefetch
+failed or timed out is computed, not loaded again from the same tier. (The agent sends its prefetch hint just before its call: the call's own load of the same
 blocks took a second copy's room and bandwidth, and its room came out of queued requests'
 prefixes: `hintkv sim`, sixteenth session.)
 """
@@ -121,7 +123,7 @@ class TierLoads:
         if not missing:  # all on the device (a predicted resume's usual case): nothing to load
             return 0, len(found)
         lower = list(compress(hashes, map(not_, found)))  # (C)
-        in_flight = self._in_flight()
+        in_flight = self._fetching
         todo = [h for h in lower if h not in in_flight] if in_flight else lower
         # the session is WAITING (class below protected): its own cached head must not be
         # a victim of loading its tail, so the room is only what ranks below its head (with no
@@ -140,7 +142,7 @@ class TierLoads:
         lower = list(compress(hashes, map(not_, self.pool.lookup_many(hashes))))  # (C)
         where = self.stack.lookup(lower)
         below = len(lower) - where.count(None)
-        in_flight = self._in_flight()
+        in_flight = self._fetching
         pairs = [(h, w) for h, w in zip(lower, where) if h not in in_flight] if in_flight \
             else list(zip(lower, where))
         room = self.room_below_protected()
@@ -167,12 +169,15 @@ class TierLoads:
         limit = self.protected_class if cls is None else min(cls, self.protected_class)
         return empty + self.pool.num_cached_below(limit)
 
-    def _in_flight(self) -> set[BlockHash]:
-        return self._fetching
-
     def prefetching(self, h: BlockHash) -> bool:
         """A pending prefetch is bringing `h` up: a request that needs it next waits for it."""
         return h in self._fetching
+
+    def held_up(self, h: BlockHash) -> bool:
+        """A request's own load does not take `h`: a pending prefetch is bringing it up, or its
+        prefetch failed or timed out in this step's `poll` (a request that waited for it on a
+        hung tier computes it rather than wait out a second load timeout there)."""
+        return h in self._fetching or h in self._lost
 
     def prefetching_blocks(self) -> list[Block]:
         """Device blocks held by pending prefetches (in use, owned by no sequence)."""
@@ -216,7 +221,7 @@ class TierLoads:
     def _land_prefetches(self, now: float) -> None:
         """Land the ready prefetches: their good blocks registered as cached (ref 0) when some
         live session still holds them and the device lacks them; the others released empty."""
-        still = []
+        still, lost = [], set()
         for p in self._prefetches:
             if not p.ready(now):
                 still.append(p)
@@ -231,7 +236,8 @@ class TierLoads:
                         self.spm.counters.num_pool_prefetched += 1
             self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty
             self._fetching.difference_update(p.hashes)
-        self._prefetches = still
+            lost.update(p.hashes[n:])
+        self._prefetches, self._lost = still, lost
 
     def pending_futures(self) -> list[Future]:
         return [p.batch for p in [*self._loads.values(), *self._prefetches] if not p.batch.done()]

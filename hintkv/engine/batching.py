@@ -121,10 +121,13 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
         fits = alone or policy.room(seq, match, sch.kv, plan)
         if fits:  # a candidate without room is skipped or stops admission: its plan is not needed
             sch.kv.match_lower(seq, match, loadable=True)
-            if match.awaits_prefetch:  # its next blocks land with a prefetch: it waits for them,
-                #                        its resident prefix kept from the candidates after it
-                plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
-                continue
+            # its next blocks land with a prefetch: it waits for them, passed over as a skipped
+            # candidate is (its resident prefix kept from the ones after it), or, under a policy
+            # that skips nobody (fcfs), it stops admission as a head without room does
+            if match.awaits_prefetch:
+                if policy.skipped(seq, match, plan):
+                    continue
+                return budget
         if match.lower and fits:  # load first (no budget now); computes once the blocks land
             if not sch.kv.can_admit(seq, match, 0):
                 match.lower, match.lower_tiers = [], []  # no room to load into: compute it
@@ -214,6 +217,8 @@ def make_room(sch: Scheduler) -> None:
     match = kv.match_prefix(head, keep=True, lower=False)
     if policy.room(head, match, kv, plan):
         return
+    if kv.awaits_prefetch(head, match):
+        return  # it only waits for the prefetch bringing up its next block: no room is needed now
     need = max(0, blocks_to_end(head, bs, mml) - len(match.blocks))
     short = need - (kv.free_room(match) - plan.reserved)
     decodes = [s for s in sch.running if s.first_token_time is not None and s.num_preemptions == 0

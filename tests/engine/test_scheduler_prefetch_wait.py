@@ -1,5 +1,5 @@
 """A request whose prefix a pending prefetch is bringing up waits for it instead of loading a second
-copy (scheduler + KV manager + TierConnector over a real disk tier, no model).
+copy (scheduler + KV manager + TierConnector over the simulator's HostTier and VirtualMover, no disk, no model).
 
 The agent sends its prefetch hint just before its call; the call's own load of the same blocks took
 a second copy's room (out of other requests' cached prefixes) and the mover's time again."""
