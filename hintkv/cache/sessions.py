@@ -60,6 +60,9 @@ class Session:
     gap_prediction: tuple[float, float] | None = None
     protect_until: float = 0.0  # cache_control.ttl (accepted within the protection budget)
     prefetched_until: float = 0.0
+    # queued, and no room opens before this time (the running prefills' estimated end, set by the
+    # scheduler, `engine.room_wait`): its next use is no sooner (0.0: not blocked)
+    blocked_until: float = 0.0
     # `ClassRanking`'s state of this session, kept on it (a class change reads no other map):
     # the groups of blocks it holds (in the order it joined them: a tuple, one object a class
     # change walks), its class (None: none yet) and its event count (a recheck computed before
@@ -131,6 +134,7 @@ class SessionRegistry:
         s.num_inflight += 1
         s.num_requests += 1
         s.last_arrival = now
+        s.blocked_until = 0.0
         s.last_tool = tool
         self._changed(s, now, defer=True)  # its own group moves at the next read (`ClassRanking`)
         return s
@@ -235,6 +239,15 @@ class SessionRegistry:
             s.prefetched_until = 0.0
             self._changed(s)
         return s
+
+    def block(self, key: str, until: float, now: float) -> None:
+        """`key`'s queued request cannot be admitted before `until` (0.0: it can be now, or it
+        was admitted): re-ranked when that moves its predicted next use (`engine.room_wait`)."""
+        s = self.sessions.get(key)
+        if s is None or s.state is not SessionState.ACTIVE or s.blocked_until == until:
+            return
+        s.blocked_until = until
+        self._changed(s, now)
 
     def prefetch(self, key: str, now: float) -> Session | None:
         s = self.sessions.get(key)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from hintkv.engine import ttft
 from hintkv.engine.admission import StepPlan, blocks_to_end
 from hintkv.engine.admission_swap import swap_frees
+from hintkv.engine.room_wait import note_admitted, note_blocked
 from hintkv.engine.outputs import ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
 
@@ -148,6 +149,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 sch.release_queued(seq)
                 out.out_of_room.append(seq)
                 return budget
+            note_blocked(sch, seq, match, plan, out.started)  # SAM ranks its kept prefix by the wait
             if policy.skipped(seq, match, plan):
                 continue
             return budget
@@ -258,6 +260,7 @@ def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, 
     sch.release_queued(seq)
     seq.status = status
     sch.admission.admitted(seq, plan)
+    note_admitted(sch, seq, now)
     if sch.admission.reserves:
         plan.reserved += max(0, blocks_to_end(seq, sch.kv.block_size, sch.max_model_len)
                              - len(seq.block_table))

@@ -5,7 +5,9 @@ are read again and ranks sessions by that time, on a log scale relative to the s
 recent turnaround Q (a request's arrival to its end: the queue's wait plus the run; see
 `SessionRegistry.predicted_turnaround`):
 
-    in flight (queued or running)  next use = its arrival + Q    (an old arrival: the queue's head)
+    in flight (queued or running)  next use = its arrival + Q    (an old arrival: the queue's head),
+                                   no sooner than the time the scheduler says room opens for it
+                                   (`Session.blocked_until`: a queued prompt behind a long prefill)
     waiting on a tool              next use = its last end + predicted gap + Q
     waiting on live sub-agents     comes back after them: the farthest band
     suspended, or idle far beyond its usual gap: presumed gone; ended: holds nothing
@@ -83,7 +85,8 @@ class SAMPolicy(EvictionPolicy):
     def _next_use(self, s: Session, now: float, q: float) -> float | None:
         """`next_use` with the registry's turnaround `q` already read (the class needs it too)."""
         if s.state is _ACTIVE:
-            return q - (now - s.last_arrival)  # exactly q at arrival ((a + q) - a rounds past q half the time)
+            r = q - (now - s.last_arrival)  # exactly q at arrival ((a + q) - a rounds past q half the time)
+            return max(r, s.blocked_until - now)
         if s.state not in self.away_states:
             return None
         if s.children and self._after_children(s):
@@ -126,6 +129,9 @@ class SAMPolicy(EvictionPolicy):
         # `_next_use`, inline (every arrival and request end computes this: fewer calls)
         state = s.state
         if state is _ACTIVE:
+            if s.blocked_until > now:  # queued, no room before then (a long prefill runs)
+                q = reg.predicted_turnaround()
+                return band_class(max(q - (now - s.last_arrival), s.blocked_until - now), q)
             if now == s.last_arrival:  # arriving now: next use in exactly q, the band of r = q
                 return DUE_WITHIN_TURNAROUND
             q = reg.predicted_turnaround()

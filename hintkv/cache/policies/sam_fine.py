@@ -55,7 +55,7 @@ class SAMFinePolicy(SAMPolicy):
             return c
         if c > FIRST_BAND + len(BANDS):  # sam's protected class: prefetched or under a TTL
             return FINE_PROTECTED
-        if s.state is _ACTIVE and now == s.last_arrival:
+        if s.state is _ACTIVE and now == s.last_arrival and s.blocked_until <= now:
             return FINE_DUE_WITHIN_TURNAROUND  # arriving now: r = q exactly
         reg = self.sessions
         if reg is None:

@@ -1,0 +1,71 @@
+"""How long a queued prompt without room waits at least: told to SAM, which ranks the session's
+kept prefix by it (a queued session's next use is no sooner: `Session.blocked_until`).
+
+A waiting candidate the admission finds no room for waits for running sequences to end: each then
+frees the blocks it holds to its end (`blocks_to_end`). A running prefill cannot end before the
+rest of its prompt is computed, at the engine's measured prefill cost per token (the tier
+connector's `TransferCosts.prefill_s_per_token`; without tiers nothing is estimated). So room for
+the candidate opens no sooner than when the running sequences, soonest first, have freed its
+shortfall. A decode's bound is 0, so a shortfall that decodes' blocks cover gives no wait: only a
+long running prefill that holds the room moves the ranking. Why it matters (issue #9, 100 users):
+a 450K-token queued prefix ranked "due within Q" while a 496K-token cold prefill ran 253 s more,
+so the decodes' growth took the room of the short calls behind it instead of that prefix (lru took
+the prefix, and let them in 43 s sooner). Runs on the engine thread, under its state lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hintkv.engine.admission import StepPlan, blocks_to_end
+
+if TYPE_CHECKING:
+    from hintkv.cache.manager import PrefixMatch
+    from hintkv.engine.scheduler import Scheduler
+    from hintkv.engine.sequence import Sequence
+
+# a new estimate within this share of the current wait re-ranks nothing (each step's estimate moves
+# a little as the prefill runs: a re-rank per step would cost a class walk for nothing)
+TOLERANCE = 0.1
+
+
+def earliest_room_s(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> float:
+    """Seconds from now before room for waiting `seq` (its device run `match`) can open, at the
+    least (0.0: it may open at any step, or nothing running frees enough: no claim)."""
+    kv, mml = sch.kv, sch.max_model_len
+    bs = kv.block_size
+    short = blocks_to_end(seq, bs, mml) - len(match.blocks) - (kv.free_room(match) - plan.reserved)
+    if short <= 0 or kv.tiers is None:
+        return 0.0
+    token_s = kv.tiers.costs.prefill_s_per_token
+    ends = [(max(0, s.num_prompt_tokens - s.num_computed_tokens) * token_s, blocks_to_end(s, bs, mml))
+            for s in sch.running]
+    ends += [(0.0, blocks_to_end(s, bs, mml)) for s in sch.loading]  # part of its prefill loads
+    ends.sort()
+    for t, blocks in ends:
+        short -= blocks
+        if short <= 0:
+            return t
+    return 0.0
+
+
+def note_blocked(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: StepPlan, now: float) -> None:
+    """Waiting `seq` found no room in this step: tell SAM when room opens at the earliest."""
+    key = seq.session_key
+    if key is None or not sch.hints or sch.kv.tiers is None:
+        return
+    s = sch.sam.sessions.sessions.get(key)
+    if s is None:
+        return
+    wait = earliest_room_s(sch, seq, match, plan)
+    until = now + wait if wait > 0 else 0.0
+    old = s.blocked_until
+    if old > now and until > now and abs(until - old) <= TOLERANCE * (old - now):
+        return
+    sch.sam.sessions.block(key, until, now)
+
+
+def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
+    """`seq` was admitted: its session is no longer held back (ranked as in flight again)."""
+    if seq.session_key is not None and sch.hints:
+        sch.sam.sessions.block(seq.session_key, 0.0, now)

@@ -1,0 +1,134 @@
+"""A queued session that cannot fit until a long running prefill ends is ranked by that wait, so
+the prefill's growth takes its kept prefix, not the room of the short calls behind it (scheduler +
+SAM + KV manager + the simulator's tiers, no model; `engine.room_wait`).
+
+The scene of issue #9 (100 users): a long cold prefill A runs; session B's next call, whose kept
+prefix is cached, waits for room until A ends; a short call D arrives behind it. The admission
+keeps B's resident prefix from D, so D gets in only once that prefix shrinks. Ranked as due within
+a turnaround, B's prefix outlived a waiting session C predicted back sooner than A ends, and D
+waited for A's end; ranked by its wait (past 16 Q: the farthest band), A's chunks take B's prefix
+(written down, reloaded when B's room opens) and D runs while A still prefills.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.policies.sam import DUE_WITHIN_TURNAROUND, FIRST_BAND
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.types import SessionRef
+from hintkv.engine import batching
+from hintkv.engine.outputs import ModelRunnerOutput
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import SeqStatus, Sequence
+from hintkv.engine.types import SamplingParams
+from hintkv.sim.clock import EventClock
+from hintkv.sim.costs import CostModel
+from hintkv.sim.profile import load_profile
+from hintkv.sim.tiers import sim_tiers
+from tests.engine.scheduler_helpers import BS, ROOT
+
+NUM_BLOCKS = 40  # A's 31 blocks to its end + B's 7 kept: neither B nor D fits beside A at first
+STEP_S = 0.1  # the scene's steps; the warm-up's take 0.5 s (turnaround Q ~1.5 s)
+PREFILL_S_PER_TOKEN = 10.0  # the engine's measured prefill cost: A's 100+ tokens left >> 16 Q
+
+
+def _seq(rid: str, sid: str, tokens: list[int]) -> Sequence:
+    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=2), ROOT,
+                    session=SessionRef("t", sid, sid))
+
+
+class Scene:
+    def __init__(self) -> None:
+        self.clock = EventClock()
+        self.sessions = SessionRegistry()
+        self.kv = KVCacheManager(NUM_BLOCKS, BS, make_policy("sam", sessions=self.sessions))
+        self.kv.tiers = sim_tiers(self.kv, True, 64, self.clock, CostModel(load_profile("h200-llama3-8b")))
+        sam = SessionAwareManager(self.kv, self.sessions, clock=self.clock)
+        self.sch = Scheduler(self.kv, 8, 16, sam=sam, clock=self.clock, admission="srpt")
+
+    def step(self, dt: float) -> None:
+        out = self.sch.schedule()
+        self.kv.flush_write_downs()
+        self.sch.update_from_output(
+            out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+        self.clock.run_until(self.clock() + dt)
+
+    def cls(self, sid: str) -> int:
+        return self.sessions.get("t", sid).rank_cls
+
+    def run(self) -> dict[str, float]:
+        """The scene; returns each scene call's first-token time."""
+        b_tokens, c_tokens = list(range(1000, 1030)), list(range(2000, 2080))
+        for i in range(3):  # C calls every 10 s (its own gap history: predicted back in ~10 s);
+            self.clock.run_until(10.0 * i)  # B's first call leaves a 7-block context
+            self.sch.add_request(_seq(f"c{i}", "c", c_tokens))
+            if i == 2:
+                self.sch.add_request(_seq("b0", "b", b_tokens))
+            while self.sch.has_work():
+                self.step(0.5)
+        self.kv.tiers.costs.prefill_s_per_token = PREFILL_S_PER_TOKEN
+        a = _seq("a", "a", list(range(3000, 3120)))  # 30 blocks, cold: 8 steps of 16 tokens
+        b = _seq("b1", "b", b_tokens + [7, 7] + list(range(4000, 4016)))  # 7 blocks cached
+        d = _seq("d", "d", list(range(5000, 5010)))
+        self.sch.add_request(a)
+        self.step(STEP_S)
+        self.sch.add_request(b)
+        assert self.sessions.get("t", "b").state.value == "active"
+        first: dict[str, float] = {}
+        for i in range(30):
+            if i == 4:  # behind B in srpt's order (B's deadline passed first): B's prefix kept from it
+                self.sch.add_request(d)
+            self.step(STEP_S)
+            if i == 2:
+                self.b_class_during_a = self.cls("b")
+                self.c_class_during_a = self.cls("c")
+            for s in (a, b, d):
+                if s.request_id not in first and s.num_output_tokens:
+                    first[s.request_id] = self.clock()
+            if not self.sch.has_work():
+                break
+        self.kv.check_integrity()
+        self.sessions.check_integrity()
+        return first
+
+
+def test_a_short_call_behind_a_blocked_kept_prefix_runs_while_the_long_prefill_runs():
+    scene = Scene()
+    first = scene.run()
+    # B waits for A's end (> 16 Q away at the engine's prefill cost): the farthest band, below C
+    assert scene.b_class_during_a == FIRST_BAND < scene.c_class_during_a
+    assert first["d"] < first["a"]  # D ran while A still prefilled
+    assert first["a"] < first["b1"]  # B got its room once A ended (its prefix reloaded)
+    assert scene.kv.tiers.counters.num_loaded > 0
+
+
+def test_without_the_wait_the_blocked_prefix_ranks_due_and_the_short_call_waits(monkeypatch):
+    """The same scene with the scheduler telling SAM nothing: B ranks as due within a turnaround,
+    above C, A's chunks take C's blocks, and D starts only after A has ended (the stall)."""
+    monkeypatch.setattr(batching, "note_blocked", lambda *args: None)
+    scene = Scene()
+    first = scene.run()
+    assert scene.b_class_during_a >= DUE_WITHIN_TURNAROUND > scene.c_class_during_a
+    assert first["d"] > first["a"]
+
+
+@pytest.mark.parametrize("until", [0.0, 5.0])
+def test_an_admitted_or_unblocked_session_ranks_as_in_flight_again(until):
+    """`SessionRegistry.block`: setting the wait re-ranks the queued session; clearing it (the
+    scheduler's `note_admitted`, or a wait that no longer holds) ranks it by its arrival again."""
+    sessions = SessionRegistry()
+    KVCacheManager(8, BS, make_policy("sam", sessions=sessions))
+    s = sessions.on_arrival("t", "b", "b", now=1.0)
+    assert s.rank_cls == DUE_WITHIN_TURNAROUND
+    sessions.block(s.key, 1.0 + 100.0, now=1.0)  # Q = 1 s: 100 s away is the farthest band
+    assert s.rank_cls == FIRST_BAND
+    sessions.block(s.key, until, now=1.0)  # admitted (0.0), or room opens in 4 s: (2Q, 4Q]
+    assert s.rank_cls == (DUE_WITHIN_TURNAROUND if until == 0.0 else FIRST_BAND + 3)
+    sessions.on_done(s.key, [], now=2.0)
+    version = s.rank_version
+    sessions.block(s.key, 50.0, now=2.0)  # only a queued session is held back: no re-rank
+    assert s.rank_version == version
