@@ -188,6 +188,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from hintkv.models.host_memory import keep_freed_memory  # light: ctypes only
+
+    keep_freed_memory()  # before torch starts any thread: glibc keeps an arena a thread took before the cap
     from hintkv.server import serve
     from hintkv.server.options import ServerOptions
 

@@ -56,7 +56,7 @@ class ModelRunner:
         shape = (2, num_blocks + int(graphs), block_size, cfg.num_key_value_heads, row)
         self.kv_caches = [torch.zeros(shape, dtype=storage, device=device)
                           for _ in range(cfg.num_hidden_layers)]
-        if torch.device(device).type == "cpu":  # after the KV tensors, which stay mapped: steps then reuse freed pages
+        if torch.device(device).type == "cpu":  # `hintkv serve` set it first thing; for engines built in process
             keep_freed_memory()
         self.graphs: DecodeGraphs | None = None
         if graphs:
