@@ -6,8 +6,8 @@ compares were taken seconds apart (a load spike lands on both sides, not on one 
 run); the order of the servers alternates between rounds (A B C, then C B A), and each figure is
 the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
 the spread of every ratio over the rounds. Before each sample every server's process group must be at
-rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then under a tenth of a CPU over 0.2 s, at most
-`REST_MAX_S`): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
+rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then nothing runnable and at most 2 ticks of CPU
+over 0.2 s, at most `REST_MAX_S`; each server's longest wait and samples not at rest are in its figures): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
 
 - prefill tok/s at 512 / 2048 / 8192 prompt tokens (`max_tokens=1`; prompt tokens / TTFT)
 - decode tok/s at batch 1 and 8 (128-token prompts, `ignore_eos`, fixed `max_tokens`; batch 8 is
@@ -90,6 +90,8 @@ class ServerFigures:
     ttft_cold_ms: float | None = None
     startup_s: float | None = None
     error: str | None = None
+    rest_wait_max_s: float | None = None  # the longest wait for every server to rest before one of its samples
+    samples_not_at_rest: int = 0  # its samples taken after `REST_MAX_S` with some server still busy
     samples: dict[str, list[float | None]] = field(default_factory=dict)  # figure -> one value per round
 
     @property
@@ -198,6 +200,9 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
                 waited, idle = await wait_idle(pgids, min_s=SWITCH_PAUSE_S, max_s=REST_MAX_S)
                 waits.append(waited)
                 restless += not idle
+                f = figures[name]
+                f.rest_wait_max_s = max(waited, f.rest_wait_max_s or 0.0)
+                f.samples_not_at_rest += not idle
                 try:
                     got = await sample(servers[name], model, prompts, w)
                 except Exception as exc:  # noqa: BLE001

@@ -1,8 +1,9 @@
 """Waiting until the servers of a comparison are at rest before the next sample.
 
     group_cpu_s(pgid) -> s                 CPU time (user + system) of every process in process group pgid
-    wait_idle(pgids, ...) -> (waited_s, idle)   sleep at least `min_s`, then until every group used less
-                                           than `max_busy` of one CPU over a `window_s`, or `max_s` passed
+    wait_idle(pgids, ...) -> (waited_s, idle)   sleep at least `min_s`, then until every group is at rest over
+                                           a `window_s` (none of it runnable at the end, no process exited,
+                                           at most `max_busy` of one CPU in whole ticks), or `max_s` passed
 
 A server may keep a CPU busy after it answered: vLLM's CPU worker polls its shared-memory queue with
 `sched_yield` for `busy_loop_s` = 1 s after its last read (vllm/distributed/device_communicators/
@@ -24,13 +25,14 @@ from collections.abc import Iterable
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
-def group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of the live processes of process group `pgid` (their threads included)."""
-    total = 0
+def _group_ticks(pgid: int) -> tuple[dict[int, int], bool]:
+    """Each live process of group `pgid`: its user + system clock ticks; and whether any of it is runnable
+    (state R: a `sched_yield` spinner always is, however little CPU a loaded machine gives it)."""
+    ticks, running = {}, False
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return 0.0
+        return ticks, running
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -40,25 +42,58 @@ def group_cpu_s(pgid: int) -> float:
         except OSError:  # exited meanwhile
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
-        if int(fields[2]) == pgid:  # field 5, pgrp
-            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-    return total * _TICK_S
+        if int(fields[2]) != pgid:  # field 5, pgrp
+            continue
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
+        running = running or _any_thread_running(entry)
+    return ticks, running
+
+
+def _any_thread_running(pid: str) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] == "R":
+            return True
+    return False
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of process group `pgid` (their threads included)."""
+    return sum(_group_ticks(pgid)[0].values()) * _TICK_S
+
+
+def _at_rest(before: dict[int, int], after: dict[int, int], running: bool, max_ticks: float) -> bool:
+    """A group is at rest over a window when none of it is runnable at its end, no process of it exited
+    (an exit takes its ticks along: it would read as idle) and it used at most `max_ticks` whole ticks."""
+    if running or not before.keys() <= after.keys():
+        return False
+    return sum(after[p] - before.get(p, 0) for p in after) <= max_ticks
 
 
 async def wait_idle(pgids: Iterable[int], *, min_s: float = 0.3, max_s: float = 3.0, window_s: float = 0.2,
                     max_busy: float = 0.1) -> tuple[float, bool]:
-    """Sleep `min_s`, then until each group in `pgids` used under `max_busy` of one CPU over one `window_s`
-    (at most `max_s` in all); (seconds waited, whether they came to rest)."""
+    """Sleep `min_s`, then until each group in `pgids` is at rest over one `window_s` (`_at_rest`: nothing
+    runnable at its end, no exit, and at most `max_busy` of one CPU, in whole clock ticks), at most `max_s`
+    in all; (seconds waited, whether they came to rest)."""
     groups = list(pgids)
     t0 = time.monotonic()
     await asyncio.sleep(min_s)
     if not groups or not os.path.isdir("/proc"):
         return time.monotonic() - t0, True
+    max_ticks = int(max_busy * window_s / _TICK_S)  # whole ticks: 0.1 CPU over 0.2 s is 2 ticks at 100 Hz
     while True:
-        before = [group_cpu_s(g) for g in groups]
+        before = [_group_ticks(g)[0] for g in groups]
         await asyncio.sleep(window_s)
-        used = [group_cpu_s(g) - b for g, b in zip(groups, before)]
-        if all(u < max_busy * window_s for u in used):
+        after = [_group_ticks(g) for g in groups]
+        if all(_at_rest(b, a, running, max_ticks) for b, (a, running) in zip(before, after)):
             return time.monotonic() - t0, True
         if time.monotonic() - t0 >= max_s:
             return time.monotonic() - t0, False

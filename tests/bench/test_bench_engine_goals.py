@@ -65,3 +65,17 @@ def test_w8a8_decode_rows_step_within_the_int8_down_proj(monkeypatch):
     assert decode_step() == 2
     monkeypatch.setattr(int8, "fine_int8_rows", lambda: 16)
     assert decode_step() == DECODE_STEP
+
+
+def test_the_comparison_goals_say_whether_every_sample_started_at_rest():
+    from hintkv.bench.engine_measure import ServerFigures
+    from hintkv.bench.engine_report import figures_json
+
+    rested, busy = ServerFigures(rest_wait_max_s=0.5), ServerFigures(rest_wait_max_s=3.1, samples_not_at_rest=2)
+    for peer, at_rest in ((rested, True), (busy, False)):
+        results = {"m": {"ratios": {}, "hintkv": ServerFigures(), "vllm": peer,
+                         "variants": {"w8a8": {"figures": ServerFigures(), "ratios": {}}}}}
+        goals = compute_goals(results, Workload.for_run(True))
+        assert [goals[k]["rest"] for k in ("prefill_512_2048_vs_vllm", "decode_b1_b8_vs_vllm",
+                                            "cold_128_ttft_vs_vllm", "w8a8_decode_vs_float32")] == [at_rest] * 4
+    assert figures_json(busy)["samples_not_at_rest"] == 2 and figures_json(busy)["rest_wait_max_s"] == 3.1

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hintkv.bench.idle_wait import group_cpu_s, wait_idle
+from hintkv.bench.idle_wait import _at_rest, group_cpu_s, wait_idle
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -35,8 +35,8 @@ def test_it_waits_through_a_peers_spin_and_not_for_a_resting_one(tmp_path):
         waited, idle = asyncio.run(wait_idle([busy.pid, rest.pid], min_s=0.05, max_s=60, max_busy=0.05))
         assert idle and (tmp_path / "busy").exists()  # at rest only once the spin was over
         assert group_cpu_s(busy.pid) > group_cpu_s(rest.pid)
-        waited, idle = asyncio.run(wait_idle([rest.pid], min_s=0.0, max_s=60))
-        assert idle
+        waited, idle = asyncio.run(wait_idle([rest.pid], min_s=0.3, max_s=60))
+        assert idle and waited >= 0.3  # min_s is always waited
     finally:
         busy.kill(), rest.kill()
 
@@ -44,11 +44,19 @@ def test_it_waits_through_a_peers_spin_and_not_for_a_resting_one(tmp_path):
 def test_a_peer_that_never_rests_is_waited_for_at_most_max_s(tmp_path):
     busy = _child(600.0, tmp_path / "busy")
     try:
-        waited, idle = asyncio.run(wait_idle([busy.pid], min_s=0.0, max_s=0.5, max_busy=0.05))
-        assert not idle
+        waited, idle = asyncio.run(wait_idle([busy.pid], min_s=0.0, max_s=0.5, window_s=0.2, max_busy=0.05))
+        assert not idle and 0.5 <= waited < 0.5 + 0.2 + 0.3  # max_s, overrun by at most one window (+ slack)
     finally:
         busy.kill()
 
 
 def test_no_groups_are_at_rest():
     assert asyncio.run(wait_idle([], min_s=0.0))[1]
+
+
+def test_rest_is_judged_in_whole_ticks_and_an_exit_or_a_runnable_thread_is_not_rest():
+    assert _at_rest({1: 5}, {1: 7}, running=False, max_ticks=2)
+    assert not _at_rest({1: 5}, {1: 8}, running=False, max_ticks=2)
+    assert not _at_rest({1: 5}, {1: 5}, running=True, max_ticks=2)  # a yield-spinner on a loaded machine
+    assert not _at_rest({1: 5, 2: 9}, {1: 5}, running=False, max_ticks=2)  # 2 exited, its ticks gone with it
+    assert _at_rest({1: 5}, {1: 5, 3: 1}, running=False, max_ticks=2)  # a new process's ticks count whole
