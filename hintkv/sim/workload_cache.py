@@ -5,7 +5,8 @@
 
 Building the whole trace set at full scale costs ~12 s of CPU (claude-code blocks drawn from
 SHAKE-128, swe-agent text tokenized, gzip JSON parsed), 100-200 s of wall on this shared 2-core
-machine; reading it back is one unpickle (~2.3 s of CPU, 185 MB). The key is a SHA-256 over:
+machine; reading it back is one unpickle and a rebuild of its chunks (2 users, 4 tasks, full scale:
+0.14 s of CPU, 4.3 MB; a plain pickle 0.04 s, 5.7 MB, 25x the int objects). The key is a SHA-256 over:
 
 - each trace file's name and bytes (`sim.workload.source_files`: the loaders' own suffixes);
 - the knobs (`build_workload`'s arguments);
@@ -19,7 +20,10 @@ machine; reading it back is one unpickle (~2.3 s of CPU, 185 MB). The key is a S
   whole serialized content, as `models.presets.smollm2_tokenizer` loads it) and the `tokenizers`
   version.
 
-A file is `MAGIC`, the key, a SHA-256 over key + payload, then the pickled `Workload`; one with
+A file is `MAGIC`, the key, a SHA-256 over key + payload, then the payload: the pickled `Workload`
+with each prompt chunk (a tuple of token ids) stored once as a run in one array of ids, rebuilt on
+load from the shared int objects of `hintkv.workload.token_ids` (a plain pickle gives every token of
+a read-back workload its own int: 36 bytes a token where a built one takes 8). One with
 another header, another key (a foreign file), a wrong digest (a damaged one) or a payload that does
 not load as a `Workload` is built again, with a `WorkloadCacheWarning`, never an error and never
 served. A file is written under a temporary name and renamed, so a reader never sees half of one;
@@ -33,23 +37,30 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
 import os
 import pickle
 import time
 import warnings
+from bisect import bisect_right
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import numpy as np
+
 from hintkv.sim.workload import build_workload, source_files, trace_kind
+from hintkv.workload import token_ids
 from hintkv.workload.program import Workload
 
-FORMAT = 2  # bumped when the file layout changes
+FORMAT = 3  # bumped when the file layout changes
 MAGIC = b"hintkv-workload-cache\x00v%d\n" % FORMAT
-KEEP = 8  # workload files a directory keeps (newest by mtime); each is up to ~185 MB
+KEEP = 8  # workload files a directory keeps (newest by mtime); each was ~185 MB as a plain pickle (10 users)
+REBUILD_BATCH = 1 << 20  # token ids turned into shared ints per numpy pass on load
 STALE_TMP_S = 3600.0  # a temporary file this old is a dead writer's (a write takes seconds)
 LOADER_MODULES = ("hintkv.sim.workload", "hintkv.workload.program", "hintkv.workload.traces.files",
-                  "hintkv.workload.traces.claude_code", "hintkv.workload.traces.swe_agent")
+                  "hintkv.workload.traces.claude_code", "hintkv.workload.traces.swe_agent",
+                  "hintkv.workload.token_ids")
 TOKENIZER_MODULES = ("hintkv.models.presets", "hintkv.models.gguf_loader", "hintkv.models.tokenizer")
 
 
@@ -96,6 +107,87 @@ def workload_key(folders: list[str] | tuple[str, ...], knobs: dict) -> str:
     return h.hexdigest()
 
 
+class _ChunkPickler(pickle.Pickler):
+    """Pickles a workload with each chunk of token ids as its index in `runs` (once per chunk object)."""
+
+    def __init__(self, f: io.BytesIO) -> None:
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.index: dict[int, int] = {}  # id(chunk) -> its run (the workload keeps every chunk alive)
+        self.runs: list[np.ndarray] = []
+
+    def persistent_id(self, obj: object) -> int | None:
+        if type(obj) is not tuple or not obj or type(obj[0]) is not int:
+            return None  # not a chunk: pickled as usual (a prompt, the calls, spawns, ...)
+        i = self.index.get(id(obj))
+        if i is None:
+            if set(map(type, obj)) != {int}:
+                return None
+            try:
+                run = np.array(obj, dtype=np.int64)
+            except OverflowError:
+                return None
+            if run.min() < 0 or run.max() >= 1 << 32:
+                return None
+            i = self.index[id(obj)] = len(self.runs)
+            self.runs.append(run)
+        return i
+
+
+class _ChunkUnpickler(pickle.Unpickler):
+    """Loads the tree with each chunk index replaced by its chunk (`_chunks`: one object per chunk)."""
+
+    def __init__(self, tree: bytes, chunks: list[tuple[int, ...]]) -> None:
+        super().__init__(io.BytesIO(tree))
+        self.chunks = chunks
+
+    def persistent_load(self, pid: object) -> tuple[int, ...]:
+        if type(pid) is not int or not 0 <= pid < len(self.chunks):
+            raise pickle.UnpicklingError(f"no chunk {pid!r}")
+        return self.chunks[pid]
+
+
+def _chunks(ids: np.ndarray, offsets: list[int]) -> list[tuple[int, ...]]:
+    """Each run of `ids` as a tuple of the shared int objects, ~REBUILD_BATCH ids per numpy pass (one
+    pass per chunk took 10x the plain pickle's load; one pass over all would hold 8 bytes an id more)."""
+    table = token_ids.table(int(ids.max()) + 1 if len(ids) else 0)
+    out: list[tuple[int, ...]] = []
+    i, n = 0, len(offsets) - 1
+    while i < n:
+        j = max(i + 1, bisect_right(offsets, offsets[i] + REBUILD_BATCH, i + 1) - 1)
+        base = offsets[i]
+        objs = table[ids[base:offsets[j]]].tolist()
+        out += [tuple(objs[a - base:b - base]) for a, b in zip(offsets[i:j], offsets[i + 1:j + 1])]
+        i = j
+    return out
+
+
+def dump_workload(wl: Workload) -> bytes:
+    """The payload: (the pickled tree, every chunk's ids in one array, the runs' offsets)."""
+    f = io.BytesIO()
+    p = _ChunkPickler(f)
+    p.dump(wl)
+    runs = p.runs
+    ids = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+    ids = ids.astype(np.uint16 if not len(ids) or ids.max() < 1 << 16 else np.uint32)
+    offsets = np.cumsum([0] + [len(r) for r in runs], dtype=np.int64)
+    return pickle.dumps((f.getvalue(), ids, offsets), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_workload(payload: bytes) -> object:
+    """What `dump_workload` stored (a Workload unless the file was written otherwise)."""
+    outer = pickle.loads(payload)
+    if not (type(outer) is tuple and len(outer) == 3 and type(outer[0]) is bytes
+            and all(isinstance(a, np.ndarray) and a.ndim == 1 for a in outer[1:])):
+        raise ValueError("not a (tree, ids, offsets) payload")
+    tree, ids, offsets = outer
+    if ids.dtype.kind != "u" or offsets.dtype != np.int64:
+        raise ValueError("ids or offsets of the wrong type")
+    offsets = offsets.tolist()
+    if not offsets or offsets[0] != 0 or offsets[-1] != len(ids) or any(map(int.__gt__, offsets, offsets[1:])):
+        raise ValueError("offsets that do not split the ids")
+    return _ChunkUnpickler(tree, _chunks(ids, offsets)).load()
+
+
 def _warn(path: Path, why: str) -> None:
     warnings.warn(f"--workload-cache {path}: {why}", WorkloadCacheWarning, stacklevel=3)
 
@@ -120,7 +212,7 @@ def read_cached(path: Path, key: str) -> Workload | None:
         _warn(path, "damaged (its digest does not match); building it again")
         return None
     try:
-        wl = pickle.loads(data[head + 64:])
+        wl = load_workload(data[head + 64:])
     except Exception as e:  # the digest matched, so only a writer's bug gets here: still never fatal
         _warn(path, f"does not load ({type(e).__name__}: {e}); building it again")
         return None
@@ -137,7 +229,7 @@ def write_cached(path: Path, key: str, wl: Workload) -> bool:
         return False
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        payload = pickle.dumps(wl, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = dump_workload(wl)
         kb = bytes.fromhex(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:

@@ -48,6 +48,24 @@ def test_read_back_equals_a_fresh_build(traces, tmp_path):
     assert hit
 
 
+def _objects(wl) -> tuple[int, int, int]:
+    """(distinct token ids, int objects holding them, chunk objects) over every prompt."""
+    chunks = {id(ch): ch for t in wl.tasks() for a in t.agents() for c in a.calls for ch in c.prompt}
+    tokens = [t for ch in chunks.values() for t in ch]
+    return len(set(tokens)), len({id(t) for t in tokens}), len(chunks)
+
+
+def test_read_back_shares_its_token_ints_and_chunks(traces, tmp_path):
+    """A read-back workload holds one int object per token id, as a built one does (8 bytes a token,
+    not 36: a plain pickle gives every token its own int), and one object per chunk."""
+    built, _ = cached_workload(tmp_path, [traces], **{**KNOBS, "token_scale": 0.3})
+    again, hit = cached_workload(tmp_path, [traces], **{**KNOBS, "token_scale": 0.3})
+    assert hit and again == built
+    ids, ints, chunks = _objects(again)
+    assert ids > 1000 and ints == ids
+    assert (ids, ints, chunks) == _objects(built)
+
+
 def test_each_knob_and_the_trace_bytes_make_a_new_key(traces, tmp_path):
     cached_workload(tmp_path, [traces], **KNOBS)
     for change in ({"seed": 2}, {"users": 4}, {"token_scale": 0.1}, {"max_calls": 3}, {"max_tasks": 4}):
@@ -90,6 +108,8 @@ def _damage(kind: str, path: Path, key: str, traces: str, tmp: Path) -> None:
         path.write_bytes(_files(tmp / "other")[0].read_bytes())
     elif kind == "framed, not a Workload":
         path.write_bytes(_frame(key, pickle.dumps({"users": ()})))
+    elif kind == "framed, stored as a workload but not one":
+        path.write_bytes(_frame(key, workload_cache.dump_workload({"users": ((1000, 1001),)})))
     elif kind == "framed, bad pickle protocol":
         path.write_bytes(_frame(key, b"\x80\xd1"))
     else:
@@ -99,7 +119,8 @@ def _damage(kind: str, path: Path, key: str, traces: str, tmp: Path) -> None:
 @pytest.mark.parametrize("kind", ["cut short", "a byte flipped", "another workload, old digest",
                                   "the old format (a bare pickle)", "another format's header",
                                   "bad pickle protocol", "a foreign file",
-                                  "framed, not a Workload", "framed, bad pickle protocol"])
+                                  "framed, not a Workload", "framed, stored as a workload but not one",
+                                  "framed, bad pickle protocol"])
 def test_a_damaged_or_foreign_file_is_built_again_with_a_warning(kind, traces, tmp_path):
     cached_workload(tmp_path, [traces], **KNOBS)
     (path,) = _files(tmp_path)

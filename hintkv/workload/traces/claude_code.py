@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hintkv.workload.program import AgentScript, Call, Spawn, Task
+from hintkv.workload.token_ids import shared
 from hintkv.workload.traces.files import (
     DEFAULT_SCALE,
     Scale,
@@ -89,15 +90,9 @@ class _Blocks:
         return tuple(_tokens(hashlib.shake_128(self.seed + b"tail:" + key.encode()).digest(2 * n)))
 
 
-# one int object per token id, shared by every block: a drawn id is an index into this table, so a
-# token costs a block its 8-byte pointer only (a fresh int object per token is 28 bytes more: the
-# whole trace set for 1000 users is ~250M distinct block tokens)
-_IDS = np.array(range(TOKEN_HIGH), dtype=object)
-
-
 def _tokens(raw: bytes) -> list[int]:
-    """Token ids in [TOKEN_LOW, TOKEN_HIGH) from a digest read as native uint16 values."""
-    return _IDS[np.frombuffer(raw, dtype=np.uint16) % (TOKEN_HIGH - TOKEN_LOW) + TOKEN_LOW].tolist()
+    """Token ids in [TOKEN_LOW, TOKEN_HIGH) from a digest read as native uint16 values (shared ints)."""
+    return shared(np.frombuffer(raw, dtype=np.uint16) % (TOKEN_HIGH - TOKEN_LOW) + TOKEN_LOW)
 
 
 def _agent(session_id: str, local_id: str, task_id: str, requests: list[dict], blocks: _Blocks,
