@@ -174,6 +174,17 @@ def resident_blocks(seq: Sequence, kv: KVCacheManager) -> int:
     return len(kv.device_run(seq.request_id, kv.update_hashes(seq, seq.num_tokens - 1)))
 
 
+def kept_free(plan: StepPlan, match: PrefixMatch, kv: KVCacheManager) -> int:
+    """Free device blocks for `match`'s request this step: `free_room` less the step's reservations
+    and the free blocks kept for skipped candidates' prefixes (unreferenced, not in `match`)."""
+    kept = 0
+    if plan.kept:  # (the matched ids' set only then: a full-scale prompt matches ~2,000 blocks)
+        mine = {b.block_id for b in match.blocks}
+        blocks = kv.pool.blocks
+        kept = sum(1 for bid in plan.kept if bid not in mine and blocks[bid].ref_cnt == 0)
+    return kv.free_room(match) - plan.reserved - kept
+
+
 @register_admission("cache-aware")
 class CacheAwareAdmission(AdmissionPolicy):
     reserves = True
@@ -199,11 +210,7 @@ class CacheAwareAdmission(AdmissionPolicy):
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
-        kept = 0
-        if plan.kept:  # (the matched ids' set only then: a full-scale prompt matches ~2,000 blocks)
-            mine = {b.block_id for b in match.blocks}
-            kept = sum(1 for bid in plan.kept if bid not in mine and kv.pool.blocks[bid].ref_cnt == 0)
-        return need <= kv.free_room(match) - plan.reserved - kept
+        return need <= kept_free(plan, match, kv)
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
         if self.skips.get(seq.request_id, 0) >= self.max_skips:

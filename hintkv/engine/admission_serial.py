@@ -40,7 +40,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from hintkv.cache.sessions import SessionState, session_key
-from hintkv.engine.admission import OFFLINE_ONLY, CacheAwareAdmission, StepPlan, blocks_to_end, register_admission
+from hintkv.engine.admission import (
+    OFFLINE_ONLY,
+    CacheAwareAdmission,
+    StepPlan,
+    blocks_to_end,
+    kept_free,
+    register_admission,
+)
 
 if TYPE_CHECKING:
     from hintkv.cache.manager import KVCacheManager, PrefixMatch
@@ -107,9 +114,7 @@ class SerialAdmission(CacheAwareAdmission):
         blocks = {b for ids, _ in back for b in ids}
         end = blocks_to_end(seq, kv.block_size, self.max_model_len)
         need = max(0, end - len(match.blocks))
-        mine = {b.block_id for b in match.blocks}
-        kept = sum(1 for bid in plan.kept if bid not in mine and kv.pool.blocks[bid].ref_cnt == 0)
-        short = need - (kv.free_room(match) - plan.reserved - kept - len(blocks - plan.kept))
+        short = need - (kept_free(plan, match, kv) - len(blocks - plan.kept))
         if short <= 0:
             return True  # fits beside every returner's context
         mutual = self.MUTUAL and (self.sole or not self.SOLE_ONLY)
