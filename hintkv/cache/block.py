@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 @dataclass(slots=True, eq=False)
 class Block:
     block_id: int  # index into every layer's KV tensor
-    ref_cnt: int = 0  # running sequences whose block table contains this block
+    ref_cnt: int = 0  # running sequences whose block table contains this block (written only by
+    #                   BlockPool's allocate/touch/release, which bump `ref_epoch`: free_room's key)
     hash: BlockHash | None = None  # set once the block is full and registered in the prefix index
     # while indexed: the ranking group of its hash (kept by the pool from the ranking's
     # `block_moved`: a release files its run without a lookup per block in the group map)

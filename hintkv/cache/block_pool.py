@@ -63,7 +63,9 @@ class BlockPool:
         # must check); cleared past UNINDEX_LOG_MAX entries, which bumps `unindex_epoch`
         self._unindexed: list[BlockHash] = []
         self.unindex_epoch = 0
-        self.ref_epoch = 0  # bumped by every call that may change a block's ref_cnt (a count's key)
+        # bumped by every call that may change a block's ref_cnt (allocate, touch, release: the only
+        # writers), after its writes: the key of `KVCacheManager.free_room`'s kept count
+        self.ref_epoch = 0
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -135,7 +137,6 @@ class BlockPool:
         """Take `n` blocks: empty ones first, then cached ones in victim order."""
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} blocks, {self.num_free} free")
-        self.ref_epoch += 1
         out = [self.blocks[self._empty.pop()] for _ in range(min(n, len(self._empty)))]
         if len(out) < n:
             victims = self.choose_victims(n - len(out))
@@ -152,6 +153,7 @@ class BlockPool:
             out.extend(victims)
         for b in out:
             b.ref_cnt = 1
+        self.ref_epoch += 1  # after the writes (and the hook): a count taken meanwhile goes stale
         return out
 
     def choose_victims(self, n: int) -> list[Block]:
@@ -164,7 +166,6 @@ class BlockPool:
 
     def touch(self, blocks: list[Block]) -> None:
         """Blocks matched by a new sequence: referenced again (leaving the cached-free set)."""
-        self.ref_epoch += 1
         cached = []
         keep = cached.append
         for b in blocks:  # one pass (a 100K-token prompt matches thousands of blocks)
@@ -172,6 +173,7 @@ class BlockPool:
             if not n:
                 keep(b)
             b.ref_cnt = n + 1
+        self.ref_epoch += 1
         if cached:
             self._cached.remove_many(cached)
 
@@ -179,7 +181,6 @@ class BlockPool:
         """A sequence lets go of its blocks; the last block first so prefixes outlive suffixes.
         Consecutive cached blocks of one group are filed as one run; empty ones in between do
         not break a run. One pass sorts the blocks that come free into cached and empty."""
-        self.ref_epoch += 1
         cached: list[Block] = []
         keep = cached.append
         empty: list[int] = []
@@ -195,6 +196,7 @@ class BlockPool:
                     empty.append(b.block_id)
                 else:
                     keep(b)
+        self.ref_epoch += 1
         if empty:
             self._empty.extend(empty)
         if not cached:

@@ -41,8 +41,9 @@ class PrefixMatch:
     num_tokens: int = 0  # tokens of KV they hold
     lower: list[BlockHash] = field(default_factory=list)  # the next blocks, held below: load them
     lower_tiers: list[str] = field(default_factory=list)  # where each of `lower` was found
-    # (`BlockPool.ref_epoch`, how many of `blocks` are unreferenced) when `free_room` last counted
-    unreferenced: tuple[int, int] = (-1, 0)
+    # (`BlockPool.ref_epoch`, how many of `blocks` are unreferenced) when `free_room` last counted:
+    # a cache, not part of the match (no equality, no repr)
+    unreferenced: tuple[int, int] = field(default=(-1, 0), compare=False, repr=False)
     awaits_prefetch: bool = False  # the next block is on its way up in a prefetch: wait for it
 
 
@@ -179,9 +180,11 @@ class KVCacheManager:
         pool = self.pool
         epoch, n = match.unreferenced
         if epoch != pool.ref_epoch:  # a step asks 2-3 times per candidate (room, plan, can_admit):
-            # count once while no reference changed (11.2% of a 64-instance simulation counting each)
+            # count once while no reference changed (11.2% of a 64-instance simulation counting each);
+            # the epoch read before the count: a write during it leaves the count stale, not kept
+            epoch = pool.ref_epoch
             n = countOf(map(_ref_cnt, match.blocks), 0)
-            match.unreferenced = (pool.ref_epoch, n)
+            match.unreferenced = (epoch, n)
         return pool.num_free - n
 
     def admit(self, seq: KVSequence, match: PrefixMatch, num_new_tokens: int) -> bool:
