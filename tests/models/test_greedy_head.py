@@ -1,6 +1,6 @@
 """greedy_head.py: the LM head's screened argmax is the real (float64) argmax on near-ties that either half of
 the bound alone must cover, first index on bit-equal rows, None on NaNs; a reloaded checkpoint is requantised;
-more than MAX_ROWS rows take the logits; the engine's greedy tokens on dummy:tiny are the same with it and
+more than max_rows() rows take the logits; the engine's greedy tokens on dummy:tiny are the same with it and
 without it (the full logits). Exact float ties against the logits' own summation order may differ (rare)."""
 
 from __future__ import annotations

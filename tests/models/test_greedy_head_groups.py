@@ -2,7 +2,8 @@
 64 = 5 x 12 + 4): every group gives the float64 argmax, each group's bound is its own rows' (near ties that only
 w's int8 error term covers, decided in a later group), and a batch recomputes exactly the rows its rows recompute
 one at a time (any per-group offset error changes the count), and the engine's 16-row decode steps take the screen
-and give the logits' tokens. Review of 5cac9c7."""
+and give the logits' tokens; under w8a8, model.greedy_tokens leaves 13+-row steps to the int8 head. Review of
+5cac9c7."""
 
 from __future__ import annotations
 
@@ -114,3 +115,23 @@ def test_engine_steps_past_12_rows_give_the_logits_tokens(monkeypatch):
     off = run()
     assert not any(calls)  # every token from the logits
     assert on == off and sorted(on) == sorted(f"r{i}" for i in range(16)) and all(len(t) == 6 for t in on.values())
+
+
+def test_w8a8_steps_past_max_rows_take_the_int8_head():
+    """Under w8a8 the screen answers only the row counts measured against the int8 head (up to MAX_ROWS): a step of
+    MAX_ROWS + 1 .. max_rows() rows, which the float screen would answer, takes the head's logits (None here). With
+    llama.py's upper cap dropped (the pre-5cac9c7 routing) this model answered them."""
+    import dataclasses
+
+    from hintkv.models.llama import LlamaForCausalLM
+    from hintkv.models.presets import init_random_, preset_config
+
+    cfg = dataclasses.replace(preset_config("tiny"), vocab_size=3000, num_hidden_layers=1)
+    model = LlamaForCausalLM(cfg)
+    init_random_(model, 0)
+    model.prepare("w8a8")
+    hidden = torch.randn(greedy_head.max_rows(), cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    for n in (greedy_head.MAX_ROWS + 1, 16, greedy_head.max_rows()):
+        assert model.greedy_tokens(hidden[:n]) is None, n
+    float_argmax = (hidden.double() @ model.lm_head.double().T).argmax(-1).tolist()
+    assert model.greedy_tokens(hidden[:greedy_head.MAX_ROWS]) == float_argmax[:greedy_head.MAX_ROWS]
