@@ -23,6 +23,15 @@ from hintkv.models.attention import AttentionMetadata
 from hintkv.models.loader import LoadedModel
 
 
+def drain(engine: LLMEngine) -> dict[str, list[int]]:
+    """Step `engine` until it has no work: each request's new tokens, by request id."""
+    out: dict[str, list[int]] = {}
+    while engine.has_work():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
 def greedy(model: str | None, prompt: list[int], max_tokens: int, dtype: str = "float32") -> list[int]:
     """Greedy continuation of one prompt by a whole `LLMEngine` (stops at the model's EOS)."""
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device="cpu",

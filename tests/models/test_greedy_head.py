@@ -10,6 +10,7 @@ import torch
 
 from hintkv.models import greedy_head
 from hintkv.models.greedy_head import GreedyHead
+from model_steps import drain
 
 pytestmark = pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies(),
                                 reason="no C++ kernels or neither AVX-512 VNNI nor AVX2: greedy rows use the logits")
@@ -177,11 +178,7 @@ def test_engine_greedy_tokens_are_the_same_with_the_screen_and_with_the_logits(m
         for i in range(3):
             engine.add_request(GenerateRequest(f"r{i}", list(range(100 + 40 * i, 140 + 50 * i)),
                                                SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)))
-        out: dict[str, list[int]] = {}
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_token_ids)
-        return out
+        return drain(engine)
 
     on = run()
     assert calls and max(calls) == 3

@@ -12,6 +12,7 @@ import torch
 
 from hintkv.models import greedy_head
 from hintkv.models.greedy_head import GreedyHead
+from model_steps import drain
 
 pytestmark = pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies() or greedy_head.max_rows() <= 12,
                                 reason="no screen past 12 rows on this build (AVX2 or none): the logits answer")
@@ -101,10 +102,7 @@ def test_engine_steps_past_12_rows_give_the_logits_tokens(monkeypatch):
         for i in range(16):
             engine.add_request(GenerateRequest(f"r{i}", list(range(50 + 97 * i, 70 + 101 * i)),
                                                SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)))
-        out: dict[str, list[int]] = {}
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        out = drain(engine)
         engine.close()
         return out
 

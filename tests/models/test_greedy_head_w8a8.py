@@ -13,6 +13,7 @@ import torch
 
 from hintkv.models import greedy_head, linear
 from hintkv.models.greedy_head import GreedyHead
+from model_steps import drain
 
 pytestmark = pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies(),
                                 reason="no C++ kernels or neither AVX-512 VNNI nor AVX2: greedy rows use the logits")
@@ -132,10 +133,7 @@ def test_w8a8_engine_decode_steps_of_two_and_three_rows_take_the_screen(monkeypa
         for i in range(3):
             engine.add_request(GenerateRequest(f"r{i}", list(range(100 + 40 * i, 140 + 50 * i)),
                                                SamplingParams(temperature=0, max_tokens=8 + 6 * i, ignore_eos=True)))
-        out: dict[str, list[int]] = {}
-        while engine.has_work():
-            for o in engine.step():
-                out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        out = drain(engine)
         engine.close()
         return out
 

@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from model_steps import ModelSteps
+from model_steps import ModelSteps, drain
 
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
@@ -88,10 +88,7 @@ def _greedy(monkeypatch, rows: str, speculative: str | None, **cfg) -> list[list
         tail = [rng.randrange(100, 40000) for _ in range(20 + 17 * i)]
         engine.add_request(GenerateRequest(f"r{i}", base + tail + tail, SamplingParams(temperature=0, max_tokens=12,
                                                                                      ignore_eos=True)))
-    out: dict[str, list[int]] = {}
-    while engine.has_work():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    out = drain(engine)
     assert engine.runner.model_keeps_rows == (rows != "all")
     return [out[f"r{i}"] for i in range(3)]
 
