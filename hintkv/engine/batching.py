@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from hintkv.engine import ttft
 from hintkv.engine.admission import StepPlan, blocks_to_end
 from hintkv.engine.admission_swap import swap_frees
-from hintkv.engine.room_wait import note_admitted, note_blocked
+from hintkv.engine.room_wait import earliest_room_s, lapses, note_admitted, note_blocked
 from hintkv.engine.outputs import ScheduledSeq, SchedulerOutput
 from hintkv.engine.sequence import SeqStatus, Sequence
 
@@ -149,8 +149,14 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 sch.release_queued(seq)
                 out.out_of_room.append(seq)
                 return budget
-            note_blocked(sch, seq, match, plan, out.started)  # SAM ranks its kept prefix by the wait
+            wait = earliest_room_s(sch, seq, match, plan)
+            note_blocked(sch, seq, wait, out.started)  # SAM ranks its kept prefix by the wait
+            # waiting longer than its reload, its prefix lapses: later candidates may take the
+            # blocks it alone keeps (an earlier skipped candidate's share stays kept)
+            lapsed = [b.block_id for b in match.blocks if b.block_id not in plan.kept] \
+                if lapses(sch, match, wait) else ()
             if policy.skipped(seq, match, plan):
+                plan.kept.difference_update(lapsed)
                 continue
             return budget
         sch.kv.admit(seq, match, n)

@@ -1,5 +1,6 @@
 """How long a queued prompt without room waits at least: told to SAM, which ranks the session's
-kept prefix by it (a queued session's next use is no sooner: `Session.blocked_until`).
+kept prefix by it (a queued session's next use is no sooner: `Session.blocked_until`), and whether
+its kept prefix lapses meanwhile.
 
 A waiting candidate the admission finds no room for waits for running sequences to end: each then
 frees the blocks it holds to its end (`blocks_to_end`). A running prefill cannot end before the
@@ -10,7 +11,9 @@ shortfall. A decode's bound is 0, so a shortfall that decodes' blocks cover give
 long running prefill that holds the room moves the ranking. Why it matters (issue #9, 100 users):
 a 450K-token queued prefix ranked "due within Q" while a 496K-token cold prefill ran 253 s more,
 so the decodes' growth took the room of the short calls behind it instead of that prefix (lru took
-the prefix, and let them in 43 s sooner). Runs on the engine thread, under its state lock.
+the prefix, and let them in 43 s sooner). The same wait also decides whether the candidate keeps
+its resident prefix from the candidates after it this step (`lapses`: not when the wait is longer
+than getting the prefix back). Runs on the engine thread, under its state lock.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ def earliest_room_s(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: Ste
     """Seconds from now before room for waiting `seq` (its device run `match`) can open, at the
     least (0.0: it may open at any step, or nothing running frees enough: no claim)."""
     kv, mml = sch.kv, sch.max_model_len
+    if kv.tiers is None:
+        return 0.0
     bs = kv.block_size
     short = blocks_to_end(seq, bs, mml) - len(match.blocks) - (kv.free_room(match) - plan.reserved)
-    if short <= 0 or kv.tiers is None:
+    if short <= 0:
         return 0.0
     token_s = kv.tiers.costs.prefill_s_per_token
     ends = [(max(0, s.num_prompt_tokens - s.num_computed_tokens) * token_s, blocks_to_end(s, bs, mml))
@@ -49,15 +54,31 @@ def earliest_room_s(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: Ste
     return 0.0
 
 
-def note_blocked(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: StepPlan, now: float) -> None:
-    """Waiting `seq` found no room in this step: tell SAM when room opens at the earliest."""
+def lapses(sch: Scheduler, match: PrefixMatch, wait: float) -> bool:
+    """True: a skipped candidate that waits `wait` seconds for room no longer keeps its resident
+    prefix (`match`) from the candidates after it. Kept, those blocks sit idle for the whole wait
+    while the short calls behind it find no room; let go, a later admission may take them (written
+    down to the top tier first, as any held session's evicted blocks), and they come back when the
+    candidate's room opens, at their reload (or recompute, the cheaper) cost per block. So the
+    prefix lapses when the wait is longer than that cost: the room then serves someone meanwhile
+    at a price below the wait it saves. Both hinted and unhinted tiered runs (engine knowledge)."""
+    tiers = sch.kv.tiers
+    if wait <= 0 or tiers is None or not match.blocks:
+        return False
+    costs = tiers.costs
+    per_block = min(costs.load_s(tiers.stack.tiers[0].name), costs.recompute_s())
+    return wait > len(match.blocks) * per_block
+
+
+def note_blocked(sch: Scheduler, seq: Sequence, wait: float, now: float) -> None:
+    """Waiting `seq` found no room in this step, and waits `wait` seconds at least
+    (`earliest_room_s`): tell SAM when room opens at the earliest."""
     key = seq.session_key
     if key is None or not sch.hints or sch.kv.tiers is None:
         return
     s = sch.sam.sessions.sessions.get(key)
     if s is None:
         return
-    wait = earliest_room_s(sch, seq, match, plan)
     until = now + wait if wait > 0 else 0.0
     old = s.blocked_until
     if old > now and until > now and abs(until - old) <= TOLERANCE * (old - now):

@@ -108,8 +108,11 @@ def test_a_short_call_behind_a_blocked_kept_prefix_runs_while_the_long_prefill_r
 
 def test_without_the_wait_the_blocked_prefix_ranks_due_and_the_short_call_waits(monkeypatch):
     """The same scene with the scheduler telling SAM nothing: B ranks as due within a turnaround,
-    above C, A's chunks take C's blocks, and D starts only after A has ended (the stall)."""
+    above C, A's chunks take C's blocks, and D starts only after A has ended (the stall). B's
+    prefix must not lapse either (`room_wait.lapses`, tests/engine/test_room_lapse.py): let go,
+    D takes it whatever SAM ranks."""
     monkeypatch.setattr(batching, "note_blocked", lambda *args: None)
+    monkeypatch.setattr(batching, "lapses", lambda *args: False)
     scene = Scene()
     first = scene.run()
     assert scene.b_class_during_a >= DUE_WITHIN_TURNAROUND > scene.c_class_during_a
