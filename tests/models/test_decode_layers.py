@@ -1,6 +1,7 @@
 """decode_layers.py: all decoder layers of a few-row step in one C++ call give bit-identical hidden
 states, residual stream and KV writes to the per-op layers (float32 and w8a8, bias or none, decode
-batches and a verify-like multi-row sequence), and the model runs it only where it applies."""
+batches and a verify-like multi-row sequence), and the model runs it only where it applies; a float32
+step runs as one OpenMP team (csrc/decode_team.cpp) at 1, 2 and 3 threads with the same bits."""
 
 from __future__ import annotations
 
@@ -79,6 +80,68 @@ def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, bias, q_
             h, residual = layer(h, residual, cos, sin, cache, meta, model.regions)
     assert torch.equal(got[0], h) and torch.equal(got[1], residual)
     assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+
+
+class _OpsSpy:
+    """The extension module with its two entry points counted (which one served a step)."""
+
+    def __init__(self, ops) -> None:
+        self.ops, self.calls = ops, []
+
+    def __getattr__(self, name):
+        fn = getattr(self.ops, name)
+
+        def counted(*args):
+            out = fn(*args)
+            self.calls.append((name, bool(out)))
+            return out
+        return counted
+
+
+def _fused_vs_per_op(model, q_lens, ctx, seed):
+    ids, pos, meta, kv = _step(model, q_lens, ctx, seed=seed)
+    kv_ref = [c.clone() for c in kv]
+    with torch.inference_mode():
+        cos, sin = model.rotary.cos_sin(pos, grow=True)
+        h0 = F.embedding(ids, model.embed_tokens)
+        got = model._decode_layers(h0.clone(), cos, sin, kv, meta)
+        h, residual = h0, None
+        for layer, cache in zip(model.layers, kv_ref, strict=True):
+            h, residual = layer(h, residual, cos, sin, cache, meta, model.regions)
+    return got, (h, residual), kv, kv_ref
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])  # 3 on this 2-core machine: a thread often comes late to a phase
+@pytest.mark.parametrize("q_lens,ctx", [([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]), ([4, 1, 3], [40, 9, 70]),
+                                        ([1] * 12, [300, 2, 45, 17, 80, 9, 33, 64, 128, 5, 16, 250])])
+def test_the_team_step_runs_float32_decodes_bit_for_bit(threads, q_lens, ctx):
+    model = _model(None, bias=True)
+    fused = model._decode_layers
+    assert fused.team
+    fused._ops = spy = _OpsSpy(fused._ops)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed in range(3):
+            got, want, kv, kv_ref = _fused_vs_per_op(model, q_lens, ctx, seed)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+    finally:
+        torch.set_num_threads(saved)
+    assert spy.calls == [("decode_team", True)] * 3  # the team served every step: no per-kernel call
+
+
+def test_the_team_leaves_other_steps_to_the_per_kernel_regions(monkeypatch):
+    model = _model(None, bias=False)
+    fused = model._decode_layers
+    fused._ops = spy = _OpsSpy(fused._ops)
+    # 5 new rows of one sequence x 4 query heads per KV head: 20 rows, past attention's direct path (16)
+    got, want, kv, kv_ref = _fused_vs_per_op(model, [5, 1], [40, 9], seed=2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert spy.calls == [("decode_team", False), ("decode_layers", True)]
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", "0")  # read when prepare builds the call
+    assert not _model(None, bias=False)._decode_layers.team
+    assert not _model("w8a8", bias=False)._decode_layers.team  # int8 linears: the per-kernel regions
 
 
 def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):

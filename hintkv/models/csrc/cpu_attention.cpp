@@ -22,6 +22,86 @@ float* scratch(std::vector<float>& buf, int64_t n) {
     return buf.data();
 }
 
+// one layer's attention over a step as the driver laid it out; attend_item runs one work item of it (the
+// driver's threads, and the team step's items in csrc/decode_team.cpp)
+struct AttnStep {
+    const float* qd;  // queries: row t, head j at qd + t * qs0 + j * qs1
+    int64_t qs0, qs1;
+    const float* kd;  // the layer's cache; V at kd + half
+    int64_t half;
+    float* od;  // output [T, Hq, D]
+    int64_t Hq, Hkv, G, D, BS, tq;
+    double scale;
+    const int64_t* qp;  // qsl
+    const int64_t* cp;  // ctx
+    const int64_t* const* tp;  // block tables
+    const float* kt;  // K transposed (sequences that do not read K directly)
+    const int64_t* koff;
+    const char* direct;
+};
+
+struct AttnScratch {  // one thread's buffers for items of at most rmax rows
+    std::vector<float> qb, ob, sb, mb, lb;
+    std::vector<int64_t> lastb;
+    AttnScratch(int64_t rmax, int64_t D) : qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax), lastb(rmax) {}
+};
+
+inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
+    const int64_t* qp = a.qp;
+    const int64_t G = a.G, D = a.D, BS = a.BS, Hkv = a.Hkv;
+    const int64_t b = item.b, h = item.h, S = a.cp[b], n = qp[b + 1] - qp[b];
+    const int64_t R = (item.t1 - item.t0) * G;
+    const float* kb = a.kt + a.koff[b * Hkv + h];
+    const int64_t* tb = a.tp[b];
+    float* qb = w.qb.data();
+    float* ob = w.ob.data();
+    float* sb = w.sb.data();
+    const float* kr[KT];
+    const float* vr[KT];
+    for (int64_t t = item.t0; t < item.t1; ++t)
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = (t - item.t0) * G + g;
+            const float* src = a.qd + (qp[b] + t) * a.qs0 + (h * G + g) * a.qs1;
+            for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * static_cast<float>(a.scale);
+            w.lastb[r] = S - n + t;
+        }
+    std::fill(ob, ob + R * D, 0.f);
+    std::fill(w.mb.begin(), w.mb.begin() + R, -std::numeric_limits<float>::infinity());
+    std::fill(w.lb.begin(), w.lb.begin() + R, 0.f);
+    const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
+    for (int64_t k0 = 0; k0 < kend; k0 += KT) {
+        const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
+        for (int j = 0; j < nk; ++j) {
+            const int64_t key = k0 + j;
+            kr[j] = a.kd + ((tb[key / BS] * BS + key % BS) * Hkv + h) * D;
+            vr[j] = kr[j] + a.half;
+        }
+        int64_t r = 0;
+        if (a.direct[b]) {
+            score_direct(qb, R, D, kr, nk, sb);
+        } else {
+            const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
+            for (; r + MR <= R; r += MR) score_tile<MR>(qb + r * D, D, ktile, sb + r * KT);
+            for (; r + 4 <= R; r += 4) score_tile<4>(qb + r * D, D, ktile, sb + r * KT);
+            for (; r < R; ++r) score_tile<1>(qb + r * D, D, ktile, sb + r * KT);
+        }
+        for (r = 0; r < R; ++r) {
+            const float alpha = softmax_row(sb + r * KT, nk, k0, w.lastb[r], w.mb[r], w.lb[r]);
+            if (alpha != 1.f)
+                for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
+        }
+        for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb + r * KT, vr, nk, D, ob + r * D);
+        for (; r < R; ++r) pv_tile<1>(sb + r * KT, vr, nk, D, ob + r * D);
+    }
+    for (int64_t t = item.t0; t < item.t1; ++t)
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = (t - item.t0) * G + g;
+            const float inv = 1.f / w.lb[r];
+            float* dst = a.od + ((qp[b] + t) * a.Hq + h * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
+        }
+}
+
 }  // namespace
 
 torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots, torch::Tensor kv,
@@ -130,60 +210,11 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     });
     std::atomic<int64_t> next{0};
     const int64_t nt = serial ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ni));
+    const AttnStep step{qd, qs0, qs1, kd, half, od, Hq, Hkv, G, D, BS, tq, scale, qp, cp, tp.data(), kt,
+                        koff.data(), direct.data()};
     auto work = [&](int64_t, int64_t) {
-        const int64_t rmax = tq * G;
-        std::vector<float> qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax);
-        std::vector<int64_t> lastb(rmax);
-        const float* kr[KT];
-        const float* vr[KT];
-        for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < ni;) {
-            const Item& item = items[it];
-            const int64_t b = item.b, h = item.h, S = cp[b], n = qp[b + 1] - qp[b];
-            const int64_t R = (item.t1 - item.t0) * G;
-            const float* kb = kt + koff[b * Hkv + h];
-            for (int64_t t = item.t0; t < item.t1; ++t)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = (t - item.t0) * G + g;
-                    const float* src = qd + (qp[b] + t) * qs0 + (h * G + g) * qs1;
-                    for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * static_cast<float>(scale);
-                    lastb[r] = S - n + t;
-                }
-            std::fill(ob.begin(), ob.begin() + R * D, 0.f);
-            std::fill(mb.begin(), mb.begin() + R, -std::numeric_limits<float>::infinity());
-            std::fill(lb.begin(), lb.begin() + R, 0.f);
-            const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
-            for (int64_t k0 = 0; k0 < kend; k0 += KT) {
-                const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
-                for (int j = 0; j < nk; ++j) {
-                    const int64_t key = k0 + j;
-                    kr[j] = kd + ((tp[b][key / BS] * BS + key % BS) * Hkv + h) * D;
-                    vr[j] = kr[j] + half;
-                }
-                int64_t r = 0;
-                if (direct[b]) {
-                    score_direct(qb.data(), R, D, kr, nk, sb.data());
-                } else {
-                    const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
-                    for (; r + MR <= R; r += MR) score_tile<MR>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
-                    for (; r + 4 <= R; r += 4) score_tile<4>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
-                    for (; r < R; ++r) score_tile<1>(qb.data() + r * D, D, ktile, sb.data() + r * KT);
-                }
-                for (r = 0; r < R; ++r) {
-                    const float alpha = softmax_row(sb.data() + r * KT, nk, k0, lastb[r], mb[r], lb[r]);
-                    if (alpha != 1.f)
-                        for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
-                }
-                for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
-                for (; r < R; ++r) pv_tile<1>(sb.data() + r * KT, vr, nk, D, ob.data() + r * D);
-            }
-            for (int64_t t = item.t0; t < item.t1; ++t)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = (t - item.t0) * G + g;
-                    const float inv = 1.f / lb[r];
-                    float* dst = od + ((qp[b] + t) * Hq + h * G + g) * D;
-                    for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
-                }
-        }
+        AttnScratch w(tq * G, D);
+        for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < ni;) attend_item(step, items[it], w);
     };
     if (nt == 1) work(0, 1);
     else at::parallel_for(0, nt, 1, work);

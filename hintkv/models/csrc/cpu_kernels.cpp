@@ -89,6 +89,25 @@ inline __m256 exp8(__m256 x) {
 
 }  // namespace
 
+// one row of add_rmsnorm: res (when not null) += x, then out = norm(res or x) * w; the team step
+// (csrc/decode_team.cpp) runs this same function per row
+inline void add_rmsnorm_row(const float* xr, float* res, const float* wp, float* orow, int64_t H, double eps) {
+    const float* src = xr;
+    if (res != nullptr) {
+        for (int64_t i = 0; i < H; ++i) res[i] += xr[i];
+        src = res;
+    }
+    double ss = 0.0;
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= H; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += src[i + j] * src[i + j];
+    for (int j = 0; j < 16; ++j) ss += acc[j];
+    for (; i < H; ++i) ss += src[i] * src[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / H) + static_cast<float>(eps));
+    for (int64_t k = 0; k < H; ++k) orow[k] = src[k] * inv * wp[k];
+}
+
 std::vector<torch::Tensor> add_rmsnorm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.stride(1) == 1,
                 "x must be float32 [T, H] with contiguous rows");
@@ -103,28 +122,20 @@ std::vector<torch::Tensor> add_rmsnorm(torch::Tensor x, torch::Tensor residual, 
     const float* wp = wc.data_ptr<float>();
     float* op = out.data_ptr<float>();
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-            const float* xr = xp + t * xs;
-            float* src;
-            if (has_res) {
-                src = rp + t * H;
-                for (int64_t i = 0; i < H; ++i) src[i] += xr[i];
-            } else {
-                src = const_cast<float*>(xr);
-            }
-            double ss = 0.0;
-            float acc[16] = {0};
-            int64_t i = 0;
-            for (; i + 16 <= H; i += 16)
-                for (int j = 0; j < 16; ++j) acc[j] += src[i + j] * src[i + j];
-            for (int j = 0; j < 16; ++j) ss += acc[j];
-            for (; i < H; ++i) ss += src[i] * src[i];
-            const float inv = 1.0f / std::sqrt(static_cast<float>(ss / H) + static_cast<float>(eps));
-            float* orow = op + t * H;
-            for (int64_t k = 0; k < H; ++k) orow[k] = src[k] * inv * wp[k];
-        }
+        for (int64_t t = t0; t < t1; ++t)
+            add_rmsnorm_row(xp + t * xs, has_res ? rp + t * H : nullptr, wp, op + t * H, H, eps);
     });
     return {out, has_res ? residual : x};
+}
+
+// one head of one row rotated in place (x1: its first half, x2 = x1 + half); the team step runs it per head
+inline void rope_head(float* x1, const float* c, const float* s, int64_t half) {
+    float* x2 = x1 + half;
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i];
+        x1[i] = a * c[i] - b * s[i];
+        x2[i] = b * c[i] + a * s[i];
+    }
 }
 
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hkv, int64_t D) {
@@ -137,20 +148,31 @@ void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t hq, 
     const float* cp = cc.data_ptr<float>();
     const float* sp = sc.data_ptr<float>();
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-            const float* c = cp + t * half;
-            const float* s = sp + t * half;
-            for (int64_t h = 0; h < heads; ++h) {
-                float* x1 = xp + t * row + h * D;
-                float* x2 = x1 + half;
-                for (int64_t i = 0; i < half; ++i) {
-                    const float a = x1[i], b = x2[i];
-                    x1[i] = a * c[i] - b * s[i];
-                    x2[i] = b * c[i] + a * s[i];
-                }
-            }
-        }
+        for (int64_t t = t0; t < t1; ++t)
+            for (int64_t h = 0; h < heads; ++h) rope_head(xp + t * row + h * D, cp + t * half, sp + t * half, half);
     });
+}
+
+// o[i] = silu(g[i]) * u[i] for i in [i0, i1), i0 a multiple of 16: the vector loop runs while 16 fit before i1,
+// so a span ending at the row's end takes the same path per element as the whole row (the team step's spans)
+inline void silu_mul_span(const float* g, const float* u, float* o, int64_t i0, int64_t i1) {
+    int64_t i = i0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= i1; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        const __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
+    }
+#elif defined(HK_AVX2)
+    for (; i + 8 <= i1; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        const __m256 sg = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < i1; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
 torch::Tensor silu_mul(torch::Tensor gu) {
@@ -161,28 +183,7 @@ torch::Tensor silu_mul(torch::Tensor gu) {
     const float* gp = gu.data_ptr<float>();
     float* op = out.data_ptr<float>();
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-            const float* g = gp + t * 2 * I;
-            const float* u = g + I;
-            float* o = op + t * I;
-            int64_t i = 0;
-#if defined(__AVX512F__)
-            for (; i + 16 <= I; i += 16) {
-                const __m512 x = _mm512_loadu_ps(g + i);
-                const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-                const __m512 sg = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-                _mm512_storeu_ps(o + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
-            }
-#elif defined(HK_AVX2)
-            for (; i + 8 <= I; i += 8) {
-                const __m256 x = _mm256_loadu_ps(g + i);
-                const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-                const __m256 sg = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-                _mm256_storeu_ps(o + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
-            }
-#endif
-            for (; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-        }
+        for (int64_t t = t0; t < t1; ++t) silu_mul_span(gp + t * 2 * I, gp + t * 2 * I + I, op + t * I, 0, I);
     });
     return out;
 }

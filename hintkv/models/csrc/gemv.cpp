@@ -97,6 +97,21 @@ inline void block(const float* x, int64_t M, int64_t K, const float* w, float* y
 
 }  // namespace
 
+// y columns of the weight-row blocks [b0, b1) of w [N, K] (block b: rows 8b .. 8b+7; block N / 8 the rows past the
+// last full block), every x row, y's rows ldy apart: what gemv() splits over its threads, and the team step
+// (csrc/decode_team.cpp) over its items. Each y value's arithmetic is the same whatever the blocking (16-lane
+// partial sums over K in order, then one horizontal sum), so any split gives the same bits.
+inline void gemv_blocks(const float* xp, int64_t M, int64_t K, const float* wp, float* yp, int64_t ldy, int64_t N,
+                        int64_t b0, int64_t b1) {
+    const int64_t nb = N / 8;
+    for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t r = blk * 8;
+        if (blk < nb) block<8>(xp, M, K, wp + r * K, yp + r, ldy);
+        else
+            for (int64_t rr = r; rr < N; ++rr) block<1>(xp, M, K, wp + rr * K, yp + rr, ldy);
+    }
+}
+
 torch::Tensor gemv(torch::Tensor x, torch::Tensor w, torch::Tensor b) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32 [M, K]");
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.size(1) == x.size(1),
@@ -108,15 +123,7 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w, torch::Tensor b) {
     const float* xp = x.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    const int64_t nb = N / 8;
-    at::parallel_for(0, nb + 1, 16, [&](int64_t b0, int64_t b1) {
-        for (int64_t blk = b0; blk < b1; ++blk) {
-            const int64_t r = blk * 8;
-            if (blk < nb) block<8>(xp, M, K, wp + r * K, yp + r, N);
-            else
-                for (int64_t rr = r; rr < N; ++rr) block<1>(xp, M, K, wp + rr * K, yp + rr, N);
-        }
-    });
+    at::parallel_for(0, N / 8 + 1, 16, [&](int64_t b0, int64_t b1) { gemv_blocks(xp, M, K, wp, yp, N, N, b0, b1); });
     if (has_b) y.add_(b);
     return y;
 }

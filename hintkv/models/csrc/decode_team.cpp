@@ -1,0 +1,203 @@
+// Every decoder layer of a few-row float32 decode step in ONE OpenMP region (decode_layers.py calls it).
+//
+// decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D)
+//   -> {h, residual} after the last layer, as decode_layers() (same tensor layout, float32 linears only), or {} when
+//   the step is not its case (an int8 linear, or a sequence whose rows x GQA group exceed attention's DIRECT_ROWS).
+//
+// Why: decode_layers() runs each kernel as its own OpenMP region: 4 gemv + 1 attention (more than SERIAL_MACS, e.g.
+// decode b8) per layer, 40 regions in a dummy:tiny b8 step. Between regions hintkv's workers sleep (GOMP_SPINCOUNT
+// =100, openmp_env.py), so each region pays a futex wake-up; and a region splits its work statically, so a worker
+// the OS preempted (the server's event loop, the client, another process) holds the whole step at the join.
+// Here the step forks once. Its work is a list of phases per layer (norm1 rows, q/k/v heads with RoPE and the
+// K/V write, attention items, o_proj column chunks, norm2 rows, gate/up column chunks with SiLU-mul, down column
+// chunks); every thread takes the next item of the current phase off a shared counter, and waits (spin, then
+// yield) only for the phase's last item before the next phase. A late or preempted thread holds up at most the
+// item it holds: the others take the rest. One thread alone runs every phase (the same code, no region).
+//
+// Each item runs the per-op kernels' own functions (hk_kernels' add_rmsnorm_row, rope_head, silu_mul_span,
+// attend_item; hk_gemv's gemv_blocks) on the same values in the same per-element order: the outputs are bit-identical
+// to decode_layers() and to the per-op layers (tests/models/test_decode_layers.py).
+
+namespace {
+
+constexpr int64_t TEAM_COLS = 64;  // weight rows (output columns) per gemv item: 8 of gemv's 8-row blocks
+constexpr int SPIN = 1024;         // pauses before a waiting thread yields its CPU (~30-60 us)
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+struct alignas(64) Phase {
+    std::atomic<int64_t> next{0};
+    char pad[56];
+    std::atomic<int64_t> done{0};
+    int64_t n = 0;
+};
+
+// every thread of the region calls run() for each phase in order: items off the counter, then the phase's end
+template <class F>
+inline void run_phase(Phase& p, F&& item) {
+    for (int64_t i; (i = p.next.fetch_add(1, std::memory_order_relaxed)) < p.n;) {
+        item(i);
+        p.done.fetch_add(1, std::memory_order_release);
+    }
+    for (int spins = 0; p.done.load(std::memory_order_acquire) < p.n; ++spins) {
+        if (spins < SPIN) cpu_relax();
+        else sched_yield();
+    }
+}
+
+// y[:, r0:r1] (+ b) = x W[r0:r1]^T for x [M, K], W [N, K] row-major, y's rows ldy apart
+inline void gemv_rows(const float* x, int64_t M, int64_t K, const torch::Tensor& w, const torch::Tensor& b,
+                      float* y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int64_t n = r1 - r0;
+    hk_gemv::gemv_blocks(x, M, K, w.data_ptr<float>() + r0 * K, y + r0, ldy, n, 0, n / 8 + 1);
+    if (b.numel()) {
+        const float* bp = b.data_ptr<float>();
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t r = r0; r < r1; ++r) y[i * ldy + r] += bp[r];
+    }
+}
+
+void check_linear(const torch::Tensor* t, int64_t n, int64_t k, const char* what) {
+    TORCH_CHECK(t[0].scalar_type() == torch::kFloat32 && t[0].is_contiguous() && t[0].dim() == 2 && t[0].size(0) == n &&
+                t[0].size(1) == k, "decode_team: ", what, " weight must be contiguous float32 [", n, ", ", k, "]");
+    TORCH_CHECK(t[1].numel() == 0 || (t[1].scalar_type() == torch::kFloat32 && t[1].is_contiguous() &&
+                                      t[1].numel() == n), "decode_team: ", what, " bias must be float32 [", n, "]");
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tensor> tensors, std::vector<int64_t> codes,
+                                       torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> kvs,
+                                       torch::Tensor slots, std::vector<torch::Tensor> tables, std::vector<int64_t> qsl,
+                                       std::vector<int64_t> ctx, double scale, double eps, int64_t hq, int64_t hkv,
+                                       int64_t D) {
+    const int64_t L = static_cast<int64_t>(kvs.size()), T = h.size(0), H = h.size(1);
+    const int64_t B = static_cast<int64_t>(ctx.size()), G = hq / hkv, QKV = (hq + 2 * hkv) * D, half = D / 2;
+    TORCH_CHECK(static_cast<int64_t>(tensors.size()) == L * HK_PER_LAYER && static_cast<int64_t>(codes.size()) == L * 8,
+                "decode_team: ", HK_PER_LAYER, " tensors and 8 codes per layer");
+    for (int64_t l = 0; l < L; ++l)
+        for (int j = 0; j < 4; ++j)
+            if (codes[l * 8 + j] != 0) return {};  // an int8 linear: decode_layers()
+    TORCH_CHECK(L > 0 && T > 0 && h.dim() == 2 && h.scalar_type() == torch::kFloat32 && h.is_contiguous(),
+                "decode_team: h must be contiguous float32 [T, H]");
+    TORCH_CHECK(hq % hkv == 0 && D % 2 == 0, "decode_team: head shapes disagree");
+    TORCH_CHECK(static_cast<int64_t>(qsl.size()) == B + 1 && qsl[0] == 0 && qsl[B] == T &&
+                static_cast<int64_t>(tables.size()) == B, "decode_team: qsl must have B+1 entries from 0 to T, tables B");
+    for (int64_t b = 0; b < B; ++b)
+        if ((qsl[b + 1] - qsl[b]) * G > hk_kernels::DIRECT_ROWS) return {};  // attention's transposed path
+    const int64_t I = tensors[2 + 2 * HK_LIN].size(0) / 2;
+    for (int64_t l = 0; l < L; ++l) {
+        const torch::Tensor* t = tensors.data() + l * HK_PER_LAYER;
+        TORCH_CHECK(t[0].numel() == H && t[1].numel() == H && t[0].is_contiguous() && t[1].is_contiguous() &&
+                    t[0].scalar_type() == torch::kFloat32 && t[1].scalar_type() == torch::kFloat32,
+                    "decode_team: norm weights must be float32 [H]");
+        check_linear(t + 2, QKV, H, "qkv");
+        check_linear(t + 2 + HK_LIN, H, hq * D, "o_proj");
+        check_linear(t + 2 + 2 * HK_LIN, 2 * I, H, "gate_up");
+        check_linear(t + 2 + 3 * HK_LIN, H, I, "down");
+        TORCH_CHECK(kvs[l].dim() == 5 && kvs[l].scalar_type() == torch::kFloat32 && kvs[l].is_contiguous() &&
+                    kvs[l].sizes() == kvs[0].sizes() && kvs[l].size(3) == hkv && kvs[l].size(4) == D,
+                    "decode_team: kv caches must be contiguous float32 [2, NB, BS, Hkv, D], all alike");
+    }
+    auto cc = cos.contiguous(), sc = sin.contiguous(), sl = slots.contiguous();
+    TORCH_CHECK(cc.numel() == T * half && sc.numel() == T * half, "decode_team: cos / sin must be [T, D/2]");
+    const int64_t NB = kvs[0].size(1), BS = kvs[0].size(2), nslots = NB * BS, vhalf = nslots * hkv * D;
+    TORCH_CHECK(sl.scalar_type() == torch::kInt64 && sl.numel() == T, "decode_team: slots must be int64 [T]");
+    const int64_t* sp = sl.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "decode_team: slot out of range");
+    std::vector<const int64_t*> tp(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = qsl[b + 1] - qsl[b];
+        tables[b] = tables[b].contiguous();
+        TORCH_CHECK(tables[b].scalar_type() == torch::kInt64, "decode_team: block tables must be int64");
+        TORCH_CHECK(n > 0 && n <= ctx[b] && (ctx[b] + BS - 1) / BS <= tables[b].numel(), "sequence ", b, ": bad lengths");
+        tp[b] = tables[b].data_ptr<int64_t>();
+        for (int64_t i = 0; i < (ctx[b] + BS - 1) / BS; ++i)
+            TORCH_CHECK(tp[b][i] >= 0 && tp[b][i] < NB, "sequence ", b, ": block id out of range");
+    }
+
+    // buffers: the residual stream is h itself from the first norm on (as add_rmsnorm with no residual returns it)
+    auto opts = h.options();
+    auto xn = torch::empty({T, H}, opts), qkv = torch::empty({T, QKV}, opts), o = torch::empty({T, hq * D}, opts);
+    auto x2 = torch::empty({T, H}, opts), gu = torch::empty({T, 2 * I}, opts), act = torch::empty({T, I}, opts);
+    auto hout = torch::empty({T, H}, opts);
+    float *res = h.data_ptr<float>(), *xnp = xn.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+    float *op = o.data_ptr<float>(), *x2p = x2.data_ptr<float>(), *gup = gu.data_ptr<float>();
+    float *actp = act.data_ptr<float>(), *hp = hout.data_ptr<float>();
+    const float *cp = cc.data_ptr<float>(), *snp = sc.data_ptr<float>();
+
+    // attention: one direct item per (sequence, KV head), costliest first (as attention()'s driver orders them)
+    std::vector<hk_kernels::Item> items;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < hkv; ++k) items.push_back({b, k, 0, qsl[b + 1] - qsl[b]});
+    std::stable_sort(items.begin(), items.end(), [&](const hk_kernels::Item& x, const hk_kernels::Item& y) {
+        return ctx[x.b] > ctx[y.b];
+    });
+    std::vector<int64_t> koff(B * hkv + 1, 0);
+    std::vector<char> direct(B, 1);
+    const int64_t tq = std::max<int64_t>(1, 64 / G);  // attention()'s TILE_ROWS / G: one item holds all rows here
+    auto chunks = [](int64_t n) { return (n + TEAM_COLS - 1) / TEAM_COLS; };
+    const int64_t heads = hq + 2 * hkv, n_o = chunks(H), n_gu = chunks(I), n_down = chunks(H);
+    std::vector<Phase> phases(L * 7);
+    for (int64_t l = 0; l < L; ++l) {
+        const int64_t n[7] = {T, heads, static_cast<int64_t>(items.size()), n_o, T, n_gu, n_down};
+        for (int j = 0; j < 7; ++j) phases[l * 7 + j].n = n[j];
+    }
+
+    auto body = [&]() {
+        hk_kernels::AttnScratch scratch(tq * G, D);
+        for (int64_t l = 0; l < L; ++l) {
+            const torch::Tensor* t = tensors.data() + l * HK_PER_LAYER;
+            const torch::Tensor* qkv_w = t + 2;
+            const torch::Tensor* o_w = t + 2 + HK_LIN;
+            const torch::Tensor* gu_w = t + 2 + 2 * HK_LIN;
+            const torch::Tensor* down_w = t + 2 + 3 * HK_LIN;
+            Phase* ph = phases.data() + l * 7;
+            float* kvp = kvs[l].data_ptr<float>();
+            const float* n1 = t[0].data_ptr<float>();
+            run_phase(ph[0], [&](int64_t r) {  // norm1: the residual takes the last layer's down output
+                if (l == 0) hk_kernels::add_rmsnorm_row(res + r * H, nullptr, n1, xnp + r * H, H, eps);
+                else hk_kernels::add_rmsnorm_row(hp + r * H, res + r * H, n1, xnp + r * H, H, eps);
+            });
+            run_phase(ph[1], [&](int64_t j) {  // head j of q / k / v: its columns, RoPE (q, k), the cache (k, v)
+                gemv_rows(xnp, T, H, qkv_w[0], qkv_w[1], qkvp, QKV, j * D, (j + 1) * D);
+                for (int64_t r = 0; r < T; ++r) {
+                    float* x = qkvp + r * QKV + j * D;
+                    if (j < hq + hkv) hk_kernels::rope_head(x, cp + r * half, snp + r * half, half);
+                    if (j >= hq) {
+                        const int64_t kvh = j < hq + hkv ? j - hq : j - hq - hkv, off = j < hq + hkv ? 0 : vhalf;
+                        std::memcpy(kvp + off + (sp[r] * hkv + kvh) * D, x, D * sizeof(float));
+                    }
+                }
+            });
+            const hk_kernels::AttnStep step{qkvp, QKV, D, kvp, vhalf, op, hq, hkv, G, D, BS, tq, scale, qsl.data(),
+                                            ctx.data(), tp.data(), nullptr, koff.data(), direct.data()};
+            run_phase(ph[2], [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); });
+            run_phase(ph[3], [&](int64_t c) {
+                gemv_rows(op, T, hq * D, o_w[0], o_w[1], x2p, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
+            });
+            const float* n2 = t[1].data_ptr<float>();
+            run_phase(ph[4], [&](int64_t r) {
+                hk_kernels::add_rmsnorm_row(x2p + r * H, res + r * H, n2, xnp + r * H, H, eps);
+            });
+            run_phase(ph[5], [&](int64_t c) {  // gate and up columns [c0, c1), then their SiLU-mul
+                const int64_t c0 = c * TEAM_COLS, c1 = std::min(I, c0 + TEAM_COLS);
+                gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, c0, c1);
+                gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, I + c0, I + c1);
+                for (int64_t r = 0; r < T; ++r)
+                    hk_kernels::silu_mul_span(gup + r * 2 * I, gup + r * 2 * I + I, actp + r * I, c0, c1);
+            });
+            run_phase(ph[6], [&](int64_t c) {
+                gemv_rows(actp, T, I, down_w[0], down_w[1], hp, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
+            });
+        }
+    };
+    const int64_t nt = at::get_num_threads();
+    if (nt <= 1 || at::in_parallel_region()) body();
+    else at::parallel_for(0, nt, 1, [&](int64_t, int64_t) { body(); });
+    return {hout, h};
+}
