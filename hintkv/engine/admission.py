@@ -274,7 +274,10 @@ class ShortFirstAdmission(CacheAwareAdmission):
 
     def yields(self, seq: Sequence, waiting: Iterable[Sequence], kv: KVCacheManager, budget: int) -> bool:
         todo = seq.num_tokens - seq.num_computed_tokens
-        if todo <= 1:
+        # a decode, or a prefill that ends within half a step: the step holds it and half for the
+        # candidates; yielded, it waits until the admissions leave budget, and an aged long prefill
+        # ahead of it takes that back (issue #9: 317 tokens waited 117 s behind a 155K-token one)
+        if todo <= max(1, self._budget // 2):
             return False
         if self._best is None or self._best[0] != self.step:
             head = list(waiting)[:self.max_scan]
