@@ -86,7 +86,9 @@ class EngineConfig:
         "decodes) | short-alone (short-first; a step giving a prefill its first token carries no chunk of "
         "one that does not finish, unless due; a long prefill's chunk is half the budget) | judged-alone "
         "(prefill-judged with short-alone's rule) | srpt (short-first whose deadlines age 4x slower: nearer "
-        "shortest remaining prefill first) | srpt-alone (srpt with short-alone's rule). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
+        "shortest remaining prefill first) | srpt-alone (srpt with short-alone's rule) | srpt-room (srpt aged 64x "
+        "slower; a candidate may take the room a running prefill with a later deadline still reserves). "
+        "Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "

@@ -40,6 +40,8 @@
 - `srpt`, `srpt-alone`: `short-first` / `short-alone` whose deadlines age 4x slower (nearer shortest
   remaining prefill first; a long prefill waits at most about 4x its own steps):
   `hintkv.engine.admission_srpt`.
+- `srpt-room`: `srpt` (deadlines aged 64x slower) whose candidate may take the blocks a running
+  prefill with a later deadline still reserves (`hintkv.engine.admission_srpt`).
 
 The scheduler keeps the mechanics (budget, loads, preemption, out-of-room); a policy only orders
 and sizes. New policies register with `@register_admission("name")`.

@@ -12,6 +12,19 @@ deadline, so it waits at most about AGING times its own steps (tested); the orde
 that arrive together is `short-first`'s (remaining tokens), and the room rule, the running
 prefills' yield and the decodes first are `short-first`'s.
 
+`srpt-room` (the room a longer prefill reserves is lent): `cache-aware`'s room rule reserves every
+running prefill's blocks to its end, so a shorter call that arrives while a long cold prefill runs
+beside long decodes has no room although srpt's order puts it first: it waits for the whole long
+prefill (10-task full-scale slice: u1-t0#1, 77.8K uncached tokens, queued 64.7 s behind a 250K-token
+cold prefill with 193K tokens left, the device held by three 130-230K-token decodes). Here a
+candidate may also take the blocks still reserved (not yet allocated) for running prefills whose
+deadline is later than its key: they yield the step to it (`yields`), and if they later run out of
+blocks the scheduler preempts the last running sequence, which in srpt's order is the longest
+prefill (its computed blocks stay cached, its session holds them). What a step lends is lent
+once (`room`). Its deadlines age `AGING` = 64 times slower: the steps the deadline counts include
+decode-only steps (tens of ms against seconds for a long prefill's), so at 4 the long prefill's
+deadline has passed the newcomer's key long before its work is done and nothing is lent.
+
 `srpt-alone` adds `short-alone`'s rule (`engine.admission_alone.FinishersAlone`): a step that gives
 a prefill its first token carries no chunk of one that does not finish (unless it is due, here at
 the later deadline), and a prefill with more left than the budget computes at most half of it.
@@ -26,10 +39,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hintkv.engine.admission import ShortFirstAdmission, register_admission
+from hintkv.engine.admission import ShortFirstAdmission, blocks_to_end, kept_free, register_admission
 from hintkv.engine.admission_alone import FinishersAlone
 
 if TYPE_CHECKING:
+    from hintkv.cache.manager import KVCacheManager, PrefixMatch
+    from hintkv.engine.admission import StepPlan
     from hintkv.engine.sequence import Sequence
 
 
@@ -44,3 +59,35 @@ class SrptAdmission(ShortFirstAdmission):
 @register_admission("srpt-alone")
 class SrptAloneAdmission(FinishersAlone, SrptAdmission):
     pass
+
+
+@register_admission("srpt-room")
+class SrptRoomAdmission(SrptAdmission):
+    AGING = 64  # module doc: steps include decode-only ones; at 4 nothing is lent
+
+    def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
+        super().__init__(max_skips, max_scan, max_model_len)
+        self._running: list[Sequence] = []  # the scheduler's running list, in this step's order
+
+    def order_running(self, running: list[Sequence], budget: int) -> None:
+        super().order_running(running, budget)
+        self._running = running
+
+    def lendable(self, key: float, block_size: int) -> int:
+        """Blocks that running prefills whose deadline is later than `key` still reserve (to their
+        end, not yet allocated)."""
+        total = 0
+        for s in self._running:
+            todo = s.num_tokens - s.num_computed_tokens
+            if todo > 1 and self._deadline(s, todo, self._budget) > key:  # (a decode never lends)
+                total += max(0, blocks_to_end(s, block_size, self.max_model_len) - len(s.block_table))
+        return total
+
+    def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
+        """`cache-aware`'s rule, plus what `lendable` gives at `seq`'s key. A borrower's own
+        reservation enters `plan.reserved` at admission, so `kept_free` goes below zero by what it
+        borrowed and the next candidate cannot borrow the same blocks again."""
+        need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
+        free = kept_free(plan, match, kv)
+        return need <= free or need <= free + self.lendable(self._waiting_key(seq, kv, self._budget),
+                                                             kv.block_size)
