@@ -12,6 +12,14 @@ constexpr int DIRECT_ROWS = 16; // a sequence with at most this many rows reads 
 // attention (decode b8 at a 128-token context: 1M multiply-adds, ~50 us on one thread per layer).
 constexpr int64_t SERIAL_MACS = int64_t(1) << 21;
 
+#if defined(__AVX512F__)
+constexpr bool FUSED = true;  // softmax_row16: the row max reduced only when it rises, the sum in 16 lanes
+inline float row_sum(const float* l16) { return _mm512_reduce_add_ps(_mm512_loadu_ps(l16)); }
+#else
+constexpr bool FUSED = false;
+inline float row_sum(const float*) { return 0.f; }
+#endif
+
 struct Item {
     int64_t b, h, t0, t1;  // sequence, KV head, query tokens [t0, t1) of the sequence's new tokens
 };
@@ -41,9 +49,10 @@ struct AttnStep {
 };
 
 struct AttnScratch {  // one thread's buffers for items of at most rmax rows
-    std::vector<float> qb, ob, sb, mb, lb;
+    std::vector<float> qb, ob, sb, mb, lb, l16;
     std::vector<int64_t> lastb;
-    AttnScratch(int64_t rmax, int64_t D) : qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax), lastb(rmax) {}
+    AttnScratch(int64_t rmax, int64_t D)
+        : qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax), l16(FUSED ? rmax * 16 : 0), lastb(rmax) {}
 };
 
 inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
@@ -53,6 +62,7 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     const int64_t R = (item.t1 - item.t0) * G;
     const float* kb = a.kt + a.koff[b * Hkv + h];
     const int64_t* tb = a.tp[b];
+    const bool fused = FUSED && !a.direct[b];  // softmax_row16 (AVX-512 builds, transposed-K items)
     float* qb = w.qb.data();
     float* ob = w.ob.data();
     float* sb = w.sb.data();
@@ -68,6 +78,7 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     std::fill(ob, ob + R * D, 0.f);
     std::fill(w.mb.begin(), w.mb.begin() + R, -std::numeric_limits<float>::infinity());
     std::fill(w.lb.begin(), w.lb.begin() + R, 0.f);
+    if (fused) std::fill(w.l16.begin(), w.l16.begin() + R * 16, 0.f);
     const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
     for (int64_t k0 = 0; k0 < kend; k0 += KT) {
         const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
@@ -85,10 +96,18 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
             for (; r + 4 <= R; r += 4) score_tile<4>(qb + r * D, D, ktile, sb + r * KT);
             for (; r < R; ++r) score_tile<1>(qb + r * D, D, ktile, sb + r * KT);
         }
-        for (r = 0; r < R; ++r) {
-            const float alpha = softmax_row(sb + r * KT, nk, k0, w.lastb[r], w.mb[r], w.lb[r]);
-            if (alpha != 1.f)
-                for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
+#if defined(__AVX512F__)
+        if (fused) {
+            for (r = 0; r < R; ++r)
+                softmax_row16(sb + r * KT, k0, w.lastb[r], w.mb[r], w.l16.data() + r * 16, ob + r * D, D);
+        } else
+#endif
+        {
+            for (r = 0; r < R; ++r) {
+                const float alpha = softmax_row(sb + r * KT, nk, k0, w.lastb[r], w.mb[r], w.lb[r]);
+                if (alpha != 1.f)
+                    for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
+            }
         }
         for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb + r * KT, vr, nk, D, ob + r * D);
         for (; r < R; ++r) pv_tile<1>(sb + r * KT, vr, nk, D, ob + r * D);
@@ -96,7 +115,7 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     for (int64_t t = item.t0; t < item.t1; ++t)
         for (int64_t g = 0; g < G; ++g) {
             const int64_t r = (t - item.t0) * G + g;
-            const float inv = 1.f / w.lb[r];
+            const float inv = 1.f / (fused ? row_sum(w.l16.data() + r * 16) : w.lb[r]);
             float* dst = a.od + ((qp[b] + t) * a.Hq + h * G + g) * D;
             for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
         }

@@ -160,6 +160,59 @@ inline void pv_tile(const float* p, const float* const* v, int nk, int64_t D, fl
 #endif
 }
 
+#if defined(__AVX512F__)
+// exp(x) for x <= 0 (finite or -inf): exp16 without its clamps; a -inf lane gives NaN, which the caller masks
+inline __m512 exp16_le0(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+// Row r's online softmax over one score tile s[KT] (keys k0 .. k0+KT-1, visible while k <= last), as softmax_row
+// computes it, with the sum kept as 16 lane sums l16[16] (reduced once, after the last tile) and the output row
+// o[D] rescaled here when the max rises: the max's horizontal reduction and exp(m_old - m_new) run only when a
+// score exceeds the running max m, which past the first tiles is rare. s becomes P = exp(s - m), 0 for hidden keys.
+inline void softmax_row16(float* s, int64_t k0, int64_t last, float& m, float* l16, float* o, int64_t D) {
+    static_assert(KT == 32, "two vectors per tile");
+    const int64_t vis = std::min<int64_t>(KT, std::max<int64_t>(0, last - k0 + 1));
+    if (vis == 0) {
+        _mm512_storeu_ps(s, _mm512_setzero_ps());
+        _mm512_storeu_ps(s + 16, _mm512_setzero_ps());
+        return;
+    }
+    const uint32_t bits = vis >= KT ? 0xffffffffu : ((1u << vis) - 1u);
+    const __mmask16 m0 = static_cast<__mmask16>(bits & 0xffff), m1 = static_cast<__mmask16>(bits >> 16);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, s), s1 = _mm512_mask_loadu_ps(ninf, m1, s + 16);
+    const __m512 mx = _mm512_max_ps(s0, s1);
+    __m512 vm = _mm512_set1_ps(m);
+    if (_mm512_cmp_ps_mask(mx, vm, _CMP_GT_OQ)) {  // a new maximum
+        const float mn = _mm512_reduce_max_ps(mx);
+        if (m != -INFINITY) {  // before the first visible tile o and l16 are zero: nothing to rescale
+            const __m512 alpha = _mm512_set1_ps(std::exp(m - mn));
+            for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), alpha));
+            _mm512_storeu_ps(l16, _mm512_mul_ps(_mm512_loadu_ps(l16), alpha));
+        }
+        m = mn;
+        vm = _mm512_set1_ps(mn);
+    }
+    const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16_le0(_mm512_sub_ps(s0, vm)));
+    const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16_le0(_mm512_sub_ps(s1, vm)));
+    _mm512_storeu_ps(s, e0);
+    _mm512_storeu_ps(s + 16, e1);
+    _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), _mm512_add_ps(e0, e1)));
+}
+#endif
+
 // S[r][j] = Q[r] . K[j] for R rows and nk key rows (k[j], in the cache): few-row items (decodes)
 // read K where it lies instead of transposing it first
 inline void score_direct(const float* q, int64_t R, int64_t D, const float* const* k, int nk, float* s) {
