@@ -52,6 +52,11 @@ class TransferCosts:
     def worth_loading(self, tier: str) -> bool:
         return self.load_s(tier) <= self.recompute_s()
 
+    def regain_s(self, tier: str) -> float:
+        """Seconds to get one block back that went down to `tier`: the cheaper of loading it and
+        recomputing it (`worth_loading` decides which)."""
+        return self.load_s(tier) if self.worth_loading(tier) else self.recompute_s()
+
     def load_timeout_s(self, num_blocks: int) -> float:
         """After this long a load is given up (its blocks recomputed)."""
         return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * num_blocks * self.recompute_s())

@@ -91,7 +91,8 @@ class StepPlan:
     """What this step's admissions have promised so far (blocks not allocated yet)."""
 
     reserved: int = 0  # blocks running / loading / admitted sequences will still allocate
-    kept: set[int] = field(default_factory=set)  # block ids of skipped candidates' resident prefixes
+    # block ids of skipped candidates' resident prefixes (a lapsed one's are not kept: `skipped`)
+    kept: set[int] = field(default_factory=set)
     passed: list[str] = field(default_factory=list)  # request ids of skipped candidates, in order
 
 
@@ -139,8 +140,13 @@ class AdmissionPolicy:
     def made_room(self, seq: Sequence) -> None:
         """`make_room` swapped decodes out for waiting `seq` in this step (`holds` must let it run)."""
 
-    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
-        """`seq` did not fit; True: try the next candidate, False: stop admitting this step."""
+    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,
+                lapse: Callable[[], bool] | None = None) -> bool:
+        """`seq` did not fit; True: try the next candidate, False: stop admitting this step. What a
+        skipped candidate keeps from the ones after it (`plan.kept`, `plan.reserved`) is decided
+        here alone: its resident prefix (`match`) is kept unless `lapse()` says its wait for room
+        is longer than getting the prefix back (`engine.room_wait.lapses`; asked only where the
+        policy would keep it, never for a candidate it reserves room for)."""
         return False
 
     def admitted(self, seq: Sequence, plan: StepPlan) -> None:
@@ -214,11 +220,15 @@ class CacheAwareAdmission(AdmissionPolicy):
         need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
         return need <= kept_free(plan, match, kv)
 
-    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
+    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,
+                lapse: Callable[[], bool] | None = None) -> bool:
         if self.skips.get(seq.request_id, 0) >= self.max_skips:
             return False  # starving: nothing goes past it
         plan.passed.append(seq.request_id)
-        plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
+        # lapsed, it adds nothing: the blocks an earlier skipped candidate keeps stay kept; the
+        # later admissions past it are bounded by `max_skips` (each one overtakes it once)
+        if lapse is None or not lapse():
+            plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
         return True
 
     def admitted(self, seq: Sequence, plan: StepPlan) -> None:

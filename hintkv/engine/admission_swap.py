@@ -21,7 +21,7 @@ so a swap turns that wait into TTFT saved; what it costs is the displaced decode
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from hintkv.engine.admission import ShortFirstAdmission, StepPlan, blocks_to_end, register_admission
@@ -107,11 +107,13 @@ class PrefillFairAdmission(PrefillFirstAdmission):
         self._need = (seq.request_id, max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks)))
         return super().room(seq, match, kv, plan)
 
-    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan) -> bool:
-        if not super().skipped(seq, match, plan):
+    def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,
+                lapse: Callable[[], bool] | None = None) -> bool:
+        due = self._due(seq)  # its room is reserved beside its resident prefix: that never lapses
+        if not super().skipped(seq, match, plan, None if due else lapse):
             return False
         rid, need = self._need
-        if self._due(seq) and rid == seq.request_id:  # whoever goes past it leaves it room to come back
+        if due and rid == seq.request_id:  # whoever goes past it leaves it room to come back
             plan.reserved += need
         return True
 

@@ -21,6 +21,7 @@ Each transition adds to the request's TTFT parts (`engine.ttft`).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 from hintkv.engine import ttft
@@ -156,14 +157,12 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 sch.release_queued(seq)
                 out.out_of_room.append(seq)
                 return budget
-            wait = earliest_room_s(sch, seq, match, plan)
-            note_blocked(sch, seq, wait, out.started)  # SAM ranks its kept prefix by the wait
-            # waiting longer than its reload, its prefix lapses: later candidates may take the
-            # blocks it alone keeps (an earlier skipped candidate's share stays kept)
-            lapsed = [b.block_id for b in match.blocks if b.block_id not in plan.kept] \
-                if lapses(sch, match, wait) else ()
-            if policy.skipped(seq, match, plan):
-                plan.kept.difference_update(lapsed)
+            # its wait for room, estimated once and only where used (on the plan as it stands: `skipped`
+            # asks before it reserves anything)
+            wait = cache(partial(earliest_room_s, sch, seq, match, plan))
+            note_blocked(sch, seq, wait, out.started)  # SAM ranks a hinted session's kept prefix by it
+            # the policy decides what it keeps: its prefix lapses when the wait is longer than its reload
+            if policy.skipped(seq, match, plan, partial(lapses, sch, match, wait)):
                 continue
             return budget
         sch.kv.admit(seq, match, n)

@@ -13,11 +13,12 @@ a 450K-token queued prefix ranked "due within Q" while a 496K-token cold prefill
 so the decodes' growth took the room of the short calls behind it instead of that prefix (lru took
 the prefix, and let them in 43 s sooner). The same wait also decides whether the candidate keeps
 its resident prefix from the candidates after it this step (`lapses`: not when the wait is longer
-than getting the prefix back). Runs on the engine thread, under its state lock.
+than getting the prefix back). The wait is estimated only where one of them uses it. Runs on the engine thread, under its state lock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hintkv.engine.admission import StepPlan, blocks_to_end
@@ -54,32 +55,38 @@ def earliest_room_s(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: Ste
     return 0.0
 
 
-def lapses(sch: Scheduler, match: PrefixMatch, wait: float) -> bool:
-    """True: a skipped candidate that waits `wait` seconds for room no longer keeps its resident
-    prefix (`match`) from the candidates after it. Kept, those blocks sit idle for the whole wait
-    while the short calls behind it find no room; let go, a later admission may take them (written
-    down to the top tier first, as any held session's evicted blocks), and they come back when the
-    candidate's room opens, at their reload (or recompute, the cheaper) cost per block. So the
-    prefix lapses when the wait is longer than that cost: the room then serves someone meanwhile
-    at a price below the wait it saves. Both hinted and unhinted tiered runs (engine knowledge)."""
+def lapses(sch: Scheduler, match: PrefixMatch, wait: Callable[[], float]) -> bool:
+    """True: a skipped candidate that waits `wait()` seconds for room (`earliest_room_s`, asked
+    only here past the cheap checks) no longer keeps its resident prefix (`match`) from the
+    candidates after it (the admission policy asks, in `AdmissionPolicy.skipped`: not for a
+    candidate it reserves room for). Kept, those blocks sit idle for the whole wait while the
+    short calls behind it find no room; let go, a later admission may take them (written down to
+    the top tier first, as any held session's evicted blocks), and they come back when the
+    candidate's room opens, at their reload (or recompute, the cheaper: `TransferCosts.regain_s`)
+    cost per block. So the prefix lapses when the wait is longer than that cost: the room then
+    serves someone meanwhile at a price below the wait it saves. What the calls admitted into
+    that room add to the candidate's own wait is not priced: their blocks to their end are still
+    held when its room would have opened. That is bounded by the policy's `max_skips` (each
+    admission past it counts one; then it is starving and nothing goes past it). Both hinted and
+    unhinted tiered runs (engine knowledge)."""
     tiers = sch.kv.tiers
-    if wait <= 0 or tiers is None or not match.blocks:
+    if tiers is None or not match.blocks:
         return False
-    costs = tiers.costs
-    per_block = min(costs.load_s(tiers.stack.tiers[0].name), costs.recompute_s())
-    return wait > len(match.blocks) * per_block
+    t = wait()
+    return t > 0 and t > len(match.blocks) * tiers.costs.regain_s(tiers.stack.tiers[0].name)
 
 
-def note_blocked(sch: Scheduler, seq: Sequence, wait: float, now: float) -> None:
-    """Waiting `seq` found no room in this step, and waits `wait` seconds at least
-    (`earliest_room_s`): tell SAM when room opens at the earliest."""
+def note_blocked(sch: Scheduler, seq: Sequence, wait: Callable[[], float], now: float) -> None:
+    """Waiting `seq` found no room in this step, and waits `wait()` seconds at least
+    (`earliest_room_s`, asked only for a hinted session): tell SAM when room opens at the earliest."""
     key = seq.session_key
     if key is None or not sch.hints or sch.kv.tiers is None:
         return
     s = sch.sam.sessions.sessions.get(key)
     if s is None:
         return
-    until = now + wait if wait > 0 else 0.0
+    t = wait()
+    until = now + t if t > 0 else 0.0
     old = s.blocked_until
     if old > now and until > now and abs(until - old) <= TOLERANCE * (old - now):
         return
