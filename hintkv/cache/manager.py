@@ -8,9 +8,10 @@ A sequence's block table, for one step:
     | matched (cached) | computed earlier | new this step | (unallocated) |
 
 With lower tiers (`tiers`, a `TierConnector`), a prefix continues below the device: admission also
-allocates blocks for the run found in host/disk and starts loading it;
+allocates blocks for the run found in host/disk and starts loading it (after the blocks a
+prefetch is already bringing up, which it takes over: `in_flight`);
 
-    | matched (device) | loading (host/disk) | (rest: computed once the load lands) |
+    | matched (device) | in flight (adopted) | loading (host/disk) | (rest: computed once the load lands) |
 
 the scheduler keeps the sequence aside until `load_ready`, then `finish_load` advances it over
 the blocks that arrived (a failed block truncates the run there: the rest is recomputed).
@@ -44,7 +45,20 @@ class PrefixMatch:
     # (`BlockPool.ref_epoch`, how many of `blocks` are unreferenced) when `free_room` last counted:
     # a cache, not part of the match (no equality, no repr)
     unreferenced: tuple[int, int] = field(default=(-1, 0), compare=False, repr=False)
-    awaits_prefetch: bool = False  # the next block is on its way up in a prefetch: wait for it
+    # blocks after `blocks` that prefetches are bringing up: the request takes them over as the
+    # first of `lower` (`TierLoads.adopt`); they hold device blocks already, so need no room
+    in_flight: int = 0
+
+    @property
+    def num_held(self) -> int:
+        """Blocks of the prefix the request needs no new room for: matched, or in flight to it."""
+        return len(self.blocks) + self.in_flight
+
+    @property
+    def num_adopted(self) -> int:
+        """The in-flight blocks `admit` takes over: `lower` leads with them (none once the
+        scheduler dropped `lower` to compute the prefix instead)."""
+        return min(self.in_flight, len(self.lower))
 
 
 @dataclass(slots=True)
@@ -96,6 +110,8 @@ class KVCacheManager:
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
         blocks = self.device_run(seq.request_id, hashes) if keep else self.pool.leading_run(hashes)
         match = PrefixMatch(blocks, len(blocks) * self.block_size)
+        if self.tiers is not None and len(blocks) < len(hashes):
+            match.in_flight = self.tiers.in_flight_run(hashes[len(blocks):])
         if lower:
             self.match_lower(seq, match)
         return match
@@ -106,33 +122,28 @@ class KVCacheManager:
         not fit is not re-planned every step: that was 69% of a stalled 100-user simulation).
         `loadable` (the scheduler, which drops a run it cannot load): a run longer than the
         device's free blocks can hold is left empty, and planning stops one block past that
-        room (a stalled queue's head was re-planned over its whole host run every step). When
-        the block after the device run is on its way up in a prefetch, the request waits for
-        that (`awaits_prefetch`) instead of loading a second copy; a plan stops at the first
-        block a prefetch is bringing up (the request computes the rest once its load lands: its
-        next block was evicted after the prefetch was planned), or whose prefetch failed or timed out in this step (`TierLoads.held_up`: that block is
-        computed, not waited for a second time on a hung tier)."""
+        room (a stalled queue's head was re-planned over its whole host run every step). The
+        blocks a prefetch is bringing up right after the device run (`in_flight`) lead
+        `lower`: the request takes that transfer over (no second copy, no wait in the queue);
+        its own plan after them stops at the first block another prefetch is bringing up or
+        whose prefetch failed or timed out lately (`TierLoads.held_up`: computed, not waited
+        for a second time on a hung tier)."""
         hashes = self.update_hashes(seq, seq.num_tokens - 1)
         n = len(match.blocks)
         if self.tiers is None or n >= len(hashes):
             return
         if not loadable:
             match.lower_tiers = self.tiers.plan(hashes[n:])
-        elif self.tiers.prefetching(hashes[n]):  # no second copy: matched on the device once landed
-            match.awaits_prefetch = True
         else:  # a plan of at most room + 1 blocks is the full plan when that fits, else too long
+            k = match.in_flight = self.tiers.in_flight_run(hashes[n:])
             room = self.free_room(match)
             held_up = self.tiers.held_up
-            todo = list(takewhile(lambda h: not held_up(h), hashes[n:n + room + 1])) if room > 0 else []
+            ahead = hashes[n + k:n + k + room + 1] if room > 0 else []
+            todo = list(takewhile(lambda h: not held_up(h), ahead))
             tiers = self.tiers.plan(todo) if todo else []
-            match.lower_tiers = tiers if len(tiers) <= room else []
+            own = tiers if len(tiers) <= room else []
+            match.lower_tiers = self.tiers.in_flight_tiers(hashes[n:n + k]) + own
         match.lower = hashes[n:n + len(match.lower_tiers)]
-
-    def awaits_prefetch(self, seq: KVSequence, match: PrefixMatch) -> bool:
-        """The block after `match`'s device run is on its way up in a pending prefetch."""
-        hashes = self.update_hashes(seq, seq.num_tokens - 1)
-        n = len(match.blocks)
-        return self.tiers is not None and n < len(hashes) and self.tiers.prefetching(hashes[n])
 
     def device_run(self, key: str, hashes: list[BlockHash]) -> list[Block]:
         """`BlockPool.leading_run(hashes)` for a waiting request `key`, kept between calls: a
@@ -171,7 +182,7 @@ class KVCacheManager:
     def can_admit(self, seq: KVSequence, match: PrefixMatch, num_new_tokens: int) -> bool:
         """Room for the matched prefix, its lower-tier run, and `num_new_tokens` after them."""
         upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
-        need = self._blocks_needed(seq, upto, len(match.blocks))
+        need = self._blocks_needed(seq, upto, len(match.blocks) + match.num_adopted)
         return need <= self.free_room(match)
 
     def free_room(self, match: PrefixMatch) -> int:
@@ -191,10 +202,12 @@ class KVCacheManager:
         """Take the blocks; start loading the lower-tier run if any. True: the sequence must
         wait for `load_ready` (it computes nothing until `finish_load`)."""
         upto = match.num_tokens + len(match.lower) * self.block_size + num_new_tokens
-        need = self._blocks_needed(seq, upto, len(match.blocks))
+        k = match.num_adopted
+        need = self._blocks_needed(seq, upto, len(match.blocks) + k)
         self._runs.pop(seq.request_id, None)
         self.pool.touch(match.blocks)
-        seq.block_table = list(match.blocks) + self.pool.allocate(need)
+        adopted = self.tiers.adopt(seq.request_id, match.lower[:k]) if k else []
+        seq.block_table = list(match.blocks) + adopted + self.pool.allocate(need)
         seq.num_computed_tokens = match.num_tokens
         seq.num_registered_blocks = len(match.blocks)
         first = not seq.admitted_once
@@ -207,10 +220,10 @@ class KVCacheManager:
         if not match.lower:
             return False
         assert self.tiers is not None
-        n = len(match.blocks)
+        n = len(match.blocks) + k
         seq.loading_counts_as_hit = first
-        self.tiers.start_load(seq.request_id, match.lower, seq.block_table[n:n + len(match.lower)],
-                              match.lower_tiers)
+        self.tiers.start_load(seq.request_id, match.lower[k:], seq.block_table[n:n + len(match.lower) - k],
+                              match.lower_tiers[k:])
         return True
 
     @property

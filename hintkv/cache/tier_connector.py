@@ -107,10 +107,11 @@ class TierConnector(TierLoads):
         self.layout = stack.layout
         self.costs = TransferCosts(self.layout.nbytes, block_size)
         self.counters = TierCounters()
-        self._loads: dict[str, PendingLoad] = {}  # request id -> its prefix load
+        self._loads: dict[str, list[PendingLoad]] = {}  # request id -> its prefix load's parts
         self._prefetches: list[PendingLoad] = []
-        self._fetching: set[BlockHash] = set()  # the hashes of `_prefetches` (`prefetching`)
-        self._lost: set[BlockHash] = set()  # hashes the last poll's prefetches did not bring up
+        self._fetching: dict[BlockHash, str] = {}  # the hashes of `_prefetches` -> their tier
+        # hashes landed prefetches did not bring up -> until when a request's load skips them
+        self._lost: dict[BlockHash, float] = {}
         # offloads: counted until `poll` consumed them; the landed ones queued by done-callbacks
         # (mover threads) under `_landed_lock`
         self._num_offloads = 0
@@ -302,7 +303,7 @@ class TierConnector(TierLoads):
 
     def check_integrity(self) -> None:
         self.stack.check_integrity()
-        for p in [*self._loads.values(), *self._prefetches]:
+        for p in [*(p for parts in self._loads.values() for p in parts), *self._prefetches]:
             assert all(b.ref_cnt > 0 and b.hash is None for b in p.blocks), \
                 "a block being loaded is free or already indexed"
 

@@ -12,13 +12,16 @@ flushed (`_land`). The mixin uses the connector's `pool`, `stack`, `io`, `costs`
 `clock`, `layout`, `host_mode`, `pool_tier`, `spm`, `protected_class`, `keep`, `_loads`,
 `_prefetches`, `_fetching`, `_lost`, `_staging` and `flush_write_downs`.
 
-A request's own load never takes a block a prefetch is bringing up (`held_up`): when its next
-block is in flight it waits for that prefetch to land (`KVCacheManager.match_lower`), then matches
-those blocks on the device; a plan stops at the first in-flight block (past its loaded run it
-computes: its next block was evicted after the prefetch was planned). A block whose prefetch
-failed or timed out is computed, not loaded again from the same tier. (The agent sends its prefetch hint just before its call: the call's own load of the same
-blocks took a second copy's room and bandwidth, and its room came out of queued requests'
-prefixes: `hintkv sim`, sixteenth session.)
+A request whose next blocks a prefetch is bringing up takes that transfer over as its own load
+(`adopt`: the prefetch's blocks, staging and future become part of the request's load, no second
+copy), and is admitted as LOADING at once with room reserved for the rest; its own plan of the
+blocks after them stops at the first block another prefetch is bringing up (`held_up`). A
+request's load is a list of parts (`PendingLoad`s, in block order): the adopted slices of
+prefetches, then its own. A block whose prefetch failed or timed out is computed, not loaded
+again from the same tier, for one load timeout after that poll. (The agent sends its prefetch
+hint just before its call: the call's own load of the same blocks took a second copy's room and
+bandwidth (the fifteenth session); holding the call in the queue until the prefetch landed left
+its room to others and cost the whole trace set 0.0167 s/call of queue (the sixteenth's review).)
 """
 
 from __future__ import annotations
@@ -48,13 +51,23 @@ class PendingLoad:
     started: float
     deadline: float
     done_at: float | None = None  # when the last block arrived (for bandwidth)
+    first: int = 0  # a slice of a split prefetch: its first block's index in `batch`'s results
+    whole: bool = True  # False: a slice (its time is the whole batch's: not a bandwidth sample)
 
     def ready(self, now: float) -> bool:
         return now >= self.deadline or self.batch.done()
 
     def results(self) -> list[bool]:
         """Per block: arrived intact in time (a load still pending counts as failed)."""
-        return self.batch.result() if self.batch.done() else [False] * len(self.hashes)
+        if not self.batch.done():
+            return [False] * len(self.hashes)
+        got = self.batch.result()
+        return got if self.whole else got[self.first:self.first + len(self.hashes)]
+
+    def part(self, lo: int, hi: int) -> PendingLoad:
+        """Blocks [lo, hi) of this load, on the same transfer (staging rows are views)."""
+        return PendingLoad(self.hashes[lo:hi], self.blocks[lo:hi], self.tiers[lo:hi], self.staging[lo:hi],
+                           self.batch, self.started, self.deadline, self.done_at, self.first + lo, False)
 
 
 class TierLoads:
@@ -70,35 +83,91 @@ class TierLoads:
             run = list(takewhile(lambda t: t not in skip, run))
         return run
 
+    def in_flight_run(self, hashes: list[BlockHash]) -> int:
+        """How many leading `hashes` pending prefetches are bringing up (`adopt` takes them)."""
+        fetching = self._fetching
+        if not fetching or hashes[0] not in fetching:  # (the usual case: one lookup)
+            return 0
+        return sum(1 for _ in takewhile(fetching.__contains__, hashes))
+
+    def in_flight_tiers(self, hashes: list[BlockHash]) -> list[str]:
+        """The tier each of `hashes` (all in flight) is being brought up from."""
+        return [self._fetching[h] for h in hashes]
+
+    def adopt(self, key: str, hashes: list[BlockHash]) -> list[Block]:
+        """Request `key` takes over the prefetches bringing up `hashes` (an `in_flight_run`) as
+        the first parts of its load: their slices leave the prefetches (the rest of each stays
+        one), and their device blocks, returned in order, become the request's (their
+        references pass to it). No second copy and no second wait: it lands when they do."""
+        at = {h: (p, i) for p in self._prefetches for i, h in enumerate(p.hashes)}
+        taken: dict[int, list[tuple[int, int]]] = {}  # id(prefetch) -> its slices taken
+        parts, blocks, i = [], [], 0
+        while i < len(hashes):
+            p, j = at[hashes[i]]
+            m = 1
+            while i + m < len(hashes) and j + m < len(p.hashes) and p.hashes[j + m] == hashes[i + m]:
+                m += 1
+            parts.append(p if m == len(p.hashes) else p.part(j, j + m))  # (whole: its time is a sample)
+            blocks += p.blocks[j:j + m]
+            taken.setdefault(id(p), []).append((j, j + m))
+            i += m
+        kept = []
+        for p in self._prefetches:
+            cuts = sorted(taken.get(id(p), ()))
+            if not cuts:
+                kept.append(p)
+                continue
+            lo = 0
+            for a, b in cuts + [(len(p.hashes), len(p.hashes))]:
+                if a > lo:
+                    kept.append(p.part(lo, a))
+                lo = b
+        self._prefetches = kept
+        for h in hashes:
+            del self._fetching[h]
+        self._loads[key] = parts
+        return blocks
+
     def start_load(self, key: str, hashes: list[BlockHash], blocks: list[Block],
                    tiers: list[str]) -> None:
-        self._loads[key] = self._load(hashes, blocks, tiers)
+        """Load `hashes` into `blocks` for request `key`, after any parts it adopted."""
+        if hashes:
+            self._loads.setdefault(key, []).append(self._load(hashes, blocks, tiers))
 
     def load_ready(self, key: str) -> bool:
-        return self._loads[key].ready(self.clock())
+        now = self.clock()
+        return all(p.ready(now) for p in self._loads[key])
 
     def load_tiers(self, key: str) -> list[str]:
         """The tier each block of `key`'s pending load comes from."""
-        return self._loads[key].tiers
+        return [t for p in self._loads[key] for t in p.tiers]
 
     def wait_load(self, key: str, timeout_s: float) -> bool:
         """Block until `key`'s load has landed or `timeout_s` passes (`Mover.wait_done`: the
         simulator's mover blocks in simulated time). True: it landed (`finish_load` takes it)."""
-        batch = self._loads[key].batch
-        if not batch.done() and timeout_s > 0:
-            t0 = self.clock()
-            self.stack.mover.wait_done(batch, timeout_s)
-            self.counters.load_wait_s += self.clock() - t0
-        return batch.done()
+        t0 = self.clock()
+        for p in self._loads[key]:
+            left = timeout_s - (self.clock() - t0)
+            if not p.batch.done() and left > 0:
+                self.stack.mover.wait_done(p.batch, left)
+        self.counters.load_wait_s += self.clock() - t0
+        return all(p.batch.done() for p in self._loads[key])
 
     def finish_load(self, key: str) -> tuple[int, list[str]]:
-        """Scatter the leading run of good blocks of a ready load into the device; returns
-        (blocks loaded, their tiers). The caller registers them and advances its sequence."""
-        load = self._loads.pop(key)
-        n = self._land(load)
+        """Scatter the leading run of good blocks of a ready load into the device (its parts in
+        order, up to the first block that did not arrive); returns (blocks loaded, their tiers).
+        The caller registers them and advances its sequence."""
+        n, hashes, tiers = 0, [], []
+        for load in self._loads.pop(key):
+            got = self._land(load)
+            n += got
+            hashes += load.hashes[:got]
+            tiers += load.tiers[:got]
+            if got < len(load.hashes):
+                break  # the rest is computed
         self.counters.num_loaded += n
-        self._leave_below(load.hashes[:n])
-        return n, load.tiers[:n]
+        self._leave_below(hashes)
+        return n, tiers
 
     def _leave_below(self, hashes: list[BlockHash]) -> None:
         """`exclusive`: blocks now on the device leave the private tiers below (host, disk)."""
@@ -157,7 +226,7 @@ class TierLoads:
             return 0
         blocks = self.pool.allocate(n)  # victims (ranked below running) are written down first
         self._prefetches.append(self._load(todo[:n], blocks, tiers[:n]))
-        self._fetching.update(todo[:n])
+        self._fetching.update(zip(todo[:n], tiers[:n]))
         return n
 
     def room_below_protected(self, cls: int | None = None) -> int:
@@ -175,8 +244,9 @@ class TierLoads:
 
     def held_up(self, h: BlockHash) -> bool:
         """A request's own load does not take `h`: a pending prefetch is bringing it up, or its
-        prefetch failed or timed out in this step's `poll` (a request that waited for it on a
-        hung tier computes it rather than wait out a second load timeout there)."""
+        prefetch failed or timed out less than one load timeout ago (a request that took that
+        prefetch over, or comes after it, computes it rather than wait out a second load
+        timeout on a hung tier, whether it is admitted in that step or a later one)."""
         return h in self._fetching or h in self._lost
 
     def prefetching_blocks(self) -> list[Block]:
@@ -211,7 +281,7 @@ class TierLoads:
             self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
             order = [t.name for t in self.stack.tiers]
             slowest = max(load.tiers[:n], key=order.index)
-            if load.done_at is not None:
+            if load.done_at is not None and load.whole:
                 seconds = load.done_at - load.started
                 self.costs.observe_load(slowest, n, seconds)
                 self.counters.loaded_bytes += n * self.layout.nbytes
@@ -221,7 +291,9 @@ class TierLoads:
     def _land_prefetches(self, now: float) -> None:
         """Land the ready prefetches: their good blocks registered as cached (ref 0) when some
         live session still holds them and the device lacks them; the others released empty."""
-        still, lost = [], set()
+        still, lost = [], self._lost
+        for h in [h for h, until in lost.items() if until <= now]:
+            del lost[h]
         for p in self._prefetches:
             if not p.ready(now):
                 still.append(p)
@@ -235,12 +307,16 @@ class TierLoads:
                     if self.spm is not None and p.tiers[i] == self.spm.pool.name:
                         self.spm.counters.num_pool_prefetched += 1
             self.pool.release(p.blocks)  # registered: cached (ref 0); the others: empty
-            self._fetching.difference_update(p.hashes)
-            lost.update(p.hashes[n:])
-        self._prefetches, self._lost = still, lost
+            for h in p.hashes:
+                self._fetching.pop(h, None)
+            until = now + self.costs.load_timeout_s(len(p.hashes) - n)
+            lost.update((h, until) for h in p.hashes[n:])
+        self._prefetches = still
 
     def pending_futures(self) -> list[Future]:
-        return [p.batch for p in [*self._loads.values(), *self._prefetches] if not p.batch.done()]
+        loads = [p for parts in self._loads.values() for p in parts]
+        pending = {id(p.batch): p.batch for p in [*loads, *self._prefetches] if not p.batch.done()}
+        return list(pending.values())  # (a split prefetch's parts share one future)
 
     def wait_for_loads(self, futures: list[Future[bool]], timeout_s: float) -> None:
         """Idle engine: block (outside the state lock) until `futures` land or `timeout_s` passes

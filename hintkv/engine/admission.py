@@ -217,7 +217,7 @@ class CacheAwareAdmission(AdmissionPolicy):
         return starving + rest + tail
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
-        need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
+        need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - match.num_held)
         return need <= kept_free(plan, match, kv)
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,

@@ -113,7 +113,7 @@ class SerialAdmission(CacheAwareAdmission):
             return True
         blocks = {b for ids, _ in back for b in ids}
         end = blocks_to_end(seq, kv.block_size, self.max_model_len)
-        need = max(0, end - len(match.blocks))
+        need = max(0, end - match.num_held)
         short = need - (kept_free(plan, match, kv) - len(blocks - plan.kept))
         if short <= 0:
             return True  # fits beside every returner's context

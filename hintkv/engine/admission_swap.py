@@ -104,7 +104,7 @@ class PrefillFairAdmission(PrefillFirstAdmission):
         return not any(self._due(s) for s in waiting)
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
-        self._need = (seq.request_id, max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks)))
+        self._need = (seq.request_id, max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - match.num_held))
         return super().room(seq, match, kv, plan)
 
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,

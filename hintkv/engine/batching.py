@@ -129,18 +129,13 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
         match = sch.kv.match_prefix(seq, keep=True, lower=False)  # room reads the device run only
         fits = alone or policy.room(seq, match, sch.kv, plan)
         if fits:  # a candidate without room is skipped or stops admission: its plan is not needed
-            sch.kv.match_lower(seq, match, loadable=True)
-            # its next blocks land with a prefetch: it waits for them, passed over as a skipped
-            # candidate is (its resident prefix kept from the ones after it), or, under a policy
-            # that skips nobody (fcfs), it stops admission as a head without room does
-            if match.awaits_prefetch:
-                if policy.skipped(seq, match, plan):
-                    continue
-                return budget
-        if match.lower and fits:  # load first (no budget now); computes once the blocks land
-            if not sch.kv.can_admit(seq, match, 0):
-                match.lower, match.lower_tiers = [], []  # no room to load into: compute it
-            else:
+            sch.kv.match_lower(seq, match, loadable=True)  # led by the blocks a prefetch brings up
+        if match.lower and fits:  # load first (no budget now; a prefetch in flight is taken
+            # over: `TierLoads.adopt`); computes once the blocks land
+            if not sch.kv.can_admit(seq, match, 0):  # no room to load its own run into: only the
+                k = match.num_adopted  # blocks a prefetch brings up (their room is held), or compute
+                match.lower, match.lower_tiers = match.lower[:k], match.lower_tiers[:k]
+            if match.lower:
                 sch.kv.admit(seq, match, 0)
                 _admitted(sch, seq, SeqStatus.LOADING, plan, out.started)
                 sch.loading.append(seq)
@@ -231,9 +226,7 @@ def make_room(sch: Scheduler) -> None:
     match = kv.match_prefix(head, keep=True, lower=False)
     if policy.room(head, match, kv, plan):
         return
-    if kv.awaits_prefetch(head, match):
-        return  # it only waits for the prefetch bringing up its next block: no room is needed now
-    need = max(0, blocks_to_end(head, bs, mml) - len(match.blocks))
+    need = max(0, blocks_to_end(head, bs, mml) - match.num_held)  # (in-flight blocks are its own)
     short = need - (kv.free_room(match) - plan.reserved)
     decodes = [s for s in sch.running if s.first_token_time is not None and s.num_preemptions == 0
                and s.num_computed_tokens >= s.num_tokens - 1]

@@ -1,9 +1,10 @@
-"""The prefetch wait's edges (`test_scheduler_prefetch_wait`'s setup: the real scheduler, KV
-manager and TierConnector over the simulator's host tier, no model): an awaiting request's
-resident prefix is not given to a later candidate, its wait preempts no decode, a prefetch that
-fails, times out, belongs to an ended session or is evicted after landing leaves the request
-running within one load timeout with the stored KV or recomputed, and a request's own load
-never takes a block a prefetch is bringing up."""
+"""The prefetch takeover's edges (`test_scheduler_prefetch_wait`'s setup: the real scheduler, KV
+manager and TierConnector over the simulator's host tier, no model): a request taking over a
+prefetch keeps its resident prefix and preempts no decode, a prefetch that fails, times out,
+belongs to an ended session or is evicted after landing leaves the request running within one
+load timeout with the stored KV or recomputed, a failed prefetch's blocks are computed by a
+request admitted after that poll too, and a request's own load never takes a block a prefetch
+is bringing up."""
 
 from __future__ import annotations
 
@@ -47,10 +48,9 @@ def _kv_of(kv, seq, n: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "short-first"])
-def test_a_later_candidate_does_not_take_an_awaiting_requests_resident_prefix(policy):
-    """fcfs stops admission at the awaiting head (as at a head without room); short-first passes
-    it as a skipped candidate, its resident block kept. Either way b waits, block 0 stays, and a
-    matches all 4 blocks on the device with no load of its own."""
+def test_a_request_on_a_prefetch_keeps_its_resident_prefix(policy):
+    """Block 0 resident, blocks 1-3 in flight: a is admitted at once on the prefetch's transfer
+    with block 0 first in its table (a later candidate cannot take it), and matches all 4."""
     clock, sessions = EventClock(), SessionRegistry()
     kv = KVCacheManager(12, BS, make_policy("sam", sessions=sessions))
     kv.tiers = sim_tiers(kv, True, 32, clock, CostModel(load_profile("h200-llama3-8b")))
@@ -59,23 +59,27 @@ def test_a_later_candidate_does_not_take_an_awaiting_requests_resident_prefix(po
     held = _held(sessions, tokens, 4)
     _resident(kv, held[0])
     assert kv.tiers.prefetch(held) == (3, 1)
+    resident = kv.pool.lookup(held[0])
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, clock=clock, admission=policy)
     a, b = seq_of("a", tokens), seq_of("b", list(range(1000, 1033)))
     sched.add_request(a)
     sched.add_request(b)
-    out = sched.schedule()
-    assert a.status is SeqStatus.WAITING and b.status is SeqStatus.WAITING and not out.scheduled
-    assert kv.pool.lookup(held[0]) is not None
+    sched.schedule()
+    assert a.status is SeqStatus.LOADING and a.block_table[0] is resident
+    assert kv.tiers.load_tiers("a") == ["host"] * 3
     _run(clock)
-    out = sched.schedule()
+    sched.schedule()
     assert a.status is SeqStatus.RUNNING and a.num_cached_tokens == 16
-    assert kv.tiers.counters.num_loaded == 0 and kv.hit_tokens_by_tier["device"] == 16
+    assert kv.tiers.counters.num_loaded == 3 and kv.hit_tokens_by_tier == {"device": 4, "host": 12}
     assert all(torch.equal(g, p) for g, p in zip(_kv_of(kv, a, 4)[1:], payloads[1:]))  # the prefetched
     kv.check_integrity()
 
 
-def test_a_swapping_policy_preempts_no_decode_for_a_request_that_waits_for_its_prefetch():
-    kv, clock, sessions = _setup()
+def test_a_swapping_policy_preempts_no_decode_for_a_request_on_its_prefetch():
+    """9 blocks: d holds 3 and 2 more to its end, the prefetch 3: a needs only the one left past
+    its in-flight blocks, so no decode is swapped out for it (counting those 3 as room it needs,
+    `make_room` swapped d out)."""
+    kv, clock, sessions = _setup(num_blocks=9)
     tokens = list(range(13))
     _store(kv, clock, tokens, 3)
     held = _held(sessions, tokens, 3)
@@ -90,7 +94,7 @@ def test_a_swapping_policy_preempts_no_decode_for_a_request_that_waits_for_its_p
     sched.add_request(a)
     out = sched.schedule()
     assert sched.num_preemptions == 0 and not out.preempted and d.status is SeqStatus.RUNNING
-    assert a.status is SeqStatus.WAITING
+    assert a.status is SeqStatus.LOADING
     _step(sched, out)
     _run(clock)
     sched.schedule()
@@ -177,4 +181,29 @@ def test_a_requests_own_load_stops_at_the_first_block_a_prefetch_is_bringing_up(
     assert a.status is SeqStatus.RUNNING and a.num_cached_tokens == 4
     assert kv.tiers.counters.num_loaded == 1
     assert torch.equal(_kv_of(kv, a, 1)[0], payloads[0])
+    kv.check_integrity()
+
+
+def test_a_failed_prefetchs_blocks_are_computed_by_a_request_admitted_after_that_poll():
+    """The tier hangs: the prefetch times out in one poll, the call comes a step later. Its plan
+    skips those blocks for one load timeout (computed at once), not only in the failing poll's
+    step (it loaded them from the hung tier again and waited out a second timeout)."""
+    kv, clock, sessions = _setup()
+    tokens = list(range(13))
+    _store(kv, clock, tokens, 3)
+    held = _held(sessions, tokens, 3)
+    _hang(kv, clock, sessions)
+    assert kv.tiers.prefetch(held) == (3, 0)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, clock=clock)
+    clock.after(kv.tiers.costs.load_timeout_s(3) + 0.01, lambda: None)
+    clock.run_next()
+    sched.schedule()  # nothing waiting: the poll finds the prefetch timed out
+    assert not kv.tiers.prefetching(held[0])
+    clock.after(0.05, lambda: None)
+    clock.run_next()
+    a = seq_of("a", tokens)
+    sched.add_request(a)
+    out = sched.schedule()
+    assert a.status is SeqStatus.RUNNING and [s.num_new_tokens for s in out.scheduled] == [13]
+    assert a.num_cached_tokens == 0
     kv.check_integrity()
