@@ -240,11 +240,15 @@ class SessionRegistry:
             self._changed(s)
         return s
 
-    def block(self, key: str, until: float, now: float) -> None:
+    def block(self, key: str, until: float, now: float, tolerance: float = 0.0) -> None:
         """`key`'s queued request cannot be admitted before `until` (0.0: it can be now, or it
-        was admitted): re-ranked when that moves its predicted next use (`engine.room_wait`)."""
+        was admitted): re-ranked when that moves its predicted next use (`engine.room_wait`),
+        not when a wait still ahead moves by at most `tolerance` of what is left of it."""
         s = self.sessions.get(key)
         if s is None or s.state is not SessionState.ACTIVE or s.blocked_until == until:
+            return
+        old = s.blocked_until
+        if old > now and until > now and abs(until - old) <= tolerance * (old - now):
             return
         s.blocked_until = until
         self._changed(s, now)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hintkv.engine.admission import StepPlan, blocks_to_end
+from hintkv.engine.admission import StepPlan, blocks_to_end, kept_free
 
 if TYPE_CHECKING:
     from hintkv.cache.manager import PrefixMatch
@@ -40,7 +40,7 @@ def earliest_room_s(sch: Scheduler, seq: Sequence, match: PrefixMatch, plan: Ste
     if kv.tiers is None:
         return 0.0
     bs = kv.block_size
-    short = blocks_to_end(seq, bs, mml) - len(match.blocks) - (kv.free_room(match) - plan.reserved)
+    short = blocks_to_end(seq, bs, mml) - match.num_held - kept_free(plan, match, kv)
     if short <= 0:
         return 0.0
     token_s = kv.tiers.costs.prefill_s_per_token
@@ -82,18 +82,23 @@ def note_blocked(sch: Scheduler, seq: Sequence, wait: Callable[[], float], now: 
     key = seq.session_key
     if key is None or not sch.hints or sch.kv.tiers is None:
         return
-    s = sch.sam.sessions.sessions.get(key)
-    if s is None:
-        return
     t = wait()
-    until = now + t if t > 0 else 0.0
-    old = s.blocked_until
-    if old > now and until > now and abs(until - old) <= TOLERANCE * (old - now):
-        return
-    sch.sam.sessions.block(key, until, now)
+    sch.sam.sessions.block(key, now + t if t > 0 else 0.0, now, TOLERANCE)
 
 
 def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
-    """`seq` was admitted: its session is no longer held back (ranked as in flight again)."""
-    if seq.session_key is not None and sch.hints:
-        sch.sam.sessions.block(seq.session_key, 0.0, now)
+    """`seq` (out of the queue) was admitted: its session is no longer held back (ranked as in
+    flight again), unless another request of it still queues (the wait is the session's)."""
+    key = seq.session_key
+    if key is not None and sch.hints and not any(s.session_key == key for s in sch.waiting):
+        sch.sam.sessions.block(key, 0.0, now)
+
+
+def note_left_early(sch: Scheduler, seq: Sequence, now: float) -> None:
+    """Running or loading `seq` left before its end (preempted, aborted): room may open sooner
+    than any queued session was told, so each is ranked as in flight again until the admission
+    reaches it and tells its wait anew (a stale wait kept its prefix in the farthest band)."""
+    if not sch.hints or sch.kv.tiers is None:
+        return
+    for key in {s.session_key for s in sch.waiting if s.session_key is not None and s is not seq}:
+        sch.sam.sessions.block(key, 0.0, now)

@@ -60,7 +60,7 @@ from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry, session_key
 from hintkv.cache.types import CacheEdit, EditOutcome, SessionDescription, SessionRef
 from hintkv.config import EngineConfig
-from hintkv.engine import batching, step_update, ttft
+from hintkv.engine import batching, room_wait, step_update, ttft
 from hintkv.engine.admission import AdmissionPolicy, make_admission
 from hintkv.engine.load_timing import make_load_timing
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
@@ -194,6 +194,8 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
             self.release_queued(seq)
+        if reason == "abort" and seq.status in (SeqStatus.RUNNING, SeqStatus.LOADING):
+            room_wait.note_left_early(self, seq, self.clock())
         self.kv.free(seq)
         if self.proposer is not None:
             self.proposer.on_finish(seq)
@@ -204,6 +206,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         ttft.preempted(seq, self.clock())
+        room_wait.note_left_early(self, seq, self.clock())
         if seq.session_key is not None and self.hints:  # its session holds what it computed:
             bs = self.kv.block_size                     # written down if evicted, loaded back
             self.sam.sessions.hold(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // bs])

@@ -16,11 +16,13 @@ import pytest
 
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
-from hintkv.cache.policies.sam import DUE_WITHIN_TURNAROUND, FIRST_BAND
+from hintkv.cache.policies.sam import DUE_WITHIN_TURNAROUND, FIRST_BAND, band_class
+from hintkv.cache.policies.sam_fine import FINE_DUE_WITHIN_TURNAROUND, fine_band_class
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.types import SessionRef
-from hintkv.engine import batching
+from hintkv.engine import batching, room_wait
+from hintkv.engine.admission import StepPlan
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import SeqStatus, Sequence
@@ -135,3 +137,100 @@ def test_an_admitted_or_unblocked_session_ranks_as_in_flight_again(until):
     version = s.rank_version
     sessions.block(s.key, 50.0, now=2.0)  # only a queued session is held back: no re-rank
     assert s.rank_version == version
+
+
+@pytest.mark.parametrize("policy, bands, due", [("sam", band_class, DUE_WITHIN_TURNAROUND),
+                                                ("sam-fine", fine_band_class, FINE_DUE_WITHIN_TURNAROUND)])
+@pytest.mark.parametrize("since", [0.0, 0.5])
+def test_a_blocked_in_flight_session_is_predicted_and_ranked_by_its_wait(policy, bands, due, since):
+    """sam and sam-fine: a queued (ACTIVE) session blocked for 3 s (Q = 1 s) is next used in 3 s,
+    in the band of 3 s, also when blocked in the very instant it arrives (`since` 0: the
+    simulator's clock stands still inside a step); unblocked, it ranks by its arrival again."""
+    sessions = SessionRegistry()
+    kv = KVCacheManager(8, BS, make_policy(policy, sessions=sessions))
+    s = sessions.on_arrival("t", "b", "b", now=1.0)
+    now = 1.0 + since
+    sessions.block(s.key, now + 3.0, now=now)
+    q = sessions.predicted_turnaround()
+    assert kv.pool.policy.next_use(s, now) == pytest.approx(3.0)
+    assert kv.pool.policy.session_class(s, now) == bands(3.0, q) < due
+    sessions.block(s.key, 0.0, now=now)
+    assert kv.pool.policy.next_use(s, now) == pytest.approx(q - since)
+    assert kv.pool.policy.session_class(s, now) == bands(q - since, q)
+
+
+def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
+    """The room a candidate lacks is the admission's (`kept_free`): beside a 16-block prefill
+    (4 blocks held, 12 reserved to its end) 4 blocks are free, 2 of them a skipped candidate's
+    kept prefix, so a 3-block candidate is 1 block short until the prefill ends: its prompt left
+    at 10 s a token (counting the kept blocks as room, it claimed no wait)."""
+    clock = EventClock()
+    sessions = SessionRegistry()
+    kv = KVCacheManager(20, BS, make_policy("sam", sessions=sessions))
+    kv.tiers = sim_tiers(kv, True, 64, clock, CostModel(load_profile("h200-llama3-8b")))
+    sch = Scheduler(kv, 8, 16, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock,
+                    admission="srpt")
+    kv.tiers.costs.prefill_s_per_token = PREFILL_S_PER_TOKEN
+    a = _seq("a", "a", list(range(3000, 3060)))
+    sch.add_request(a)
+    sch.schedule()
+    assert len(a.block_table) == 4
+    kept = kv.pool.allocate(2)  # a skipped candidate's resident prefix: cached, free, kept
+    for i, blk in enumerate(kept):
+        kv.pool.register(blk, (7, i))
+    kv.pool.release(kept)
+    plan = StepPlan(reserved=12, kept={blk.block_id for blk in kept})
+    b = _seq("b", "b", list(range(6000, 6008)))
+    match = kv.match_prefix(b, lower=False)
+    assert kv.free_room(match) - plan.reserved == 4
+    left = (a.num_prompt_tokens - a.num_computed_tokens) * PREFILL_S_PER_TOKEN
+    assert left > 0 and room_wait.earliest_room_s(sch, b, match, plan) == pytest.approx(left)
+
+
+def _blocked_scene():
+    """A 60-token cold prefill a runs (16 blocks to its end of 20); b's 8 blocks do not fit beside
+    it: b is told its wait (a's prompt at 10 s a token) and ranks in the farthest band."""
+    clock = EventClock()
+    sessions = SessionRegistry()
+    kv = KVCacheManager(20, BS, make_policy("sam", sessions=sessions))
+    kv.tiers = sim_tiers(kv, True, 64, clock, CostModel(load_profile("h200-llama3-8b")))
+    sch = Scheduler(kv, 8, 16, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock,
+                    admission="srpt")
+    kv.tiers.costs.prefill_s_per_token = PREFILL_S_PER_TOKEN
+    a = _seq("a", "a", list(range(3000, 3060)))
+    sch.add_request(a)
+    sch.schedule()
+    b = _seq("b", "b", list(range(6000, 6030)))
+    sch.add_request(b)
+    sch.schedule()
+    assert b.status is SeqStatus.WAITING and sessions.get("t", "b").blocked_until > clock()
+    assert sessions.get("t", "b").rank_cls == FIRST_BAND
+    return sch, sessions, a, b
+
+
+@pytest.mark.parametrize("leave", ["abort", "preempt"])
+def test_a_prefill_that_leaves_early_clears_the_waits_it_caused(leave):
+    """a is aborted (or preempted) before its end: b's room may open at once, so b ranks as in
+    flight again (it kept the farthest band until its old estimate ran out)."""
+    sch, sessions, a, b = _blocked_scene()
+    if leave == "abort":
+        sch.abort_request("a")
+    else:
+        sch.running.remove(a)
+        sch.preempt(a)
+    s = sessions.get("t", "b")
+    assert s.blocked_until == 0.0 and s.rank_cls > FIRST_BAND
+
+
+def test_a_session_stays_blocked_while_another_request_of_it_queues():
+    """Two queued requests of b's session, one admitted: the session's wait is the other's too."""
+    sch, sessions, a, b = _blocked_scene()
+    b2 = _seq("b2", "b", list(range(7000, 7004)))
+    b2.session_key = b.session_key
+    sch.waiting.append(b2)  # queued behind b (not added: the registry's arrival count stays one)
+    sch.waiting.remove(b)
+    room_wait.note_admitted(sch, b, sch.clock())
+    assert sessions.get("t", "b").blocked_until > sch.clock()
+    sch.waiting.remove(b2)
+    room_wait.note_admitted(sch, b2, sch.clock())
+    assert sessions.get("t", "b").blocked_until == 0.0

@@ -129,9 +129,9 @@ class SAMPolicy(EvictionPolicy):
         # `_next_use`, inline (every arrival and request end computes this: fewer calls)
         state = s.state
         if state is _ACTIVE:
-            if s.blocked_until > now:  # queued, no room before then (a long prefill runs)
-                q = reg.predicted_turnaround()
-                return band_class(max(q - (now - s.last_arrival), s.blocked_until - now), q)
+            if s.blocked_until > now:  # queued, no room before then (a long prefill runs):
+                q = reg.predicted_turnaround()  # the one rule, `_next_use`'s
+                return band_class(self._next_use(s, now, q), q)
             if now == s.last_arrival:  # arriving now: next use in exactly q, the band of r = q
                 return DUE_WITHIN_TURNAROUND
             q = reg.predicted_turnaround()
