@@ -87,7 +87,7 @@ class SrptRoomAdmission(SrptAdmission):
         """`cache-aware`'s rule, plus what `lendable` gives at `seq`'s key. A borrower's own
         reservation enters `plan.reserved` at admission, so `kept_free` goes below zero by what it
         borrowed and the next candidate cannot borrow the same blocks again."""
-        need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - len(match.blocks))
+        need = max(0, blocks_to_end(seq, kv.block_size, self.max_model_len) - match.num_held)
         free = kept_free(plan, match, kv)
         return need <= free or need <= free + self.lendable(self._waiting_key(seq, kv, self._budget),
                                                              kv.block_size)
