@@ -1,6 +1,6 @@
 // The attention kernel's tile micro-kernels (see csrc/cpu_kernels.cpp's header for the algorithm): scores of a
 // query tile against a key tile, P V into an output tile, and a row's online softmax; AVX-512, AVX2 + FMA or
-// plain loops. Built after csrc/cpu_kernels.cpp (its includes, HK_AVX2, exp16 / exp8), before csrc/cpu_attention.cpp.
+// plain loops. Built after csrc/cpu_kernels.cpp (its includes, HK_AVX2, exp16_core / exp16 / exp8), before csrc/cpu_attention.cpp.
 
 namespace {
 
@@ -161,22 +161,6 @@ inline void pv_tile(const float* p, const float* const* v, int nk, int64_t D, fl
 }
 
 #if defined(__AVX512F__)
-// exp(x) for x <= 0 (finite or -inf): exp16 without its clamps; a -inf lane gives NaN, which the caller masks
-inline __m512 exp16_le0(__m512 x) {
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 // Row r's online softmax over one score tile s[KT] (keys k0 .. k0+KT-1, visible while k <= last), as softmax_row
 // computes it, with the sum kept as 16 lane sums l16[16] (reduced once, after the last tile) and the output row
 // o[D] rescaled here when the max rises: the max's horizontal reduction and exp(m_old - m_new) run only when a
@@ -205,8 +189,8 @@ inline void softmax_row16(float* s, int64_t k0, int64_t last, float& m, float* l
         m = mn;
         vm = _mm512_set1_ps(mn);
     }
-    const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16_le0(_mm512_sub_ps(s0, vm)));
-    const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16_le0(_mm512_sub_ps(s1, vm)));
+    const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16_core(_mm512_sub_ps(s0, vm)));
+    const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16_core(_mm512_sub_ps(s1, vm)));
     _mm512_storeu_ps(s, e0);
     _mm512_storeu_ps(s + 16, e1);
     _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), _mm512_add_ps(e0, e1)));

@@ -52,9 +52,9 @@
 namespace {
 
 #if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+// exp(x) for x in [-87.3, 88.3] or x = -inf (NaN there: callers mask it), the one polynomial core: exp16 clamps into
+// its range first; the online softmax (softmax_row16), whose argument is <= 0 and masked, calls it directly
+inline __m512 exp16_core(__m512 x) {
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -67,6 +67,10 @@ inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
+}
+
+inline __m512 exp16(__m512 x) {
+    return exp16_core(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f)));
 }
 #elif defined(HK_AVX2)
 // exp16's polynomial, 8 lanes; 2^n built in the exponent bits (n in [-126, 127] after the clamp)
