@@ -34,3 +34,40 @@ def test_ci_prebuilds_every_cpu_extension():
         called = name in looped if fn == "ops" else f"{name}.{fn}()" in prebuild
         assert re.search(rf"\b{name}\b", prebuild) and called, \
             f".ci/run does not build {module}.{fn}() before the tests"
+
+
+def test_every_cpu_extension_builds_where_a_build_is_required():
+    """Where a build is expected to work (CI: .ci/run installs g++ and ninja; or a compiler and ninja here), a failed
+    build fails here with the compiler's output, instead of every kernel test skipping (their `ops() is None`
+    skips) while the eager fallback passes the gate; without a compiler it is a skip that says why."""
+    import importlib
+
+    import pytest
+
+    from hintkv.models import cpu_ext
+
+    built = {f"{module}.{fn}()": getattr(importlib.import_module(module), fn)() for module, fn in _builders().items()}
+    missing = sorted(call for call, ops in built.items() if ops is None)
+    why = "\n\n".join(f"{name}:\n{error}" for name, error in cpu_ext.failures().items())
+    if missing and not cpu_ext.build_required():
+        pytest.skip(f"no C++ compiler or ninja here: {', '.join(missing)} run eager ops ({cpu_ext.diagnostics(why)})")
+    assert not missing, f"C++ extensions failed to build: {', '.join(missing)}\n{why}"
+
+
+def test_a_failed_build_keeps_the_compilers_error_and_ci_requires_a_build(tmp_path, monkeypatch):
+    import pytest
+    import torch
+
+    from hintkv.models import cpu_ext
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    with pytest.warns(RuntimeWarning, match=r"unavailable \(RuntimeError: [^(]*error: [^(]*hintkv-no-such-option"):
+        assert cpu_ext.load(f"hintkv_broken_{torch.randint(1 << 30, ()).item()}", "int f() { return 0; }", ["f"],
+                            ["-fhintkv-no-such-option"]) is None
+    error = list(cpu_ext.failures().values())[-1]
+    assert "hintkv-no-such-option" in error and "error" in error.lower()
+    monkeypatch.delenv("CXX", raising=False)
+    for value, required in (("true", True), ("1", True), ("false", None), ("", None)):
+        monkeypatch.setenv("CI", value)
+        monkeypatch.setenv("PATH", "" if required is None else str(tmp_path))  # no compiler on it
+        assert cpu_ext.build_required() is (required or False)

@@ -3,7 +3,10 @@
 `load(name, source, functions, cflags)` compiles C++ source with torch.utils.cpp_extension's
 `load_inline` (g++ and ninja; ~1 minute the first time on this machine, then cached under
 ~/.cache/torch_extensions) and returns the module, or None after one warning when it cannot be
-built (no compiler, no ninja): callers then run their eager PyTorch ops. The module name carries
+built (no compiler, no ninja): callers then run their eager PyTorch ops. `failures()` keeps why each build
+failed (torch's error, which carries the compiler's output whole); where a build is expected to work
+(`build_required()`: CI, or a C++ compiler and ninja on this machine) tests/test_ci_prebuild.py fails with it
+instead of letting the kernel tests skip. The module name carries
 the hash of the source, the flags and the torch installation it builds against, so checkouts of
 other versions share the build cache, a same-named build of other source is never loaded, and two
 virtual environments (the lead's fresh-clone CI and /work/main/.venv) do not rebuild each other's
@@ -33,10 +36,12 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import warnings
 from types import ModuleType
 
 _built: dict[str, ModuleType | None] = {}
+_failed: dict[str, str] = {}  # name -> why its build failed: the exception, with the compiler's output
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +109,29 @@ def load(name: str, source: str, functions: list[str], cflags: list[str]) -> Mod
             tag = build_tag(source, cflags, os.path.dirname(torch.__file__), cpu_flags())
             _built[name] = _build(f"{name}_{tag}", source, cflags)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops
-            warnings.warn(f"{name}: C++ CPU ops unavailable ({type(e).__name__}: {str(e)[:200]}); "
+            warnings.warn(f"{name}: C++ CPU ops unavailable ({type(e).__name__}: {diagnostics(str(e))}); "
                           "running eager ops", RuntimeWarning, stacklevel=3)
             _built[name] = None
+            _failed[name] = f"{type(e).__name__}: {e}"
     return _built[name]
+
+
+def diagnostics(error: str, limit: int = 600) -> str:
+    """A build error's compiler diagnostics (its `error:` lines; torch's message opens with the command line)."""
+    lines = [line.strip() for line in error.splitlines() if "error:" in line]
+    return ("; ".join(lines) or error)[:limit]
+
+
+def failures() -> dict[str, str]:
+    """Each extension whose build failed in this process -> why (torch's error: the compiler's output, whole)."""
+    return dict(_failed)
+
+
+def build_required() -> bool:
+    """Whether a failed build is a fault rather than the fallback: in CI (`CI` set and not false: .ci/run installs
+    g++ and ninja) and wherever torch would find a C++ compiler ($CXX or c++) and ninja."""
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    from torch.utils.cpp_extension import is_ninja_available
+
+    return shutil.which(os.environ.get("CXX", "c++")) is not None and is_ninja_available()

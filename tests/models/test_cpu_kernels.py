@@ -16,7 +16,8 @@ from paged_case import PagedCase, dense_reference
 from hintkv.models import cpu_ext, cpu_kernels
 from hintkv.models.compile import Regions, add_rmsnorm_, rope_, silu_mul
 
-pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="no C++ compiler: the PyTorch paths run")
+pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None,
+                                reason="no C++ build: the PyTorch paths run (tests/test_ci_prebuild.py says why)")
 
 
 STEPS = [
