@@ -122,6 +122,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
         return budget
     policy = sch.admission
     plan = StepPlan(reserved=_reserved(sch) if policy.reserves else 0)
+    held = 0  # candidates the policy holds with room (`holds`): they wait, but not for room
     for seq in policy.order(sch.waiting, sch.kv):
         if budget <= 0 or len(sch.running) + len(sch.loading) >= sch.max_num_seqs:
             return budget
@@ -145,6 +146,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
             # stays waiting: a finishing prefill's step stays short; its resident prefix is kept
             # from the candidates admitted after it, as a skipped one's is (`skipped`)
             plan.kept.update(b.block_id for b in match.blocks if b.hash is not None)
+            held += 1
             continue
         if not fits or not sch.kv.can_admit(seq, match, n):
             if alone and not sch.kv.can_admit(seq, match, 1):
@@ -158,7 +160,9 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
             note_blocked(sch, seq, wait, out.started)  # SAM ranks a hinted session's kept prefix by it
             # the policy decides what it keeps: its prefix lapses when the wait is longer than its reload
             if policy.skipped(seq, match, plan, partial(lapses, sch, match, wait)):
+                out.num_room_waits += 1
                 continue
+            out.num_room_waits = len(sch.waiting) - held  # it and every one behind it wait for room
             return budget
         sch.kv.admit(seq, match, n)
         _admitted(sch, seq, SeqStatus.RUNNING, plan, out.started)

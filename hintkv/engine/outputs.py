@@ -46,6 +46,9 @@ class SchedulerOutput:
     out_of_room: list[Sequence] = field(default_factory=list)  # alone and still no room: finish
     started: float = 0.0  # the scheduler's clock when the step was scheduled
     write_down_mark: int = 0  # victims queued for a write-down by then: flushed before the forward
+    # waiting sequences this step left waiting for room: the ones the room rule (or the blocks)
+    # refused, and when that stopped the admissions, every one behind it (the simulator's `queue_why`)
+    num_room_waits: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

@@ -76,9 +76,10 @@ class StepStats:
     _last_host: int = 0
     # request-seconds spent waiting for admission: "step" (arrived while a step ran, or while its
     # same-step load wait ran: waits for the next one), else left waiting by a step (from when it
-    # was scheduled) that was bound by "budget" (its token budget full), "seqs" (max_num_seqs
-    # running) or "room" (neither: the waiting head did not fit the device's free room, or the
-    # step only waited for loads)
+    # was scheduled): "room" when that step's admissions refused it for room or stopped at one
+    # refused ahead of it (`SchedulerOutput.num_room_waits`), else what bound the step: "budget"
+    # (its token budget full), "seqs" (max_num_seqs running) or "room" (neither: e.g. the step only
+    # waited for loads)
     wait_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_CAUSES, 0.0))
 
 
@@ -102,8 +103,9 @@ class SimEngine:
         self._busy = False  # a step is in flight (its completion is queued on the clock)
         self._waiting = False  # nothing to schedule until one of our copies lands (clock.wait)
         self.last_end = -1.0  # when the last forward finished (a later start: woken from idle)
-        # since the last step: (its bound, requests it left waiting, arrivals since, when)
-        self._wait = ("room", 0, 0, 0.0)
+        # since the last step: (its bound, requests it left waiting for it, left waiting for room,
+        # arrivals since, when)
+        self._wait = ("room", 0, 0, 0, 0.0)
         self._held: list[Callable[[], None]] | None = None  # requests held while schedule() runs
         self._locked = False  # inside schedule(), outside its load waits (`unlocked`)
 
@@ -166,13 +168,14 @@ class SimEngine:
     def _count_wait(self, sched: SchedulerOutput | None, num_tokens: int = 0, at: float | None = None) -> None:
         """Charge the waiting since the last mark (see `StepStats.wait_s`); `sched`: a step was
         just scheduled at `at`, of `num_tokens` batched tokens (None: a request arrived, now)."""
-        cause, left, new, since = self._wait
+        cause, left, room, new, since = self._wait
         now = self.clock() if at is None else at
         if now > since:
             self.stats.wait_s[cause] += left * (now - since)
+            self.stats.wait_s["room"] += room * (now - since)
             self.stats.wait_s["step"] += new * (now - since)
         if sched is None:
-            self._wait = (cause, left, new + 1, now)
+            self._wait = (cause, left, room, new + 1, now)
             return
         s = self.scheduler
         if num_tokens + self.cfg.block_size > s.max_num_batched_tokens:
@@ -181,7 +184,8 @@ class SimEngine:
             cause = "seqs"
         else:
             cause = "room"
-        self._wait = (cause, len(s.waiting), 0, now)
+        room = min(sched.num_room_waits, len(s.waiting))
+        self._wait = (cause, len(s.waiting) - room, room, 0, now)
 
     def _step(self) -> None:
         start = self.clock()
@@ -277,7 +281,7 @@ class SimEngine:
 
     def mark_wait(self, when: float) -> None:
         """A step scheduled at `when` left nobody waiting, and nobody arrived since."""
-        self._wait = (self._wait[0], 0, 0, when)
+        self._wait = (self._wait[0], 0, 0, 0, when)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = self.clock()
