@@ -159,11 +159,9 @@ def test_a_blocked_in_flight_session_is_predicted_and_ranked_by_its_wait(policy,
     assert kv.pool.policy.session_class(s, now) == bands(q - since, q)
 
 
-def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
-    """The room a candidate lacks is the admission's (`kept_free`): beside a 16-block prefill
-    (4 blocks held, 12 reserved to its end) 4 blocks are free, 2 of them a skipped candidate's
-    kept prefix, so a 3-block candidate is 1 block short until the prefill ends: its prompt left
-    at 10 s a token (counting the kept blocks as room, it claimed no wait)."""
+def _a_running():
+    """A 20-block device under srpt with SAM and the tiers; a 60-token cold prefill `a` is scheduled
+    (16 blocks to its end, its prompt left at `PREFILL_S_PER_TOKEN`)."""
     clock = EventClock()
     sessions = SessionRegistry()
     kv = KVCacheManager(20, BS, make_policy("sam", sessions=sessions))
@@ -174,6 +172,15 @@ def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
     a = _seq("a", "a", list(range(3000, 3060)))
     sch.add_request(a)
     sch.schedule()
+    return clock, sessions, kv, sch, a
+
+
+def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
+    """The room a candidate lacks is the admission's (`kept_free`): beside a 16-block prefill
+    (4 blocks held, 12 reserved to its end) 4 blocks are free, 2 of them a skipped candidate's
+    kept prefix, so a 3-block candidate is 1 block short until the prefill ends: its prompt left
+    at 10 s a token (counting the kept blocks as room, it claimed no wait)."""
+    clock, sessions, kv, sch, a = _a_running()
     assert len(a.block_table) == 4
     kept = kv.pool.allocate(2)  # a skipped candidate's resident prefix: cached, free, kept
     for i, blk in enumerate(kept):
@@ -190,16 +197,7 @@ def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
 def _blocked_scene():
     """A 60-token cold prefill a runs (16 blocks to its end of 20); b's 8 blocks do not fit beside
     it: b is told its wait (a's prompt at 10 s a token) and ranks in the farthest band."""
-    clock = EventClock()
-    sessions = SessionRegistry()
-    kv = KVCacheManager(20, BS, make_policy("sam", sessions=sessions))
-    kv.tiers = sim_tiers(kv, True, 64, clock, CostModel(load_profile("h200-llama3-8b")))
-    sch = Scheduler(kv, 8, 16, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock,
-                    admission="srpt")
-    kv.tiers.costs.prefill_s_per_token = PREFILL_S_PER_TOKEN
-    a = _seq("a", "a", list(range(3000, 3060)))
-    sch.add_request(a)
-    sch.schedule()
+    clock, sessions, kv, sch, a = _a_running()
     b = _seq("b", "b", list(range(6000, 6030)))
     sch.add_request(b)
     sch.schedule()
