@@ -14,9 +14,19 @@ Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks/history/
 - on free cores (SCHED_FIFO, interleaved in one process): spinning 2,000 or 10,000 times cut the
   engine's sleeps 2.4-12x and changed no figure by more than the noise (prefill 128 / 512 / 2048,
   decode b1 / b8: 0.94-1.06x): a wake-up is not what a step waits for.
-So the process keeps libgomp's short spin everywhere, unless the user chose a wait policy. A peer
-process that runs its own wait policy (the bench's vLLM) gets the environment without hintkv's
-value, and with the user's own when they set one (`peer_environ`).
+Served (eighteenth session; docs/benchmarks/history/engine.md "Eighteenth session, kmend"): the server built its
+engine on the main thread, whose OpenMP pool stayed beside the engine thread's, and libgomp cuts every spin to 100
+while it manages more threads than CPUs: GOMP_SPINCOUNT did nothing there (the same context switches per request
+at 100 and 100,000). `serve` now builds on a passing thread (engine/cpu_threads.py), so the value here (or the
+user's) is the server's too. Servers side by side, dummy:tiny, 2 threads, bench engine's samples:
+- free cores (SCHED_FIFO stretches, 9 rounds): 100,000 against 100 gave decode b1 1.33x, b8 1.09x, cold 128
+  TTFT 0.93x, prefill 512 0.94x (ms); 10,000: 1.00x, 1.04x, 0.96x, 0.94x;
+- under load 7-10 (4 rounds): 100,000 gave decode b1 0.57x, b8 0.73x, cold TTFT 4.1x, prefill 512 2.4x, at twice
+  the CPU per request (taken from the box's other users); 10,000: 0.83x, 1.00x, 1.39x, 1.30x.
+So the process keeps libgomp's short spin everywhere, unless the user chose a wait policy (on a box of its own,
+GOMP_SPINCOUNT=100000 buys the decode figures above). A peer process that runs its own wait policy
+(the bench's vLLM) gets the environment without hintkv's value, and with the user's own when they set
+one (`peer_environ`).
 """
 
 from __future__ import annotations

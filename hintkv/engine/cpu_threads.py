@@ -5,6 +5,8 @@
     bind(cpus) -> tids               the calling thread's team: len(cpus) threads, thread i on cpus[i]
     engine_cpus(spec, device) -> cpus  resolve() on CPU devices, None elsewhere (AsyncLLM, at start)
     bind_engine_thread(cpus)         bind() first on the thread that runs the model's steps (AsyncLLM's loop)
+    on_passing_thread(fn) -> fn()    fn run on a thread that ends with it, and its OpenMP pool with it (`serve` builds
+                                     its engine there: the engine thread's team is then the process's only one)
 
 vLLM's CPU worker binds its OpenMP threads (0.32, read in /proc/PID of its worker: OMP_NUM_THREADS=2,
 GOMP_CPU_AFFINITY="0 1", LD_PRELOAD of torch's libgomp; the wheel bundles no tcmalloc to preload;
@@ -31,12 +33,16 @@ cold TTFT 0.32x of the unbound server (vLLM, bound, collapsed the same way: deco
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHOICES = ("auto", "nobind")  # or a CPU list
 DEFAULT = "nobind"
@@ -135,3 +141,15 @@ def bind_engine_thread(cpus: list[int] | None) -> list[int]:
         return []
     log.info("OpenMP threads of the engine bound: %s", ", ".join(f"tid {t} -> CPU {c}" for t, c in zip(tids, cpus)))
     return tids
+
+
+def on_passing_thread(fn: Callable[[], T]) -> T:
+    """fn() on a thread that exits when it returns (its exception raised here).
+
+    libgomp keeps a pool of workers per thread that starts parallel regions, and while it manages more threads
+    than CPUs it cuts every wait's spin to 100 (its throttled count), whatever GOMP_SPINCOUNT or OMP_WAIT_POLICY
+    say. `serve` built its engine on the main thread, whose pool stayed beside the engine thread's (3 threads on
+    2 CPUs): the spin openmp_env sets, or the user's, never reached the server (eighteenth session: the same
+    voluntary context switches per request at GOMP_SPINCOUNT 100 and 100,000). A pool ends with its thread."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hintkv-build") as pool:
+        return pool.submit(fn).result()

@@ -126,3 +126,52 @@ def test_the_engine_thread_is_bound_when_asked():
         assert os.sched_getaffinity(0) == set(ALLOWED)
     finally:
         asyncio.run(engine.shutdown())
+
+
+_POOL_PROBE = """
+import os, threading, time, torch
+from hintkv.engine.cpu_threads import on_passing_thread
+def threads(): return len(os.listdir("/proc/self/task"))
+def region(): return float(torch.ones(1 << 22).exp_().sum())  # ATen's parallel_for: OpenMP regions of 2 threads
+before = threads()
+builder = on_passing_thread(lambda: (region(), threading.get_native_id())[1])
+deadline = time.monotonic() + 30
+while threads() > before and time.monotonic() < deadline:  # the pool's worker is told to exit, and exits soon after
+    time.sleep(0.01)
+after_passing = threads()
+region()
+print(builder != threading.get_native_id(), before, after_passing, threads())
+"""
+
+
+def test_an_openmp_pool_started_on_a_passing_thread_ends_with_it():
+    """`serve` builds its engine on a passing thread so that no second pool outlives the build (libgomp throttles
+    every spin to 100 while it manages more threads than CPUs): in a fresh process at 2 OpenMP threads, the
+    thread count is back where it was once the passing thread returned, while a region on the main thread leaves
+    its pool's worker behind."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", _POOL_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    other_thread, before, after_passing, after_main = out.stdout.split()
+    assert other_thread == "True"
+    assert int(after_passing) == int(before)
+    assert int(after_main) == int(before) + 1
+
+
+def test_serve_builds_its_engine_on_a_passing_thread(monkeypatch):
+    from hintkv.server.launch import start_engine
+
+    built_on: list[int] = []
+    passing = cpu_threads.on_passing_thread
+    monkeypatch.setattr(cpu_threads, "on_passing_thread",
+                        lambda fn: passing(lambda: (built_on.append(threading.get_native_id()), fn())[1]))
+    engine = start_engine(EngineConfig(model="dummy:tiny", dtype="float32", device="cpu", kv_cache_tokens=256,
+                                       max_model_len=128, max_num_seqs=2))
+    try:
+        assert built_on and built_on[0] != threading.get_native_id()
+        assert engine.call(lambda e: e.has_work()).result(60) is False  # its engine thread runs it
+    finally:
+        asyncio.run(engine.shutdown())
