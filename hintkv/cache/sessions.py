@@ -63,6 +63,9 @@ class Session:
     # queued, and no room opens before this time (the running prefills' estimated end, set by the
     # scheduler, `engine.room_wait`): its next use is no sooner (0.0: not blocked)
     blocked_until: float = 0.0
+    # its latest request still waits for admission (`SessionRegistry.on_admitted` observes that
+    # wait once: a preempted request's second admission is not a new wait)
+    queued: bool = False
     # `ClassRanking`'s state of this session, kept on it (a class change reads no other map):
     # the groups of blocks it holds (in the order it joined them: a tuple, one object a class
     # change walks), its class (None: none yet) and its event count (a recheck computed before
@@ -84,6 +87,8 @@ class SessionRegistry:
         self.all_gaps = GapEstimator()
         self.turnaround = GapEstimator()  # arrival -> done of a session's request: queue + run
         self.turnaround_q = 1.0  # predicted_turnaround() (a policy may read it directly: hot path)
+        self.wait = GapEstimator()  # arrival -> admission of a session's request: the queue's wait
+        self.wait_q = 1.0  # predicted_wait() (read directly on the hot path too)
         self.protect_budget_blocks = protect_budget_blocks
         self.ranking: ClassRanking | None = None  # told of every state and ownership change
         # sessions whose protection may still run (expired ones pruned by set_ttl): the budget
@@ -135,9 +140,22 @@ class SessionRegistry:
         s.num_requests += 1
         s.last_arrival = now
         s.blocked_until = 0.0
+        s.queued = True
         s.last_tool = tool
         self._changed(s, now, defer=True)  # its own group moves at the next read (`ClassRanking`)
         return s
+
+    def on_admitted(self, key: str, now: float) -> None:
+        """`key`'s request left the queue (the scheduler admitted it): its blocks are read now,
+        so its wait since its arrival is the queue's wait `predicted_wait` learns."""
+        s = self.sessions.get(key)
+        if s is not None and s.queued:
+            self._observe_wait(s, now)
+
+    def _observe_wait(self, s: Session, now: float) -> None:
+        s.queued = False
+        self.wait.observe(now - s.last_arrival)
+        self.wait_q = max(self.wait.expected(), 1e-3)
 
     def on_done(self, key: str, hashes: list[BlockHash], now: float) -> list[BlockHash]:
         """A request finished: the session now holds exactly this prompt + completion's blocks.
@@ -147,6 +165,8 @@ class SessionRegistry:
             return []
         s.num_inflight = max(0, s.num_inflight - 1)
         s.last_done = now
+        if s.queued:  # no admission was told (an engine that tells none, or aborted queued):
+            self._observe_wait(s, now)  # its blocks were read by its end at the latest
         if s.num_inflight == 0:
             self.turnaround.observe(now - s.last_arrival)
             self.turnaround_q = max(self.turnaround.expected(), 1e-3)
@@ -297,8 +317,18 @@ class SessionRegistry:
 
     def predicted_turnaround(self) -> float:
         """Seconds from a request's arrival to its end, lately (the queue's wait plus the run):
-        how long after it asks again a session's blocks are read. 1 s until one was seen."""
+        the time scale a session's next use is ranked on (`sam`'s bands). 1 s until one was seen."""
         return self.turnaround_q  # read per class computation: kept, not derived, on each call
+
+    def predicted_wait(self) -> float:
+        """Seconds from a request's arrival to its admission, lately (the queue's wait): how long
+        after it asks again a session's blocks are read. Observed where the scheduler tells the
+        admission (`on_admitted`), else at the request's end, as the turnaround; 1 s until one
+        was seen. Why not the turnaround (issue #9, 100 users): behind 155K-token prefills Q was
+        92 s, so a session due back in 0.2 s (r = 92.2 s) shared a band with ones due in a
+        minute, and its just-used prefix went first; its blocks are read at its admission, not
+        at its end."""
+        return self.wait_q
 
     # ---- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -87,11 +87,16 @@ def note_blocked(sch: Scheduler, seq: Sequence, wait: Callable[[], float], now: 
 
 
 def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
-    """`seq` (out of the queue) was admitted: its session is no longer held back (ranked as in
-    flight again), unless another request of it still queues (the wait is the session's)."""
+    """`seq` (out of the queue) was admitted: SAM learns its queue wait (`predicted_wait`: its
+    blocks are read now), and its session is no longer held back (ranked as in flight again),
+    unless another request of it still queues (the wait is the session's)."""
     key = seq.session_key
-    if key is not None and sch.hints and not any(s.session_key == key for s in sch.waiting):
-        sch.sam.sessions.block(key, 0.0, now)
+    if key is None or not sch.hints:
+        return
+    sessions = sch.sam.sessions
+    sessions.on_admitted(key, now)
+    if not any(s.session_key == key for s in sch.waiting):
+        sessions.block(key, 0.0, now)
 
 
 def note_left_early(sch: Scheduler, seq: Sequence, now: float) -> None:

@@ -3,12 +3,14 @@
 Belady evicts the block whose next use is farthest. SAM predicts when each live session's blocks
 are read again and ranks sessions by that time, on a log scale relative to the system's own
 recent turnaround Q (a request's arrival to its end: the queue's wait plus the run; see
-`SessionRegistry.predicted_turnaround`):
+`SessionRegistry.predicted_turnaround`). A request's blocks are read at its admission, W after
+its arrival (the queue's wait, `SessionRegistry.predicted_wait`; W = Q where the engine tells no
+admission):
 
-    in flight (queued or running)  next use = its arrival + Q    (an old arrival: the queue's head),
+    in flight (queued or running)  next use = its arrival + W    (an old arrival: the queue's head),
                                    no sooner than the time the scheduler says room opens for it
                                    (`Session.blocked_until`: a queued prompt behind a long prefill)
-    waiting on a tool              next use = its last end + predicted gap + Q
+    waiting on a tool              next use = its last end + predicted gap + W
     waiting on live sub-agents     comes back after them: the farthest band
     suspended, or idle far beyond its usual gap: presumed gone; ended: holds nothing
 
@@ -80,32 +82,33 @@ class SAMPolicy(EvictionPolicy):
         reg = self.sessions
         if reg is None:
             return 0.0 if s.state is _ACTIVE else None
-        return self._next_use(s, now, reg.predicted_turnaround())
+        return self._next_use(s, now, reg.predicted_wait())
 
-    def _next_use(self, s: Session, now: float, q: float) -> float | None:
-        """`next_use` with the registry's turnaround `q` already read (the class needs it too)."""
+    def _next_use(self, s: Session, now: float, w: float) -> float | None:
+        """`next_use` with the registry's queue wait `w` already read (the class needs it too)."""
         if s.state is _ACTIVE:
-            r = q - (now - s.last_arrival)  # exactly q at arrival ((a + q) - a rounds past q half the time)
+            r = w - (now - s.last_arrival)  # exactly w at arrival ((a + w) - a rounds past w half the time)
             return max(r, s.blocked_until - now)
         if s.state not in self.away_states:
             return None
         if s.children and self._after_children(s):
             return math.inf
-        return self._waiting_next_use(s, now, q)
+        return self._waiting_next_use(s, now, w)
 
     def _after_children(self, s: Session) -> bool:
         """Some sub-agent of `s` is live: `s` comes back after them."""
         reg = self.sessions.sessions
         return any(c in reg and reg[c].state in self.live_child_states for c in s.children)
 
-    def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
-        """Predicted return of a session away between calls (no live sub-agents)."""
+    def _waiting_next_use(self, s: Session, now: float, w: float) -> float | None:
+        """Predicted next use of a session away between calls (no live sub-agents), its queue
+        wait `w` included."""
         own = s.gap_prediction  # its own history first (`predicted_gap`, inline: every request's end)
         expected, stale = own if own is not None else self.sessions.predicted_gap(s)
         away = now - s.last_done
         if away > stale:
             return None
-        return expected + q - away
+        return expected + w - away
 
     def _gone_after(self, s: Session, now: float) -> float | None:
         """Seconds until an away session is presumed gone (a class change of its own); None:
@@ -129,13 +132,12 @@ class SAMPolicy(EvictionPolicy):
         # `_next_use`, inline (every arrival and request end computes this: fewer calls)
         state = s.state
         if state is _ACTIVE:
+            q = reg.turnaround_q  # (`predicted_turnaround()`, read directly)
             if s.blocked_until > now:  # queued, no room before then (a long prefill runs):
-                q = reg.predicted_turnaround()  # the one rule, `_next_use`'s
-                return band_class(self._next_use(s, now, q), q)
-            if now == s.last_arrival:  # arriving now: next use in exactly q, the band of r = q
-                return DUE_WITHIN_TURNAROUND
-            q = reg.predicted_turnaround()
-            return band_class(q - (now - s.last_arrival), q)
+                return band_class(self._next_use(s, now, reg.wait_q), q)  # the one rule, `_next_use`'s
+            if now == s.last_arrival:  # arriving now: next use in exactly w
+                return band_class(reg.wait_q, q)
+            return band_class(reg.wait_q - (now - s.last_arrival), q)
         # waiting is away in every subclass: its class attribute is read only for other states
         # (a read through the instance that Python 3.11 does not specialize)
         if state is not _WAITING and state not in self.away_states:
@@ -149,9 +151,9 @@ class SAMPolicy(EvictionPolicy):
             away = now - s.last_done
             if away > stale:
                 return GONE
-            r = expected + q - away
+            r = expected + reg.wait_q - away
         else:
-            r = self._waiting_next_use(s, now, q)
+            r = self._waiting_next_use(s, now, reg.wait_q)
             if r is None:
                 return GONE
         if r > _FARTHEST * q:  # `band_class`'s first test, inline: a request's end, mostly

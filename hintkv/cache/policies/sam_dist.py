@@ -44,11 +44,11 @@ class SAMDistPolicy(SAMPolicy):
     away_states = _AWAY
     live_child_states = _LIVE_CHILD
 
-    def _waiting_next_use(self, s: Session, now: float, q: float) -> float | None:
+    def _waiting_next_use(self, s: Session, now: float, w: float) -> float | None:
         est = self.sessions.gap_estimator(s)
         elapsed = now - s.last_done
         remaining = est.residual(elapsed) if est.known else max(DEFAULT_GAP_S - elapsed, elapsed)
-        return remaining + q
+        return remaining + w
 
     def _gone_after(self, s: Session, now: float) -> float | None:
         """Never presumed gone: the residual moves with the wait, so the period bound

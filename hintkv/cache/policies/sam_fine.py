@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from hintkv.cache.policies.base import register_policy
 from hintkv.cache.policies.sam import BANDS, FIRST_BAND, GONE, MAX_RECHECK_S, SAMPolicy, band_class
-from hintkv.cache.sessions import SessionState
 
 if TYPE_CHECKING:
     from hintkv.cache.sessions import Session
@@ -39,7 +38,6 @@ FINE_BANDS = tuple(BANDS[0] * 2.0 ** (-k / SUB_BANDS)
                    for k in range(round(math.log2(BANDS[0] / BANDS[-1])) * SUB_BANDS + 1))
 FINE_PROTECTED = FIRST_BAND + len(FINE_BANDS) + 1  # prefetched or TTL
 FINE_DUE_WITHIN_TURNAROUND = FIRST_BAND + sum(1 for t in FINE_BANDS if t >= 1.0)  # r <= Q
-_ACTIVE = SessionState.ACTIVE
 
 
 @register_policy("sam-fine")
@@ -55,12 +53,10 @@ class SAMFinePolicy(SAMPolicy):
             return c
         if c > FIRST_BAND + len(BANDS):  # sam's protected class: prefetched or under a TTL
             return FINE_PROTECTED
-        if s.state is _ACTIVE and now == s.last_arrival and s.blocked_until <= now:
-            return FINE_DUE_WITHIN_TURNAROUND  # arriving now: r = q exactly
         reg = self.sessions
         if reg is None:
             return c
-        r = self._next_use(s, now, reg.predicted_turnaround())
+        r = self._next_use(s, now, reg.predicted_wait())
         if r is None:  # (not reached: super() gave GONE) presumed gone
             return GONE
         return fine_band_class(r, reg.predicted_turnaround())
