@@ -49,7 +49,10 @@ _HEADERS = """#include <torch/extension.h>
 #include <cstring>
 #include <limits>
 #include <vector>
-#include <sched.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif

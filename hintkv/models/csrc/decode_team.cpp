@@ -8,11 +8,13 @@
 // decode b8) per layer, 40 regions in a dummy:tiny b8 step. Between regions hintkv's workers sleep (GOMP_SPINCOUNT
 // =100, openmp_env.py), so each region pays a futex wake-up; and a region splits its work statically, so a worker
 // the OS preempted (the server's event loop, the client, another process) holds the whole step at the join.
-// Here the step forks once. Its work is a list of phases per layer (norm1 rows, q/k/v heads with RoPE and the
-// K/V write, attention items, o_proj column chunks, norm2 rows, gate/up column chunks with SiLU-mul, down column
-// chunks); every thread takes the next item of the current phase off a shared counter, and waits (spin, then
-// yield) only for the phase's last item before the next phase. A late or preempted thread holds up at most the
-// item it holds: the others take the rest. One thread alone runs every phase (the same code, no region).
+// Here the step forks once. Its work is 5 phases per layer (q/k/v heads with RoPE and the K/V write, attention
+// items, o_proj column chunks, gate/up column chunks with SiLU-mul, down column chunks); every thread takes the
+// next item of the current phase off a shared counter and waits (spin, then a futex) only for the phase's end: its
+// last item, then its tail, the next norm over the step's few rows, run by the thread that finished that item
+// (o_proj's: norm2; down's: the next layer's norm1; layer 0's norm1 runs before the fork). A late or preempted
+// thread holds up at most the item it holds: the others take the rest. One thread alone runs every phase (the same
+// code, no region).
 //
 // Each item runs the per-op kernels' own functions (hk_kernels' add_rmsnorm_row, rope_head, silu_mul_span,
 // attend_item; hk_gemv's gemv_blocks) on the same values in the same per-element order: the outputs are bit-identical
@@ -21,7 +23,7 @@
 namespace {
 
 constexpr int64_t TEAM_COLS = 64;  // weight rows (output columns) per gemv item: 8 of gemv's 8-row blocks
-constexpr int SPIN = 1024;         // pauses before a waiting thread yields its CPU (~30-60 us)
+constexpr int SPIN = 1024;         // pauses before a waiting thread sleeps (~20-60 us)
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -32,20 +34,40 @@ inline void cpu_relax() {
 struct alignas(64) Phase {
     std::atomic<int64_t> next{0};
     char pad[56];
-    std::atomic<int64_t> done{0};
-    int64_t n = 0;
+    std::atomic<int32_t> finished{0};  // items done
+    std::atomic<int32_t> done{0};      // 1 once every item and the tail ran: a futex word
+    std::atomic<int32_t> sleepers{0};
+    int32_t n = 0;
 };
 
-// every thread of the region calls run() for each phase in order: items off the counter, then the phase's end
-template <class F>
-inline void run_phase(Phase& p, F&& item) {
+// Every thread of the region calls run_phase() for each phase in order: items off the counter; the thread that
+// finishes the last item runs the phase's `tail` (a norm over the step's few rows: no phase of its own, so no wait
+// of its own) and marks the phase done. A waiter spins SPIN pauses (free cores: the last item ends within
+// microseconds), then sleeps on the phase's futex until that thread wakes it. Not sched_yield: on a loaded machine a
+// yielding waiter gave its CPU to other processes for whole time slices while its partner still held an item (b8
+// steps at load 7-9, in process: 53-55 ms median against 31-44 for the per-kernel regions, whose waiters sleep in
+// libgomp's futex, and 32-41 for this futex wait).
+template <class F, class Tail>
+inline void run_phase(Phase& p, F&& item, Tail&& tail) {
     for (int64_t i; (i = p.next.fetch_add(1, std::memory_order_relaxed)) < p.n;) {
         item(i);
-        p.done.fetch_add(1, std::memory_order_release);
+        if (p.finished.fetch_add(1, std::memory_order_acq_rel) + 1 == p.n) {  // acq_rel: the tail sees every item
+            tail();
+            p.done.store(1);  // seq_cst, as the waiter's sleepers increment: it sees done, or this thread sees it
+            if (p.sleepers.load() > 0) syscall(SYS_futex, &p.done, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+        }
     }
-    for (int spins = 0; p.done.load(std::memory_order_acquire) < p.n; ++spins) {
-        if (spins < SPIN) cpu_relax();
-        else sched_yield();
+    for (int spins = 0; p.done.load(std::memory_order_acquire) == 0; ++spins) {
+        if (spins < SPIN) {
+            cpu_relax();
+            continue;
+        }
+        p.sleepers.fetch_add(1);
+        if (p.done.load() == 0) {  // returns at once if done is no longer 0; 1 ms bounds a lost wake-up
+            const struct timespec ms{0, 1000000};
+            syscall(SYS_futex, &p.done, FUTEX_WAIT_PRIVATE, 0, &ms, nullptr, 0);
+        }
+        p.sleepers.fetch_sub(1);
     }
 }
 
@@ -142,11 +164,19 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
     const int64_t tq = std::max<int64_t>(1, 64 / G);  // attention()'s TILE_ROWS / G: one item holds all rows here
     auto chunks = [](int64_t n) { return (n + TEAM_COLS - 1) / TEAM_COLS; };
     const int64_t heads = hq + 2 * hkv, n_o = chunks(H), n_gu = chunks(I), n_down = chunks(H);
-    std::vector<Phase> phases(L * 7);
+    std::vector<Phase> phases(L * 5);
     for (int64_t l = 0; l < L; ++l) {
-        const int64_t n[7] = {T, heads, static_cast<int64_t>(items.size()), n_o, T, n_gu, n_down};
-        for (int j = 0; j < 7; ++j) phases[l * 7 + j].n = n[j];
+        const int64_t n[5] = {heads, static_cast<int64_t>(items.size()), n_o, n_gu, n_down};
+        for (int j = 0; j < 5; ++j) phases[l * 5 + j].n = static_cast<int32_t>(n[j]);
     }
+    // norm1 of layer l over every row: the residual takes the previous layer's down output (layer 0: h is the residual)
+    auto norm1 = [&](int64_t l) {
+        const float* w = tensors[l * HK_PER_LAYER].data_ptr<float>();
+        for (int64_t r = 0; r < T; ++r) {
+            if (l == 0) hk_kernels::add_rmsnorm_row(res + r * H, nullptr, w, xnp + r * H, H, eps);
+            else hk_kernels::add_rmsnorm_row(hp + r * H, res + r * H, w, xnp + r * H, H, eps);
+        }
+    };
 
     auto body = [&]() {
         hk_kernels::AttnScratch scratch(tq * G, D);
@@ -156,14 +186,10 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
             const torch::Tensor* o_w = t + 2 + HK_LIN;
             const torch::Tensor* gu_w = t + 2 + 2 * HK_LIN;
             const torch::Tensor* down_w = t + 2 + 3 * HK_LIN;
-            Phase* ph = phases.data() + l * 7;
+            Phase* ph = phases.data() + l * 5;
             float* kvp = kvs[l].data_ptr<float>();
-            const float* n1 = t[0].data_ptr<float>();
-            run_phase(ph[0], [&](int64_t r) {  // norm1: the residual takes the last layer's down output
-                if (l == 0) hk_kernels::add_rmsnorm_row(res + r * H, nullptr, n1, xnp + r * H, H, eps);
-                else hk_kernels::add_rmsnorm_row(hp + r * H, res + r * H, n1, xnp + r * H, H, eps);
-            });
-            run_phase(ph[1], [&](int64_t j) {  // head j of q / k / v: its columns, RoPE (q, k), the cache (k, v)
+            auto none = [] {};
+            run_phase(ph[0], [&](int64_t j) {  // head j of q / k / v: its columns, RoPE (q, k), the cache (k, v)
                 gemv_rows(xnp, T, H, qkv_w[0], qkv_w[1], qkvp, QKV, j * D, (j + 1) * D);
                 for (int64_t r = 0; r < T; ++r) {
                     float* x = qkvp + r * QKV + j * D;
@@ -173,29 +199,30 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
                         std::memcpy(kvp + off + (sp[r] * hkv + kvh) * D, x, D * sizeof(float));
                     }
                 }
-            });
+            }, none);
             const hk_kernels::AttnStep step{qkvp, QKV, D, kvp, vhalf, op, hq, hkv, G, D, BS, tq, scale, qsl.data(),
                                             ctx.data(), tp.data(), nullptr, koff.data(), direct.data()};
-            run_phase(ph[2], [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); });
-            run_phase(ph[3], [&](int64_t c) {
-                gemv_rows(op, T, hq * D, o_w[0], o_w[1], x2p, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
-            });
+            run_phase(ph[1], [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); }, none);
             const float* n2 = t[1].data_ptr<float>();
-            run_phase(ph[4], [&](int64_t r) {
-                hk_kernels::add_rmsnorm_row(x2p + r * H, res + r * H, n2, xnp + r * H, H, eps);
+            run_phase(ph[2], [&](int64_t c) {
+                gemv_rows(op, T, hq * D, o_w[0], o_w[1], x2p, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
+            }, [&] {  // norm2 over every row
+                for (int64_t r = 0; r < T; ++r)
+                    hk_kernels::add_rmsnorm_row(x2p + r * H, res + r * H, n2, xnp + r * H, H, eps);
             });
-            run_phase(ph[5], [&](int64_t c) {  // gate and up columns [c0, c1), then their SiLU-mul
+            run_phase(ph[3], [&](int64_t c) {  // gate and up columns [c0, c1), then their SiLU-mul
                 const int64_t c0 = c * TEAM_COLS, c1 = std::min(I, c0 + TEAM_COLS);
                 gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, c0, c1);
                 gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, I + c0, I + c1);
                 for (int64_t r = 0; r < T; ++r)
                     hk_kernels::silu_mul_span(gup + r * 2 * I, gup + r * 2 * I + I, actp + r * I, c0, c1);
-            });
-            run_phase(ph[6], [&](int64_t c) {
+            }, none);
+            run_phase(ph[4], [&](int64_t c) {
                 gemv_rows(actp, T, I, down_w[0], down_w[1], hp, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
-            });
+            }, [&] { if (l + 1 < L) norm1(l + 1); });
         }
     };
+    norm1(0);  // before the fork: the first phase reads it
     const int64_t nt = at::get_num_threads();
     if (nt <= 1 || at::in_parallel_region()) body();
     else at::parallel_for(0, nt, 1, [&](int64_t, int64_t) { body(); });
