@@ -47,6 +47,7 @@ _HEADERS = """#include <torch/extension.h>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <vector>
 #include <linux/futex.h>
@@ -78,7 +79,7 @@ def source() -> str:
 
 def ops() -> ModuleType | None:
     # source() is read once per process (cached): py-spy found it re-reading the three files in every step (~5%)
-    return cpu_ext.load("hintkv_decode_layers", source(), ["decode_layers", "decode_team"], _CFLAGS)
+    return cpu_ext.load("hintkv_decode_layers", source(), ["decode_layers", "decode_team", "team_phases"], _CFLAGS)
 
 
 def _kind(kernel) -> int | None:

@@ -6,12 +6,17 @@ step runs as one OpenMP team (csrc/decode_team.cpp) at 1, 2 and 3 threads with t
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from hintkv.models import cpu_kernels, gemv_cpu
+import hintkv
+from hintkv.models import cpu_kernels, decode_layers, gemv_cpu
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.compile import Regions
 from hintkv.models.decode_layers import DecodeLayers
@@ -59,15 +64,19 @@ def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int)
     return ids, pos, meta, kv
 
 
-@pytest.mark.parametrize("quantization", [None, "w8a8"])
+# float32 through the team and through decode_layers.cpp's per-kernel regions (HINTKV_DECODE_TEAM=0, and steps past
+# attention's direct path): each keeps its bit-equality; w8a8 always takes the regions
+@pytest.mark.parametrize("quantization,team", [(None, True), (None, False), ("w8a8", False)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("q_lens,ctx", [([1], [37]), ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]),
                                         ([4, 1, 3], [40, 9, 70]),
                                         ([1, 1], [37, 12]), ([1, 1, 1], [5, 40, 9])])  # w8a8-fine's 2/3-row edge
-def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, bias, q_lens, ctx):
+def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, team, bias, q_lens, ctx):
     model = _model(quantization, bias=bias)
     fused = model._decode_layers
     assert isinstance(fused, DecodeLayers) and fused.max_rows == (8 if quantization else gemv_cpu.ROWS)
+    fused.team = team
+    fused._ops = spy = _OpsSpy(fused._ops)
     ids, pos, meta, kv = _step(model, q_lens, ctx, seed=len(q_lens))
     kv_ref = [c.clone() for c in kv]
     with torch.inference_mode():
@@ -80,6 +89,7 @@ def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, bias, q_
             h, residual = layer(h, residual, cos, sin, cache, meta, model.regions)
     assert torch.equal(got[0], h) and torch.equal(got[1], residual)
     assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+    assert spy.calls == [("decode_team", True)] if team else [("decode_layers", True)]
 
 
 class _OpsSpy:
@@ -140,9 +150,77 @@ def test_the_team_leaves_other_steps_to_the_per_kernel_regions(monkeypatch):
     got, want, kv, kv_ref = _fused_vs_per_op(model, [5, 1], [40, 9], seed=2)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert spy.calls == [("decode_team", False), ("decode_layers", True)]
+    w8a8 = _model("w8a8", bias=False)._decode_layers
+    assert not w8a8.team  # int8 linears: the per-kernel regions, decided in decode_layers.py alone
+    with pytest.raises(RuntimeError, match="float32 linears only"):  # the C++ side only refuses a misuse
+        w8a8._ops.decode_team(*_team_args(w8a8, [1, 1], [37, 12]))
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "0")  # read when prepare builds the call
-    assert not _model(None, bias=False)._decode_layers.team
-    assert not _model("w8a8", bias=False)._decode_layers.team  # int8 linears: the per-kernel regions
+    model = _model(None, bias=False)
+    assert not model._decode_layers.team
+    model._decode_layers._ops = spy = _OpsSpy(model._decode_layers._ops)
+    got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1], [37, 12], seed=2)
+    assert torch.equal(got[0], want[0]) and spy.calls == [("decode_layers", True)]
+
+
+def _team_args(fused: DecodeLayers, q_lens: list[int], ctx: list[int]) -> tuple:
+    """decode_team's arguments for one step of `fused`'s model, as DecodeLayers.__call__ passes them."""
+    model = fused.model
+    cfg = model.config
+    ids, pos, meta, kv = _step(model, q_lens, ctx, seed=1)
+    cos, sin = model.rotary.cos_sin(pos, grow=True)
+    tensors, codes = fused._args()
+    return (F.embedding(ids, model.embed_tokens), tensors, codes, cos, sin, kv, meta.slot_mapping, meta.block_tables,
+            meta.query_start_loc, meta.context_lens, model.layers[0].self_attn.scale,
+            model.layers[0].input_layernorm.eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+
+
+@pytest.mark.parametrize("hidden,inter", [(520, 1000), (513, 1001)])  # partial 64-column chunks; 513, 1001: gemv's
+def test_the_team_step_is_bit_exact_on_shapes_off_its_chunks(hidden, inter):  # tail blocks (n % 8) as well
+    cfg = dataclasses.replace(preset_config("tiny"), num_hidden_layers=2, vocab_size=2048, attention_bias=True,
+                              hidden_size=hidden, intermediate_size=inter)
+    model = LlamaForCausalLM(cfg)
+    init_random_(model, seed=3)
+    model.prepare(None, None)
+    fused = model._decode_layers
+    assert fused.team
+    fused._ops = spy = _OpsSpy(fused._ops)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for q_lens, ctx in (([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]), ([4, 1, 3], [40, 9, 70])):
+            got, want, kv, kv_ref = _fused_vs_per_op(model, q_lens, ctx, seed=4)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+    finally:
+        torch.set_num_threads(saved)
+    assert spy.calls == [("decode_team", True)] * 2
+
+
+def test_an_item_that_throws_fails_the_team_step_instead_of_hanging_it():
+    """The phase runner alone (decode_team.cpp's team_phases): a throwing item comes back as the call's error at 1,
+    2 and 3 threads. In a child process with a time limit: without that, a waiting thread spins forever."""
+    ops = decode_layers.ops()
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert ops.team_phases(6, 5, -1, -1) == 30  # no throw: every item of every phase ran once
+    finally:
+        torch.set_num_threads(saved)
+    script = ("import torch, hintkv.models.decode_layers as d; ops = d.ops()\n"
+              "for threads in (1, 2, 3):\n"
+              "    torch.set_num_threads(threads)\n"
+              "    for phase, item in ((0, 0), (2, 4), (5, 1)):\n"
+              "        try:\n"
+              "            ops.team_phases(6, 5, phase, item)\n"
+              "        except RuntimeError as e:\n"
+              "            assert f'item {item} of phase {phase} threw' in str(e), e\n"
+              "        else:\n"
+              "            raise AssertionError('no error')\n"
+              "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(hintkv.__file__).parents[1]))  # this checkout's hintkv
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):

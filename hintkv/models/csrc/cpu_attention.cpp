@@ -6,6 +6,9 @@ namespace {
 
 constexpr int TILE_ROWS = 64; // query rows (tokens x group) per work item, at most
 constexpr int DIRECT_ROWS = 16; // a sequence with at most this many rows reads K untransposed
+// A direct sequence is then one query tile (make_items), so its item's rows (<= DIRECT_ROWS) fit a scratch of
+// DIRECT_ROWS rows: the decode team (csrc/decode_team.cpp) relies on both.
+static_assert(TILE_ROWS >= DIRECT_ROWS, "a direct sequence must fit one query tile");
 // A step whose attention is fewer multiply-adds than this runs on the calling thread alone: an OpenMP
 // region costs a worker's wake-up (tens of us when the pool's threads sleep between regions, as in the
 // server, whose engine thread is not the process's first OpenMP thread), more than a decode step's
@@ -121,6 +124,53 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
         }
 }
 
+// The step's block tables checked against its lengths (the rules of every caller: attention(), decode_team()):
+// each sequence has 0 < new rows <= context, a table covering its context, block ids in [0, NB). Returns the
+// tables' data (`tables` made contiguous in place, so the pointers outlive the call).
+std::vector<const int64_t*> check_tables(std::vector<torch::Tensor>& tables, const std::vector<int64_t>& qsl,
+                                         const std::vector<int64_t>& ctx, int64_t NB, int64_t BS) {
+    const int64_t B = static_cast<int64_t>(ctx.size());
+    std::vector<const int64_t*> tp(B);
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = qsl[b + 1] - qsl[b], nblocks = (ctx[b] + BS - 1) / BS;
+        tables[b] = tables[b].contiguous();
+        TORCH_CHECK(tables[b].scalar_type() == torch::kInt64, "block tables must be int64");
+        TORCH_CHECK(n > 0 && n <= ctx[b] && nblocks <= tables[b].numel(), "sequence ", b, ": bad lengths");
+        tp[b] = tables[b].data_ptr<int64_t>();
+        for (int64_t i = 0; i < nblocks; ++i)
+            TORCH_CHECK(tp[b][i] >= 0 && tp[b][i] < NB, "sequence ", b, ": block id out of range");
+    }
+    return tp;
+}
+
+// The step's T cache slots, int64 and each in [0, nslots) (contiguous: the caller reads its data)
+torch::Tensor check_slots(const torch::Tensor& slots, int64_t T, int64_t nslots) {
+    TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == T, "slots must be int64 [T]");
+    auto sl = slots.contiguous();
+    const int64_t* sp = sl.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "slot out of range");
+    return sl;
+}
+
+// The step's work items: (sequence, KV head, query tile of tq tokens), costliest first (a causal tile's keys grow
+// along its sequence). A thread takes the next item off a shared counter, so a thread the OS deschedules (a loaded
+// machine) holds up at most one item instead of its whole static share; on free cores it splits like a
+// round-robin. An item's arithmetic does not depend on which thread runs it: outputs are identical.
+std::vector<Item> make_items(const std::vector<int64_t>& qsl, const std::vector<int64_t>& ctx, int64_t Hkv,
+                             int64_t tq) {
+    std::vector<Item> items;
+    const int64_t B = static_cast<int64_t>(ctx.size());
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t t0 = 0, n = qsl[b + 1] - qsl[b]; t0 < n; t0 += tq)
+            for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, t0, std::min(n, t0 + tq)});
+    const int64_t* qp = qsl.data();
+    const int64_t* cp = ctx.data();
+    std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
+        return cp[x.b] - (qp[x.b + 1] - qp[x.b]) + x.t1 > cp[y.b] - (qp[y.b + 1] - qp[y.b]) + y.t1;
+    });
+    return items;
+}
+
 }  // namespace
 
 torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slots, torch::Tensor kv,
@@ -137,30 +187,19 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
                 static_cast<int64_t>(tables.size()) == B, "qsl must have B+1 entries from 0 to T, tables B");
     const int64_t* qp = qsl.data();
     const int64_t* cp = ctx.data();
-    std::vector<const int64_t*> tp(B);
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t n = qp[b + 1] - qp[b];
-        tables[b] = tables[b].contiguous();
-        TORCH_CHECK(tables[b].scalar_type() == torch::kInt64, "block tables must be int64");
-        TORCH_CHECK(n > 0 && n <= cp[b] && (cp[b] + BS - 1) / BS <= tables[b].numel(), "sequence ", b, ": bad lengths");
-        tp[b] = tables[b].data_ptr<int64_t>();
-        for (int64_t i = 0; i < (cp[b] + BS - 1) / BS; ++i)
-            TORCH_CHECK(tp[b][i] >= 0 && tp[b][i] < NB, "sequence ", b, ": block id out of range");
-    }
+    const std::vector<const int64_t*> tp = check_tables(tables, qsl, ctx, NB, BS);
     if (k.numel() > 0) {  // the step's new K / V rows into their slots first
         TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.size(0) == T && v.size(0) == T && k.size(1) == Hkv &&
                     v.size(1) == Hkv && k.size(2) == D && v.size(2) == D && k.stride(2) == 1 && v.stride(2) == 1 &&
                     k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32,
                     "k, v must be float32 [T, Hkv, D]");
-        TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == T, "slots must be int64 [T]");
-        auto sl = slots.contiguous();
+        auto sl = check_slots(slots, T, NB * BS);
         const int64_t* sp = sl.data_ptr<int64_t>();
         float* kvp = kv.data_ptr<float>();
         const float* kp = k.data_ptr<float>();
         const float* vp = v.data_ptr<float>();
-        const int64_t nslots = NB * BS, half_n = nslots * Hkv * D;
+        const int64_t half_n = NB * BS * Hkv * D;
         for (int64_t t = 0; t < T; ++t) {
-            TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "slot out of range");
             for (int64_t h = 0; h < Hkv; ++h) {
                 std::memcpy(kvp + (sp[t] * Hkv + h) * D, kp + t * k.stride(0) + h * k.stride(1), D * sizeof(float));
                 std::memcpy(kvp + half_n + (sp[t] * Hkv + h) * D, vp + t * v.stride(0) + h * v.stride(1),
@@ -215,18 +254,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
         else at::parallel_for(0, B * Hkv, 1, transpose);
     }
 
-    std::vector<Item> items;
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t t0 = 0, n = qp[b + 1] - qp[b]; t0 < n; t0 += tq)
-            for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, t0, std::min(n, t0 + tq)});
+    const std::vector<Item> items = make_items(qsl, ctx, Hkv, tq);
     const int64_t ni = static_cast<int64_t>(items.size());
-    // Dynamic schedule: each thread takes the next item off a shared counter, costliest first (a causal
-    // tile's keys grow along its sequence), so a thread the OS deschedules (a loaded machine) holds up
-    // at most one item instead of its whole static share; on free cores it splits like the old
-    // round-robin. An item's arithmetic does not depend on which thread runs it: outputs are identical.
-    std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
-        return cp[x.b] - (qp[x.b + 1] - qp[x.b]) + x.t1 > cp[y.b] - (qp[y.b + 1] - qp[y.b]) + y.t1;
-    });
     std::atomic<int64_t> next{0};
     const int64_t nt = serial ? 1 : std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ni));
     const AttnStep step{qd, qs0, qs1, kd, half, od, Hq, Hkv, G, D, BS, tq, scale, qp, cp, tp.data(), kt,

@@ -1,8 +1,9 @@
 // Every decoder layer of a few-row float32 decode step in ONE OpenMP region (decode_layers.py calls it).
 //
 // decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D)
-//   -> {h, residual} after the last layer, as decode_layers() (same tensor layout, float32 linears only), or {} when
-//   the step is not its case (an int8 linear, or a sequence whose rows x GQA group exceed attention's DIRECT_ROWS).
+//   -> {h, residual} after the last layer, as decode_layers() (same tensor layout), or {} when the step is not its
+//   case (a sequence whose rows x GQA group exceed attention's DIRECT_ROWS). Float32 linears only: decode_layers.py
+//   decides that (it never calls this for an int8 model); an int8 code here is an error.
 //
 // Why: decode_layers() runs each kernel as its own OpenMP region: 4 gemv + 1 attention (more than SERIAL_MACS, e.g.
 // decode b8) per layer, 40 regions in a dummy:tiny b8 step. Between regions hintkv's workers sleep (GOMP_SPINCOUNT
@@ -31,6 +32,20 @@ inline void cpu_relax() {
 #endif
 }
 
+// The first exception an item or a tail threw. Items run the per-op kernels' functions, which check nothing today
+// (every check is made before the region); should one throw, its thread could not end the phase, and every other
+// thread would wait for it forever with the GIL released (a hung server, not an error). Instead the thrower records
+// it here, every thread leaves its phase, and decode_team rethrows it after the region.
+struct Abort {
+    std::atomic<bool> set{false};
+    std::exception_ptr error;  // written once, by the thread that first sets `set` (then read after the region)
+    std::atomic<bool> taken{false};
+    void raise(std::exception_ptr e) {
+        if (!taken.exchange(true)) error = e;
+        set.store(true);
+    }
+};
+
 struct alignas(64) Phase {
     std::atomic<int64_t> next{0};
     char pad[56];
@@ -46,29 +61,50 @@ struct alignas(64) Phase {
 // microseconds), then sleeps on the phase's futex until that thread wakes it. Not sched_yield: on a loaded machine a
 // yielding waiter gave its CPU to other processes for whole time slices while its partner still held an item (b8
 // steps at load 7-9, in process: 53-55 ms median against 31-44 for the per-kernel regions, whose waiters sleep in
-// libgomp's futex, and 32-41 for this futex wait).
+// libgomp's futex, and 32-41 for this futex wait). Returns false once an item threw (`abort`): the caller stops.
 template <class F, class Tail>
-inline void run_phase(Phase& p, F&& item, Tail&& tail) {
+inline bool run_phase(Phase& p, Abort& abort, F&& item, Tail&& tail) {
+    auto wake = [&p] {
+        if (p.sleepers.load() > 0) syscall(SYS_futex, &p.done, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+    };
     for (int64_t i; (i = p.next.fetch_add(1, std::memory_order_relaxed)) < p.n;) {
-        item(i);
-        if (p.finished.fetch_add(1, std::memory_order_acq_rel) + 1 == p.n) {  // acq_rel: the tail sees every item
-            tail();
-            p.done.store(1);  // seq_cst, as the waiter's sleepers increment: it sees done, or this thread sees it
-            if (p.sleepers.load() > 0) syscall(SYS_futex, &p.done, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+        try {
+            item(i);
+            if (p.finished.fetch_add(1, std::memory_order_acq_rel) + 1 == p.n) {  // acq_rel: the tail sees every item
+                tail();
+                p.done.store(1);  // seq_cst, as the waiter's sleepers increment: it sees done, or this thread sees it
+                wake();
+            }
+        } catch (...) {
+            abort.raise(std::current_exception());
+            wake();
+            return false;
         }
     }
     for (int spins = 0; p.done.load(std::memory_order_acquire) == 0; ++spins) {
+        if (abort.set.load(std::memory_order_relaxed)) return false;
         if (spins < SPIN) {
             cpu_relax();
             continue;
         }
         p.sleepers.fetch_add(1);
-        if (p.done.load() == 0) {  // returns at once if done is no longer 0; 1 ms bounds a lost wake-up
-            const struct timespec ms{0, 1000000};
+        if (p.done.load() == 0) {  // returns at once if done is no longer 0; 1 ms bounds a lost wake-up (or an abort
+            const struct timespec ms{0, 1000000};  // raised in another phase)
             syscall(SYS_futex, &p.done, FUTEX_WAIT_PRIVATE, 0, &ms, nullptr, 0);
         }
         p.sleepers.fetch_sub(1);
     }
+    return !abort.set.load();
+}
+
+// Runs `body` on every thread of one region (on the caller alone at one thread or inside a region), then rethrows
+// what an item threw
+template <class Body>
+void run_team(Abort& abort, Body&& body) {
+    const int64_t nt = at::get_num_threads();
+    if (nt <= 1 || at::in_parallel_region()) body();
+    else at::parallel_for(0, nt, 1, [&](int64_t, int64_t) { body(); });
+    if (abort.set.load()) std::rethrow_exception(abort.error);
 }
 
 // y[:, r0:r1] (+ b) = x W[r0:r1]^T for x [M, K], W [N, K] row-major, y's rows ldy apart
@@ -103,7 +139,7 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
                 "decode_team: ", HK_PER_LAYER, " tensors and 8 codes per layer");
     for (int64_t l = 0; l < L; ++l)
         for (int j = 0; j < 4; ++j)
-            if (codes[l * 8 + j] != 0) return {};  // an int8 linear: decode_layers()
+            TORCH_CHECK(codes[l * 8 + j] == 0, "decode_team: float32 linears only (an int8 model runs decode_layers)");
     TORCH_CHECK(L > 0 && T > 0 && h.dim() == 2 && h.scalar_type() == torch::kFloat32 && h.is_contiguous(),
                 "decode_team: h must be contiguous float32 [T, H]");
     TORCH_CHECK(hq % hkv == 0 && D % 2 == 0, "decode_team: head shapes disagree");
@@ -125,22 +161,12 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
                     kvs[l].sizes() == kvs[0].sizes() && kvs[l].size(3) == hkv && kvs[l].size(4) == D,
                     "decode_team: kv caches must be contiguous float32 [2, NB, BS, Hkv, D], all alike");
     }
-    auto cc = cos.contiguous(), sc = sin.contiguous(), sl = slots.contiguous();
+    auto cc = cos.contiguous(), sc = sin.contiguous();
     TORCH_CHECK(cc.numel() == T * half && sc.numel() == T * half, "decode_team: cos / sin must be [T, D/2]");
-    const int64_t NB = kvs[0].size(1), BS = kvs[0].size(2), nslots = NB * BS, vhalf = nslots * hkv * D;
-    TORCH_CHECK(sl.scalar_type() == torch::kInt64 && sl.numel() == T, "decode_team: slots must be int64 [T]");
+    const int64_t NB = kvs[0].size(1), BS = kvs[0].size(2), vhalf = NB * BS * hkv * D;
+    auto sl = hk_kernels::check_slots(slots, T, NB * BS);
     const int64_t* sp = sl.data_ptr<int64_t>();
-    for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < nslots, "decode_team: slot out of range");
-    std::vector<const int64_t*> tp(B);
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t n = qsl[b + 1] - qsl[b];
-        tables[b] = tables[b].contiguous();
-        TORCH_CHECK(tables[b].scalar_type() == torch::kInt64, "decode_team: block tables must be int64");
-        TORCH_CHECK(n > 0 && n <= ctx[b] && (ctx[b] + BS - 1) / BS <= tables[b].numel(), "sequence ", b, ": bad lengths");
-        tp[b] = tables[b].data_ptr<int64_t>();
-        for (int64_t i = 0; i < (ctx[b] + BS - 1) / BS; ++i)
-            TORCH_CHECK(tp[b][i] >= 0 && tp[b][i] < NB, "sequence ", b, ": block id out of range");
-    }
+    const std::vector<const int64_t*> tp = hk_kernels::check_tables(tables, qsl, ctx, NB, BS);
 
     // buffers: the residual stream is h itself from the first norm on (as add_rmsnorm with no residual returns it)
     auto opts = h.options();
@@ -152,19 +178,16 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
     float *actp = act.data_ptr<float>(), *hp = hout.data_ptr<float>();
     const float *cp = cc.data_ptr<float>(), *snp = sc.data_ptr<float>();
 
-    // attention: one direct item per (sequence, KV head), costliest first (as attention()'s driver orders them)
-    std::vector<hk_kernels::Item> items;
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t k = 0; k < hkv; ++k) items.push_back({b, k, 0, qsl[b + 1] - qsl[b]});
-    std::stable_sort(items.begin(), items.end(), [&](const hk_kernels::Item& x, const hk_kernels::Item& y) {
-        return ctx[x.b] > ctx[y.b];
-    });
+    // attention: one item per (sequence, KV head) in attention()'s order, all of the sequence's rows (a direct
+    // sequence is one query tile: TILE_ROWS >= DIRECT_ROWS, cpu_attention.cpp), so a scratch of DIRECT_ROWS rows
+    const int64_t tq = std::max<int64_t>(1, hk_kernels::TILE_ROWS / G);
+    const std::vector<hk_kernels::Item> items = hk_kernels::make_items(qsl, ctx, hkv, tq);
     std::vector<int64_t> koff(B * hkv + 1, 0);
     std::vector<char> direct(B, 1);
-    const int64_t tq = std::max<int64_t>(1, 64 / G);  // attention()'s TILE_ROWS / G: one item holds all rows here
     auto chunks = [](int64_t n) { return (n + TEAM_COLS - 1) / TEAM_COLS; };
     const int64_t heads = hq + 2 * hkv, n_o = chunks(H), n_gu = chunks(I), n_down = chunks(H);
     std::vector<Phase> phases(L * 5);
+    Abort abort;
     for (int64_t l = 0; l < L; ++l) {
         const int64_t n[5] = {heads, static_cast<int64_t>(items.size()), n_o, n_gu, n_down};
         for (int j = 0; j < 5; ++j) phases[l * 5 + j].n = static_cast<int32_t>(n[j]);
@@ -179,7 +202,7 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
     };
 
     auto body = [&]() {
-        hk_kernels::AttnScratch scratch(tq * G, D);
+        hk_kernels::AttnScratch scratch(hk_kernels::DIRECT_ROWS, D);
         for (int64_t l = 0; l < L; ++l) {
             const torch::Tensor* t = tensors.data() + l * HK_PER_LAYER;
             const torch::Tensor* qkv_w = t + 2;
@@ -189,7 +212,7 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
             Phase* ph = phases.data() + l * 5;
             float* kvp = kvs[l].data_ptr<float>();
             auto none = [] {};
-            run_phase(ph[0], [&](int64_t j) {  // head j of q / k / v: its columns, RoPE (q, k), the cache (k, v)
+            if (!run_phase(ph[0], abort, [&](int64_t j) {  // head j of q / k / v: its columns, RoPE (q, k), the cache (k, v)
                 gemv_rows(xnp, T, H, qkv_w[0], qkv_w[1], qkvp, QKV, j * D, (j + 1) * D);
                 for (int64_t r = 0; r < T; ++r) {
                     float* x = qkvp + r * QKV + j * D;
@@ -199,32 +222,52 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
                         std::memcpy(kvp + off + (sp[r] * hkv + kvh) * D, x, D * sizeof(float));
                     }
                 }
-            }, none);
+            }, none)) return;
             const hk_kernels::AttnStep step{qkvp, QKV, D, kvp, vhalf, op, hq, hkv, G, D, BS, tq, scale, qsl.data(),
                                             ctx.data(), tp.data(), nullptr, koff.data(), direct.data()};
-            run_phase(ph[1], [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); }, none);
+            if (!run_phase(ph[1], abort, [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); }, none))
+                return;
             const float* n2 = t[1].data_ptr<float>();
-            run_phase(ph[2], [&](int64_t c) {
+            if (!run_phase(ph[2], abort, [&](int64_t c) {
                 gemv_rows(op, T, hq * D, o_w[0], o_w[1], x2p, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
             }, [&] {  // norm2 over every row
                 for (int64_t r = 0; r < T; ++r)
                     hk_kernels::add_rmsnorm_row(x2p + r * H, res + r * H, n2, xnp + r * H, H, eps);
-            });
-            run_phase(ph[3], [&](int64_t c) {  // gate and up columns [c0, c1), then their SiLU-mul
+            })) return;
+            if (!run_phase(ph[3], abort, [&](int64_t c) {  // gate and up columns [c0, c1), then their SiLU-mul
                 const int64_t c0 = c * TEAM_COLS, c1 = std::min(I, c0 + TEAM_COLS);
                 gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, c0, c1);
                 gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, I + c0, I + c1);
                 for (int64_t r = 0; r < T; ++r)
                     hk_kernels::silu_mul_span(gup + r * 2 * I, gup + r * 2 * I + I, actp + r * I, c0, c1);
-            }, none);
-            run_phase(ph[4], [&](int64_t c) {
+            }, none)) return;
+            if (!run_phase(ph[4], abort, [&](int64_t c) {
                 gemv_rows(actp, T, I, down_w[0], down_w[1], hp, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
-            }, [&] { if (l + 1 < L) norm1(l + 1); });
+            }, [&] { if (l + 1 < L) norm1(l + 1); })) return;
         }
     };
     norm1(0);  // before the fork: the first phase reads it
-    const int64_t nt = at::get_num_threads();
-    if (nt <= 1 || at::in_parallel_region()) body();
-    else at::parallel_for(0, nt, 1, [&](int64_t, int64_t) { body(); });
+    run_team(abort, body);
     return {hout, h};
+}
+
+// The phase runner alone, for tests/models/test_decode_layers.py: `phases` phases of `items` items each on every
+// thread of one region, item `throw_item` of phase `throw_phase` throwing (-1: none). Returns how many items ran; a
+// throw comes back as this call's error on every thread count, not as a hang.
+int64_t team_phases(int64_t phases, int64_t items, int64_t throw_phase, int64_t throw_item) {
+    TORCH_CHECK(phases > 0 && items > 0 && items < INT32_MAX, "team_phases: bad sizes");
+    std::vector<Phase> ph(phases);
+    for (auto& p : ph) p.n = static_cast<int32_t>(items);
+    Abort abort;
+    std::atomic<int64_t> ran{0};
+    run_team(abort, [&] {
+        for (int64_t j = 0; j < phases; ++j) {
+            auto item = [&](int64_t i) {
+                TORCH_CHECK(j != throw_phase || i != throw_item, "team_phases: item ", i, " of phase ", j, " threw");
+                ran.fetch_add(1);
+            };
+            if (!run_phase(ph[j], abort, item, [] {})) return;
+        }
+    });
+    return ran.load();
 }
