@@ -19,11 +19,14 @@ kernels). Other steps (more rows, int8 / fp8 KV) run the per-op layers. The C++ 
 int8_cpu's own build, by address), so a kernel fix lands in both paths.
 
 A float32 step whose sequences all take attention's direct path (decodes; a sequence's rows x GQA group <= 16)
-runs as one OpenMP team (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at
-each phase's end) instead of a region per kernel: 32-40 regions per dummy:tiny step, each waking a sleeping
-worker (GOMP_SPINCOUNT=100) and splitting statically, so a preempted worker held the step. Same bits. Measured
-(seventeenth session, dummy:tiny, 2 threads, bench's client and servers side by side under SCHED_FIFO, 8 rounds):
-served decode b8 424 -> 529 tok/s (1.22-1.48x per round), b1 98.9 -> 114.9. HINTKV_DECODE_TEAM=0: the regions.
+can run as one OpenMP team (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at
+each phase's end) instead of a region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping
+worker). Same bits. It is opt-in (HINTKV_DECODE_TEAM=1; decided in `DecodeLayers.__init__` alone): served,
+dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth session), on free cores (SCHED_FIFO) it
+wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's ordinary load (8-12 runnable on 2
+cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per token (3.47 vs 3.90 ms). The
+likely cause (not verified): every phase's end needs both threads on a CPU at once, and under load a waiter that
+slept waits behind other processes for one.
 """
 
 from __future__ import annotations
@@ -106,9 +109,8 @@ class DecodeLayers:
         self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None
-        # float32 steps fork one OpenMP team for the whole step (csrc/decode_team.cpp); HINTKV_DECODE_TEAM=0: a region
-        # per kernel (decode_layers.cpp), read when prepare builds this call
-        self.team = not self.int8 and os.environ.get("HINTKV_DECODE_TEAM", "1") != "0"
+        # the one place that decides a float32 decode step's threading (int8 linears: always the regions)
+        self.team = not self.int8 and os.environ.get("HINTKV_DECODE_TEAM", "0") == "1"
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:

@@ -64,8 +64,8 @@ def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int)
     return ids, pos, meta, kv
 
 
-# float32 through the team and through decode_layers.cpp's per-kernel regions (HINTKV_DECODE_TEAM=0, and steps past
-# attention's direct path): each keeps its bit-equality; w8a8 always takes the regions
+# float32 through the team (HINTKV_DECODE_TEAM=1) and through decode_layers.cpp's per-kernel regions (the default,
+# and steps past attention's direct path): each keeps its bit-equality; w8a8 always takes the regions
 @pytest.mark.parametrize("quantization,team", [(None, True), (None, False), ("w8a8", False)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("q_lens,ctx", [([1], [37]), ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]),
@@ -128,7 +128,7 @@ def _fused_vs_per_op(model, q_lens, ctx, seed):
 def test_the_team_step_runs_float32_decodes_bit_for_bit(threads, q_lens, ctx):
     model = _model(None, bias=True)
     fused = model._decode_layers
-    assert fused.team
+    fused.team = True  # opt-in (HINTKV_DECODE_TEAM=1)
     fused._ops = spy = _OpsSpy(fused._ops)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -142,24 +142,26 @@ def test_the_team_step_runs_float32_decodes_bit_for_bit(threads, q_lens, ctx):
     assert spy.calls == [("decode_team", True)] * 3  # the team served every step: no per-kernel call
 
 
-def test_the_team_leaves_other_steps_to_the_per_kernel_regions(monkeypatch):
+def test_the_team_is_opt_in_and_leaves_other_steps_to_the_per_kernel_regions(monkeypatch):
+    monkeypatch.delenv("HINTKV_DECODE_TEAM", raising=False)  # read when prepare builds the call
     model = _model(None, bias=False)
-    fused = model._decode_layers
+    assert not model._decode_layers.team  # the default: a region per kernel
+    model._decode_layers._ops = spy = _OpsSpy(model._decode_layers._ops)
+    got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1], [37, 12], seed=2)
+    assert torch.equal(got[0], want[0]) and spy.calls == [("decode_layers", True)]
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", "1")
+    fused = _model(None, bias=False)._decode_layers
+    assert fused.team
     fused._ops = spy = _OpsSpy(fused._ops)
-    # 5 new rows of one sequence x 4 query heads per KV head: 20 rows, past attention's direct path (16)
-    got, want, kv, kv_ref = _fused_vs_per_op(model, [5, 1], [40, 9], seed=2)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert spy.calls == [("decode_team", False), ("decode_layers", True)]
+    for q_lens, ctx in (([1, 1], [37, 12]), ([5, 1], [40, 9])):
+        # [5, 1]: 5 new rows of one sequence x 4 query heads per KV head: 20 rows, past attention's direct path (16)
+        got, want, kv, kv_ref = _fused_vs_per_op(fused.model, q_lens, ctx, seed=2)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert spy.calls == [("decode_team", True), ("decode_team", False), ("decode_layers", True)]
     w8a8 = _model("w8a8", bias=False)._decode_layers
     assert not w8a8.team  # int8 linears: the per-kernel regions, decided in decode_layers.py alone
     with pytest.raises(RuntimeError, match="float32 linears only"):  # the C++ side only refuses a misuse
         w8a8._ops.decode_team(*_team_args(w8a8, [1, 1], [37, 12]))
-    monkeypatch.setenv("HINTKV_DECODE_TEAM", "0")  # read when prepare builds the call
-    model = _model(None, bias=False)
-    assert not model._decode_layers.team
-    model._decode_layers._ops = spy = _OpsSpy(model._decode_layers._ops)
-    got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1], [37, 12], seed=2)
-    assert torch.equal(got[0], want[0]) and spy.calls == [("decode_layers", True)]
 
 
 def _team_args(fused: DecodeLayers, q_lens: list[int], ctx: list[int]) -> tuple:
@@ -182,7 +184,7 @@ def test_the_team_step_is_bit_exact_on_shapes_off_its_chunks(hidden, inter):  # 
     init_random_(model, seed=3)
     model.prepare(None, None)
     fused = model._decode_layers
-    assert fused.team
+    fused.team = True  # opt-in (HINTKV_DECODE_TEAM=1)
     fused._ops = spy = _OpsSpy(fused._ops)
     saved = torch.get_num_threads()
     torch.set_num_threads(2)

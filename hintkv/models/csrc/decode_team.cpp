@@ -1,4 +1,5 @@
-// Every decoder layer of a few-row float32 decode step in ONE OpenMP region (decode_layers.py calls it).
+// Every decoder layer of a few-row float32 decode step in ONE OpenMP region (decode_layers.py calls it when
+// HINTKV_DECODE_TEAM=1: opt-in, as it wins on free cores and loses under a shared machine's load; its docstring).
 //
 // decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D)
 //   -> {h, residual} after the last layer, as decode_layers() (same tensor layout), or {} when the step is not its
