@@ -21,7 +21,8 @@ int8_cpu's own build, by address), so a kernel fix lands in both paths.
 A float32 step whose sequences all take attention's direct path (decodes; a sequence's rows x GQA group <= 16)
 can run as one OpenMP team (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at
 each phase's end) instead of a region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping
-worker). Same bits. It is opt-in (HINTKV_DECODE_TEAM=1; decided in `DecodeLayers.__init__` alone): served,
+worker). Same bits. It is opt-in (HINTKV_DECODE_TEAM=1, or =auto: chosen per decode step from measured step
+times, `team_choice.py`; decided in `DecodeLayers.__init__` alone): served,
 dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth session), on free cores (SCHED_FIFO) it
 wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's ordinary load (8-12 runnable on 2
 cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per token (3.47 vs 3.90 ms). The
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +43,7 @@ import torch
 from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
 from hintkv.models.int8 import GEMV_ROWS
 from hintkv.models.linear import MklPackedKernel, OneDnnKernel, W8A8FineKernel, W8A8Kernel
+from hintkv.models.team_choice import TeamChooser
 
 _CSRC = Path(__file__).parent / "csrc"
 _HEADERS = """#include <torch/extension.h>
@@ -109,8 +112,11 @@ class DecodeLayers:
         self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None
-        # the one place that decides a float32 decode step's threading (int8 linears: always the regions)
-        self.team = not self.int8 and os.environ.get("HINTKV_DECODE_TEAM", "0") == "1"
+        # the one place that decides a float32 decode step's threading (int8 linears: always the regions):
+        # HINTKV_DECODE_TEAM=1 the team, auto: chosen from measured step times (team_choice.py), else the regions
+        mode = os.environ.get("HINTKV_DECODE_TEAM", "0")
+        self.team = not self.int8 and mode == "1"
+        self.chooser = TeamChooser() if not self.int8 and mode == "auto" else None
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:
@@ -166,15 +172,22 @@ class DecodeLayers:
         cfg = self.model.config
         attn = self.model.layers[0].self_attn
         eps = self.model.layers[0].input_layernorm.eps
-        if self.team:
+        rows, chooser = h.shape[0], self.chooser if meta.is_decode_only else None  # auto: decode steps only
+        team = self.team if chooser is None else chooser.use_team(rows)
+        t0 = time.perf_counter()
+        if team:
             out = self._ops.decode_team(h, tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,
                                         meta.query_start_loc, meta.context_lens, attn.scale, eps,
                                         cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             if out:  # empty: not the team's case (a sequence with more rows than attention's direct path)
+                if chooser is not None:
+                    chooser.record(rows, True, time.perf_counter() - t0)
                 return out[0], out[1]
         h, residual = self._ops.decode_layers(
             h, h.new_empty(0), tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,
             meta.query_start_loc, meta.context_lens, attn.scale, self.model.layers[0].input_layernorm.eps,
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, int8.AMX, self.int8_gemv, self.fine_rows)
+        if chooser is not None and not team:
+            chooser.record(rows, False, time.perf_counter() - t0)
         return h, residual
 

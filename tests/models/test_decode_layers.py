@@ -22,6 +22,7 @@ from hintkv.models.compile import Regions
 from hintkv.models.decode_layers import DecodeLayers
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.presets import init_random_, preset_config
+from hintkv.models.team_choice import TeamChooser
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.enabled() or gemv_cpu.ops() is None,
                                 reason="C++ kernels off or not built: no fused decode layers")
@@ -162,6 +163,23 @@ def test_the_team_is_opt_in_and_leaves_other_steps_to_the_per_kernel_regions(mon
     assert not w8a8.team  # int8 linears: the per-kernel regions, decided in decode_layers.py alone
     with pytest.raises(RuntimeError, match="float32 linears only"):  # the C++ side only refuses a misuse
         w8a8._ops.decode_team(*_team_args(w8a8, [1, 1], [37, 12]))
+
+
+def test_auto_runs_decode_steps_both_ways_bit_for_bit(monkeypatch):
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", "auto")
+    assert _model("w8a8", bias=False)._decode_layers.chooser is None  # int8: always the regions
+    fused = _model(None, bias=False)._decode_layers
+    assert not fused.team and isinstance(fused.chooser, TeamChooser)
+    fused.chooser = TeamChooser(probe_every=2)  # every other step a probe of the team
+    fused._ops = spy = _OpsSpy(fused._ops)
+    for seed in range(4):
+        got, want, kv, kv_ref = _fused_vs_per_op(fused.model, [1, 1, 1], [37, 12, 90], seed=seed)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+    assert spy.calls == [("decode_layers", True), ("decode_team", True)] * 2
+    assert fused.chooser.num_steps == 4
+    _fused_vs_per_op(fused.model, [4, 1], [40, 9], seed=1)  # not a decode-only step: no choice, the regions
+    assert fused.chooser.num_steps == 4 and spy.calls[-1] == ("decode_layers", True)
 
 
 def _team_args(fused: DecodeLayers, q_lens: list[int], ctx: list[int]) -> tuple:
