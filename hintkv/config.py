@@ -87,7 +87,9 @@ class EngineConfig:
         "one that does not finish, unless due; a long prefill's chunk is half the budget) | judged-alone "
         "(prefill-judged with short-alone's rule) | srpt (short-first whose deadlines age 4x slower: nearer "
         "shortest remaining prefill first) | srpt-alone (srpt with short-alone's rule) | srpt-room (srpt aged 64x "
-        "slower; a candidate may take the room a running prefill with a later deadline still reserves). "
+        "slower; a candidate may take the room a running prefill with a later deadline still reserves) "
+        "| srpt-drain (srpt-room with short-alone's step rule, no chunk cap; while a candidate lacks room, a "
+        "prefill with a later key sits out the steps that carry decodes, so they end in decode-only steps). "
         "Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(

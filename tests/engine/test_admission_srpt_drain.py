@@ -1,0 +1,81 @@
+"""`srpt-drain` (engine/admission_srpt.py) in the real scheduler with a step clock (1 ms per batched
+token, 4-token blocks, a 128-token budget): while a candidate the room rule refused waits, a longer
+prefill is held from the steps that carry decodes, so the decode that holds the room ends in
+decode-only steps and the candidate gets in; a step that gives a prefill its first token carries no
+chunk of one that does not finish; a due prefill is never held."""
+
+from __future__ import annotations
+
+from tests.engine.test_scheduler import make_seq
+from tests.engine.test_scheduling_policies import make_sched, step
+
+# 400 blocks. A 300-token prompt decoding 76 tokens reserves 94 blocks to its end, a 1200-token cold
+# prefill 301: 5 are left. The short call, 40 tokens with 1100 to generate (its key: seen + 64 x 40 /
+# 128, before the long prefill's deadline), needs 285: more than the 5 free and the 269 the long
+# prefill lends after its first chunk, less once the decode's 94 are free too.
+
+
+def scene(policy: str, due: bool = False) -> tuple[dict[str, float], list[dict[str, int]]]:
+    """The decode, the long prefill's first chunk, then the short call; returns the first-token
+    times and each later step's {request id: new tokens}. `due`: the long prefill's deadline has
+    passed by the time the short call arrives (and the short call's key is earlier still)."""
+    sched, clock = make_sched(policy, blocks=400, budget=128, seqs=8)
+    steps = []
+    schedule = sched.schedule
+
+    def recorded(unlocked=None):
+        out = schedule(unlocked)
+        steps.append({s.seq.request_id: s.num_new_tokens for s in out.scheduled})
+        return out
+    sched.schedule = recorded
+    sched.add_request(make_seq("decode", list(range(300)), 76))
+    firsts = {}
+    while "decode" not in firsts:
+        firsts |= step(sched, clock, 128)
+    sched.add_request(make_seq("long", list(range(1000, 2200)), 1))
+    firsts |= step(sched, clock, 128)
+    if due:  # both first seen long ago: the long prefill's deadline has passed, the short's key is earlier
+        sched.admission.seen["long"] -= 10**6
+        sched.admission.seen["short"] = sched.admission.seen["long"] - 100
+    sched.add_request(make_seq("short", list(range(3000, 3040)), 1100))
+    first = len(steps)
+    for _ in range(3000):
+        if not sched.has_work():
+            break
+        firsts |= step(sched, clock, 128)
+    assert not sched.has_work() and sched.kv.pool.num_in_use == 0
+    return firsts, steps[first:]
+
+
+def test_a_longer_prefill_waits_while_the_decode_that_holds_the_room_ends():
+    room, room_steps = scene("srpt-room")
+    drain, drain_steps = scene("srpt-drain")
+    assert room["short"] > room["long"]  # no room until the long prefill ends (lending is not enough)
+    assert all("long" in s for s in room_steps[:9])  # beside the decode, one token a step
+    # srpt-drain: decode-only steps until the decode ends (74 tokens left), then the short call
+    assert drain_steps[:74] == [{"decode": 1}] * 74
+    assert drain_steps[74] == {"short": 40}  # its first token in a step of its own (the alone rule)
+    assert drain["short"] < room["long"] < drain["long"]  # 1.0 s sooner; the long prefill 0.11 s later
+    assert drain["short"] + drain["long"] < room["short"] + room["long"] - 0.8
+
+
+def test_a_due_prefill_is_not_held():
+    """Its deadline passed: it keeps its chunks beside the decode although the refused call's key
+    is earlier (no starvation)."""
+    got, steps = scene("srpt-drain", due=True)
+    assert "long" in steps[0] and "decode" in steps[0]  # due: it keeps its chunks beside the decode
+    assert got["long"] < got["short"]
+
+
+def test_a_first_token_step_carries_no_chunk_of_a_prefill_that_does_not_finish():
+    """With room for everyone (4000 blocks) the short call runs at once: under srpt-room the long
+    prefill fills the rest of its step (the short call's first token waits for that chunk); under
+    srpt-drain that step is the short call's and the decode's only."""
+    for policy, alone in (("srpt-room", False), ("srpt-drain", True)):
+        sched, clock = make_sched(policy, blocks=4000, budget=128, seqs=8)
+        sched.add_request(make_seq("long", list(range(1000, 2200)), 1))
+        step(sched, clock, 128)
+        sched.add_request(make_seq("short", list(range(3000, 3040)), 1))
+        out = sched.schedule()
+        got = {s.seq.request_id: s.num_new_tokens for s in out.scheduled}
+        assert got == ({"short": 40} if alone else {"short": 40, "long": 88}), policy
