@@ -64,9 +64,10 @@ QUICK = {"token_scale": 0.25, "max_calls": 12, "max_tasks": 20}
 ENGINE_LOAD_TIMING = EngineConfig.__dataclass_fields__["load_timing"].default  # the engine's default
 ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default  # `hintkv serve`'s
 # hintkv's scheduler for the hinted configurations (lru runs keep fcfs; the default configs add the
-# lru ones under it too). srpt-room: the whole trace set at 10 users, hinted 0.8608 s under short-first
-# vs 0.8101 under srpt-room on the same code (docs/benchmarks/history/sim.md, seventeenth session, sched2)
-SCHEDULING = "srpt-room"
+# lru ones under it too). srpt-drain: the whole trace set at 10 users, hinted short-first 0.8608 s,
+# srpt-room 0.8101, srpt-drain 0.8048 (docs/benchmarks/history/sim.md, seventeenth session, sched2;
+# eighteenth session, simroom)
+SCHEDULING = "srpt-drain"
 
 
 def resolve(name: str, scheduling: str) -> SimConfig:
