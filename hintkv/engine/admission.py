@@ -298,8 +298,12 @@ class ShortFirstAdmission(CacheAwareAdmission):
         return self._best[1] < self._deadline(seq, todo, budget)
 
     def cap(self, seq: Sequence, n: int, budget: int, others_wait: bool) -> int:
-        if others_wait and n > 1 and n > budget // 2:
-            return max(1, budget // 2)  # an aged long prefill shares the step (processor sharing)
+        # an aged long prefill shares the step (processor sharing); one that ends within half a
+        # step is short, as in `yields`: its whole rest (halved, a 12-token rest behind a capped
+        # long one took 6, 3, ... tokens a step: the budget LEFT is half the step there)
+        if others_wait and n > 1 and n > budget // 2 \
+                and seq.num_tokens - seq.num_computed_tokens > max(1, self._budget // 2):
+            return max(1, budget // 2)
         return n
 
     def order(self, waiting: Iterable[Sequence], kv: KVCacheManager) -> list[Sequence]:
