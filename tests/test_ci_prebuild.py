@@ -71,3 +71,33 @@ def test_a_failed_build_keeps_the_compilers_error_and_ci_requires_a_build(tmp_pa
         monkeypatch.setenv("CI", value)
         monkeypatch.setenv("PATH", "" if required is None else str(tmp_path))  # no compiler on it
         assert cpu_ext.build_required() is (required or False)
+
+
+def _executable(path: Path, script: str = "exit 0") -> None:
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+
+
+def test_a_compiler_and_ninja_here_require_a_build_outside_ci(tmp_path, monkeypatch):
+    """The local gate (CI unset): a C++ compiler ($CXX's first word, or c++) and a ninja that answers --version (torch's
+    is_ninja_available runs it) on PATH require a build; without ninja, or without the compiler, a failure is a skip."""
+    from hintkv.models import cpu_ext
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    _executable(tmp_path / "c++")
+    _executable(tmp_path / "ninja", "echo 1.11.1")
+    assert cpu_ext.build_required() is True
+    monkeypatch.setenv("CXX", "ccache g++ -O2")  # a wrapper with arguments: its first word is looked up
+    assert cpu_ext.build_required() is False  # no ccache on PATH yet
+    _executable(tmp_path / "ccache")
+    assert cpu_ext.build_required() is True
+    (tmp_path / "ninja").unlink()
+    assert cpu_ext.build_required() is False
+    _executable(tmp_path / "ninja", "echo 1.11.1")
+    (tmp_path / "ccache").unlink()
+    monkeypatch.setenv("CXX", "")  # set but empty: c++, as torch does
+    assert cpu_ext.build_required() is True
+    (tmp_path / "c++").unlink()
+    assert cpu_ext.build_required() is False

@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import warnings
 from types import ModuleType
@@ -129,9 +130,11 @@ def failures() -> dict[str, str]:
 
 def build_required() -> bool:
     """Whether a failed build is a fault rather than the fallback: in CI (`CI` set and not false: .ci/run installs
-    g++ and ninja) and wherever torch would find a C++ compiler ($CXX or c++) and ninja."""
+    g++ and ninja) and wherever torch would find a C++ compiler ($CXX or c++) and ninja. $CXX may carry a wrapper or
+    arguments ("ccache g++"): torch writes it into the ninja file verbatim, so its first word is the one looked up."""
     if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
         return True
     from torch.utils.cpp_extension import is_ninja_available
 
-    return shutil.which(os.environ.get("CXX", "c++")) is not None and is_ninja_available()
+    compiler = shlex.split(os.environ.get("CXX") or "c++") or ["c++"]
+    return shutil.which(compiler[0]) is not None and is_ninja_available()
