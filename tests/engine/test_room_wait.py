@@ -44,10 +44,10 @@ def _seq(rid: str, sid: str, tokens: list[int]) -> Sequence:
 
 
 class Scene:
-    def __init__(self) -> None:
+    def __init__(self, num_blocks: int = NUM_BLOCKS) -> None:
         self.clock = EventClock()
         self.sessions = SessionRegistry()
-        self.kv = KVCacheManager(NUM_BLOCKS, BS, make_policy("sam", sessions=self.sessions))
+        self.kv = KVCacheManager(num_blocks, BS, make_policy("sam", sessions=self.sessions))
         self.kv.tiers = sim_tiers(self.kv, True, 64, self.clock, CostModel(load_profile("h200-llama3-8b")))
         sam = SessionAwareManager(self.kv, self.sessions, clock=self.clock)
         self.sch = Scheduler(self.kv, 8, 16, sam=sam, clock=self.clock, admission="srpt")
@@ -159,20 +159,15 @@ def test_a_blocked_in_flight_session_is_predicted_and_ranked_by_its_wait(policy,
     assert kv.pool.policy.session_class(s, now) == bands(q - since, q)
 
 
-def _a_running():
-    """A 20-block device under srpt with SAM and the tiers; a 60-token cold prefill `a` is scheduled
-    (16 blocks to its end, its prompt left at `PREFILL_S_PER_TOKEN`)."""
-    clock = EventClock()
-    sessions = SessionRegistry()
-    kv = KVCacheManager(20, BS, make_policy("sam", sessions=sessions))
-    kv.tiers = sim_tiers(kv, True, 64, clock, CostModel(load_profile("h200-llama3-8b")))
-    sch = Scheduler(kv, 8, 16, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock,
-                    admission="srpt")
-    kv.tiers.costs.prefill_s_per_token = PREFILL_S_PER_TOKEN
+def _a_running() -> tuple[Scene, Sequence]:
+    """A 20-block scene; a 60-token cold prefill `a` is scheduled (16 blocks to its end, its prompt
+    left at `PREFILL_S_PER_TOKEN`)."""
+    scene = Scene(20)
+    scene.kv.tiers.costs.prefill_s_per_token = PREFILL_S_PER_TOKEN
     a = _seq("a", "a", list(range(3000, 3060)))
-    sch.add_request(a)
-    sch.schedule()
-    return clock, sessions, kv, sch, a
+    scene.sch.add_request(a)
+    scene.sch.schedule()
+    return scene, a
 
 
 def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
@@ -180,7 +175,8 @@ def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
     (4 blocks held, 12 reserved to its end) 4 blocks are free, 2 of them a skipped candidate's
     kept prefix, so a 3-block candidate is 1 block short until the prefill ends: its prompt left
     at 10 s a token (counting the kept blocks as room, it claimed no wait)."""
-    clock, sessions, kv, sch, a = _a_running()
+    scene, a = _a_running()
+    kv, sch = scene.kv, scene.sch
     assert len(a.block_table) == 4
     kept = kv.pool.allocate(2)  # a skipped candidate's resident prefix: cached, free, kept
     for i, blk in enumerate(kept):
@@ -197,11 +193,12 @@ def test_the_wait_counts_the_blocks_kept_for_skipped_candidates():
 def _blocked_scene():
     """A 60-token cold prefill a runs (16 blocks to its end of 20); b's 8 blocks do not fit beside
     it: b is told its wait (a's prompt at 10 s a token) and ranks in the farthest band."""
-    clock, sessions, kv, sch, a = _a_running()
+    scene, a = _a_running()
+    sch, sessions = scene.sch, scene.sessions
     b = _seq("b", "b", list(range(6000, 6030)))
     sch.add_request(b)
     sch.schedule()
-    assert b.status is SeqStatus.WAITING and sessions.get("t", "b").blocked_until > clock()
+    assert b.status is SeqStatus.WAITING and sessions.get("t", "b").blocked_until > scene.clock()
     assert sessions.get("t", "b").rank_cls == FIRST_BAND
     return sch, sessions, a, b
 
