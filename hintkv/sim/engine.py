@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hintkv.cache.hashing import namespace_root
 from hintkv.config import EngineConfig
@@ -64,7 +65,16 @@ class _Pending:
     got_first: bool = False
 
 
-@dataclass(slots=True)
+class WaitMark(NamedTuple):
+    """The waiting since the last step's mark (see `StepStats.wait_s`)."""
+    cause: str  # what bound the last step: "budget", "seqs" or "room"
+    left: int  # requests it left waiting for that bound
+    room: int  # requests it left waiting for room (`SchedulerOutput.num_room_waits`)
+    arrived: int  # requests that arrived since: they wait for the step in flight
+    since: float  # when the mark was set
+
+
+@dataclass
 class StepStats:
     num_steps: int = 0
     busy_s: float = 0.0  # simulated seconds of forward passes
@@ -103,9 +113,7 @@ class SimEngine:
         self._busy = False  # a step is in flight (its completion is queued on the clock)
         self._waiting = False  # nothing to schedule until one of our copies lands (clock.wait)
         self.last_end = -1.0  # when the last forward finished (a later start: woken from idle)
-        # since the last step: (its bound, requests it left waiting for it, left waiting for room,
-        # arrivals since, when)
-        self._wait = ("room", 0, 0, 0, 0.0)
+        self._wait = WaitMark("room", 0, 0, 0, 0.0)  # since the last step
         self._held: list[Callable[[], None]] | None = None  # requests held while schedule() runs
         self._locked = False  # inside schedule(), outside its load waits (`unlocked`)
 
@@ -168,14 +176,14 @@ class SimEngine:
     def _count_wait(self, sched: SchedulerOutput | None, num_tokens: int = 0, at: float | None = None) -> None:
         """Charge the waiting since the last mark (see `StepStats.wait_s`); `sched`: a step was
         just scheduled at `at`, of `num_tokens` batched tokens (None: a request arrived, now)."""
-        cause, left, room, new, since = self._wait
+        w = self._wait
         now = self.clock() if at is None else at
-        if now > since:
-            self.stats.wait_s[cause] += left * (now - since)
-            self.stats.wait_s["room"] += room * (now - since)
-            self.stats.wait_s["step"] += new * (now - since)
+        if now > w.since:
+            self.stats.wait_s[w.cause] += w.left * (now - w.since)
+            self.stats.wait_s["room"] += w.room * (now - w.since)
+            self.stats.wait_s["step"] += w.arrived * (now - w.since)
         if sched is None:
-            self._wait = (cause, left, room, new + 1, now)
+            self._wait = w._replace(arrived=w.arrived + 1, since=now)
             return
         s = self.scheduler
         if num_tokens + self.cfg.block_size > s.max_num_batched_tokens:
@@ -184,8 +192,10 @@ class SimEngine:
             cause = "seqs"
         else:
             cause = "room"
-        room = min(sched.num_room_waits, len(s.waiting))
-        self._wait = (cause, len(s.waiting) - room, room, 0, now)
+        room = sched.num_room_waits
+        # a refused call stays in `waiting` until the next step, so more would be a miscount
+        assert room <= len(s.waiting), (room, len(s.waiting))
+        self._wait = WaitMark(cause, len(s.waiting) - room, room, 0, now)
 
     def _step(self) -> None:
         start = self.clock()
@@ -281,7 +291,7 @@ class SimEngine:
 
     def mark_wait(self, when: float) -> None:
         """A step scheduled at `when` left nobody waiting, and nobody arrived since."""
-        self._wait = (self._wait[0], 0, 0, 0, when)
+        self._wait = WaitMark(self._wait.cause, 0, 0, 0, when)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = self.clock()
