@@ -66,7 +66,8 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # hintkv's scheduler for the hinted configurations (lru runs keep fcfs; the default configs add the
 # lru ones under it too). srpt-drain: the whole trace set at 10 users, hinted short-first 0.8608 s,
 # srpt-room 0.8101, srpt-drain 0.8048 (docs/benchmarks/history/sim.md, seventeenth session, sched2;
-# eighteenth session, simroom)
+# eighteenth session, simroom). It is also the default of the cluster rows (--instances > 1) and of --quick,
+# where it was not measured when it became the default (their figures in docs/benchmarks/sim.md are srpt's)
 SCHEDULING = "srpt-drain"
 
 
