@@ -33,9 +33,9 @@ cold TTFT 0.32x of the unbound server (vLLM, bound, collapsed the same way: deco
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -150,6 +150,21 @@ def on_passing_thread(fn: Callable[[], T]) -> T:
     than CPUs it cuts every wait's spin to 100 (its throttled count), whatever GOMP_SPINCOUNT or OMP_WAIT_POLICY
     say. `serve` built its engine on the main thread, whose pool stayed beside the engine thread's (3 threads on
     2 CPUs): the spin openmp_env sets, or the user's, never reached the server (eighteenth session: the same
-    voluntary context switches per request at GOMP_SPINCOUNT 100 and 100,000). A pool ends with its thread."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hintkv-build") as pool:
-        return pool.submit(fn).result()
+    voluntary context switches per request at GOMP_SPINCOUNT 100 and 100,000). A pool ends with its thread.
+
+    The thread is a daemon and the caller only joins it: Ctrl-C during `serve`'s start leaves at once instead of
+    waiting for the model's load, warm-up and a first kernel build (an executor's exit joined its thread)."""
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=run, name="hintkv-build", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["value"]  # type: ignore[return-value]

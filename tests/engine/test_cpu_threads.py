@@ -175,3 +175,38 @@ def test_serve_builds_its_engine_on_a_passing_thread(monkeypatch):
         assert engine.call(lambda e: e.has_work()).result(60) is False  # its engine thread runs it
     finally:
         asyncio.run(engine.shutdown())
+
+
+_INTERRUPT_PROBE = """
+import threading
+from hintkv.engine.cpu_threads import on_passing_thread
+def build():
+    print("building", flush=True)
+    threading.Event().wait()  # a build that does not end by itself
+on_passing_thread(build)
+"""
+
+
+def test_ctrl_c_during_the_build_leaves_without_waiting_for_it():
+    """SIGINT while `serve` builds its engine on the passing thread: the caller raises KeyboardInterrupt and the
+    process exits; the build thread (a daemon) is not joined (a ThreadPoolExecutor's exit joined it: here, forever)."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPT_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "building"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+
+
+def test_the_passing_threads_result_and_error_come_back_to_the_caller():
+    assert cpu_threads.on_passing_thread(lambda: threading.get_native_id()) != threading.get_native_id()
+    with pytest.raises(ZeroDivisionError):
+        cpu_threads.on_passing_thread(lambda: 1 / 0)
