@@ -116,6 +116,12 @@ class AdmissionPolicy:
         True for a decode (one token to go): the scheduler batches decodes without asking."""
         return False
 
+    def short_rest(self, seq: Sequence) -> bool:
+        """True: running prefill `seq` ends within half a step (more than one token left, at most
+        half the step's whole budget, not the budget left). Such a prefill neither yields nor is
+        capped, and a long prefill ahead of it shares the step with it (`batching._short_after`)."""
+        return False
+
     def cap(self, seq: Sequence, n: int, budget: int, others_wait: bool) -> int:
         """The tokens running `seq` takes now out of `n` (the rest of the budget, `budget`, may
         come back to it once the waiting candidates had theirs). A decode (`n == 1`) keeps its
@@ -284,12 +290,15 @@ class ShortFirstAdmission(CacheAwareAdmission):
             return (0, 0.0) if todo <= 1 else (1, self._deadline(s, todo, budget))
         running.sort(key=key)  # stable: decodes keep their admission order
 
+    def short_rest(self, seq: Sequence) -> bool:
+        return 1 < seq.num_tokens - seq.num_computed_tokens <= max(1, self._budget // 2)
+
     def yields(self, seq: Sequence, waiting: Iterable[Sequence], kv: KVCacheManager, budget: int) -> bool:
         todo = seq.num_tokens - seq.num_computed_tokens
         # a decode, or a prefill that ends within half a step: the step holds it and half for the
         # candidates; yielded, it waits until the admissions leave budget, and an aged long prefill
         # ahead of it takes that back (issue #9: 317 tokens waited 117 s behind a 155K-token one)
-        if todo <= max(1, self._budget // 2):
+        if todo <= 1 or self.short_rest(seq):
             return False
         if self._best is None or self._best[0] != self.step:
             head = list(waiting)[:self.max_scan]
@@ -301,8 +310,7 @@ class ShortFirstAdmission(CacheAwareAdmission):
         # an aged long prefill shares the step (processor sharing); one that ends within half a
         # step is short, as in `yields`: its whole rest (halved, a 12-token rest behind a capped
         # long one took 6, 3, ... tokens a step: the budget LEFT is half the step there)
-        if others_wait and n > 1 and n > budget // 2 \
-                and seq.num_tokens - seq.num_computed_tokens > max(1, self._budget // 2):
+        if others_wait and n > 1 and n > budget // 2 and not self.short_rest(seq):
             return max(1, budget // 2)
         return n
 
@@ -333,4 +341,4 @@ from hintkv.engine import admission_swap  # noqa: E402,F401  (registers the swap
 from hintkv.engine import swap_gain  # noqa: E402,F401  (registers prefill-judged)
 from hintkv.engine import admission_serial  # noqa: E402,F401  (registers cache-aware-serial)
 from hintkv.engine import admission_alone  # noqa: E402,F401  (registers short-alone, judged-alone)
-from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, srpt-alone)
+from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, srpt-alone, srpt-room, srpt-drain)

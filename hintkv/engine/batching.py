@@ -53,7 +53,7 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         n = chunk(sch, seq, seq.num_computed_tokens, budget)
         full = n
         if capped is not None:  # others wait: the waiting candidates, or a short prefill behind it
-            n = sch.admission.cap(seq, n, budget, bool(sch.waiting) or _short_after(sch.running, i, budget))
+            n = sch.admission.cap(seq, n, budget, bool(sch.waiting) or _short_after(sch, i))
         if sch.admission.holds(seq, n, out, seq.num_computed_tokens):  # a finishing prefill's step stays short
             if capped is not None:
                 break  # it and the ones after it go after the admissions, as a yield does
@@ -81,11 +81,11 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
     return budget, i
 
 
-def _short_after(running: list[Sequence], i: int, budget: int) -> bool:
-    """A running prefill after index `i` that would finish in half of `budget` (left without
-    budget behind `running[i]`, it would wait for a long prefill's every chunk)."""
-    half = budget // 2
-    return any(1 < s.num_tokens - s.num_computed_tokens <= half for s in running[i + 1:])
+def _short_after(sch: Scheduler, i: int) -> bool:
+    """A running prefill after index `i` that ends within half a step (`AdmissionPolicy.short_rest`:
+    half the step's budget, not the budget the decodes left; left without budget behind
+    `running[i]`, it would wait for a long prefill's every chunk)."""
+    return any(sch.admission.short_rest(s) for s in sch.running[i + 1:])
 
 
 def _decodes(sch: Scheduler, out: SchedulerOutput, i: int, budget: int) -> int:
