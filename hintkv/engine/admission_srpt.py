@@ -1,5 +1,6 @@
-"""`srpt` and `srpt-alone`: `short-first` whose deadlines age `AGING` (4) times slower, nearer
-shortest-remaining-prefill-first (opt-in: `--scheduling-policy srpt`).
+"""`srpt`, `srpt-alone`, `srpt-room` and `srpt-drain`: `short-first` whose deadlines age `AGING` (4)
+times slower, nearer shortest-remaining-prefill-first (opt-in: `--scheduling-policy srpt`), and the
+variants below (`srpt-drain` is the simulator's hinted default).
 
 `short-first` keys a prefill by a deadline in steps, `first seen + tokens to compute / budget`:
 a long prompt that arrived a few steps before a short one overtakes it once its deadline passes,
@@ -31,9 +32,10 @@ the admission had refused each waiting call for room), and the room is held by d
 one token per step beside a long prefill's 2-4 s chunks (median 179 output tokens, p90 717: minutes
 of device held at a 100-200K context). Here, while a candidate the room rule refused waits, a
 prefill whose key is later than that candidate's and whose chunk does not finish it is held from
-the steps that carry decodes (`_drains`), unless it is due: those steps are decode-only, tens of ms,
-and the decodes end and free their room. A prefill whose key is earlier is never held for it:
-holding every prefill moved the slice's queue into the held prefills' time (room wait 0.0996 ->
+the steps that carry decodes (`_drains`), unless it is due, and only while the decodes' ends would
+cover what the candidate lacks: those steps are decode-only, tens of ms, and the decodes end and
+free their room (a hold for room the decodes cannot give only made both later). A prefill whose key
+is earlier is never held for it: holding every prefill moved the slice's queue into the held prefills' time (room wait 0.0996 ->
 0.0083 s a call, blocked 0.039 -> 0.118, TTFT 1.5323 -> 1.5329 s). And `short-alone`'s step rule
 without its chunk cap: a step that gives a prefill its first token carries no chunk of one that
 does not finish (the short call's first token does not wait for a long chunk beside it). On that
@@ -128,14 +130,19 @@ class SrptDrainAdmission(FinishersAlone, SrptRoomAdmission):
 
     def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
         super().__init__(max_skips, max_scan, max_model_len)
-        self._refused: tuple[int, float] = (-1, float("inf"))  # (step, best key the room rule refused in it)
+        # (step, the best key the room rule refused in it, the blocks that candidate lacked, the block size)
+        self._refused: tuple[int, float, int, int] = (-1, float("inf"), 0, 1)
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         if super().room(seq, match, kv, plan):
             return True
         key = self._waiting_key(seq, kv, self._budget)
-        step, best = self._refused
-        self._refused = (self.step, min(best, key) if step == self.step else key)
+        step, best = self._refused[:2]
+        if step != self.step or key < best:
+            bs = kv.block_size
+            need = max(0, blocks_to_end(seq, bs, self.max_model_len) - match.num_held)
+            short = need - kept_free(plan, match, kv) - self.lendable(key, bs)
+            self._refused = (self.step, key, short, bs)
         return False
 
     def holds(self, seq: Sequence, n: int, out: SchedulerOutput, done: int) -> bool:
@@ -143,10 +150,13 @@ class SrptDrainAdmission(FinishersAlone, SrptRoomAdmission):
 
     def _drains(self, seq: Sequence, n: int, out: SchedulerOutput, done: int) -> bool:
         """True: `seq`'s chunk waits while the step's decodes run on toward their end for the room
-        a better candidate, refused in this step or the last one, lacks."""
-        step, key = self._refused
-        if n <= 1 or step < self.step - 1 or finishes(seq, n, done):
-            return False  # (the last step's refusal counts: the running pass comes before admission)
+        a better candidate, refused in this step, lacks (and the decodes' ends would
+        give it)."""
+        step, key, short, bs = self._refused
+        if n <= 1 or step != self.step or finishes(seq, n, done):
+            return False  # (in the running pass a prefill behind a waiting refused candidate yields)
         if self._deadline(seq, seq.num_tokens - done, self._budget) <= max(key, self.step):
             return False  # placed before the refused candidate, or due (no starvation)
-        return any(_decoding(s) for s in out.scheduled)
+        # only while the decodes' ends can make the room it lacks: else both wait for nothing
+        freed = sum(blocks_to_end(s.seq, bs, self.max_model_len) for s in out.scheduled if _decoding(s))
+        return freed > 0 and freed >= short

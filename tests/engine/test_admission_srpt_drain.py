@@ -15,10 +15,13 @@ from tests.engine.test_scheduling_policies import make_sched, step
 # prefill lends after its first chunk, less once the decode's 94 are free too.
 
 
-def scene(policy: str, due: bool = False) -> tuple[dict[str, float], list[dict[str, int]]]:
+def scene(policy: str, due: bool = False, decode_prompt: int = 300, short_max: int = 1100,
+          head_start: int = 0, long_left: int = 0, long_tokens: int = 1200) -> tuple[dict[str, float], list[dict[str, int]]]:
     """The decode, the long prefill's first chunk, then the short call; returns the first-token
     times and each later step's {request id: new tokens}. `due`: the long prefill's deadline has
-    passed by the time the short call arrives (and the short call's key is earlier still)."""
+    passed by the time the short call arrives (and the short call's key is earlier still);
+    `head_start`: steps the long prefill was first seen earlier; `long_left`: it runs until at most
+    that many tokens are left before the short call arrives."""
     sched, clock = make_sched(policy, blocks=400, budget=128, seqs=8)
     steps = []
     schedule = sched.schedule
@@ -28,16 +31,20 @@ def scene(policy: str, due: bool = False) -> tuple[dict[str, float], list[dict[s
         steps.append({s.seq.request_id: s.num_new_tokens for s in out.scheduled})
         return out
     sched.schedule = recorded
-    sched.add_request(make_seq("decode", list(range(300)), 76))
+    sched.add_request(make_seq("decode", list(range(decode_prompt)), 76))
     firsts = {}
     while "decode" not in firsts:
         firsts |= step(sched, clock, 128)
-    sched.add_request(make_seq("long", list(range(1000, 2200)), 1))
+    sched.add_request(make_seq("long", list(range(1000, 1000 + long_tokens)), 1))
     firsts |= step(sched, clock, 128)
+    long = sched.requests["long"]
+    while long.num_tokens - long.num_computed_tokens > long_left > 0:
+        firsts |= step(sched, clock, 128)
+    sched.admission.seen["long"] -= head_start
     if due:  # both first seen long ago: the long prefill's deadline has passed, the short's key is earlier
         sched.admission.seen["long"] -= 10**6
         sched.admission.seen["short"] = sched.admission.seen["long"] - 100
-    sched.add_request(make_seq("short", list(range(3000, 3040)), 1100))
+    sched.add_request(make_seq("short", list(range(3000, 3040)), short_max))
     first = len(steps)
     for _ in range(3000):
         if not sched.has_work():
@@ -67,10 +74,40 @@ def test_a_due_prefill_is_not_held():
     assert got["long"] < got["short"]
 
 
+def test_no_hold_while_the_decodes_cannot_make_the_room():
+    """A 20-token decode (its end frees 24 blocks) and a short call that needs 372: more than the
+    free, lendable and decode blocks together (368), so it fits only once the long prefill ends.
+    Holding the long prefill for the decode's whole life would make both later (1.335 / 1.295 s
+    against srpt-room's 1.271 / 1.230): srpt-drain runs srpt-room's schedule."""
+    room, room_steps = scene("srpt-room", decode_prompt=20, short_max=1448)
+    drain, drain_steps = scene("srpt-drain", decode_prompt=20, short_max=1448)
+    assert drain_steps == room_steps and drain == room
+    assert room["short"] > room["long"]
+
+
+def test_a_prefill_placed_before_the_refused_call_is_not_held():
+    """The long prefill first seen 530 steps earlier: its deadline (not passed) is before the short
+    call's key, so it is not held for it (nor does it lend it room) and keeps its chunks beside the
+    decode; only the prefills after the refused call in srpt's order wait."""
+    got, steps = scene("srpt-drain", head_start=530)
+    assert steps[0] == {"decode": 1, "long": 127}
+    assert got["long"] < got["short"]
+
+
+def test_a_prefill_whose_chunk_finishes_it_is_not_held():
+    """A 1250-token long prefill has 107 tokens left (more than half a step) when the short call
+    (60 blocks to its end: more than the 3 free and the long one's 27 to lend, less with the
+    decode's 84) is refused: its chunk finishes it, so it runs at once beside the decode, not after
+    the decode's end."""
+    got, steps = scene("srpt-drain", decode_prompt=260, short_max=200, long_left=128, long_tokens=1250)
+    assert 64 < steps[0]["long"] <= 127 and "decode" in steps[0]
+    assert got["long"] < got["short"]
+
+
 def test_a_first_token_step_carries_no_chunk_of_a_prefill_that_does_not_finish():
     """With room for everyone (4000 blocks) the short call runs at once: under srpt-room the long
     prefill fills the rest of its step (the short call's first token waits for that chunk); under
-    srpt-drain that step is the short call's and the decode's only."""
+    srpt-drain that step is the short call's only (the scene has no decode here)."""
     for policy, alone in (("srpt-room", False), ("srpt-drain", True)):
         sched, clock = make_sched(policy, blocks=4000, budget=128, seqs=8)
         sched.add_request(make_seq("long", list(range(1000, 2200)), 1))
