@@ -1,4 +1,5 @@
-"""How long an idle OpenMP thread spins before it sleeps: libgomp's short spin, set before torch loads it.
+"""The process's OpenMP settings: how long an idle OpenMP thread spins before it sleeps (libgomp's short spin, set
+before torch loads it), and `serial_openmp_thread()`, which keeps a helper thread's torch ops off OpenMP.
 
 libgomp reads GOMP_SPINCOUNT once, when torch's import loads it. A worker that finished a parallel
 region, and the thread that waits for it at the region's end, spin that many times and then sleep
@@ -17,8 +18,10 @@ Measured (tenth session, dummy:tiny float32, 2 threads; docs/benchmarks/history/
 Served (eighteenth session; docs/benchmarks/history/engine.md "Eighteenth session, kmend"): the server built its
 engine on the main thread, whose OpenMP pool stayed beside the engine thread's, and libgomp cuts every spin to 100
 while it manages more threads than CPUs: GOMP_SPINCOUNT did nothing there (the same context switches per request
-at 100 and 100,000). `serve` now builds on a passing thread (engine/cpu_threads.py), so the value here (or the
-user's) is the server's too. Servers side by side, dummy:tiny, 2 threads, bench engine's samples:
+at 100 and 100,000). `serve` now builds on a passing thread (engine/cpu_threads.py), and the tier threads (the
+mover's copies, the pool tier's worker and calls) run without OpenMP (`serial_openmp_thread`; until the nineteenth
+session the mover's first offload started a second pool): the engine thread's pool is the server's only one, and the
+value here (or the user's) is the server's too, as long as no other thread runs parallel regions. Servers side by side, dummy:tiny, 2 threads, bench engine's samples:
 - free cores (SCHED_FIFO stretches, 9 rounds): 100,000 against 100 gave decode b1 1.33x, b8 1.09x, cold 128
   TTFT 0.93x, prefill 512 0.94x (ms); 10,000: 1.00x, 1.04x, 0.96x, 0.94x;
 - under load 7-10 (4 rounds): 100,000 gave decode b1 0.57x, b8 0.73x, cold TTFT 4.1x, prefill 512 2.4x, at twice
@@ -31,8 +34,13 @@ one (`peer_environ`).
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import re
 from collections.abc import Mapping, MutableMapping
+
+log = logging.getLogger(__name__)
 
 SPIN_COUNT = 100  # libgomp's own value for an oversubscribed process
 SET_BY_HINTKV = False  # GOMP_SPINCOUNT in os.environ is hintkv's (True), not the user's
@@ -54,3 +62,33 @@ def peer_environ(env: Mapping[str, str] | None = None) -> dict[str, str]:
     if SET_BY_HINTKV:
         env.pop("GOMP_SPINCOUNT", None)
     return env
+
+
+def serial_openmp_thread() -> None:
+    """Make the calling thread's torch ops run without OpenMP (a thread pool's initializer: the tier mover's copy
+    threads). libgomp keeps a pool of workers per thread that starts parallel regions, for as long as that thread
+    lives, and throttles every spin to 100 while it manages more threads than CPUs: a block copy at or above ATen's
+    32,768-element grain on a mover thread started a second pool beside the engine thread's (4 managed threads on
+    2 CPUs), so GOMP_SPINCOUNT did not reach a tiered server (review_kmend1). The thread's own OpenMP thread count
+    (a per-thread setting: torch.set_num_threads would change the process's) is set to 1 after ATen's per-thread
+    lazy init, which would otherwise set it back; ATen's parallel_for then runs serially, no region. Where no OpenMP
+    runtime is loaded (torch built without one) there is nothing to keep off."""
+    import torch
+
+    torch.get_num_threads()  # ATen's lazy init of this thread's OpenMP count, which runs once per thread
+    runtime = _openmp_runtime()
+    if runtime is None:
+        log.debug("no OpenMP runtime loaded: nothing to keep off this thread")
+        return
+    runtime.omp_set_num_threads(1)
+
+
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch loaded (torch/lib/libgomp.so.1 here; libomp / libiomp5 elsewhere), by its path
+    in this process's memory map, so that dlopen hands back the loaded copy, not another one."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if re.search(r"/lib(gomp|i?omp5?)[^/]*\.so", line)})
+    except OSError:
+        return None
+    return ctypes.CDLL(paths[0]) if paths else None

@@ -69,3 +69,33 @@ def test_a_fresh_process_knows_whose_spin_it_is():
     code = "import hintkv\nfrom hintkv.openmp_env import peer_environ as p\nprint(p().get('GOMP_SPINCOUNT'))"
     assert _fresh(code) == ["None"]  # hintkv set it: the peer does not get it
     assert _fresh(code, GOMP_SPINCOUNT="0") == ["0"]  # the user set it: the peer keeps it
+
+
+def test_a_serial_openmp_thread_runs_its_ops_without_a_pool_and_the_process_keeps_its_count():
+    """`serial_openmp_thread` sets the calling thread's OpenMP count to 1 after ATen's per-thread lazy init (which
+    would set it back: to torch.set_num_threads's count, as `--cpu-omp-threads-bind` sets it), and no other thread's:
+    at 2 OpenMP threads a big copy on such a thread starts no worker."""
+    code = """
+import os, threading, torch
+from hintkv.openmp_env import serial_openmp_thread
+torch.set_num_threads(2)  # the process's count: every thread's lazy init takes it
+def native(): return len(set(map(int, os.listdir("/proc/self/task"))) - {t.native_id for t in threading.enumerate()})
+base = native()  # set_num_threads's own native helpers (ATen's pthreadpool)
+def copy(serial, out):
+    if serial:
+        serial_openmp_thread()
+    torch.empty(1 << 20).copy_(torch.ones(1 << 20))  # above ATen's grain: a parallel region unless serial
+    out += [torch.get_num_threads(), native() - base]
+    gate.wait()
+for serial in (True, False):
+    out, gate = [], threading.Event()
+    t = threading.Thread(target=copy, args=(serial, out))
+    t.start()
+    while len(out) < 2:
+        pass
+    print(*out, end=" ")
+    gate.set()
+    t.join()
+print(torch.get_num_threads())
+"""
+    assert _fresh(code, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1") == ["1", "0", "2", "1", "2"]

@@ -6,7 +6,8 @@
     engine_cpus(spec, device) -> cpus  resolve() on CPU devices, None elsewhere (AsyncLLM, at start)
     bind_engine_thread(cpus)         bind() first on the thread that runs the model's steps (AsyncLLM's loop)
     on_passing_thread(fn) -> fn()    fn run on a thread that ends with it, and its OpenMP pool with it (`serve` builds
-                                     its engine there: the engine thread's team is then the process's only one)
+                                     its engine there: with the tier threads kept off OpenMP, openmp_env's
+                                     `serial_openmp_thread`, the engine thread's team is then the process's only one)
 
 vLLM's CPU worker binds its OpenMP threads (0.32, read in /proc/PID of its worker: OMP_NUM_THREADS=2,
 GOMP_CPU_AFFINITY="0 1", LD_PRELOAD of torch's libgomp; the wheel bundles no tcmalloc to preload;

@@ -35,7 +35,8 @@ def start_engine(engine_cfg: EngineConfig) -> AsyncLLM:
     """Build the engine, then set the collector for serving (`engine.gc_tuning`: the start-up
     heap frozen, young collections rarer), so that its pauses fall in few steps. The model is
     loaded and warmed on a passing thread (`cpu_threads.on_passing_thread`): no OpenMP pool outlives
-    it beside the engine thread's, so libgomp spins as GOMP_SPINCOUNT says, not its throttled 100."""
+    it beside the engine thread's, and the tier threads run their copies without OpenMP
+    (`openmp_env.serial_openmp_thread`), so libgomp spins as GOMP_SPINCOUNT says, not its throttled 100."""
     from hintkv.engine import cpu_threads
     from hintkv.engine.async_llm import AsyncLLM  # heavy: torch and the model
     from hintkv.engine.gc_tuning import tune_for_serving

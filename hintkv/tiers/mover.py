@@ -1,6 +1,7 @@
 """The movement engine: runs block copies and disk I/O off the engine loop, and counts them.
 
-On a CPU host it is a small thread pool (torch copies and file I/O release the GIL). On CUDA,
+On a CPU host it is a small thread pool (torch copies and file I/O release the GIL) whose threads run
+their copies without OpenMP, so that the engine thread's OpenMP pool stays the process's only one. On CUDA,
 tensor copies also go through a dedicated copy stream: the copy waits for the compute stream as
 it was when the copy was asked for (so KV still being written is not read), runs with
 `non_blocking=True` between pinned host memory and the device, and a worker waits on the copy's
@@ -25,6 +26,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
+
+from hintkv.openmp_env import serial_openmp_thread
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +99,10 @@ class Mover:
     def __init__(self, num_workers: int = 2, use_cuda_stream: bool | None = None) -> None:
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="hintkv-mover")
+        # its threads run no OpenMP region: a copy's region would start a second libgomp pool beside the
+        # engine thread's, and libgomp then throttles every spin to 100 (openmp_env.serial_openmp_thread)
+        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="hintkv-mover",
+                                        initializer=serial_openmp_thread)
         if use_cuda_stream is None:
             use_cuda_stream = torch.cuda.is_available()
         self._stream = torch.cuda.Stream() if use_cuda_stream else None

@@ -33,6 +33,7 @@ from operator import attrgetter
 
 import torch
 
+from hintkv.openmp_env import serial_openmp_thread
 from hintkv.pool.backend import PoolBackend
 from hintkv.pool.breaker import CircuitBreaker
 from hintkv.tiers.base import OnEvict, Tier, TierStats, TierUsage, Wants
@@ -83,7 +84,8 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
         self._cv = threading.Condition()
         self._busy = False
         self._closing = False
-        self._calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pool-call")
+        self._calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pool-call",
+                                         initializer=serial_openmp_thread)  # no OpenMP pool beside the engine's
         self._calls_running = 0  # backend calls not finished (a timed-out one may still run)
         self._calls_cv = threading.Condition()
         self._worker = self._start_worker()

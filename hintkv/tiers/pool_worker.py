@@ -24,6 +24,7 @@ from itertools import chain
 
 import torch
 
+from hintkv.openmp_env import serial_openmp_thread
 from hintkv.pool.backend import BackendError
 from hintkv.tiers.mover import resolved
 from hintkv.tiers.pool_entries import PoolEntry, PutBatch, Unavailable
@@ -40,7 +41,7 @@ class PoolWorker:
 
     def _start_worker(self) -> threading.Thread | None:
         """The thread that runs queued ops (the simulator runs them on its event clock instead)."""
-        worker = threading.Thread(target=self._run, name="pool-worker", daemon=True)
+        worker = threading.Thread(target=self._run_serial, name="pool-worker", daemon=True)
         worker.start()
         return worker
 
@@ -68,6 +69,11 @@ class PoolWorker:
         with self._cv:
             self._ops.append(op)
             self._cv.notify_all()
+
+    def _run_serial(self) -> None:
+        """`_run` with its frames' copies off OpenMP: no second libgomp pool beside the engine thread's."""
+        serial_openmp_thread()
+        self._run()
 
     def _run(self) -> None:
         while True:

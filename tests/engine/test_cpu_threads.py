@@ -161,6 +161,51 @@ def test_an_openmp_pool_started_on_a_passing_thread_ends_with_it():
     assert int(after_main) == int(before) + 1
 
 
+_TIERED_PROBE = """
+import asyncio, os, threading
+from hintkv.cache.types import SessionRef
+from hintkv.config import EngineConfig
+from hintkv.engine.types import GenerateRequest, SamplingParams
+from hintkv.server.launch import start_engine
+def native(): return len(set(map(int, os.listdir("/proc/self/task"))) - {t.native_id for t in threading.enumerate()})
+engine = start_engine(EngineConfig(model="dummy:tiny", dtype="float32", device="cpu", kv_cache_tokens=128,
+                                   max_model_len=256, host_cache_memory="4MiB"))
+async def traffic():
+    prompts = [[(i * 131 + j) % 200 + 3 for j in range(112)] for i in range(6)] + [None]
+    prompts[-1] = prompts[0]  # session 0 again: its blocks come back from the host tier
+    for i, prompt in enumerate(prompts):
+        req = GenerateRequest(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                              session=SessionRef("t", f"s{i % 6}", f"s{i % 6}"))
+        async for _ in engine.generate(req):
+            pass
+asyncio.run(traffic())
+moved = engine.tier_stats()["blocks_moved"]
+print(moved.get("device->host", 0), moved.get("host->device", 0), native())
+asyncio.run(engine.shutdown())
+"""
+
+
+def test_a_served_engine_with_a_host_tier_has_one_openmp_pool():
+    """The property `serve`'s passing thread and the mover's serial threads are for: after start_engine and traffic
+    that moves blocks both ways through the host tier, the process's native (non-Python) threads at
+    OMP_NUM_THREADS=2 are exactly one more than at 1: the engine thread's pool's one worker. A copy above ATen's grain
+    on a mover thread had started a second pool (review_kmend1: 3 such threads, not 2). OPENBLAS_NUM_THREADS=1 keeps
+    numpy's OpenBLAS server thread (which follows OMP_NUM_THREADS, and is no libgomp thread) out of the count."""
+    import subprocess
+    import sys
+
+    counts = []
+    for omp in (2, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": str(omp), "OPENBLAS_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", _TIERED_PROBE], env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr
+        offloaded, loaded, native = map(int, out.stdout.split())
+        assert offloaded > 0 and loaded > 0  # the mover copied both ways
+        counts.append(native)
+    assert counts[0] - counts[1] == 1, counts
+
+
 def test_serve_builds_its_engine_on_a_passing_thread(monkeypatch):
     from hintkv.server.launch import start_engine
 

@@ -130,3 +130,18 @@ def test_an_ended_session_block_stays_while_another_instance_keeps_it_alive(make
     a.flush()
     assert same(get(b, key(1)), payload(1))  # ...but b's lease keeps it in the pool
     assert a.pool_stats()["release_leased"] >= 1 and a.pool_stats()["released"] == 0
+
+
+def test_the_pool_tiers_threads_run_without_openmp(make_tier):
+    """Its worker frames blocks (stack and copies above ATen's grain) and its call threads hand them to the backend:
+    neither runs an OpenMP region, whose pool would stay beside the engine thread's (libgomp then throttles every
+    spin): both see an OpenMP count of 1."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("one OpenMP thread: nothing to tell apart")
+    t = make_tier(4)
+    seen: dict[str, int] = {}
+    framing, putting = t._frames, t.backend.put
+    t._frames = lambda items: (seen.setdefault("worker", torch.get_num_threads()), framing(items))[1]
+    t.backend.put = lambda *a, **kw: (seen.setdefault("call", torch.get_num_threads()), putting(*a, **kw))[1]
+    assert t.put([(key(0), payload(0))])[0].result(timeout=10)
+    assert seen == {"worker": 1, "call": 1} and torch.get_num_threads() > 1

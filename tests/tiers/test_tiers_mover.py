@@ -103,3 +103,18 @@ def test_a_finished_gather_holds_none_of_its_futures() -> None:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_the_movers_threads_run_without_openmp():
+    """A copy above ATen's grain on a mover thread ran an OpenMP region, whose pool stayed beside the engine thread's
+    (libgomp then throttles every spin): the mover's threads see an OpenMP count of 1, the caller keeps its own."""
+    import pytest
+
+    if torch.get_num_threads() < 2:
+        pytest.skip("one OpenMP thread: nothing to tell apart")
+    m = Mover(num_workers=2)
+    seen = []
+    futures = [m.run(None, lambda: seen.append(torch.get_num_threads()) or True, 0, 0) for _ in range(8)]
+    assert all(f.result() for f in futures)
+    m.close()
+    assert seen == [1] * 8 and torch.get_num_threads() > 1
