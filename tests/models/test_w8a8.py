@@ -170,6 +170,34 @@ def test_few_row_kernel_gives_the_int_mm_result(monkeypatch, amx):
     assert ran == ([calls, 0] if amx else [0, calls])  # every call took the path under test (a fallback is exact too)
 
 
+def test_few_row_loop_gives_the_eager_rescale_bit_for_bit():
+    """gemv's vector loop (not AMX): one 16-channel block a pass, two at 1-2 int8 rows, and the AVX-512 rescale of a
+    whole block, equal bit for bit the eager formula on the same quantized rows: int32 dot products, then
+    (float(dot_1) s_1 + float(dot_2) s_2) w_scale per channel in that order. Odd and even block counts, a partial
+    last block, every row count of a decode step (1-8 rows, two levels: 2-16 int8 rows)."""
+    from hintkv.models import int8_cpu
+    from hintkv.models.int8 import GEMV_ROWS, block_weight
+
+    fused = int8_cpu.ops()
+    if fused is None or not fused.has_fast_gemv():
+        pytest.skip("neither AVX512-VNNI nor AVX2 here: int8_linear keeps torch._int_mm for few rows")
+    for k, n in ((128, 96), (200, 260), (512, 768)):  # 6 blocks, 17 (the last 4 channels), 48
+        g = torch.Generator().manual_seed(n)
+        inv = torch.rand(k, generator=g) + 0.5
+        w_t, w_scale = quantize_weight(torch.randn(n, k, generator=g), 1.0 / inv)
+        wb, w_comp = block_weight(w_t)
+        for levels in (1, 2):
+            for rows in range(1, GEMV_ROWS // levels + 1):
+                x = _x(rows, k, seed=rows)
+                got = fused.gemv(x, inv, wb, w_scale, w_comp, levels, False)
+                q, s = fused.quantize_rows(x, inv, levels)
+                dots = (q.long() @ w_t.long()).float()  # exact int32 sums, then float as the kernel converts
+                want = dots[:rows] * s[:rows]
+                for level in range(1, levels):
+                    want = want + dots[level * rows:(level + 1) * rows] * s[level * rows:(level + 1) * rows]
+                assert torch.equal(got, want * w_scale), (k, n, levels, rows)
+
+
 def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
