@@ -17,6 +17,7 @@ engine's state lock, so it is consistent with the scheduler, and none of it can 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable
 
@@ -54,6 +55,10 @@ class SessionAwareManager:
         # (when to prefetch, session key, the last_done it was predicted from): one entry per
         # request end, popped when due, so a step costs O(due sessions), not O(live sessions)
         self._resumes: list[tuple[float, str, float]] = []
+        # (predicted next call, session key, the last_done it was predicted from): `next_return`'s,
+        # kept only for a scheduler that reads it (`track_returns`)
+        self._returns: list[tuple[float, str, float]] = []
+        self.track_returns = False
 
     # ---- once per engine step --------------------------------------------------------------
     def on_step(self, now: float | None = None) -> None:
@@ -113,6 +118,20 @@ class SessionAwareManager:
             tiers.counters.num_predicted_prefetches += 1
         return scheduled + on_device >= len(s.held)
 
+    def next_return(self, now: float) -> float:
+        """When the earliest session away on its tool is predicted to call again (its last end plus
+        its predicted gap: the hints' session and tool history), not before `now`; math.inf: none
+        (a session past its prediction, back, ended or presumed gone no longer counts)."""
+        heap = self._returns
+        while heap:
+            at, key, last_done = heap[0]
+            s = self.sessions.sessions.get(key)
+            if at >= now and s is not None and s.last_done == last_done and s.state is SessionState.WAITING \
+                    and not s.num_inflight:
+                return at
+            heapq.heappop(heap)
+        return math.inf
+
     def catch_up(self, now: float) -> None:
         """Run `predict` until no predicted resume is due (a caller replaying history)."""
         while self.kv.tiers is not None and self._resumes and self._resumes[0][0] <= now:
@@ -143,6 +162,9 @@ class SessionAwareManager:
             self.kv.tiers.publish_to_pool(hashes)  # write-through to the shared pool, if any
         if self.predict_resume:
             self._schedule_resume(key)
+        s = self.sessions.sessions.get(key) if self.track_returns else None
+        if s is not None and s.state is SessionState.WAITING:
+            heapq.heappush(self._returns, (s.last_done + self.sessions.predicted_gap(s)[0], key, s.last_done))
 
     # ---- edits ---------------------------------------------------------------------------
     def apply(self, ref: SessionRef, edit: CacheEdit) -> EditOutcome:

@@ -342,3 +342,4 @@ from hintkv.engine import swap_gain  # noqa: E402,F401  (registers prefill-judge
 from hintkv.engine import admission_serial  # noqa: E402,F401  (registers cache-aware-serial)
 from hintkv.engine import admission_alone  # noqa: E402,F401  (registers short-alone, judged-alone)
 from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, srpt-alone, srpt-room, srpt-drain)
+from hintkv.engine import admission_resume  # noqa: E402,F401  (registers srpt-resume)

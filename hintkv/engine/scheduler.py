@@ -86,6 +86,9 @@ class Scheduler:
         self.admission = (make_admission(admission, max_model_len=max_model_len)
                           if isinstance(admission, str) else admission)
         self.sam = sam
+        if hints and sam is not None and hasattr(self.admission, "returns"):  # (srpt-resume)
+            sam.track_returns = True
+            self.admission.returns = self.next_return
         # Session identity and edits are acted on (False: --ignore-hints; SAM then only ranks).
         self.hints = hints and sam is not None
         # qlru with hints off: each queued request's prompt is a transient session (policies.qlru)
@@ -267,6 +270,13 @@ class Scheduler:
         if self.kv.tiers is not None:  # the driver flushes up to here before the forward pass
             out.write_down_mark = self.kv.tiers.write_downs.mark()
         return out
+
+    def next_return(self) -> tuple[float, float]:
+        """(seconds until SAM predicts the next call of a session away on its tool, the engine's
+        prefill seconds a token; 0.0 without tiers, which keep that cost): `srpt-resume`'s."""
+        now = self.clock()
+        token_s = self.kv.tiers.costs.prefill_s_per_token if self.kv.tiers is not None else 0.0
+        return self.sam.next_return(now) - now, token_s
 
     def check_flushed(self, out: SchedulerOutput) -> None:
         """Raise unless a flush reached `out`'s write-down mark (call it before the forward pass)."""

@@ -1,0 +1,63 @@
+"""`srpt-resume`: `srpt-drain` whose prefill chunks end about when SAM predicts the next call of a
+session that is away on its tool (a hint-derived lever, issue #9).
+
+A call that arrives during a step waits for the whole step: behind a long prompt's 8192-token chunk
+at a 100-200K-token context that is up to 2-3.5 s on the h200-llama3-8b profile, and on the whole
+trace set the wait for the step in flight is the largest part of the queue (0.0157 s a call under
+srpt-drain). With hints, SAM knows each session's last end and its predicted gap (its own history,
+else its tool's: `SessionRegistry.predicted_gap`), so it knows when the next call is likely
+(`SessionAwareManager.next_return`). Here a prefill chunk that does not finish its prompt is cut so
+that the step's prefill time (at the engine's measured cost a token, `prefill_s_per_token`) ends by
+that time, down to 1/`MIN_SHARE` of the step budget: the returning call then starts in the next step instead of
+waiting for the long chunk. The long prefill loses nothing in the cost model (no per-step overhead;
+a shorter chunk at a long context costs no more a token), and a finishing chunk is never cut (its
+first token would come later).
+
+Without hints no session is known (`SessionAwareManager.next_return` has nothing): the policy is
+`srpt-drain` on the lru rows, so `lru+host/srpt-resume` is the same scheduler unhinted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from hintkv.engine.admission import register_admission
+from hintkv.engine.admission_srpt import SrptDrainAdmission
+from hintkv.engine.sequence import Sequence
+
+MIN_SHARE = 32  # a cut chunk computes at least 1/32 of the step budget (256 of 8192 tokens; the
+# 10-task slice measured 128, 256 and 512 the same)
+
+
+@register_admission("srpt-resume")
+class SrptResumeAdmission(SrptDrainAdmission):
+    """`srpt-drain`; a chunk that does not finish its prompt ends by SAM's next predicted return."""
+
+    # () -> (seconds until the next predicted return, prefill seconds a token); set by a hinted
+    # scheduler with SAM and tiers (`Scheduler.next_return`), else None: nothing is cut
+    returns: Callable[[], tuple[float, float]] | None = None
+
+    def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
+        super().__init__(max_skips, max_scan, max_model_len)
+        self._left_s = math.inf  # this step's prefill seconds until the predicted return
+        self._token_s = 0.0
+        self.num_cut = 0  # chunks cut for a predicted return
+
+    def order_running(self, running: list[Sequence], budget: int) -> None:
+        super().order_running(running, budget)
+        self._left_s = math.inf
+        if self.returns is not None:
+            self._left_s, self._token_s = self.returns()
+
+    def chunk(self, todo: int, n: int) -> int:
+        n = super().chunk(todo, n)
+        least = max(1, self._budget // MIN_SHARE)
+        if n <= least or todo <= n or self._left_s == math.inf or self._token_s <= 0:
+            return n
+        fit = max(least, int(self._left_s / self._token_s))
+        if fit < n:
+            self.num_cut += 1
+            n = fit
+        self._left_s = max(0.0, self._left_s - n * self._token_s)
+        return n

@@ -1,0 +1,86 @@
+"""`srpt-resume` (engine/admission_resume.py) with the real scheduler, SAM, KV manager and the
+simulator's tiers on an event clock, no model: a long prefill's chunk is cut to end by the time SAM
+predicts a session away on its tool calls again, so that call does not wait for the whole chunk;
+without hints (nothing predicted) or under srpt-drain the chunk is the whole budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.sam import SessionAwareManager
+from hintkv.cache.sessions import SessionRegistry
+from hintkv.cache.types import SessionRef
+from hintkv.engine.outputs import ModelRunnerOutput
+from hintkv.engine.scheduler import Scheduler
+from hintkv.engine.sequence import Sequence
+from hintkv.engine.types import SamplingParams
+from hintkv.sim.clock import EventClock
+from hintkv.sim.costs import CostModel
+from hintkv.sim.profile import load_profile
+from hintkv.sim.tiers import sim_tiers
+from tests.engine.scheduler_helpers import BS, ROOT
+
+BUDGET = 64
+TOKEN_S = 0.02  # the engine's prefill cost a token: a whole 64-token chunk is 1.28 s
+GAP_S = 10.0  # session c calls every 10 s (its own gap history predicts the next call)
+
+
+def _seq(rid: str, sid: str, tokens: list[int]) -> Sequence:
+    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=1), ROOT,
+                    session=SessionRef("t", sid, sid))
+
+
+class Scene:
+    def __init__(self, admission: str, hints: bool) -> None:
+        self.clock = EventClock()
+        sessions = SessionRegistry()
+        self.kv = KVCacheManager(400, BS, make_policy("sam", sessions=sessions))
+        self.kv.tiers = sim_tiers(self.kv, True, 64, self.clock, CostModel(load_profile("h200-llama3-8b")))
+        sam = SessionAwareManager(self.kv, sessions, clock=self.clock)
+        self.sch = Scheduler(self.kv, 8, BUDGET, sam=sam, clock=self.clock, admission=admission, hints=hints)
+
+    def step(self) -> dict[str, int]:
+        out = self.sch.schedule()
+        self.kv.flush_write_downs()
+        self.sch.update_from_output(
+            out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+        self.clock.run_until(self.clock() + 0.01)
+        return {s.seq.request_id: s.num_new_tokens for s in out.scheduled}
+
+    def first_long_chunk(self) -> int:
+        """c's three calls (gaps of 10 s), then a 1200-token cold prefill 0.9 s before c's
+        predicted next call; returns the tokens of the prefill's first chunk."""
+        for i in range(3):
+            self.clock.run_until(GAP_S * i)
+            self.sch.add_request(_seq(f"c{i}", "c", list(range(100 * i, 100 * i + 8))))
+            while self.sch.has_work():
+                self.step()
+        back = self.clock() - 0.01 + GAP_S  # c's last end + its predicted gap
+        self.kv.tiers.costs.prefill_s_per_token = TOKEN_S
+        self.clock.run_until(back - 0.9)
+        self.sch.add_request(_seq("long", "a", list(range(5000, 6200))))
+        return self.step()["long"]
+
+
+@pytest.mark.parametrize("admission, hints, chunk", [
+    ("srpt-resume", True, 45),  # 0.9 s / 0.02 s a token: ends by c's predicted call
+    ("srpt-resume", False, BUDGET),  # no hints: no session is known, nothing predicted
+    ("srpt-drain", True, BUDGET),
+])
+def test_a_long_chunk_ends_by_the_next_predicted_call(admission, hints, chunk):
+    scene = Scene(admission, hints)
+    assert scene.first_long_chunk() == pytest.approx(chunk, abs=1)
+    scene.kv.check_integrity()
+
+
+def test_a_finishing_chunk_is_not_cut_and_the_cut_has_a_floor():
+    """Past the prediction's time nothing is predicted; a chunk that finishes its prompt is whole;
+    a predicted call within a token still leaves the prefill 1/32 of the budget."""
+    scene = Scene("srpt-resume", True)
+    adm = scene.sch.admission
+    adm.order_running([], BUDGET)
+    adm._left_s, adm._token_s = 0.001, TOKEN_S
+    assert adm.chunk(BUDGET, BUDGET) == BUDGET  # it finishes: whole
+    assert adm.chunk(1000, BUDGET) == BUDGET // 32
