@@ -89,8 +89,9 @@ class EngineConfig:
         "shortest remaining prefill first) | srpt-alone (srpt with short-alone's rule) | srpt-room (srpt aged 64x "
         "slower; a candidate may take the room a running prefill with a later deadline still reserves) "
         "| srpt-drain (srpt-room with short-alone's step rule, no chunk cap; while a candidate lacks room, a "
-        "prefill with a later key sits out the steps that carry decodes, so they end in decode-only steps). "
-        "Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
+        "prefill with a later key sits out the steps that carry decodes, so they end in decode-only steps) "
+        "| srpt-resume (srpt-drain whose unfinished chunk ends by SAM's next predicted call of a session "
+        "away on its tool; hints only). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "
