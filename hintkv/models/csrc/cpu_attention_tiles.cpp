@@ -165,6 +165,9 @@ inline void pv_tile(const float* p, const float* const* v, int nk, int64_t D, fl
 // computes it, with the sum kept as 16 lane sums l16[16] (reduced once, after the last tile) and the output row
 // o[D] rescaled here when the max rises: the max's horizontal reduction and exp(m_old - m_new) run only when a
 // score exceeds the running max m, which past the first tiles is rare. s becomes P = exp(s - m), 0 for hidden keys.
+// One difference in P: a score more than 87.3 below the running max gives 0 or a denormal here (exp16_core,
+// unclamped), 1.2e-38 in softmax_row (exp16 and exp8 clamp): either is below the last bit of the row's sum,
+// which holds the max's exp(0) = 1.
 inline void softmax_row16(float* s, int64_t k0, int64_t last, float& m, float* l16, float* o, int64_t D) {
     static_assert(KT == 32, "two vectors per tile");
     const int64_t vis = std::min<int64_t>(KT, std::max<int64_t>(0, last - k0 + 1));
@@ -231,7 +234,8 @@ inline void score_direct(const float* q, int64_t R, int64_t D, const float* cons
 }
 
 // Row r's online softmax over one score tile s[KT] (keys k0 .. k0+nk-1, visible while k <= last):
-// p[KT] = exp(s - m_new) (0 for hidden keys), returns alpha = exp(m_old - m_new), updates m, l.
+// p[KT] = exp(s - m_new) (0 for hidden keys), returns alpha = exp(m_old - m_new), updates m, l. Its exp clamps
+// (exp16 / exp8): a score more than 87.3 below m_new gives 1.2e-38, where softmax_row16 gives 0 or a denormal.
 inline float softmax_row(float* s, int nk, int64_t k0, int64_t last, float& m, float& l) {
     const int vis = static_cast<int>(std::min<int64_t>(nk, std::max<int64_t>(0, last - k0 + 1)));
     if (vis == 0) {
