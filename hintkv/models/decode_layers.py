@@ -18,16 +18,16 @@ kernels). Other steps (more rows, int8 / fp8 KV) run the per-op layers. The C++ 
 (HINTKV_CPU_KERNELS) is read when `prepare` builds this call: changing it later does not stop it. The source is the per-op extensions' files, each in its own namespace (W8A8's int8 gemv is called in
 int8_cpu's own build, by address), so a kernel fix lands in both paths.
 
-A float32 step whose sequences all take attention's direct path (decodes; a sequence's rows x GQA group <= 16)
-can run as one OpenMP team (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at
-each phase's end) instead of a region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping
-worker). Same bits. It is opt-in (HINTKV_DECODE_TEAM=1, or =auto: chosen per decode step from measured step
-times, `team_choice.py`; decided in `DecodeLayers.__init__` alone): served,
-dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth session), on free cores (SCHED_FIFO) it
-wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's ordinary load (8-12 runnable on 2
-cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per token (3.47 vs 3.90 ms). The
-likely cause (not verified): every phase's end needs both threads on a CPU at once, and under load a waiter that
-slept waits behind other processes for one.
+A step whose sequences all take attention's direct path (decodes; a sequence's rows x GQA group <= 16), float32 or
+W8A8 (its int8 linears through int8_cpu's build, `int8_cpu.team_address()`), can run as one OpenMP team
+(`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at each phase's end) instead of a
+region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping worker). Same bits. It is opt-in
+(HINTKV_DECODE_TEAM=1, or =auto: chosen per decode step from measured step times, `team_choice.py`; decided in
+`DecodeLayers.__init__` alone): served, dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth
+session), on free cores (SCHED_FIFO) it wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's
+ordinary load (8-12 runnable on 2 cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per
+token (3.47 vs 3.90 ms). The likely cause (not verified): every phase's end needs both threads on a CPU at once, and
+under load a waiter that slept waits behind other processes for one.
 """
 
 from __future__ import annotations
@@ -109,14 +109,16 @@ class DecodeLayers:
         self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
         self.max_rows = GEMV_ROWS // int8.LEVELS if self.int8 else gemv_cpu.ROWS
         self.int8_gemv = int8_cpu.ops().gemv_address() if self.int8 else 0
+        self.int8_team = int8_cpu.ops().team_address() if self.int8 else 0  # 0: this build has no int8 team loop
         self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None
-        # the one place that decides a float32 decode step's threading (int8 linears: always the regions):
-        # HINTKV_DECODE_TEAM=1 the team, auto: chosen from measured step times (team_choice.py), else the regions
+        # the one place that decides a decode step's threading: HINTKV_DECODE_TEAM=1 the team, auto: chosen from
+        # measured step times (team_choice.py), else the regions; int8 linears only where int8_cpu has the team loop
         mode = os.environ.get("HINTKV_DECODE_TEAM", "0")
-        self.team = not self.int8 and mode == "1"
-        self.chooser = TeamChooser() if not self.int8 and mode == "auto" else None
+        can_team = not self.int8 or self.int8_team != 0
+        self.team = can_team and mode == "1"
+        self.chooser = TeamChooser() if can_team and mode == "auto" else None
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:
@@ -178,7 +180,8 @@ class DecodeLayers:
         if team:
             out = self._ops.decode_team(h, tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,
                                         meta.query_start_loc, meta.context_lens, attn.scale, eps,
-                                        cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+                                        cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.int8_team,
+                                        self.fine_rows)
             if out:  # empty: not the team's case (a sequence with more rows than attention's direct path)
                 if chooser is not None:
                     chooser.record(rows, True, time.perf_counter() - t0)

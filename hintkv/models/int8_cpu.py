@@ -26,7 +26,8 @@ level (two calls) and its kernel ran the SmolLM2-sized LM head (49152 x 512) at 
 Where the CPU has AMX (Sapphire Rapids on), `gemv` multiplies tiles instead: one `tdpbssd` is a
 16-row x 16-channel x 64-deep int8 product, the whole of a 2-level batch of 8 in one instruction
 per 64 k and 16 channels (dpbusd: one row, 4 deep); the VNNI loop stays for CPUs without it.
-The C++ source is `csrc/int8_cpu.cpp`.
+The C++ source is `csrc/int8_cpu.cpp` (quantize, rescale, top-k) then `csrc/int8_gemv.cpp` (the few-row GEMM and
+`team_address()`: the entry points `csrc/decode_team.cpp` calls for W8A8's linears), built as one extension.
 
 `ops()` builds them through `cpu_ext.load` (cached; None, after one warning, when it cannot be
 built: `int8.py` then runs the eager ops).
@@ -39,7 +40,7 @@ from types import ModuleType
 
 from hintkv.models import cpu_ext
 
-_SOURCE = (Path(__file__).parent / "csrc" / "int8_cpu.cpp").read_text()
+_SOURCE = "".join((Path(__file__).parent / "csrc" / name).read_text() for name in ("int8_cpu.cpp", "int8_gemv.cpp"))
 
 # -march=native: the extension is built on the machine that runs it (cached per machine); the
 # vector paths are guarded by the compiler's __AVX2__ / __AVX512VNNI__, a plain loop otherwise.
@@ -48,6 +49,7 @@ _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def ops() -> ModuleType | None:
-    """The built extension (quantize_rows, ..., topk_indices, gemv_address), or None when it cannot be built (warned once)."""
+    """The built extension (quantize_rows, ..., topk_indices, gemv_address, team_address), or None when it cannot be built (warned once)."""
     return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "gemv_isa",
-                                                    "has_amx", "gemv_calls", "topk_indices", "gemv_address"], _CFLAGS)
+                                                    "has_amx", "gemv_calls", "topk_indices", "gemv_address",
+                                                    "team_address"], _CFLAGS)

@@ -1,7 +1,7 @@
 """decode_layers.py: all decoder layers of a few-row step in one C++ call give bit-identical hidden
 states, residual stream and KV writes to the per-op layers (float32 and w8a8, bias or none, decode
-batches and a verify-like multi-row sequence), and the model runs it only where it applies; a float32
-step runs as one OpenMP team (csrc/decode_team.cpp) at 1, 2 and 3 threads with the same bits."""
+batches and a verify-like multi-row sequence), and the model runs it only where it applies; a float32 or w8a8
+step runs as one OpenMP team (csrc/decode_team.cpp) at 1, 2, 3 and 6 threads with the same bits."""
 
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int)
     return ids, pos, meta, kv
 
 
-# float32 through the team (HINTKV_DECODE_TEAM=1) and through decode_layers.cpp's per-kernel regions (the default,
-# and steps past attention's direct path): each keeps its bit-equality; w8a8 always takes the regions
-@pytest.mark.parametrize("quantization,team", [(None, True), (None, False), ("w8a8", False)])
+# float32 and w8a8 through the team (HINTKV_DECODE_TEAM=1) and through decode_layers.cpp's per-kernel regions (the
+# default, and steps past attention's direct path): each keeps its bit-equality
+@pytest.mark.parametrize("quantization,team", [(None, True), (None, False), ("w8a8", True), ("w8a8", False)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("q_lens,ctx", [([1], [37]), ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]),
                                         ([4, 1, 3], [40, 9, 70]),
@@ -127,7 +127,19 @@ def _fused_vs_per_op(model, q_lens, ctx, seed):
 @pytest.mark.parametrize("q_lens,ctx", [([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]), ([4, 1, 3], [40, 9, 70]),
                                         ([1] * 12, [300, 2, 45, 17, 80, 9, 33, 64, 128, 5, 16, 250])])
 def test_the_team_step_runs_float32_decodes_bit_for_bit(threads, q_lens, ctx):
-    model = _model(None, bias=True)
+    _team_bit_for_bit(_model(None, bias=True), threads, q_lens, ctx)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 6])
+@pytest.mark.parametrize("q_lens,ctx", [([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200]), ([4, 1, 3], [40, 9, 70]),
+                                        ([1, 1, 1], [5, 40, 9]), ([1], [37])])  # 1 row: gemv's two-block loop
+def test_the_team_step_runs_w8a8_decodes_bit_for_bit(threads, q_lens, ctx):
+    """W8A8's int8 linears inside the team (int8_cpu's build through team_address(): rows quantized once in a
+    phase's tail, each item's channels), fine down_proj's two channel halves and the bias: the regions' bits."""
+    _team_bit_for_bit(_model("w8a8", bias=True), threads, q_lens, ctx)
+
+
+def _team_bit_for_bit(model, threads, q_lens, ctx):
     fused = model._decode_layers
     fused.team = True  # opt-in (HINTKV_DECODE_TEAM=1)
     fused._ops = spy = _OpsSpy(fused._ops)
@@ -160,14 +172,16 @@ def test_the_team_is_opt_in_and_leaves_other_steps_to_the_per_kernel_regions(mon
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert spy.calls == [("decode_team", True), ("decode_team", False), ("decode_layers", True)]
     w8a8 = _model("w8a8", bias=False)._decode_layers
-    assert not w8a8.team  # int8 linears: the per-kernel regions, decided in decode_layers.py alone
-    with pytest.raises(RuntimeError, match="float32 linears only"):  # the C++ side only refuses a misuse
-        w8a8._ops.decode_team(*_team_args(w8a8, [1, 1], [37, 12]))
+    assert w8a8.team and w8a8.int8_team  # int8 linears too, through int8_cpu's team table
+    args = list(_team_args(w8a8, [1, 1], [37, 12]))
+    args[-2] = 0  # no table: the C++ side refuses rather than run an int8 code as float
+    with pytest.raises(RuntimeError, match="needs int8_cpu's team table"):
+        w8a8._ops.decode_team(*args)
 
 
 def test_auto_runs_decode_steps_both_ways_bit_for_bit(monkeypatch):
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "auto")
-    assert _model("w8a8", bias=False)._decode_layers.chooser is None  # int8: always the regions
+    assert isinstance(_model("w8a8", bias=False)._decode_layers.chooser, TeamChooser)  # int8 too
     fused = _model(None, bias=False)._decode_layers
     assert not fused.team and isinstance(fused.chooser, TeamChooser)
     fused.chooser = TeamChooser(probe_every=2)  # every other step a probe of the team
@@ -191,16 +205,20 @@ def _team_args(fused: DecodeLayers, q_lens: list[int], ctx: list[int]) -> tuple:
     tensors, codes = fused._args()
     return (F.embedding(ids, model.embed_tokens), tensors, codes, cos, sin, kv, meta.slot_mapping, meta.block_tables,
             meta.query_start_loc, meta.context_lens, model.layers[0].self_attn.scale,
-            model.layers[0].input_layernorm.eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            model.layers[0].input_layernorm.eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            fused.int8_team, fused.fine_rows)
 
 
-@pytest.mark.parametrize("hidden,inter", [(520, 1000), (513, 1001)])  # partial 64-column chunks; 513, 1001: gemv's
-def test_the_team_step_is_bit_exact_on_shapes_off_its_chunks(hidden, inter):  # tail blocks (n % 8) as well
+# partial 64-column chunks; 513, 1001: gemv's tail blocks (n % 8) as well; w8a8: up_proj's channels start inside a
+# 16-channel int8 block (1000 % 16 = 8), K padded to 64 (513)
+@pytest.mark.parametrize("quantization", [None, "w8a8"])
+@pytest.mark.parametrize("hidden,inter", [(520, 1000), (513, 1001)])
+def test_the_team_step_is_bit_exact_on_shapes_off_its_chunks(hidden, inter, quantization):
     cfg = dataclasses.replace(preset_config("tiny"), num_hidden_layers=2, vocab_size=2048, attention_bias=True,
                               hidden_size=hidden, intermediate_size=inter)
     model = LlamaForCausalLM(cfg)
     init_random_(model, seed=3)
-    model.prepare(None, None)
+    model.prepare(quantization, [list(range(10, 90))] if quantization else None)
     fused = model._decode_layers
     fused.team = True  # opt-in (HINTKV_DECODE_TEAM=1)
     fused._ops = spy = _OpsSpy(fused._ops)

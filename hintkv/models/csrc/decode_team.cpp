@@ -1,10 +1,12 @@
 // Every decoder layer of a few-row float32 decode step in ONE OpenMP region (decode_layers.py calls it when
 // HINTKV_DECODE_TEAM=1: opt-in, as it wins on free cores and loses under a shared machine's load; its docstring).
 //
-// decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D)
+// decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D, int8_team,
+//             fine_rows)
 //   -> {h, residual} after the last layer, as decode_layers() (same tensor layout), or {} when the step is not its
-//   case (a sequence whose rows x GQA group exceed attention's DIRECT_ROWS). Float32 linears only: decode_layers.py
-//   decides that (it never calls this for an int8 model); an int8 code here is an error.
+//   case (a sequence whose rows x GQA group exceed attention's DIRECT_ROWS). W8A8's int8 linears run int8_cpu's
+//   own build through the table at `int8_team` (int8_cpu.team_address(): quantize the input rows once, in the tail
+//   of the phase that wrote them, then each item's output channels), the same bits as its gemv in decode_layers().
 //
 // Why: decode_layers() runs each kernel as its own OpenMP region: 4 gemv + 1 attention (more than SERIAL_MACS, e.g.
 // decode b8) per layer, 40 regions in a dummy:tiny b8 step. Between regions hintkv's workers sleep (GOMP_SPINCOUNT
@@ -19,10 +21,31 @@
 // code, no region).
 //
 // Each item runs the per-op kernels' own functions (hk_kernels' add_rmsnorm_row, rope_head, silu_mul_span,
-// attend_item; hk_gemv's gemv_blocks) on the same values in the same per-element order: the outputs are bit-identical
-// to decode_layers() and to the per-op layers (tests/models/test_decode_layers.py).
+// attend_item; hk_gemv's gemv_blocks; int8_cpu's quantize and block loop through its table) on the same values in the
+// same per-element order: the outputs are bit-identical to decode_layers() and to the per-op layers
+// (tests/models/test_decode_layers.py).
 
 namespace {
+
+// int8_cpu.cpp's table (declared the same there): prepare(x, inv_smooth, M, K, levels, Kq, q, a, s) quantizes a
+// linear's input rows; blocks(a, M, levels, Kq, wb, s, w_comp, w_scale, N, y, ldy, n0, n1) writes channels [n0, n1)
+struct Int8Team {
+    void (*prepare)(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int8_t*, int32_t*, float*);
+    void (*blocks)(const int32_t*, int64_t, int64_t, int64_t, const int8_t*, const float*, const int32_t*,
+                   const float*, int64_t, float*, int64_t, int64_t, int64_t);
+};
+
+// One linear of a team step: its tensors (decode_layers.cpp's LIN layout), its code, and for an int8 one the input
+// rows prepared by `prepare` (once per step, before the phase whose items read them)
+struct TeamLinear {
+    const torch::Tensor* t = nullptr;
+    bool int8 = false;  // false: the float weight (code 0, or w8a8-fine past fine_rows rows, as decode_layers.cpp)
+    bool fine = false;  // w8a8-fine: 2N stacked channels, the second N added to the first
+    int64_t levels = 1, K = 0, Kq = 0, N = 0;
+    std::vector<int8_t> q;
+    std::vector<int32_t> a;
+    std::vector<float> s;
+};
 
 constexpr int64_t TEAM_COLS = 64;  // weight rows (output columns) per gemv item: 8 of gemv's 8-row blocks
 constexpr int SPIN = 1024;         // pauses before a waiting thread sleeps (~20-60 us)
@@ -127,20 +150,81 @@ void check_linear(const torch::Tensor* t, int64_t n, int64_t k, const char* what
                                       t[1].numel() == n), "decode_team: ", what, " bias must be float32 [", n, "]");
 }
 
+// A linear's TeamLinear for T rows, its int8 tensors checked (code 1 w8a8, 2 w8a8-fine)
+TeamLinear team_linear(const torch::Tensor* t, int64_t code, int64_t levels, int64_t n, int64_t k, int64_t T,
+                       int64_t fine_rows, const Int8Team* team, const char* what) {
+    check_linear(t, n, k, what);
+    TeamLinear lin;
+    lin.t = t;
+    TORCH_CHECK(code >= 0 && code <= 2, "decode_team: ", what, " has an unknown linear code");
+    if (code == 0 || (code == 2 && T > fine_rows)) return lin;
+    TORCH_CHECK(team != nullptr, "decode_team: an int8 linear needs int8_cpu's team table (int8_cpu.team_address())");
+    lin.int8 = true;
+    lin.fine = code == 2;
+    lin.levels = levels;
+    lin.K = k;
+    lin.N = lin.fine ? 2 * n : n;
+    const torch::Tensor &inv = t[2], &wb = t[3], &wsc = t[4], &comp = t[5];
+    TORCH_CHECK(levels >= 1 && levels * T <= 16, "decode_team: ", what, " int8 rows (levels x rows) must be <= 16");
+    TORCH_CHECK(inv.numel() == 0 || (inv.scalar_type() == torch::kFloat32 && inv.is_contiguous() && inv.numel() == k),
+                "decode_team: ", what, " inv_smooth must be float32 [", k, "]");
+    TORCH_CHECK(wb.dim() == 4 && wb.scalar_type() == torch::kInt8 && wb.is_contiguous() && wb.size(2) == 16 &&
+                wb.size(3) == 4 && wb.size(1) * 4 >= k && wb.size(0) * 16 >= lin.N,
+                "decode_team: ", what, " blocked int8 weight must be contiguous [>= N/16, >= K/4, 16, 4]");
+    TORCH_CHECK(wsc.scalar_type() == torch::kFloat32 && wsc.is_contiguous() && wsc.numel() == lin.N &&
+                comp.scalar_type() == torch::kInt32 && comp.is_contiguous() && comp.numel() >= lin.N,
+                "decode_team: ", what, " w_scale / w_comp must be float32 [N] / int32 [>= N]");
+    lin.Kq = wb.size(1);
+    lin.q.resize(levels * T * k);
+    lin.a.resize(levels * T * lin.Kq);
+    lin.s.resize(levels * T);
+    return lin;
+}
+
+// An int8 linear's input rows x [T, K], once per step (a phase's tail, or before the fork)
+void prepare(TeamLinear& lin, const Int8Team* team, const float* x, int64_t T) {
+    if (!lin.int8) return;
+    const float* inv = lin.t[2].numel() ? lin.t[2].data_ptr<float>() : nullptr;
+    team->prepare(x, inv, T, lin.K, lin.levels, lin.Kq, lin.q.data(), lin.a.data(), lin.s.data());
+}
+
+// y[:, c0:c1) (+ b) = x W[c0:c1)^T: the float weight (gemv_rows) or the prepared int8 rows; w8a8-fine adds its
+// second N channels (into `second`, T x (c1 - c0) floats), then the bias, as decode_layers.cpp's linear() (its
+// y[:, :n] += y[:, n:], then y += b)
+void linear_cols(const TeamLinear& lin, const Int8Team* team, const float* x, int64_t T, float* y, int64_t ldy,
+                 int64_t c0, int64_t c1, float* second) {
+    const torch::Tensor* t = lin.t;
+    if (!lin.int8) return gemv_rows(x, T, t[0].size(1), t[0], t[1], y, ldy, c0, c1);
+    const int8_t* wb = t[3].data_ptr<int8_t>();
+    const float* wsc = t[4].data_ptr<float>();
+    const int32_t* comp = t[5].data_ptr<int32_t>();
+    team->blocks(lin.a.data(), T, lin.levels, lin.Kq, wb, lin.s.data(), comp, wsc, lin.N, y + c0, ldy, c0, c1);
+    if (lin.fine) {
+        const int64_t n = lin.N / 2, w = c1 - c0;
+        team->blocks(lin.a.data(), T, lin.levels, lin.Kq, wb, lin.s.data(), comp, wsc, lin.N, second, w, n + c0,
+                     n + c1);
+        for (int64_t i = 0; i < T; ++i)
+            for (int64_t c = 0; c < w; ++c) y[i * ldy + c0 + c] += second[i * w + c];
+    }
+    if (t[1].numel()) {
+        const float* bp = t[1].data_ptr<float>();
+        for (int64_t i = 0; i < T; ++i)
+            for (int64_t r = c0; r < c1; ++r) y[i * ldy + r] += bp[r];
+    }
+}
+
 }  // namespace
 
 std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tensor> tensors, std::vector<int64_t> codes,
                                        torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> kvs,
                                        torch::Tensor slots, std::vector<torch::Tensor> tables, std::vector<int64_t> qsl,
                                        std::vector<int64_t> ctx, double scale, double eps, int64_t hq, int64_t hkv,
-                                       int64_t D) {
+                                       int64_t D, int64_t int8_team, int64_t fine_rows) {
+    const auto* team = reinterpret_cast<const Int8Team*>(int8_team);
     const int64_t L = static_cast<int64_t>(kvs.size()), T = h.size(0), H = h.size(1);
     const int64_t B = static_cast<int64_t>(ctx.size()), G = hq / hkv, QKV = (hq + 2 * hkv) * D, half = D / 2;
     TORCH_CHECK(static_cast<int64_t>(tensors.size()) == L * HK_PER_LAYER && static_cast<int64_t>(codes.size()) == L * 8,
                 "decode_team: ", HK_PER_LAYER, " tensors and 8 codes per layer");
-    for (int64_t l = 0; l < L; ++l)
-        for (int j = 0; j < 4; ++j)
-            TORCH_CHECK(codes[l * 8 + j] == 0, "decode_team: float32 linears only (an int8 model runs decode_layers)");
     TORCH_CHECK(L > 0 && T > 0 && h.dim() == 2 && h.scalar_type() == torch::kFloat32 && h.is_contiguous(),
                 "decode_team: h must be contiguous float32 [T, H]");
     TORCH_CHECK(hq % hkv == 0 && D % 2 == 0, "decode_team: head shapes disagree");
@@ -149,15 +233,18 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
     for (int64_t b = 0; b < B; ++b)
         if ((qsl[b + 1] - qsl[b]) * G > hk_kernels::DIRECT_ROWS) return {};  // attention's transposed path
     const int64_t I = tensors[2 + 2 * HK_LIN].size(0) / 2;
+    std::vector<TeamLinear> lins;  // 4 a layer: qkv, o, gate_up, down
+    lins.reserve(L * 4);
     for (int64_t l = 0; l < L; ++l) {
         const torch::Tensor* t = tensors.data() + l * HK_PER_LAYER;
         TORCH_CHECK(t[0].numel() == H && t[1].numel() == H && t[0].is_contiguous() && t[1].is_contiguous() &&
                     t[0].scalar_type() == torch::kFloat32 && t[1].scalar_type() == torch::kFloat32,
                     "decode_team: norm weights must be float32 [H]");
-        check_linear(t + 2, QKV, H, "qkv");
-        check_linear(t + 2 + HK_LIN, H, hq * D, "o_proj");
-        check_linear(t + 2 + 2 * HK_LIN, 2 * I, H, "gate_up");
-        check_linear(t + 2 + 3 * HK_LIN, H, I, "down");
+        const int64_t* c = codes.data() + l * 8;
+        lins.push_back(team_linear(t + 2, c[0], c[4], QKV, H, T, fine_rows, team, "qkv"));
+        lins.push_back(team_linear(t + 2 + HK_LIN, c[1], c[5], H, hq * D, T, fine_rows, team, "o_proj"));
+        lins.push_back(team_linear(t + 2 + 2 * HK_LIN, c[2], c[6], 2 * I, H, T, fine_rows, team, "gate_up"));
+        lins.push_back(team_linear(t + 2 + 3 * HK_LIN, c[3], c[7], H, I, T, fine_rows, team, "down"));
         TORCH_CHECK(kvs[l].dim() == 5 && kvs[l].scalar_type() == torch::kFloat32 && kvs[l].is_contiguous() &&
                     kvs[l].sizes() == kvs[0].sizes() && kvs[l].size(3) == hkv && kvs[l].size(4) == D,
                     "decode_team: kv caches must be contiguous float32 [2, NB, BS, Hkv, D], all alike");
@@ -204,17 +291,15 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
 
     auto body = [&]() {
         hk_kernels::AttnScratch scratch(hk_kernels::DIRECT_ROWS, D);
+        std::vector<float> second(T * TEAM_COLS);  // w8a8-fine down's second channels of one item
         for (int64_t l = 0; l < L; ++l) {
             const torch::Tensor* t = tensors.data() + l * HK_PER_LAYER;
-            const torch::Tensor* qkv_w = t + 2;
-            const torch::Tensor* o_w = t + 2 + HK_LIN;
-            const torch::Tensor* gu_w = t + 2 + 2 * HK_LIN;
-            const torch::Tensor* down_w = t + 2 + 3 * HK_LIN;
+            const TeamLinear *qkv_l = &lins[l * 4], *o_l = qkv_l + 1, *gu_l = qkv_l + 2, *down_l = qkv_l + 3;
             Phase* ph = phases.data() + l * 5;
             float* kvp = kvs[l].data_ptr<float>();
             auto none = [] {};
             if (!run_phase(ph[0], abort, [&](int64_t j) {  // head j of q / k / v: its columns, RoPE (q, k), the cache (k, v)
-                gemv_rows(xnp, T, H, qkv_w[0], qkv_w[1], qkvp, QKV, j * D, (j + 1) * D);
+                linear_cols(*qkv_l, team, xnp, T, qkvp, QKV, j * D, (j + 1) * D, second.data());
                 for (int64_t r = 0; r < T; ++r) {
                     float* x = qkvp + r * QKV + j * D;
                     if (j < hq + hkv) hk_kernels::rope_head(x, cp + r * half, snp + r * half, half);
@@ -226,28 +311,37 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
             }, none)) return;
             const hk_kernels::AttnStep step{qkvp, QKV, D, kvp, vhalf, op, hq, hkv, G, D, BS, tq, scale, qsl.data(),
                                             ctx.data(), tp.data(), nullptr, koff.data(), direct.data()};
-            if (!run_phase(ph[1], abort, [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); }, none))
+            if (!run_phase(ph[1], abort, [&](int64_t i) { hk_kernels::attend_item(step, items[i], scratch); },
+                           [&] { prepare(lins[l * 4 + 1], team, op, T); }))
                 return;
             const float* n2 = t[1].data_ptr<float>();
             if (!run_phase(ph[2], abort, [&](int64_t c) {
-                gemv_rows(op, T, hq * D, o_w[0], o_w[1], x2p, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
+                linear_cols(*o_l, team, op, T, x2p, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS), second.data());
             }, [&] {  // norm2 over every row
                 for (int64_t r = 0; r < T; ++r)
                     hk_kernels::add_rmsnorm_row(x2p + r * H, res + r * H, n2, xnp + r * H, H, eps);
+                prepare(lins[l * 4 + 2], team, xnp, T);
             })) return;
             if (!run_phase(ph[3], abort, [&](int64_t c) {  // gate and up columns [c0, c1), then their SiLU-mul
                 const int64_t c0 = c * TEAM_COLS, c1 = std::min(I, c0 + TEAM_COLS);
-                gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, c0, c1);
-                gemv_rows(xnp, T, H, gu_w[0], gu_w[1], gup, 2 * I, I + c0, I + c1);
+                linear_cols(*gu_l, team, xnp, T, gup, 2 * I, c0, c1, second.data());
+                linear_cols(*gu_l, team, xnp, T, gup, 2 * I, I + c0, I + c1, second.data());
                 for (int64_t r = 0; r < T; ++r)
                     hk_kernels::silu_mul_span(gup + r * 2 * I, gup + r * 2 * I + I, actp + r * I, c0, c1);
-            }, none)) return;
+            }, [&] { prepare(lins[l * 4 + 3], team, actp, T); })) return;
             if (!run_phase(ph[4], abort, [&](int64_t c) {
-                gemv_rows(actp, T, I, down_w[0], down_w[1], hp, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS));
-            }, [&] { if (l + 1 < L) norm1(l + 1); })) return;
+                linear_cols(*down_l, team, actp, T, hp, H, c * TEAM_COLS, std::min(H, (c + 1) * TEAM_COLS),
+                            second.data());
+            }, [&] {
+                if (l + 1 < L) {
+                    norm1(l + 1);
+                    prepare(lins[(l + 1) * 4], team, xnp, T);
+                }
+            })) return;
         }
     };
     norm1(0);  // before the fork: the first phase reads it
+    prepare(lins[0], team, xnp, T);
     run_team(abort, body);
     return {hout, h};
 }
