@@ -116,3 +116,22 @@ def test_a_first_token_step_carries_no_chunk_of_a_prefill_that_does_not_finish()
         out = sched.schedule()
         got = {s.seq.request_id: s.num_new_tokens for s in out.scheduled}
         assert got == ({"short": 40} if alone else {"short": 40, "long": 88}), policy
+
+
+def test_the_hold_follows_the_best_refused_key_of_the_step():
+    """A second refused call, 1150 tokens (its key past the long prefill's deadline), arrives with
+    the short one and is refused after it in srpt's order: the hold still follows the short call's
+    earlier key, so the long prefill sits out the decode's steps (a later refusal that overwrote
+    the key ran it beside the decode)."""
+    sched, clock = make_sched("srpt-drain", blocks=400, budget=128, seqs=8)
+    sched.add_request(make_seq("decode", list(range(300)), 76))
+    while not sched.requests["decode"].num_output_tokens:
+        step(sched, clock, 128)
+    sched.add_request(make_seq("long", list(range(1000, 2200)), 1))
+    step(sched, clock, 128)
+    sched.add_request(make_seq("short", list(range(3000, 3040)), 1100))
+    sched.add_request(make_seq("big", list(range(5000, 6150)), 10))
+    out = sched.schedule()
+    assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"decode": 1}
+    adm = sched.admission
+    assert adm._deadline(sched.requests["long"], 1072, 128) < adm._waiting_key(sched.requests["big"], sched.kv, 128)
