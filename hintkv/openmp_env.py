@@ -22,10 +22,13 @@ at 100 and 100,000). `serve` now builds on a passing thread (engine/cpu_threads.
 mover's copies, the pool tier's worker and calls) run without OpenMP (`serial_openmp_thread`; until the nineteenth
 session the mover's first offload started a second pool): the engine thread's pool is the server's only one, and the
 value here (or the user's) is the server's too, as long as no other thread runs parallel regions. Servers side by side, dummy:tiny, 2 threads, bench engine's samples:
-- free cores (SCHED_FIFO stretches, 9 rounds): 100,000 against 100 gave decode b1 1.33x, b8 1.09x, cold 128
-  TTFT 0.93x, prefill 512 0.94x (ms); 10,000: 1.00x, 1.04x, 0.96x, 0.94x;
-- under load 7-10 (4 rounds): 100,000 gave decode b1 0.57x, b8 0.73x, cold TTFT 4.1x, prefill 512 2.4x, at twice
-  the CPU per request (taken from the box's other users); 10,000: 0.83x, 1.00x, 1.39x, 1.30x.
+- free cores (SCHED_FIFO stretches, 9 rounds): one-pool 100,000 against the one-pool server at 100 gave decode b1
+  1.37x, b8 1.05x, cold 128 TTFT 0.89x, prefill 512 0.97x (ms); 10,000: 1.03x, 1.00x, 0.92x, 0.96x. Against the
+  two-pool server at 100 (the old `serve`, the only 100 row under load): 100,000 1.33x, 1.09x, 0.93x, 0.94x;
+  10,000 1.00x, 1.04x, 0.96x, 0.94x (0-6% better);
+- under load 7-10 (4 rounds; against the two-pool server at 100, no one-pool 100 was run): 100,000 gave decode b1
+  0.57x, b8 0.73x, cold TTFT 4.1x, prefill 512 2.4x, at twice the CPU per request (taken from the box's other
+  users); 10,000: 0.83x, 1.00x, 1.39x, 1.30x (0-39% worse).
 So the process keeps libgomp's short spin everywhere, unless the user chose a wait policy (on a box of its own,
 GOMP_SPINCOUNT=100000 buys the decode figures above). A peer process that runs its own wait policy
 (the bench's vLLM) gets the environment without hintkv's value, and with the user's own when they set
