@@ -67,8 +67,9 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # lru ones under it too). srpt-drain: the whole trace set at 10 users, hinted short-first 0.8608 s,
 # srpt-room 0.8101, srpt-drain 0.8048 (docs/benchmarks/history/sim.md, seventeenth session, sched2;
 # eighteenth session, simroom). It is also the cluster rows' default (--instances > 1), measured there in the
-# nineteenth session (scale4): srpt-drain vs srpt, lru+pool 2.6042 vs 2.7456 s and hinted 2.5709 vs 2.7393 at 100
-# users / 8 instances; lru+pool 7.3334 vs 11.8865 and hinted 7.0522 vs 11.3048 at 1000 / 64. --quick's: unmeasured
+# nineteenth session (scale4, on 1bc2323): srpt-drain vs srpt, lru+pool 2.5686 vs 2.7456 s and hinted 2.5659 vs
+# 2.7393 at 100 users / 8 instances; lru+pool 7.3675 vs 11.8865 and hinted 7.0432 vs 11.3048 at 1000 / 64 (history/sim.md,
+# nineteenth session, scale4). --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
 
