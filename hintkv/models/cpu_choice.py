@@ -18,9 +18,9 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def env_choice(name: str, choices: tuple[str, ...]) -> str:
-    """The value of switch `name`: one of `choices` or "auto" (unset or empty: auto); anything else raises."""
-    want = os.environ.get(name, "auto").strip().lower() or "auto"
+def env_choice(name: str, choices: tuple[str, ...], default: str = "auto") -> str:
+    """The value of switch `name`: one of `choices` or "auto" (unset or empty: `default`); anything else raises."""
+    want = os.environ.get(name, "").strip().lower() or default
     if want not in (*choices, "auto"):
         raise ValueError(f"{name} must be one of {', '.join(choices)} or auto, not {want!r}")
     return want

@@ -27,7 +27,9 @@ region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping wor
 session), on free cores (SCHED_FIFO) it wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's
 ordinary load (8-12 runnable on 2 cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per
 token (3.47 vs 3.90 ms). The likely cause (not verified): every phase's end needs both threads on a CPU at once, and
-under load a waiter that slept waits behind other processes for one.
+under load a waiter that slept waits behind other processes for one. W8A8 in the team (nineteenth session, served,
+SCHED_FIFO, two runs): b8 1.28-1.30x its regions (float32 1.09-1.16x), so w8a8 / float32 at b8 1.56-1.62x with the
+team for both against 1.38-1.40x with the regions; at load ~5 the team did not lose (b8 1.18x / 1.10x).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from types import ModuleType
 import torch
 
 from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
+from hintkv.models.cpu_choice import env_choice
 from hintkv.models.int8 import GEMV_ROWS
 from hintkv.models.linear import MklPackedKernel, OneDnnKernel, W8A8FineKernel, W8A8Kernel
 from hintkv.models.team_choice import TeamChooser
@@ -52,6 +55,7 @@ _HEADERS = """#include <torch/extension.h>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -85,7 +89,8 @@ def source() -> str:
 
 def ops() -> ModuleType | None:
     # source() is read once per process (cached): py-spy found it re-reading the three files in every step (~5%)
-    return cpu_ext.load("hintkv_decode_layers", source(), ["decode_layers", "decode_team", "team_phases"], _CFLAGS)
+    return cpu_ext.load("hintkv_decode_layers", source(),
+                        ["decode_layers", "decode_team", "team_phases", "team_futex_timeouts"], _CFLAGS)
 
 
 def _kind(kernel) -> int | None:
@@ -115,7 +120,7 @@ class DecodeLayers:
         self._ops = None
         # the one place that decides a decode step's threading: HINTKV_DECODE_TEAM=1 the team, auto: chosen from
         # measured step times (team_choice.py), else the regions; int8 linears only where int8_cpu has the team loop
-        mode = os.environ.get("HINTKV_DECODE_TEAM", "0")
+        mode = env_choice("HINTKV_DECODE_TEAM", ("0", "1"), default="0")  # unset: 0; an unknown value raises
         can_team = not self.int8 or self.int8_team != 0
         self.team = can_team and mode == "1"
         self.chooser = TeamChooser() if can_team and mode == "auto" else None

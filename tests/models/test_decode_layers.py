@@ -179,21 +179,42 @@ def test_the_team_is_opt_in_and_leaves_other_steps_to_the_per_kernel_regions(mon
         w8a8._ops.decode_team(*args)
 
 
+class _LoggedChooser(TeamChooser):
+    """A TeamChooser that logs what it is told: (rows, team) of every record."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.log: list[tuple[int, bool]] = []
+
+    def record(self, rows: int, team: bool, seconds: float) -> None:
+        assert seconds > 0
+        self.log.append((rows, team))
+        super().record(rows, team, seconds)
+
+
 def test_auto_runs_decode_steps_both_ways_bit_for_bit(monkeypatch):
-    monkeypatch.setenv("HINTKV_DECODE_TEAM", "auto")
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", " Auto ")  # parsed as cpu_choice.env_choice parses its switches
     assert isinstance(_model("w8a8", bias=False)._decode_layers.chooser, TeamChooser)  # int8 too
     fused = _model(None, bias=False)._decode_layers
     assert not fused.team and isinstance(fused.chooser, TeamChooser)
-    fused.chooser = TeamChooser(probe_every=2)  # every other step a probe of the team
+    fused.chooser = chooser = _LoggedChooser(probe_every=2)  # every other step a probe of the team
     fused._ops = spy = _OpsSpy(fused._ops)
     for seed in range(4):
         got, want, kv, kv_ref = _fused_vs_per_op(fused.model, [1, 1, 1], [37, 12, 90], seed=seed)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
     assert spy.calls == [("decode_layers", True), ("decode_team", True)] * 2
-    assert fused.chooser.num_steps == 4
+    assert chooser.num_steps == 4
+    assert chooser.log == [(3, False), (3, True)] * 2  # each step's wall time, told with the way that ran it
     _fused_vs_per_op(fused.model, [4, 1], [40, 9], seed=1)  # not a decode-only step: no choice, the regions
-    assert fused.chooser.num_steps == 4 and spy.calls[-1] == ("decode_layers", True)
+    assert chooser.num_steps == 4 and spy.calls[-1] == ("decode_layers", True) and len(chooser.log) == 4
+
+
+@pytest.mark.parametrize("value", ["on", "true", "2", "yes"])
+def test_an_unknown_team_switch_is_refused(monkeypatch, value):
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", value)  # not 0, 1 or auto: an error, not silently the regions
+    with pytest.raises(ValueError, match="HINTKV_DECODE_TEAM"):
+        _model(None, bias=False)
 
 
 def _team_args(fused: DecodeLayers, q_lens: list[int], ctx: list[int]) -> tuple:
@@ -242,7 +263,7 @@ def test_an_item_that_throws_fails_the_team_step_instead_of_hanging_it():
     try:
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            assert ops.team_phases(6, 5, -1, -1) == 30  # no throw: every item of every phase ran once
+            assert ops.team_phases(6, 5, -1, -1, 0) == 30  # no throw: every item of every phase ran once
     finally:
         torch.set_num_threads(saved)
     script = ("import torch, hintkv.models.decode_layers as d; ops = d.ops()\n"
@@ -250,7 +271,7 @@ def test_an_item_that_throws_fails_the_team_step_instead_of_hanging_it():
               "    torch.set_num_threads(threads)\n"
               "    for phase, item in ((0, 0), (2, 4), (5, 1)):\n"
               "        try:\n"
-              "            ops.team_phases(6, 5, phase, item)\n"
+              "            ops.team_phases(6, 5, phase, item, 0)\n"
               "        except RuntimeError as e:\n"
               "            assert f'item {item} of phase {phase} threw' in str(e), e\n"
               "        else:\n"
@@ -259,6 +280,23 @@ def test_an_item_that_throws_fails_the_team_step_instead_of_hanging_it():
     env = dict(os.environ, PYTHONPATH=str(Path(hintkv.__file__).parents[1]))  # this checkout's hintkv
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_waiter_that_slept_on_a_phase_is_woken_not_timed_out():
+    """2 threads, 40 phases of 2 items whose first sleeps 500 us: the other thread takes the second, spins past SPIN,
+    sleeps on the phase's futex, and the first item's thread wakes it when the phase is done. Without that wake() each
+    such wait runs to its 1 ms timeout (a silent 1 ms per phase end, 40 a dummy:tiny step): 25 of 40 phases counted one
+    in three runs here (the late waiter skips the next phase's wait), against 0 with it."""
+    ops = decode_layers.ops()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        before = ops.team_futex_timeouts()
+        assert ops.team_phases(40, 2, -1, -1, 500) == 80
+        timeouts = ops.team_futex_timeouts() - before
+    finally:
+        torch.set_num_threads(saved)
+    assert timeouts <= 8  # a few only where load delays the sleeping item's thread past the waiter's 1 ms
 
 
 def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):

@@ -1,5 +1,6 @@
-// Every decoder layer of a few-row float32 decode step in ONE OpenMP region (decode_layers.py calls it when
-// HINTKV_DECODE_TEAM=1: opt-in, as it wins on free cores and loses under a shared machine's load; its docstring).
+// Every decoder layer of a few-row decode step in ONE OpenMP region (decode_layers.py calls it when
+// HINTKV_DECODE_TEAM=1, or when =auto chooses it (team_choice.py): opt-in, as it wins on free cores and loses under a
+// shared machine's load; its docstring).
 //
 // decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D, int8_team,
 //             fine_rows)
@@ -46,6 +47,9 @@ struct TeamLinear {
     std::vector<int32_t> a;
     std::vector<float> s;
 };
+
+// Futex waits that ended by their 1 ms timeout, not a wake-up (team_futex_timeouts(): tests check wake() is sent)
+std::atomic<int64_t> futex_timeouts{0};
 
 constexpr int64_t TEAM_COLS = 64;  // weight rows (output columns) per gemv item: 8 of gemv's 8-row blocks
 constexpr int SPIN = 1024;         // pauses before a waiting thread sleeps (~20-60 us)
@@ -114,7 +118,8 @@ inline bool run_phase(Phase& p, Abort& abort, F&& item, Tail&& tail) {
         p.sleepers.fetch_add(1);
         if (p.done.load() == 0) {  // returns at once if done is no longer 0; 1 ms bounds a lost wake-up (or an abort
             const struct timespec ms{0, 1000000};  // raised in another phase)
-            syscall(SYS_futex, &p.done, FUTEX_WAIT_PRIVATE, 0, &ms, nullptr, 0);
+            if (syscall(SYS_futex, &p.done, FUTEX_WAIT_PRIVATE, 0, &ms, nullptr, 0) == -1 && errno == ETIMEDOUT)
+                futex_timeouts.fetch_add(1, std::memory_order_relaxed);
         }
         p.sleepers.fetch_sub(1);
     }
@@ -347,10 +352,12 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
 }
 
 // The phase runner alone, for tests/models/test_decode_layers.py: `phases` phases of `items` items each on every
-// thread of one region, item `throw_item` of phase `throw_phase` throwing (-1: none). Returns how many items ran; a
-// throw comes back as this call's error on every thread count, not as a hang.
-int64_t team_phases(int64_t phases, int64_t items, int64_t throw_phase, int64_t throw_item) {
-    TORCH_CHECK(phases > 0 && items > 0 && items < INT32_MAX, "team_phases: bad sizes");
+// thread of one region, item `throw_item` of phase `throw_phase` throwing (-1: none), each phase's first item sleeping
+// `item0_us` microseconds first (so that the other threads wait on the phase's futex). Returns how many items ran;
+// a throw comes back as this call's error on every thread count, not as a hang.
+int64_t team_phases(int64_t phases, int64_t items, int64_t throw_phase, int64_t throw_item, int64_t item0_us) {
+    TORCH_CHECK(phases > 0 && items > 0 && items < INT32_MAX && item0_us >= 0 && item0_us < 1000000,
+                "team_phases: bad sizes");
     std::vector<Phase> ph(phases);
     for (auto& p : ph) p.n = static_cast<int32_t>(items);
     Abort abort;
@@ -359,6 +366,10 @@ int64_t team_phases(int64_t phases, int64_t items, int64_t throw_phase, int64_t 
         for (int64_t j = 0; j < phases; ++j) {
             auto item = [&](int64_t i) {
                 TORCH_CHECK(j != throw_phase || i != throw_item, "team_phases: item ", i, " of phase ", j, " threw");
+                if (i == 0 && item0_us > 0) {
+                    const struct timespec t{0, static_cast<long>(item0_us) * 1000};
+                    nanosleep(&t, nullptr);
+                }
                 ran.fetch_add(1);
             };
             if (!run_phase(ph[j], abort, item, [] {})) return;
@@ -366,3 +377,6 @@ int64_t team_phases(int64_t phases, int64_t items, int64_t throw_phase, int64_t 
     });
     return ran.load();
 }
+
+// How many of this process's team futex waits ended by their timeout (a lost or missing wake-up costs up to 1 ms)
+int64_t team_futex_timeouts() { return futex_timeouts.load(); }
