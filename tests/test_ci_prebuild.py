@@ -79,7 +79,7 @@ def _executable(path: Path, script: str = "exit 0") -> None:
 
 
 def test_a_compiler_and_ninja_here_require_a_build_outside_ci(tmp_path, monkeypatch):
-    """The local gate (CI unset): a C++ compiler ($CXX's first word, or c++) and a ninja that answers --version (torch's
+    """The local gate (CI unset): torch's C++ compiler ($CXX whole, or c++) and a ninja that answers --version (torch's
     is_ninja_available runs it) on PATH require a build; without ninja, or without the compiler, a failure is a skip."""
     from hintkv.models import cpu_ext
 
@@ -89,15 +89,17 @@ def test_a_compiler_and_ninja_here_require_a_build_outside_ci(tmp_path, monkeypa
     _executable(tmp_path / "c++")
     _executable(tmp_path / "ninja", "echo 1.11.1")
     assert cpu_ext.build_required() is True
-    monkeypatch.setenv("CXX", "ccache g++ -O2")  # a wrapper with arguments: its first word is looked up
-    assert cpu_ext.build_required() is False  # no ccache on PATH yet
+    monkeypatch.setenv("CXX", "ccache g++ -O2")  # torch quotes $CXX into the ninja file as one word: no such program
     _executable(tmp_path / "ccache")
+    assert cpu_ext.build_required() is False
+    monkeypatch.setenv("CXX", "ccache")  # $CXX is the compiler torch runs
     assert cpu_ext.build_required() is True
     (tmp_path / "ninja").unlink()
     assert cpu_ext.build_required() is False
     _executable(tmp_path / "ninja", "echo 1.11.1")
-    (tmp_path / "ccache").unlink()
-    monkeypatch.setenv("CXX", "")  # set but empty: c++, as torch does
+    monkeypatch.setenv("CXX", "")  # set but empty: torch's get_cxx_compiler() gives '', which no build can run
+    assert cpu_ext.build_required() is False
+    monkeypatch.delenv("CXX")
     assert cpu_ext.build_required() is True
     (tmp_path / "c++").unlink()
     assert cpu_ext.build_required() is False

@@ -36,7 +36,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import shlex
 import shutil
 import warnings
 from types import ModuleType
@@ -130,11 +129,12 @@ def failures() -> dict[str, str]:
 
 def build_required() -> bool:
     """Whether a failed build is a fault rather than the fallback: in CI (`CI` set and not false: .ci/run installs
-    g++ and ninja) and wherever torch would find a C++ compiler ($CXX or c++) and ninja. $CXX may carry a wrapper or
-    arguments ("ccache g++"): torch writes it into the ninja file verbatim, so its first word is the one looked up."""
+    g++ and ninja) and wherever torch would find its C++ compiler and ninja. The compiler is torch's own choice
+    (`get_cxx_compiler()`: $CXX, or c++ when unset), looked up whole: torch 2.13 shell-quotes it into the ninja file
+    as one word, so "ccache g++" or an empty $CXX is a program no build can run."""
     if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
         return True
-    from torch.utils.cpp_extension import is_ninja_available
+    from torch.utils.cpp_extension import get_cxx_compiler, is_ninja_available
 
-    compiler = shlex.split(os.environ.get("CXX") or "c++") or ["c++"]
-    return shutil.which(compiler[0]) is not None and is_ninja_available()
+    compiler = get_cxx_compiler()
+    return bool(compiler) and shutil.which(compiler) is not None and is_ninja_available()
