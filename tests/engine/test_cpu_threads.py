@@ -223,7 +223,9 @@ def test_serve_builds_its_engine_on_a_passing_thread(monkeypatch):
 
 
 _INTERRUPT_PROBE = """
-import threading
+import signal, threading
+# a shell's background job (CI started with `&`) starts children with SIGINT ignored; serve at a terminal has Python's
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hintkv.engine.cpu_threads import on_passing_thread
 def build():
     print("building", flush=True)
