@@ -21,7 +21,8 @@ while it manages more threads than CPUs: GOMP_SPINCOUNT did nothing there (the s
 at 100 and 100,000). `serve` now builds on a passing thread (engine/cpu_threads.py), and the tier threads (the
 mover's copies, the pool tier's worker and calls) run without OpenMP (`serial_openmp_thread`; until the nineteenth
 session the mover's first offload started a second pool): the engine thread's pool is the server's only one, and the
-value here (or the user's) is the server's too, as long as no other thread runs parallel regions. Servers side by side, dummy:tiny, 2 threads, bench engine's samples:
+value here (or the user's) is the server's too, as long as no other thread runs parallel regions. Servers side by
+side, dummy:tiny, 2 threads, bench engine's samples:
 - free cores (SCHED_FIFO stretches, 9 rounds): one-pool 100,000 against the one-pool server at 100 gave decode b1
   1.37x, b8 1.05x, cold 128 TTFT 0.89x, prefill 512 0.97x (ms); 10,000: 1.03x, 1.00x, 0.92x, 0.96x. Against the
   two-pool server at 100 (the old `serve`, the only 100 row under load): 100,000 1.33x, 1.09x, 0.93x, 0.94x;
@@ -94,4 +95,10 @@ def _openmp_runtime() -> ctypes.CDLL | None:
             paths = sorted({line.split()[-1] for line in maps if re.search(r"/lib(gomp|i?omp5?)[^/]*\.so", line)})
     except OSError:
         return None
-    return ctypes.CDLL(paths[0]) if paths else None
+    if not paths:
+        return None
+    import torch
+
+    # another package's copy (a wheel's bundled libgomp, the system's) may be mapped too: torch's own comes first
+    lib = os.path.dirname(torch.__file__) + os.sep
+    return ctypes.CDLL(min(paths, key=lambda path: not path.startswith(lib)))
