@@ -80,16 +80,36 @@ def serial_openmp_thread() -> None:
     import torch
 
     torch.get_num_threads()  # ATen's lazy init of this thread's OpenMP count, which runs once per thread
-    runtime = _openmp_runtime()
-    if runtime is None:
+    set_num_threads = _openmp_set_num_threads()
+    if set_num_threads is None:
         log.debug("no OpenMP runtime loaded: nothing to keep off this thread")
         return
-    runtime.omp_set_num_threads(1)
+    set_num_threads(1)
+    if torch.get_num_threads() != 1:  # another runtime took the call: this thread would start a second pool
+        log.warning("omp_set_num_threads(1) did not reach torch's OpenMP runtime: this thread's count is %d",
+                    torch.get_num_threads())
 
 
-def _openmp_runtime() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch loaded (torch/lib/libgomp.so.1 here; libomp / libiomp5 elsewhere), by its path
-    in this process's memory map, so that dlopen hands back the loaded copy, not another one."""
+def _openmp_set_num_threads():
+    """`omp_set_num_threads` of the OpenMP runtime torch itself loaded (torch/lib/libgomp.so.1 here; libomp /
+    libiomp5 elsewhere), or None without one. dlsym through libtorch_cpu's own handle searches that library's
+    dependencies, so another package's copy (a wheel's bundled libgomp, the system's) mapped beside it, whatever
+    its path sorts as, is never the one called; the memory map is the fallback where libtorch_cpu is not found."""
+    import torch
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    if os.path.exists(torch_lib):
+        try:
+            return ctypes.CDLL(torch_lib).omp_set_num_threads
+        except (OSError, AttributeError):  # a torch built without OpenMP
+            return None
+    runtime = _mapped_openmp_runtime()
+    return None if runtime is None else runtime.omp_set_num_threads
+
+
+def _mapped_openmp_runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime in this process's memory map (the kernel writes its paths with every symlink resolved),
+    torch's own copy first, so that dlopen hands back the loaded copy, not another one."""
     try:
         with open("/proc/self/maps") as maps:
             paths = sorted({line.split()[-1] for line in maps if re.search(r"/lib(gomp|i?omp5?)[^/]*\.so", line)})
@@ -99,6 +119,5 @@ def _openmp_runtime() -> ctypes.CDLL | None:
         return None
     import torch
 
-    # another package's copy (a wheel's bundled libgomp, the system's) may be mapped too: torch's own comes first
-    lib = os.path.dirname(torch.__file__) + os.sep
+    lib = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
     return ctypes.CDLL(min(paths, key=lambda path: not path.startswith(lib)))

@@ -92,7 +92,10 @@ def test_a_compiler_and_ninja_here_require_a_build_outside_ci(tmp_path, monkeypa
     monkeypatch.setenv("CXX", "ccache g++ -O2")  # torch quotes $CXX into the ninja file as one word: no such program
     _executable(tmp_path / "ccache")
     assert cpu_ext.build_required() is False
-    monkeypatch.setenv("CXX", "ccache")  # $CXX is the compiler torch runs
+    _executable(tmp_path / "g++-12")
+    monkeypatch.setenv("CXX", "g++-12")  # $CXX is the compiler torch runs (torch puts ccache before it by itself)
+    assert cpu_ext.build_required() is True
+    monkeypatch.setenv("CXX", str(tmp_path / "g++-12"))  # a path works too
     assert cpu_ext.build_required() is True
     (tmp_path / "ninja").unlink()
     assert cpu_ext.build_required() is False

@@ -99,3 +99,36 @@ for serial in (True, False):
 print(torch.get_num_threads())
 """
     assert _fresh(code, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1") == ["1", "0", "2", "1", "2"]
+
+
+def test_a_second_libgomp_mapped_first_does_not_take_the_serial_threads_call(tmp_path):
+    """Another copy of libgomp mapped beside torch's (a wheel's bundled one, the system's), at a path that sorts
+    before torch's, is a second runtime: `serial_openmp_thread` must still set torch's count (1, no worker), and the
+    memory-map fallback must pick torch's copy. Fails when the first mapped copy is taken (e6de0b6's bug)."""
+    import torch
+
+    own = os.path.join(os.path.realpath(os.path.dirname(torch.__file__)), "lib", "libgomp.so.1")
+    if not os.path.exists(own):
+        import pytest
+
+        pytest.skip("this torch keeps no libgomp.so.1 under torch/lib")
+    other = tmp_path / "libgomp.so.1"
+    other.write_bytes(open(own, "rb").read())
+    assert str(other) < own  # the other copy sorts first: the old pick took it
+    code = f"""
+import ctypes, os, threading, torch
+from hintkv import openmp_env
+torch.set_num_threads(2)
+ctypes.CDLL({str(other)!r})  # the second runtime, mapped after torch's
+def native(): return len(set(map(int, os.listdir("/proc/self/task"))) - {{t.native_id for t in threading.enumerate()}})
+base = native()
+out = []
+def copy():
+    openmp_env.serial_openmp_thread()
+    torch.empty(1 << 20).copy_(torch.ones(1 << 20))
+    out.extend([torch.get_num_threads(), native() - base])
+t = threading.Thread(target=copy)
+t.start(); t.join()
+print(*out, openmp_env._mapped_openmp_runtime()._name.startswith(os.path.dirname({own!r})))
+"""
+    assert _fresh(code, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1") == ["1", "0", "True"]

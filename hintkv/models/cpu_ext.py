@@ -131,10 +131,11 @@ def build_required() -> bool:
     """Whether a failed build is a fault rather than the fallback: in CI (`CI` set and not false: .ci/run installs
     g++ and ninja) and wherever torch would find its C++ compiler and ninja. The compiler is torch's own choice
     (`get_cxx_compiler()`: $CXX, or c++ when unset), looked up whole: torch 2.13 shell-quotes it into the ninja file
-    as one word, so "ccache g++" or an empty $CXX is a program no build can run."""
+    as one word, so "ccache g++" or an empty $CXX is a program no build can run (shutil.which("") is None). Older
+    torch wrote $CXX unquoted: pyproject requires torch >= 2.13 for this reading."""
     if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
         return True
     from torch.utils.cpp_extension import get_cxx_compiler, is_ninja_available
 
     compiler = get_cxx_compiler()
-    return bool(compiler) and shutil.which(compiler) is not None and is_ninja_available()
+    return shutil.which(compiler) is not None and is_ninja_available()
