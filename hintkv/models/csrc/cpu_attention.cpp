@@ -124,6 +124,17 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
         }
 }
 
+// The rules attention() and the decode team (csrc/decode_team.cpp) share, written once here:
+// a sequence of n new rows (x its GQA group G) at most DIRECT_ROWS reads K untransposed (the team's whole case),
+inline bool is_direct(int64_t n, int64_t G) { return n * G <= DIRECT_ROWS; }
+// query tokens per work item (a query tile of at most TILE_ROWS rows: a direct sequence's rows fit one),
+inline int64_t tile_tokens(int64_t G) { return std::max<int64_t>(1, TILE_ROWS / G); }
+// and the step's query offsets: B+1 entries from 0 to T, one block table a sequence (B of them).
+void check_qsl(const std::vector<int64_t>& qsl, size_t B, size_t ntables, int64_t T) {
+    TORCH_CHECK(qsl.size() == B + 1 && qsl[0] == 0 && qsl[B] == T && ntables == B,
+                "qsl must have B+1 entries from 0 to T, tables B");
+}
+
 // The step's block tables checked against its lengths (the rules of every caller: attention(), decode_team()):
 // each sequence has 0 < new rows <= context, a table covering its context, block ids in [0, NB). Returns the
 // tables' data (`tables` made contiguous in place, so the pointers outlive the call).
@@ -183,8 +194,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     const int64_t NB = kv.size(1), BS = kv.size(2), Hkv = kv.size(3);
     TORCH_CHECK(kv.size(4) == D && Hq % Hkv == 0, "head shapes disagree");
     const int64_t G = Hq / Hkv, B = static_cast<int64_t>(ctx.size());
-    TORCH_CHECK(static_cast<int64_t>(qsl.size()) == B + 1 && qsl[0] == 0 && qsl[B] == T &&
-                static_cast<int64_t>(tables.size()) == B, "qsl must have B+1 entries from 0 to T, tables B");
+    check_qsl(qsl, ctx.size(), tables.size(), T);
     const int64_t* qp = qsl.data();
     const int64_t* cp = ctx.data();
     const std::vector<const int64_t*> tp = check_tables(tables, qsl, ctx, NB, BS);
@@ -219,11 +229,11 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     std::vector<int64_t> koff(B * Hkv + 1, 0), spad(B);
     std::vector<char> direct(B);
     for (int64_t b = 0; b < B; ++b) {
-        direct[b] = (qp[b + 1] - qp[b]) * G <= DIRECT_ROWS;
+        direct[b] = is_direct(qp[b + 1] - qp[b], G);
         spad[b] = direct[b] ? 0 : (cp[b] + KT - 1) / KT * KT;
         for (int64_t h = 0; h < Hkv; ++h) koff[b * Hkv + h + 1] = koff[b * Hkv + h] + D * spad[b];
     }
-    const int64_t tq = std::max<int64_t>(1, TILE_ROWS / G);  // query tokens per work item
+    const int64_t tq = tile_tokens(G);
     int64_t macs = 0;  // QK and PV multiply-adds of the whole step (upper bound: full key tiles)
     for (int64_t b = 0; b < B; ++b) {
         const int64_t n = qp[b + 1] - qp[b];

@@ -233,10 +233,9 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
     TORCH_CHECK(L > 0 && T > 0 && h.dim() == 2 && h.scalar_type() == torch::kFloat32 && h.is_contiguous(),
                 "decode_team: h must be contiguous float32 [T, H]");
     TORCH_CHECK(hq % hkv == 0 && D % 2 == 0, "decode_team: head shapes disagree");
-    TORCH_CHECK(static_cast<int64_t>(qsl.size()) == B + 1 && qsl[0] == 0 && qsl[B] == T &&
-                static_cast<int64_t>(tables.size()) == B, "decode_team: qsl must have B+1 entries from 0 to T, tables B");
+    hk_kernels::check_qsl(qsl, ctx.size(), tables.size(), T);
     for (int64_t b = 0; b < B; ++b)
-        if ((qsl[b + 1] - qsl[b]) * G > hk_kernels::DIRECT_ROWS) return {};  // attention's transposed path
+        if (!hk_kernels::is_direct(qsl[b + 1] - qsl[b], G)) return {};  // attention's transposed path
     const int64_t I = tensors[2 + 2 * HK_LIN].size(0) / 2;
     std::vector<TeamLinear> lins;  // 4 a layer: qkv, o, gate_up, down
     lins.reserve(L * 4);
@@ -273,7 +272,7 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
 
     // attention: one item per (sequence, KV head) in attention()'s order, all of the sequence's rows (a direct
     // sequence is one query tile: TILE_ROWS >= DIRECT_ROWS, cpu_attention.cpp), so a scratch of DIRECT_ROWS rows
-    const int64_t tq = std::max<int64_t>(1, hk_kernels::TILE_ROWS / G);
+    const int64_t tq = hk_kernels::tile_tokens(G);
     const std::vector<hk_kernels::Item> items = hk_kernels::make_items(qsl, ctx, hkv, tq);
     std::vector<int64_t> koff(B * hkv + 1, 0);
     std::vector<char> direct(B, 1);
