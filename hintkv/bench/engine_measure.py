@@ -3,11 +3,15 @@
 Every server (plain hintkv, its variants, vLLM) is up at once and idle between its samples. Each
 round takes one sample of each figure from every server, figure by figure, so the samples a ratio
 compares were taken seconds apart (a load spike lands on both sides, not on one server's whole
-run); the order of the servers alternates between rounds (A B C, then C B A), and each figure is
+run); the order of the servers rotates between rounds (A B C, B C A, C A B: over as many rounds as
+servers each server is sampled first, in the middle and last once; the alternation A B C, C B A it
+replaced put B in the middle every round and C last in two of `--quick`'s three), and each figure is
 the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
 the spread of every ratio over the rounds. Before each sample every server's process group must be at
 rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then nothing runnable and at most 2 ticks of CPU
 over 0.2 s, at most `REST_MAX_S`; each server's longest wait and samples not at rest are in its figures): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
+Whether the others stayed at rest DURING a sample is measured too: the most CPU the other servers'
+process groups used while one of a server's samples ran (`ServerFigures.others_cpu_max_s`).
 
 - prefill tok/s at 512 / 2048 / 8192 prompt tokens (`max_tokens=1`; prompt tokens / TTFT)
 - decode tok/s at batch 1 and 8 (128-token prompts, `ignore_eos`, fixed `max_tokens`; batch 8 is
@@ -32,7 +36,8 @@ from hintkv.bench.common import (
     stream_batch,
     stream_completion,
 )
-from hintkv.bench.idle_wait import wait_idle
+from hintkv.bench.idle_wait import group_cpu_s, wait_idle
+from hintkv.bench.swarm_rounds import rotated
 
 SWITCH_PAUSE_S = 0.3  # between two servers' samples: a peer's spinning OpenMP threads go to sleep
 REST_MAX_S = 3.0  # the longest wait for every server to come to rest (idle_wait.py)
@@ -92,6 +97,7 @@ class ServerFigures:
     error: str | None = None
     rest_wait_max_s: float | None = None  # the longest wait for every server to rest before one of its samples
     samples_not_at_rest: int = 0  # its samples taken after `REST_MAX_S` with some server still busy
+    others_cpu_max_s: float | None = None  # the most CPU s the other servers used during one of its samples
     samples: dict[str, list[float | None]] = field(default_factory=dict)  # figure -> one value per round
 
     @property
@@ -190,9 +196,9 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
         log(f"  {name}: warm-up {time.perf_counter() - t0:.1f}s")
     live = [n for n in servers if figures[n].error is None]
     for r in range(w.repeats):
-        order = live if r % 2 == 0 else live[::-1]
+        order = rotated(live, r)
         waits: list[float] = []
-        restless = 0
+        restless, shared = 0, 0.0
         for sample in samplers(w):
             for name in order:
                 if figures[name].error is not None:
@@ -203,16 +209,21 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
                 f = figures[name]
                 f.rest_wait_max_s = max(waited, f.rest_wait_max_s or 0.0)
                 f.samples_not_at_rest += not idle
+                others = [g for n, g in (groups or {}).items() if n != name]
+                cpu0 = sum(group_cpu_s(g) for g in others)
                 try:
                     got = await sample(servers[name], model, prompts, w)
                 except Exception as exc:  # noqa: BLE001
                     figures[name].error = f"{type(exc).__name__}: {str(exc)[:2000]}"
                     continue
+                used = sum(group_cpu_s(g) for g in others) - cpu0
+                f.others_cpu_max_s, shared = max(used, f.others_cpu_max_s or 0.0), max(used, shared)
                 for key, value in got.items():
                     figures[name].samples.setdefault(key, []).append(value)
         log(f"  round {r + 1}/{w.repeats}: " + ", ".join(
             f"{n} b1 {_last(figures[n], 'decode_tok_s_b1')} b{w.batch} {_last(figures[n], 'decode_tok_s_batch')}"
-            for n in order) + (f"; rest waits max {max(waits):.2f}s, {restless} not at rest" if waits else ""))
+            for n in order) + (f"; rest waits max {max(waits):.2f}s, {restless} not at rest, "
+                                     f"others' CPU during a sample max {shared:.2f}s" if waits else ""))
     for f in figures.values():
         f.summarize()
     return figures

@@ -79,3 +79,14 @@ def test_the_comparison_goals_say_whether_every_sample_started_at_rest():
         assert [goals[k]["rest"] for k in ("prefill_512_2048_vs_vllm", "decode_b1_b8_vs_vllm",
                                             "cold_128_ttft_vs_vllm", "w8a8_decode_vs_float32")] == [at_rest] * 4
     assert figures_json(busy)["samples_not_at_rest"] == 2 and figures_json(busy)["rest_wait_max_s"] == 3.1
+
+
+def test_every_server_is_sampled_first_in_the_middle_and_last_equally_often():
+    """bench engine's round order (engine_measure.measure_interleaved): over as many rounds as servers, each server
+    holds each place once (the A B C / C B A alternation put B in the middle every round, C last in 2 of 3)."""
+    from hintkv.bench.swarm_rounds import rotated
+
+    for names in (["hintkv", "vllm"], ["hintkv", "w8a8", "vllm"], ["hintkv", "w8a8", "compiled", "vllm"]):
+        orders = [rotated(names, r) for r in range(len(names))]
+        for name in names:
+            assert sorted(order.index(name) for order in orders) == list(range(len(names)))
