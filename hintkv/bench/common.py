@@ -371,6 +371,7 @@ class CompletionTiming:
     num_tokens: int  # generated tokens (usage.completion_tokens when reported, else chunks)
     total_s: float  # until the stream closed
     finish_reason: str | None = None
+    server_metrics: dict[str, Any] | None = None  # hintkv's `hintkv_metrics` of the last chunk (None: another server)
 
     @property
     def ttft_s(self) -> float:
@@ -424,6 +425,7 @@ async def stream_completion(
     chunk_times: list[float] = []
     usage_tokens: int | None = None
     finish: str | None = None
+    server_metrics: dict[str, Any] | None = None
     try:
         t0 = time.perf_counter()
         async with client.stream("POST", base_url + "/v1/completions", json=body) as resp:
@@ -440,6 +442,7 @@ async def stream_completion(
                 event = json.loads(data)
                 if event.get("usage"):
                     usage_tokens = event["usage"].get("completion_tokens", usage_tokens)
+                server_metrics = event.get("hintkv_metrics") or server_metrics
                 for choice in event.get("choices") or ():
                     chunk_times.append(now)
                     finish = choice.get("finish_reason") or finish
@@ -458,6 +461,7 @@ async def stream_completion(
         num_tokens=usage_tokens if usage_tokens is not None else len(chunk_times),
         total_s=total,
         finish_reason=finish,
+        server_metrics=server_metrics,
     )
 
 

@@ -54,9 +54,11 @@ from hintkv.bench.common import (
 from hintkv.bench.engine_accuracy import kv_quant_rows, w8a8_accuracy
 from hintkv.bench.engine_measure import ServerFigures, Workload, measure_interleaved
 from hintkv.bench.engine_report import (
+    OUTSIDE_COLUMNS,
     calibration_ratios,
     compute_goals,
     figures_json,
+    outside_rows,
     table_rows,
     throughput_ratios,
     variant_ratios,
@@ -159,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         rows += table_rows(model, ours, peer, w)
     print_table(rows, ["model", "metric", "hintkv", "vllm", "hintkv/vllm", "per-round spread"])
     print(f"({w.repeats} interleaved rounds; figures are medians, the spread is each round's ratio, min-max)")
+    split = [row for m, r in results.items() for name, f in (("hintkv", r["hintkv"]), *(
+        (v, x["figures"]) for v, x in r["variants"].items())) for row in outside_rows(m, name, f)]
+    if split:
+        print("\nhintkv's TTFT samples by its own report (engine: arrival at the scheduler -> first token; "
+              "outside: HTTP, handler, thread hand-offs, first chunk; medians):")
+        print_table(split, OUTSIDE_COLUMNS)
     accuracy = w8a8_accuracy() if "w8a8" in variants and not on_gpu else None
     gemm_path = gemv_path() if "w8a8" in variants and not on_gpu else None
     if variant_rows:

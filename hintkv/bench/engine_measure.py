@@ -18,6 +18,11 @@ process groups used while one of a server's samples ran (`ServerFigures.others_c
   8 concurrent streams, counted over the window where all 8 decode)
 - TTFT of a 2048-token prompt whose first 1920 tokens were just sent (cached), against a cold
   128-token prefill (1920 = 15 x 128, block-aligned for vLLM CPU's 128-token prefix blocks too)
+
+For every TTFT sample a hintkv server also reports its own engine TTFT (`hintkv_metrics.ttft_s`: the
+request's arrival at the scheduler -> its first token, the forward included), kept as `engine_ms_<figure>`;
+the client's TTFT less it is what the serving path around the engine cost that request (HTTP, the
+handler, the hand-offs between threads, the first chunk): `ServerFigures.outside_ms`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from hintkv.bench.common import (
+    CompletionTiming,
     PromptFactory,
     batch_decode_tok_per_s,
     log,
@@ -89,6 +95,7 @@ class ServerFigures:
 
     prefill_tok_s: dict[int, float] = field(default_factory=dict)
     prefill_ms: dict[int, float] = field(default_factory=dict)
+    engine_ms: dict[str, float] = field(default_factory=dict)  # TTFT figure -> hintkv's own engine TTFT (median)
     decode_tok_s_b1: float | None = None
     decode_tok_s_batch: float | None = None
     ttft_cached_ms: float | None = None
@@ -112,8 +119,27 @@ class ServerFigures:
                 n = int(key.removeprefix("prefill_ms_"))
                 if m is not None:
                     self.prefill_ms[n], self.prefill_tok_s[n] = m, n / (m / 1000)
+            elif key.startswith("engine_ms_"):
+                if m is not None:
+                    self.engine_ms[key.removeprefix("engine_ms_")] = m
             elif key in ("decode_tok_s_b1", "decode_tok_s_batch", "ttft_cached_ms", "ttft_cold_ms"):
                 setattr(self, key, m)
+
+    def outside_ms(self) -> dict[str, float]:
+        """TTFT figure -> the median over rounds of the client's TTFT less the server's engine TTFT
+        (hintkv only: other servers report no engine TTFT)."""
+        out = {}
+        for figure, client_key in TTFT_FIGURES.items():
+            pairs = zip(self.samples.get(client_key, []), self.samples.get(f"engine_ms_{figure}", []))
+            m = median_or_none([c - e for c, e in pairs if c is not None and e is not None])
+            if m is not None:
+                out[figure] = m
+        return out
+
+
+# a TTFT figure's name in `engine_ms_<name>` -> its client-side sample
+TTFT_FIGURES = {"prefill_512": "prefill_ms_512", "prefill_2048": "prefill_ms_2048", "prefill_8192": "prefill_ms_8192",
+                "cached": "ttft_cached_ms", "cold": "ttft_cold_ms"}
 
 
 def median_or_none(values: list[float | None]) -> float | None:
@@ -124,9 +150,15 @@ def median_or_none(values: list[float | None]) -> float | None:
 # ---------------------------------------------------------------- one sample of each figure
 
 
-async def _prefill_ms(url: str, model: str, prompts: PromptFactory, n: int) -> float:
+def _engine_ms(figure: str, t: CompletionTiming) -> dict[str, float]:
+    """{engine_ms_<figure>: the server's own engine TTFT} when it reports one (hintkv), else {}."""
+    engine_ttft = (t.server_metrics or {}).get("ttft_s")
+    return {} if engine_ttft is None else {f"engine_ms_{figure}": engine_ttft * 1000}
+
+
+async def _prefill_ms(url: str, model: str, prompts: PromptFactory, n: int) -> dict[str, float]:
     t = await stream_completion(url, model, prompts.make(n), max_tokens=1)
-    return t.ttft_s * 1000
+    return {f"prefill_ms_{n}": t.ttft_s * 1000, **_engine_ms(f"prefill_{n}", t)}
 
 
 async def _decode_b1(url: str, model: str, prompts: PromptFactory, w: Workload) -> float | None:
@@ -141,12 +173,13 @@ async def _decode_batch(url: str, model: str, prompts: PromptFactory, w: Workloa
     return batch_decode_tok_per_s(await stream_batch(url, model, batch, max_tokens=w.decode_tokens))
 
 
-async def _cached_and_cold_ms(url: str, model: str, prompts: PromptFactory, w: Workload) -> tuple[float, float]:
+async def _cached_and_cold_ms(url: str, model: str, prompts: PromptFactory, w: Workload) -> dict[str, float]:
     prompt = prompts.make(w.cached_prompt_tokens)
     await stream_completion(url, model, prompt[: w.cached_prefix_tokens], max_tokens=1)  # caches the prefix
     cached = await stream_completion(url, model, prompt, max_tokens=1)
     cold = await stream_completion(url, model, prompts.make(w.cold_prompt_tokens), max_tokens=1)
-    return cached.ttft_s * 1000, cold.ttft_s * 1000
+    return {"ttft_cached_ms": cached.ttft_s * 1000, "ttft_cold_ms": cold.ttft_s * 1000,
+            **_engine_ms("cached", cached), **_engine_ms("cold", cold)}
 
 
 async def warm_up(url: str, model: str, prompts: PromptFactory, w: Workload) -> None:
@@ -166,7 +199,7 @@ def samplers(w: Workload) -> list[Sampler]:
     out: list[Sampler] = []
     for n in w.prefill_lengths:
         async def prefill(url, model, prompts, w, n=n):
-            return {f"prefill_ms_{n}": await _prefill_ms(url, model, prompts, n)}
+            return await _prefill_ms(url, model, prompts, n)
         out.append(prefill)
 
     async def b1(url, model, prompts, w):
@@ -176,8 +209,7 @@ def samplers(w: Workload) -> list[Sampler]:
         return {"decode_tok_s_batch": await _decode_batch(url, model, prompts, w)}
 
     async def ttft(url, model, prompts, w):
-        cached, cold = await _cached_and_cold_ms(url, model, prompts, w)
-        return {"ttft_cached_ms": cached, "ttft_cold_ms": cold}
+        return await _cached_and_cold_ms(url, model, prompts, w)
     return [*out, b1, batch, ttft]
 
 

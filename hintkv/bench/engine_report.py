@@ -61,6 +61,21 @@ def table_rows(model: str, ours: ServerFigures, peer: ServerFigures | None, w: W
     return rows
 
 
+OUTSIDE_COLUMNS = ["model", "server", "figure", "client TTFT ms", "engine TTFT ms", "outside ms"]
+
+
+def outside_rows(model: str, server: str, f: ServerFigures | None) -> list[dict[str, Any]]:
+    """A hintkv server's TTFT figures split by its own report: the engine's TTFT (arrival at the scheduler
+    -> first token, the forward included) and the rest (the median over rounds of client less engine)."""
+    if f is None:
+        return []
+    client = {"cached": f.ttft_cached_ms, "cold": f.ttft_cold_ms,
+              **{f"prefill_{n}": ms for n, ms in f.prefill_ms.items()}}
+    outside = f.outside_ms()
+    return [{"model": model, "server": server, "figure": fig, "client TTFT ms": client.get(fig),
+             "engine TTFT ms": engine, "outside ms": outside.get(fig)} for fig, engine in f.engine_ms.items()]
+
+
 def throughput_ratios(ours: ServerFigures, peer: ServerFigures | None) -> dict[str, float | None]:
     if peer is None:
         return {}
@@ -206,6 +221,7 @@ def figures_json(f: ServerFigures | None) -> dict[str, Any] | None:
     d["prefill_tok_s"] = {str(k): v for k, v in f.prefill_tok_s.items()}
     d["prefill_ms"] = {str(k): v for k, v in f.prefill_ms.items()}
     d["cached_vs_cold"] = f.cached_vs_cold
+    d["outside_ms"] = f.outside_ms()
     return d
 
 

@@ -90,3 +90,22 @@ def test_every_server_is_sampled_first_in_the_middle_and_last_equally_often():
         orders = [rotated(names, r) for r in range(len(names))]
         for name in names:
             assert sorted(order.index(name) for order in orders) == list(range(len(names)))
+
+
+def test_the_outside_of_a_ttft_is_the_client_less_the_engine_per_round():
+    """hintkv's own engine TTFT rides along each TTFT sample; the rest (HTTP, handler, hand-offs, first chunk)
+    is the median over rounds of client - engine, not the difference of the two medians."""
+    from hintkv.bench.engine_measure import ServerFigures
+    from hintkv.bench.engine_report import figures_json, outside_rows
+
+    f = ServerFigures(samples={"prefill_ms_512": [180.0, 150.0, 200.0], "engine_ms_prefill_512": [140.0, 145.0, 150.0],
+                               "ttft_cold_ms": [60.0, 55.0, 70.0], "ttft_cached_ms": [90.0, 85.0, 95.0],
+                               "engine_ms_cold": [50.0, 49.0, 52.0]})
+    f.summarize()
+    assert f.engine_ms == {"prefill_512": 145.0, "cold": 50.0}
+    assert f.outside_ms() == {"prefill_512": 40.0, "cold": 10.0}  # per round 40 / 5 / 50 and 10 / 6 / 18
+    rows = {r["figure"]: r for r in outside_rows("m", "hintkv", f)}
+    assert rows["prefill_512"]["client TTFT ms"] == 180.0 and rows["prefill_512"]["engine TTFT ms"] == 145.0
+    assert rows["cold"]["outside ms"] == 10.0 and "cached" not in rows  # no engine figure: no row
+    assert figures_json(f)["outside_ms"] == f.outside_ms()
+    assert outside_rows("m", "vllm", ServerFigures()) == [] and outside_rows("m", "vllm", None) == []

@@ -141,3 +141,21 @@ def test_a_whole_response_reports_the_servers_parts_too(live_server):
                                                "max_tokens": 2, "temperature": 0, "ignore_eos": True})
     parts = r.json()["hintkv_metrics"]["serve_parts"]
     assert parts["serve_s"] >= r.json()["hintkv_metrics"]["ttft_s"] and parts["inbox_s"] >= 0
+
+
+def test_bench_streaming_client_keeps_the_engine_ttft(live_server):
+    """`bench engine`'s client (`stream_completion`) keeps the last chunk's `hintkv_metrics`, so every TTFT
+    sample of a hintkv server splits into its engine TTFT and the serving path around it; the engine's span
+    lies inside the client's."""
+    import asyncio
+
+    from hintkv.bench.common import stream_completion
+
+    async def one():
+        async with httpx.AsyncClient(headers=live_server.headers, timeout=120) as client:
+            return await stream_completion(live_server.base_url, _model(live_server), [11, 12, 13, 14, 15],
+                                           max_tokens=2, client=client)
+    t = asyncio.run(one())
+    assert t.num_tokens == 2 and t.server_metrics is not None
+    assert 0 < t.server_metrics["ttft_s"] <= t.ttft_s
+    assert set(t.server_metrics["serve_parts"]) >= {"http_s", "inbox_s", "wake_s", "stream_s"}
