@@ -57,7 +57,7 @@ short-first 1.688 s, srpt 1.592, srpt-alone 1.584 (aging 16: 1.592 / 1.582, so 4
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hintkv.engine.admission import ShortFirstAdmission, blocks_to_end, kept_free, register_admission
 from hintkv.engine.admission_alone import FinishersAlone, finishes
@@ -114,6 +114,15 @@ class SrptRoomAdmission(SrptAdmission):
                                                              kv.block_size)
 
 
+class Refusal(NamedTuple):
+    """The best-keyed call the room rule refused in a step (`SrptDrainAdmission._refused`)."""
+    step: int
+    key: float  # its srpt key
+    short: int  # the blocks it lacked beyond the free and the lendable ones
+
+
+NO_REFUSAL = Refusal(-1, float("inf"), 0)
+
 
 def _decoding(s: ScheduledSeq) -> bool:
     """A decode row: one token past the prompt (a prompt's last chunk of one token is not one)."""
@@ -130,19 +139,18 @@ class SrptDrainAdmission(FinishersAlone, SrptRoomAdmission):
 
     def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
         super().__init__(max_skips, max_scan, max_model_len)
-        # (step, the best key the room rule refused in it, the blocks that candidate lacked, the block size)
-        self._refused: tuple[int, float, int, int] = (-1, float("inf"), 0, 1)
+        self._refused = NO_REFUSAL
+        self._block_size = 1  # the KV manager's, set at the first refusal (`_drains` has no kv)
 
     def room(self, seq: Sequence, match: PrefixMatch, kv: KVCacheManager, plan: StepPlan) -> bool:
         if super().room(seq, match, kv, plan):
             return True
         key = self._waiting_key(seq, kv, self._budget)
-        step, best = self._refused[:2]
-        if step != self.step or key < best:
-            bs = kv.block_size
+        if self._refused.step != self.step or key < self._refused.key:
+            bs = self._block_size = kv.block_size
             need = max(0, blocks_to_end(seq, bs, self.max_model_len) - match.num_held)
-            short = need - kept_free(plan, match, kv) - self.lendable(key, bs)
-            self._refused = (self.step, key, short, bs)
+            # >= 1: the room rule refused it, so need > kept_free + lendable
+            self._refused = Refusal(self.step, key, need - kept_free(plan, match, kv) - self.lendable(key, bs))
         return False
 
     def holds(self, seq: Sequence, n: int, out: SchedulerOutput, done: int) -> bool:
@@ -152,11 +160,12 @@ class SrptDrainAdmission(FinishersAlone, SrptRoomAdmission):
         """True: `seq`'s chunk waits while the step's decodes run on toward their end for the room
         a better candidate, refused in this step, lacks (and the decodes' ends would
         give it)."""
-        step, key, short, bs = self._refused
+        step, key, short = self._refused
         if n <= 1 or step != self.step or finishes(seq, n, done):
             return False  # (in the running pass a prefill behind a waiting refused candidate yields)
         if self._deadline(seq, seq.num_tokens - done, self._budget) <= max(key, self.step):
             return False  # placed before the refused candidate, or due (no starvation)
         # only while the decodes' ends can make the room it lacks: else both wait for nothing
+        bs = self._block_size
         freed = sum(blocks_to_end(s.seq, bs, self.max_model_len) for s in out.scheduled if _decoding(s))
-        return freed > 0 and freed >= short
+        return freed >= short

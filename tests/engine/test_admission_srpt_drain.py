@@ -88,10 +88,23 @@ def test_no_hold_while_the_decodes_cannot_make_the_room():
 def test_a_prefill_placed_before_the_refused_call_is_not_held():
     """The long prefill first seen 530 steps earlier: its deadline (not passed) is before the short
     call's key, so it is not held for it (nor does it lend it room) and keeps its chunks beside the
-    decode; only the prefills after the refused call in srpt's order wait."""
-    got, steps = scene("srpt-drain", head_start=530)
+    decode; only the prefills after the refused call in srpt's order wait. The short call generates
+    300 tokens (85 blocks to its end, 80 beyond the free ones): the decode's end (94 blocks) would
+    cover that, so the key alone keeps the long prefill running (holding every non-due prefill
+    holds it here)."""
+    got, steps = scene("srpt-drain", head_start=530, short_max=300)
     assert steps[0] == {"decode": 1, "long": 127}
     assert got["long"] < got["short"]
+
+
+def test_the_decodes_free_their_reserved_growth_too():
+    """A 20-token decode reserves 24 blocks to its end but holds 6 now; the short call, 1396 tokens
+    to generate, lacks 15: only the decode's end (its reservation
+    included) covers it, so the long prefill is held and the short call gets in before srpt-room
+    would let it (counting the blocks the decode holds now gives srpt-room's schedule)."""
+    room, _ = scene("srpt-room", decode_prompt=20, short_max=1396)
+    drain, _ = scene("srpt-drain", decode_prompt=20, short_max=1396)
+    assert drain["short"] < room["short"] - 0.5
 
 
 def test_a_prefill_whose_chunk_finishes_it_is_not_held():
