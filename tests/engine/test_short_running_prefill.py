@@ -85,3 +85,15 @@ def test_a_short_running_prefill_beside_decodes_is_short_by_the_whole_step():
     s_first, a_first = _run(False, num_decodes=10, s_tokens=36)
     assert s_first <= S_AT + 2
     assert a_first > S_AT + 10
+
+
+@pytest.mark.parametrize("rest, short", [(1, False), (2, True), (BUDGET // 2, True), (BUDGET // 2 + 1, False)])
+def test_short_rest_is_a_prefill_that_ends_within_half_the_step(rest, short):
+    """The one rule behind `yields`, `cap` and `batching._short_after` (`ShortFirstAdmission.short_rest`):
+    a prefill with 2 .. budget / 2 tokens left (16 of a 32-token step included) is short; a decode
+    (1 left) and 17 left are not."""
+    sch = Scheduler(KVCacheManager(64, BS, make_policy("lru")), 8, BUDGET, admission="srpt")
+    seq = _seq("r", 40, 40_000)
+    seq.num_computed_tokens = seq.num_tokens - rest
+    sch.admission.order_running([], BUDGET)  # the step's budget
+    assert sch.admission.short_rest(seq) is short
