@@ -74,7 +74,7 @@ class WaitMark(NamedTuple):
     since: float  # when the mark was set
 
 
-@dataclass
+@dataclass(slots=True)
 class StepStats:
     num_steps: int = 0
     busy_s: float = 0.0  # simulated seconds of forward passes
@@ -193,8 +193,8 @@ class SimEngine:
         else:
             cause = "room"
         room = sched.num_room_waits
-        # a refused call stays in `waiting` until the next step, so more would be a miscount
-        assert room <= len(s.waiting), (room, len(s.waiting))
+        if room > len(s.waiting):  # a refused call stays in `waiting` until the next step
+            raise RuntimeError(f"{room} room waits counted, {len(s.waiting)} waiting: a miscount")
         self._wait = WaitMark(cause, len(s.waiting) - room, room, 0, now)
 
     def _step(self) -> None:
