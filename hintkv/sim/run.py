@@ -289,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{book.bound_tier} hits: excess = ttft - bound = hits + beside + queue + load + blocked; sim/gap.py)")
         print_table(gap, list(gap[0]))
     g = goals(results, oracles, args.users, bound_task_s, bounds)
+    if (tb := g["ttft_reduction_vs_lru_host"]["bound"]) is not None and tb["alone_srpt_ttft_s"] is not None:
+        print(f"TTFT goal vs lru+host as a mean: {tb['target_ttft_s']:.4f} s; the bound above on "
+              f"{tb['arrivals']}'s arrivals {tb['ttft_s']:.4f} s (target {'within' if tb['target_within'] else 'BEYOND'} "
+              f"it); SRPT over each call's prefill alone {tb['alone_srpt_ttft_s']:.4f} s (not a bound: batched "
+              f"prefills share a step's launch-bound cost; target {'within' if tb['target_within_alone_srpt'] else 'beyond'} it)")
     print("\nthe goals; ceiling: hit rate, the oracle's (best Belady over the runs' access orders) over "
           "lru's; task, zero serving time; TTFT, each call's own prefill alone at the oracle's hits "
           "(ceiling_compulsory: at compulsory misses; ceiling_contended[_compulsory]: the same hits with the "

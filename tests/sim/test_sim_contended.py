@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hintkv.sim.bound import prefill_alone_s
-from hintkv.sim.contended import (contended_bound_s, contended_bounds, least_alone_ms, least_attn_ms,
-                                  prefill_work_ms, srpt_flow_s)
+from hintkv.sim.contended import (alone_srpt_s, contended_bound_s, contended_bounds, least_alone_ms,
+                                  least_attn_ms, prefill_work_ms, srpt_flow_s)
 from hintkv.sim.costs import CostModel
 from hintkv.sim.oracles import OracleBook
 from hintkv.sim.profile import load_profile
@@ -182,7 +182,8 @@ def test_the_report_takes_the_hinted_runs_arrivals(runs, costs):
     assert got == {"contended_run": "sam+hints+host",
                    "contended_s": contended_bound_s(costs, hinted, book.own_hits["sam+hints+host"], budget),
                    "contended_compulsory_s": contended_bound_s(costs, hinted, book.own_compulsory["sam+hints+host"],
-                                                               budget)}
+                                                               budget),
+                   "alone_srpt_s": alone_srpt_s(costs, hinted, book.own_hits["sam+hints+host"], budget)}
     assert got["contended_s"] <= got["contended_compulsory_s"]  # more hits, less work
     assert contended_bounds(costs, {"lru+host": res["lru+host"]}, book, budget) == {}
 
@@ -197,3 +198,42 @@ def test_a_call_with_nothing_beside_it_is_bounded_by_its_prefill_alone(costs):
     assert work < alone * 1e3 and 2 * costs.cold_ms(118) > costs.cold_ms(236)
     assert least_alone_ms(costs, 300, 64, 8192) == pytest.approx(alone * 1e3)
     assert contended_bound_s(costs, [call], [64], 8192) == pytest.approx(alone)
+
+
+def _call(sent_s: float, prompt_tokens: int, access: int) -> SimpleNamespace:
+    return SimpleNamespace(access=access, sent_s=sent_s, prompt_tokens=prompt_tokens, instance=0)
+
+
+def test_srpt_over_each_calls_prefill_alone_hand_checked(costs):
+    """A 16,384-token cold call at 0 s (two full chunks alone: a), a 300-token one at 0.1 s (b < a -
+    0.1): the short one preempts, so the flows are b and a + b."""
+    a, b = prefill_alone_s(costs, 16_384, 0, 8192), prefill_alone_s(costs, 300, 0, 8192)
+    assert b < a - 0.1
+    assert a == pytest.approx(2 * costs.cold_ms(8192) / 1e3 + costs.attn_ms(8192, 8192) / 1e3)
+    got = alone_srpt_s(costs, [_call(0.0, 16_384, 0), _call(0.1, 300, 1)], [0, 0], 8192)
+    assert got == pytest.approx((a + b + b) / 2)
+    assert alone_srpt_s(costs, [_call(0.0, 300, -1)], [], 8192) is None  # no access kept: no call
+
+
+def test_srpt_over_the_prefills_alone_is_not_a_bound_but_the_contended_one_is(costs):
+    """Two 200-token cold calls sent together: alone 9.0 ms each, so SRPT over that work gives 9.0
+    and 18.0 ms (13.5 mean); one step with both costs cold(400) = 11.25 ms for both (`cold` is flat
+    below 128 tokens and rises 11.2 us a token to 512: the launch-bound cost is paid once). The
+    contended bound prices the tokens at the cheapest batched rate: under that schedule."""
+    calls, hits = [_call(0.0, 200, 0), _call(0.0, 200, 1)], [0, 0]
+    alone = prefill_alone_s(costs, 200, 0, 8192)
+    batched = costs.step_ms([(200, 0), (200, 0)]) / 1e3
+    assert alone == pytest.approx(0.0090016, abs=1e-6) and batched == pytest.approx(0.011245, abs=1e-5)
+    assert alone_srpt_s(costs, calls, hits, 8192) == pytest.approx(1.5 * alone)
+    assert contended_bound_s(costs, calls, hits, 8192) <= batched < 1.5 * alone
+
+
+def test_the_contended_bound_is_under_every_run_and_the_alone_srpt_mean(runs, costs):
+    """On the slice's own arrivals at the oracle+host's hits (the policies here reach them): no
+    run's mean TTFT is below its contended bound, and that bound is below SRPT over the prefills
+    alone (less work a call, and the mean of each call's cheapest chunking alone is under them)."""
+    res, book, budget = runs
+    for n, r in res.items():
+        hits = book.own_hits[n]
+        lower = contended_bound_s(costs, r.calls, hits, budget)
+        assert lower <= alone_srpt_s(costs, r.calls, hits, budget) and lower <= r.mean_ttft_s, n

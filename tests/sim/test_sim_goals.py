@@ -48,3 +48,16 @@ def test_each_ceiling_gives_its_goal_a_verdict_or_none(runs):
                                          "hit_rate_ratio_vs_lru")] == [None, None, None]
     assert not any("reachable" in g[k] for k in ("ttft_reduction_vs_lru", "peak_host_bytes_reduction_vs_lru_host",
                                                   "captured_headroom_vs_oracle", "sim_wall_s_per_config"))
+
+
+def test_the_ttft_goal_carries_its_bound_as_a_mean_ttft(runs):
+    """lru+host's 1.0 s and -30%: the target is 0.7 s; the contended bound 0.65 s leaves it within,
+    SRPT over the prefills alone (0.75 s, not a bound) would not. Without a contended bound: None."""
+    bounds = {"contended_run": "sam+hints+host", "contended_s": 0.65, "alone_srpt_s": 0.75}
+    got = goals(runs, {}, users=1, ttft_bounds=bounds)["ttft_reduction_vs_lru_host"]["bound"]
+    assert got == {"arrivals": "sam+hints+host", "target_ttft_s": pytest.approx(0.7), "ttft_s": 0.65,
+                   "reduction": pytest.approx(0.35), "target_within": True, "alone_srpt_ttft_s": 0.75,
+                   "alone_srpt_reduction": pytest.approx(0.25), "target_within_alone_srpt": False}
+    bounds["contended_s"] = 0.71
+    assert goals(runs, {}, users=1, ttft_bounds=bounds)["ttft_reduction_vs_lru_host"]["bound"]["target_within"] is False
+    assert goals(runs, {}, users=1, ttft_bounds={"bound_s": 0.5})["ttft_reduction_vs_lru_host"]["bound"] is None

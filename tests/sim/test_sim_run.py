@@ -95,7 +95,7 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
         assert {"target", "measured", "met"} <= set(g) <= {"target", "measured", "met", "ceiling",
                                                             "ceiling_compulsory", "ceiling_contended",
                                                             "ceiling_contended_compulsory", "compute_share",
-                                                            "reachable"}
+                                                            "reachable", "bound"}
     ratio = last["goals"]["hit_rate_ratio_vs_lru"]
     assert 0 < ratio["measured"] <= ratio["ceiling"] + 1e-9
     # the oracle is the best Belady over every run's own access order: no run of its tier hits more
@@ -125,6 +125,11 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     assert ttft["reachable"] is False and ttft["ceiling_contended_compulsory"] < 0.3
     bounds = last["ttft_bounds"]
     assert bounds["oracle"] == "oracle+host" and 0 < bounds["compulsory_s"] <= bounds["bound_s"]
+    # the goal's bound: the target as a mean TTFT beside the contended bound on the hinted run's arrivals
+    tb = ttft["bound"]
+    assert tb["arrivals"] == "sam+hints+host" and tb["ttft_s"] == bounds["contended_s"]
+    assert tb["target_ttft_s"] == pytest.approx(0.7 * last["results"]["lru+host"]["ttft_mean_s"])
+    assert tb["target_within"] is (tb["target_ttft_s"] >= tb["ttft_s"]) and tb["ttft_s"] <= tb["alone_srpt_ttft_s"]
     assert all(r["ttft_mean_s"] >= bounds["compulsory_s"] - 1e-9 for r in last["results"].values() if "ttft_mean_s" in r)
     for row in last["ttft_alone"]:  # the split sums to the mean TTFT
         parts = row["alone_s"] + row["beside_s"] + row["queue_s"] + row["load_s"] + row["blocked_s"]
