@@ -132,9 +132,11 @@ class AdmissionPolicy:
         """True: admitting `seq` to the end takes no block anyone ahead of it needs."""
         return True
 
-    def chunk(self, todo: int, n: int) -> int:
+    def chunk(self, todo: int, n: int, used: int = 0) -> int:
         """The tokens a prefill with `todo` prompt tokens left computes in this step, of the `n`
-        the budget leaves it (at least one when `n` is; `engine.admission_alone` caps a long one)."""
+        the budget leaves it (at least one when `n` is; `engine.admission_alone` caps a long one),
+        with `used` tokens already in the step (decodes included). A query: the scheduler may ask
+        for a chunk it then does not run (refused, held), so nothing is charged here."""
         return n
 
     def holds(self, seq: Sequence, n: int, out: SchedulerOutput, done: int) -> bool:

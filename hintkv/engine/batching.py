@@ -250,11 +250,13 @@ def make_room(sch: Scheduler) -> None:
     policy.made_room(head)  # the head runs in this step: `holds` does not keep it waiting
 
 
-def chunk(sch: Scheduler, seq: Sequence, done: int, budget: int) -> int:
+def chunk(sch: Scheduler, seq: Sequence, done: int, budget: int, used: int | None = None) -> int:
     """The tokens `seq`, `done` of them computed, takes in this step out of `budget` (the policy's
-    `chunk`: a long prefill's may be capped)."""
+    `chunk`: a long prefill's may be capped); `used`: the tokens already in the step (by default
+    the step's budget less `budget`)."""
     todo = seq.num_tokens - done
-    return sch.admission.chunk(todo, min(todo, budget))
+    used = sch.max_num_batched_tokens - budget if used is None else used
+    return sch.admission.chunk(todo, min(todo, budget), max(0, used))
 
 
 def _append(kv, seq: Sequence, n: int) -> None:

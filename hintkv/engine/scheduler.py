@@ -258,7 +258,8 @@ class Scheduler:
                                                  unlocked=lambda: self._load_wait(unlocked))
             for s in capped:  # what the admissions left goes back to the capped prefills
                 done = s.seq.num_computed_tokens
-                extra = min(batching.chunk(self, s.seq, done, s.seq.num_tokens) - s.num_new_tokens, budget)
+                used = self.max_num_batched_tokens - budget - s.num_new_tokens  # the step's other tokens
+                extra = min(batching.chunk(self, s.seq, done, s.seq.num_tokens, used) - s.num_new_tokens, budget)
                 if (extra > 0 and not self.admission.holds(s.seq, s.num_new_tokens + extra, out, done)
                         and self.kv.can_append(s.seq, s.num_new_tokens + extra)):
                     s.num_new_tokens += extra

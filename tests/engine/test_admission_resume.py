@@ -84,3 +84,51 @@ def test_a_finishing_chunk_is_not_cut_and_the_cut_has_a_floor():
     adm._left_s, adm._token_s = 0.001, TOKEN_S
     assert adm.chunk(BUDGET, BUDGET) == BUDGET  # it finishes: whole
     assert adm.chunk(1000, BUDGET) == BUDGET // 32
+
+
+def _ref(rid: str, sid: str, tokens: list[int], max_tokens: int) -> Sequence:
+    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=max_tokens), ROOT,
+                    session=SessionRef("t", sid, sid))
+
+
+def _before_the_return(scene: Scene, at_s: float) -> None:
+    """c's three calls 10 s apart, then the clock `at_s` before c's predicted next call, a decode
+    ("hog", 100 blocks to its end) running."""
+    for i in range(3):
+        scene.clock.run_until(GAP_S * i)
+        scene.sch.add_request(_seq(f"c{i}", "c", list(range(100 * i, 100 * i + 8))))
+        while scene.sch.has_work():
+            scene.step()
+    back = scene.clock() - 0.01 + GAP_S
+    scene.kv.tiers.costs.prefill_s_per_token = TOKEN_S
+    scene.clock.run_until(back - 3)
+    scene.sch.add_request(_ref("hog", "h", list(range(9000, 9040)), 360))
+    while not scene.sch.requests["hog"].num_output_tokens:
+        scene.step()
+    scene.clock.run_until(back - at_s)
+
+
+@pytest.mark.parametrize("with_refused", [False, True])
+def test_a_chunk_asked_for_and_not_run_spends_nothing(with_refused):
+    """A candidate the room rule refuses ("big": 410 blocks to its end) is asked for its chunk
+    before "long" runs: that chunk never runs, so long's chunk still ends by c's predicted call
+    (0.9 s / 0.02 s less the decode's token: 43), not at the floor (2: review_resume1 finding 1)."""
+    scene = Scene("srpt-resume", True)
+    _before_the_return(scene, 0.9)
+    if with_refused:
+        scene.sch.add_request(_ref("big", "b", list(range(20000, 20200)), 1440))
+    scene.sch.add_request(_ref("long", "a", list(range(5000, 5800)), 1))
+    assert scene.step() == {"hog": 1, "long": 43}
+    scene.kv.check_integrity()
+
+
+def test_two_chunks_in_one_step_end_by_the_predicted_call_together():
+    """Two prefills longer than the step (300 and 400 tokens) 0.9 s before c's call: the first (in srpt's order) takes the 43 tokens
+    that end by it beside the decode, the second only the floor (2 = 64 / 32), not the 20 the budget
+    leaves: the step's tokens are what is spent."""
+    scene = Scene("srpt-resume", True)
+    _before_the_return(scene, 0.9)
+    scene.sch.add_request(_ref("long", "a", list(range(5000, 5300)), 1))
+    scene.sch.add_request(_ref("long2", "d", list(range(7000, 7400)), 1))
+    got = scene.step()
+    assert got["hog"] == 1 and sorted(v for k, v in got.items() if k != "hog") == [2, 43]
