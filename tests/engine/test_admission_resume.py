@@ -5,6 +5,8 @@ without hints (nothing predicted) or under srpt-drain the chunk is the whole bud
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from hintkv.cache.manager import KVCacheManager
@@ -132,3 +134,43 @@ def test_two_chunks_in_one_step_end_by_the_predicted_call_together():
     scene.sch.add_request(_ref("long2", "d", list(range(7000, 7400)), 1))
     got = scene.step()
     assert got["hog"] == 1 and sorted(v for k, v in got.items() if k != "hog") == [2, 43]
+
+
+def _c_calls(scene: Scene, times: list[float]) -> None:
+    for i, t in enumerate(times):
+        scene.clock.run_until(t)
+        scene.sch.add_request(_seq(f"c{i}", "c", list(range(100 * i, 100 * i + 8))))
+        while scene.sch.has_work():
+            scene.step()
+
+
+def test_next_return_counts_only_a_waiting_session_at_its_latest_end():
+    """SAM's prediction that srpt-resume reads (review_resume1 finding 2): c's last end plus its
+    predicted gap; none while c has a call in flight or once that time has passed. (Dropping
+    `not s.num_inflight` or `s.last_done == last_done` alone passes: a session with a call in flight
+    is not waiting, and the scheduler's next step pops its older entry then.)"""
+    scene = Scene("srpt-resume", True)
+    sam, sessions = scene.sch.sam, scene.sch.sam.sessions
+    _c_calls(scene, [0.0, GAP_S, 2 * GAP_S])
+    c = next(s for s in sessions.sessions.values() if s.key.endswith("c"))
+    back = c.last_done + sessions.predicted_gap(c)[0]
+    now = scene.clock()
+    assert back > now and sam.next_return(now) == pytest.approx(back)
+    scene.clock.run_until(back - 1.0)
+    scene.sch.add_request(_seq("c3", "c", list(range(900, 908))))  # c calls again: in flight
+    assert sam.next_return(scene.clock()) == math.inf
+    while scene.sch.has_work():
+        scene.step()
+    newer = c.last_done + sessions.predicted_gap(c)[0]
+    assert scene.clock() < back < newer
+    assert sam.next_return(scene.clock()) == pytest.approx(newer)
+    assert sam.next_return(newer + 1e-6) == math.inf  # past the prediction: nothing
+
+
+def test_next_return_forgets_a_suspended_session():
+    scene = Scene("srpt-resume", True)
+    _c_calls(scene, [0.0, GAP_S, 2 * GAP_S])
+    sam = scene.sch.sam
+    assert sam.next_return(scene.clock()) < math.inf
+    sam.sessions.suspend(next(k for k in sam.sessions.sessions if k.endswith("c")))
+    assert sam.next_return(scene.clock()) == math.inf  # not waiting on its tool any more
