@@ -52,12 +52,10 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
 def completion_prompt_ids(tokenizer: Any, req: CompletionRequest) -> list[int]:
     if isinstance(req.prompt, str):
         return tokenizer.encode(req.prompt)
-    bad = next((t for t in req.prompt if t >= tokenizer.vocab_size), None)
-    if bad is not None:
-        raise bad_request(
-            f"Token id {bad} is outside the vocabulary (size {tokenizer.vocab_size}).",
-            param="prompt",
-        )
+    vocab = tokenizer.vocab_size  # a call into the tokenizer: once, not once per id (709 us at 2048 ids)
+    if req.prompt and max(req.prompt) >= vocab:
+        bad = next(t for t in req.prompt if t >= vocab)
+        raise bad_request(f"Token id {bad} is outside the vocabulary (size {vocab}).", param="prompt")
     return list(req.prompt)
 
 

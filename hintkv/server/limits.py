@@ -22,7 +22,7 @@ import math
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 
 from hintkv.server.errors import APIError, bad_request
@@ -181,11 +181,12 @@ def _walk(root: Any, limits: RequestLimits) -> None:
         else:
             if len(value) > limits.max_list_items:
                 raise _Limit(path, f"a list of {len(value)} items; at most {limits.max_list_items}")
-            stack.extend(
-                (item, _join(path, i), depth + 1)
-                for i, item in enumerate(value)
-                if isinstance(item, (str, dict, list))
-            )
+            if any(map(isinstance, value, repeat((str, dict, list)))):  # a token-id list has none: one C pass
+                stack.extend(
+                    (item, _join(path, i), depth + 1)
+                    for i, item in enumerate(value)
+                    if isinstance(item, (str, dict, list))
+                )
 
 
 def check_text(value: str | None, param: str, limits: RequestLimits) -> None:

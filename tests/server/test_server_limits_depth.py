@@ -42,3 +42,12 @@ def test_raw_depth_check_names_the_field_the_walk_names(value):
 def test_a_body_past_the_recursion_limit_names_the_field():
     raw = ('{"a": [1, {"b\\"]": ' + "[" * 50_000 + "]" * 50_000 + "}]}").encode()
     assert _answer(parse_json, raw, LIMITS) == "400 a[1].b\"][0][0][0]"
+
+
+def test_the_walk_still_enters_a_list_whose_first_items_are_token_ids():
+    """A list of numbers is passed over in one C pass (a 2,048-id prompt); one string, list or object
+    anywhere in it still gets its checks, by the same path."""
+    limits = RequestLimits(max_string_chars=8)
+    check_json({"prompt": list(range(2048))}, limits)
+    assert _answer(check_json, {"prompt": [*range(100), "x" * 9]}, limits) == "400 prompt[100]"
+    assert _answer(check_json, {"prompt": [1, 2, {"a": ["y" * 9]}]}, limits) == "400 prompt[2].a[0]"
