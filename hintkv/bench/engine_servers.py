@@ -31,7 +31,11 @@ VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "
             "eager": ["--enforce-eager"], "no-graphs": ["--cuda-graphs", "off"],
             "kv-int8": ["--kv-cache-dtype", "int8"],
             "kv-fp8": ["--kv-cache-dtype", "fp8"],
-            "bound": ["--cpu-omp-threads-bind", "auto"]}  # OpenMP threads pinned as vLLM pins its own
+            "bound": ["--cpu-omp-threads-bind", "auto"],  # OpenMP threads pinned as vLLM pins its own
+            "team": [], "team-auto": []}  # the decode step's threading (VARIANT_ENV), side by side with the default
+# variants that differ from plain hintkv by their environment: HINTKV_DECODE_TEAM (models/decode_layers.py, one region
+# a decode step; auto: chosen from measured step times, models/team_choice.py). Plain hintkv keeps the caller's.
+VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE_TEAM": "auto"}}
 
 
 def peer_hf_config(model: str) -> dict[str, Any]:
@@ -60,7 +64,7 @@ def hintkv_spec(model: str, args: argparse.Namespace, w: Workload, variant: str 
     ]
     # a compiled server spends its first minutes compiling: give it the time
     return hintkv_server(model, name=f"hintkv-{variant}" if variant else "hintkv", extra_args=extra,
-                         env={"OMP_NUM_THREADS": str(server_threads())},
+                         env={"OMP_NUM_THREADS": str(server_threads()), **VARIANT_ENV.get(variant or "", {})},
                          startup_timeout_s=600.0 if variant == "compiled" else 180.0)
 
 

@@ -109,3 +109,15 @@ def test_the_outside_of_a_ttft_is_the_client_less_the_engine_per_round():
     assert rows["cold"]["outside ms"] == 10.0 and "cached" not in rows  # no engine figure: no row
     assert figures_json(f)["outside_ms"] == f.outside_ms()
     assert outside_rows("m", "vllm", ServerFigures()) == [] and outside_rows("m", "vllm", None) == []
+
+
+def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_alone():
+    import argparse
+
+    from hintkv.bench.engine_servers import hintkv_spec
+
+    args, w = argparse.Namespace(dtype="float32", device="cpu"), Workload.for_run(True)
+    plain, team, auto = (hintkv_spec("dummy:tiny", args, w, v) for v in (None, "team", "team-auto"))
+    assert "HINTKV_DECODE_TEAM" not in plain.env  # plain hintkv keeps the caller's setting
+    assert team.env["HINTKV_DECODE_TEAM"] == "1" and auto.env["HINTKV_DECODE_TEAM"] == "auto"
+    assert team.argv == auto.argv == plain.argv
