@@ -15,7 +15,8 @@ picks the GEMM kernels), every projection on `linear.py`'s `mkl` or `onednn` ker
 rows) or W8A8's int8 kernels with their few-row blocks (`int8_cpu.gemv`, <= GEMV_ROWS int8 rows), a
 float32 KV cache, no CUDA-graph metadata; a short prefill of <= max_rows tokens is fused too (the same
 kernels). Other steps (more rows, int8 / fp8 KV) run the per-op layers. The C++ kernels' switch
-(HINTKV_CPU_KERNELS) is read when `prepare` builds this call: changing it later does not stop it. The source is the per-op extensions' files, each in its own namespace (W8A8's int8 gemv is called in
+(HINTKV_CPU_KERNELS) is read when `prepare` builds this call: changing it later does not stop it. The source is the
+per-op extensions' files, each in its own namespace (W8A8's int8 gemv is called in
 int8_cpu's own build, by address), so a kernel fix lands in both paths.
 
 A step whose sequences all take attention's direct path (decodes; a sequence's rows x GQA group <= 16), float32 or
@@ -29,7 +30,9 @@ ordinary load (8-12 runnable on 2 cores) it loses by half (b8 253 -> 126, b1 61 
 token (3.47 vs 3.90 ms). The likely cause (not verified): every phase's end needs both threads on a CPU at once, and
 under load a waiter that slept waits behind other processes for one. W8A8 in the team (nineteenth session, served,
 SCHED_FIFO, two runs): b8 1.28-1.30x its regions (float32 1.09-1.16x), so w8a8 / float32 at b8 1.56-1.62x with the
-team for both against 1.38-1.40x with the regions; at load ~5 the team did not lose (b8 1.18x / 1.10x).
+team for both against 1.38-1.40x with the regions; at load ~5 the team did not lose (b8 1.18x / 1.10x). Measured on
+Zen 4 only, which has no AMX: the team's int8 items run int8_cpu's VNNI / AVX2 block loop, never the AMX tiles the
+regions' gemv uses where the CPU has them (same bits: int32 sums are exact), so on an AMX host measure first.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def source() -> str:
     def part(text: str, ns: str) -> str:
         return f"namespace {ns} {{\n{text}\n}}  // namespace {ns}\n"
     return (_HEADERS + part(cpu_kernels.SOURCE, "hk_kernels") + part((_CSRC / "gemv.cpp").read_text(), "hk_gemv")
+            + (_CSRC / "int8_team.h").read_text()  # int8_cpu's table, declared once (int8_cpu.py prepends it too)
             + (_CSRC / "decode_layers.cpp").read_text() + (_CSRC / "decode_team.cpp").read_text())
 
 
@@ -113,8 +117,11 @@ class DecodeLayers:
                          layer.mlp.down_proj) for layer in model.layers]
         self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
         self.max_rows = GEMV_ROWS // int8.LEVELS if self.int8 else gemv_cpu.ROWS
-        self.int8_gemv = int8_cpu.ops().gemv_address() if self.int8 else 0
-        self.int8_team = int8_cpu.ops().team_address() if self.int8 else 0  # 0: this build has no int8 team loop
+        # int8_cpu's build may be missing (no compiler for it): int8.py then runs the eager ops, and build() returns
+        # None on its kernels (_kind), so reading the addresses must not fail first
+        int8_ops = int8_cpu.ops() if self.int8 else None
+        self.int8_gemv = int8_ops.gemv_address() if int8_ops is not None else 0
+        self.int8_team = int8_ops.team_address() if int8_ops is not None else 0  # 0: no int8 team loop in this build
         self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None

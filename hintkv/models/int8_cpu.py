@@ -40,7 +40,8 @@ from types import ModuleType
 
 from hintkv.models import cpu_ext
 
-_SOURCE = "".join((Path(__file__).parent / "csrc" / name).read_text() for name in ("int8_cpu.cpp", "int8_gemv.cpp"))
+_SOURCE = "".join((Path(__file__).parent / "csrc" / name).read_text()
+                  for name in ("int8_cpu.cpp", "int8_team.h", "int8_gemv.cpp"))  # the header: decode_team's table
 
 # -march=native: the extension is built on the machine that runs it (cached per machine); the
 # vector paths are guarded by the compiler's __AVX2__ / __AVX512VNNI__, a plain loop otherwise.

@@ -139,6 +139,30 @@ def test_the_team_step_runs_w8a8_decodes_bit_for_bit(threads, q_lens, ctx):
     _team_bit_for_bit(_model("w8a8", bias=True), threads, q_lens, ctx)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("q_lens,ctx", [([1, 1], [37, 12]), ([1, 1, 1], [5, 40, 9]),
+                                        ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200])])
+def test_the_team_runs_w8a8_fine_past_its_int8_rows_on_the_float_weight_bit_for_bit(threads, q_lens, ctx):
+    """w8a8-fine's down_proj past its int8 rows (AVX2's 2; VNNI / AMX allow all 8) runs its float weight inside the
+    team: forced here at 2 rows, both in the per-op kernel and the team, so the branch runs on every CPU
+    (review_int8team finding 3)."""
+    model = _model("w8a8", bias=True)
+    for layer in model.layers:
+        layer.mlp.down_proj.kernel.int8_rows = 2
+    model._decode_layers.fine_rows = 2
+    _team_bit_for_bit(model, threads, q_lens, ctx)
+
+
+def test_a_w8a8_model_prepares_without_int8_cpus_build(monkeypatch):
+    """int8_cpu's extension missing (no compiler for it): int8.py runs the eager ops and the fused call is not built;
+    reading int8_cpu's addresses crashed `prepare` (review_int8team finding 1)."""
+    from hintkv.models import int8_cpu
+
+    monkeypatch.setattr(int8_cpu, "ops", lambda: None)
+    model = _model("w8a8", bias=False)
+    assert model._decode_layers is None
+
+
 def _team_bit_for_bit(model, threads, q_lens, ctx):
     fused = model._decode_layers
     fused.team = True  # opt-in (HINTKV_DECODE_TEAM=1)

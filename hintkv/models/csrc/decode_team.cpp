@@ -28,13 +28,7 @@
 
 namespace {
 
-// int8_cpu.cpp's table (declared the same there): prepare(x, inv_smooth, M, K, levels, Kq, q, a, s) quantizes a
-// linear's input rows; blocks(a, M, levels, Kq, wb, s, w_comp, w_scale, N, y, ldy, n0, n1) writes channels [n0, n1)
-struct Int8Team {
-    void (*prepare)(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int8_t*, int32_t*, float*);
-    void (*blocks)(const int32_t*, int64_t, int64_t, int64_t, const int8_t*, const float*, const int32_t*,
-                   const float*, int64_t, float*, int64_t, int64_t, int64_t);
-};
+// int8_cpu's table: `Int8Team`, csrc/int8_team.h (decode_layers.py prepends it; its abi checked in decode_team())
 
 // One linear of a team step: its tensors (decode_layers.cpp's LIN layout), its code, and for an int8 one the input
 // rows prepared by `prepare` (once per step, before the phase whose items read them)
@@ -226,6 +220,8 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
                                        std::vector<int64_t> ctx, double scale, double eps, int64_t hq, int64_t hkv,
                                        int64_t D, int64_t int8_team, int64_t fine_rows) {
     const auto* team = reinterpret_cast<const Int8Team*>(int8_team);
+    TORCH_CHECK(team == nullptr || team->abi == INT8_TEAM_ABI, "decode_team: int8_cpu's team table is abi ",
+                team ? team->abi : 0, ", this build reads ", INT8_TEAM_ABI, " (csrc/int8_team.h)");
     const int64_t L = static_cast<int64_t>(kvs.size()), T = h.size(0), H = h.size(1);
     const int64_t B = static_cast<int64_t>(ctx.size()), G = hq / hkv, QKV = (hq + 2 * hkv) * D, half = D / 2;
     TORCH_CHECK(static_cast<int64_t>(tensors.size()) == L * HK_PER_LAYER && static_cast<int64_t>(codes.size()) == L * 8,
@@ -295,7 +291,9 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
 
     auto body = [&]() {
         hk_kernels::AttnScratch scratch(hk_kernels::DIRECT_ROWS, D);
-        std::vector<float> second(T * TEAM_COLS);  // w8a8-fine down's second channels of one item
+        // a w8a8-fine linear's second channels of one item: a column chunk (TEAM_COLS) or a q/k/v head (D, wider at
+        // head_dim 128: only down is fine today, linear.W8A8_FINE, but team_linear accepts code 2 for any linear)
+        std::vector<float> second(T * std::max<int64_t>(TEAM_COLS, D));
         for (int64_t l = 0; l < L; ++l) {
             const torch::Tensor* t = tensors.data() + l * HK_PER_LAYER;
             const TeamLinear *qkv_l = &lins[l * 4], *o_l = qkv_l + 1, *gu_l = qkv_l + 2, *down_l = qkv_l + 3;

@@ -1,12 +1,7 @@
 // W8A8's few-row int8 GEMM: `gemv` (decode and verify steps) and decode_team.cpp's entry points. int8_cpu.py
 // appends this file to int8_cpu.cpp (its includes, quantize_range and check_x) and builds them as one extension.
 
-// The table team_address() gives decode_team.cpp (declared the same there)
-struct Int8Team {
-    void (*prepare)(const float*, const float*, int64_t, int64_t, int64_t, int64_t, int8_t*, int32_t*, float*);
-    void (*blocks)(const int32_t*, int64_t, int64_t, int64_t, const int8_t*, const float*, const int32_t*,
-                   const float*, int64_t, float*, int64_t, int64_t, int64_t);
-};
+// The table team_address() gives decode_team.cpp: `Int8Team`, csrc/int8_team.h (int8_cpu.py prepends it)
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 static constexpr bool kFastGemv = true;
@@ -357,5 +352,5 @@ static void team_prepare(const float* x, const float* inv_smooth, int64_t M, int
     quantize_range(x, inv_smooth, M, K, levels, q, s, 0, M);
     loop_rows(q, levels * M, K, Kq, a);
 }
-static const Int8Team kInt8Team{team_prepare, block_range};
+static const Int8Team kInt8Team{INT8_TEAM_ABI, team_prepare, block_range};
 int64_t team_address() { return kFastGemv ? reinterpret_cast<int64_t>(&kInt8Team) : 0; }
