@@ -4,7 +4,8 @@
     HINTKV_W8A8_PREFILL=int8|float|auto  w8a8 rows past gemv's (`int8.int8_gemm_rows_run_int8`)
 
 The `auto` decisions are pure functions of the cpuinfo text (and torch's vector capability), so tests run
-them on fixed snippets of other CPUs; the readers below feed them this machine's.
+them on fixed snippets of other CPUs; the readers below feed them this machine's. `env_choice` is also the one
+parser of HINTKV_DECODE_TEAM=0|1|auto (unset: 0; its `auto` is decided from step times, `team_choice.py`).
 """
 
 from __future__ import annotations

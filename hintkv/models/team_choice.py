@@ -2,11 +2,12 @@
 
 The one-region team (csrc/decode_team.cpp) beats a region per kernel (csrc/decode_layers.cpp) on free cores and
 loses to it under a shared machine's load (eighteenth session, served dummy:tiny b8: 1.20x on free cores, 0.50-0.66x
-at load 9-12; 0.91x and 1.18x at load 5-7). Which one wins depends on what else runs on the CPUs, and that changes while a server runs, so
-`TeamChooser` measures: each step runs the current choice, every `probe_every`-th eligible step runs the other one,
-and a probe's wall time is compared with the current choice's recent steps of the same batch size (the same work:
-a decode batch's steps differ by a token of context). Once the median of the last `probes` such ratios is below
-`margin`, the other way is faster and becomes the choice. Both give the same bits, so the choice changes speed only.
+at load 9-12; 0.91x and 1.18x at load 5-7). Which one wins depends on what else runs on the CPUs, and that changes
+while a server runs, so `TeamChooser` measures: each step runs the current choice, every `probe_every`-th eligible
+step runs the other one, and a probe's wall time is compared with the current choice's recent steps of the same
+batch size (the same work: a decode batch's steps differ by a token of context). Once the median of the last
+`probes` such ratios is below `margin`, the other way is faster and becomes the choice. Both give the same bits, so
+the choice changes speed only.
 
 The margin: a switch clears both ways' evidence, and a wrong one holds the slower way for at least probes x
 probe_every steps. With no margin (switch below 1.0) and 3 probes, a 1.2x gap under per-step noise U(0.7, 1.4) (a
