@@ -148,6 +148,13 @@ class AdmissionPolicy:
     def made_room(self, seq: Sequence) -> None:
         """`make_room` swapped decodes out for waiting `seq` in this step (`holds` must let it run)."""
 
+    def attach_returns(self, returns: Callable[[], tuple[float, float]]) -> bool:
+        """A scheduler with hints and SAM offers `returns` (`Scheduler.next_return`: seconds until
+        SAM's next predicted call of a session away on its tool, and the engine's prefill seconds a
+        token); a policy that reads it keeps it and says True, and SAM then tracks the returns
+        (`engine.admission_resume`). By default it is not read."""
+        return False
+
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,
                 lapse: Callable[[], bool] | None = None) -> bool:
         """`seq` did not fit; True: try the next candidate, False: stop admitting this step. What a

@@ -38,14 +38,17 @@ MIN_SHARE = 32  # a cut chunk computes at least 1/32 of the step budget (256 of 
 class SrptResumeAdmission(SrptDrainAdmission):
     """`srpt-drain`; a chunk that does not finish its prompt ends by SAM's next predicted return."""
 
-    # () -> (seconds until the next predicted return, prefill seconds a token); set by a hinted
-    # scheduler with SAM and tiers (`Scheduler.next_return`), else None: nothing is cut
-    returns: Callable[[], tuple[float, float]] | None = None
-
     def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
         super().__init__(max_skips, max_scan, max_model_len)
+        # () -> (seconds until the next predicted return, prefill seconds a token): from a hinted
+        # scheduler with SAM (`attach_returns`), else None: nothing is cut
+        self.returns: Callable[[], tuple[float, float]] | None = None
         self._left_s = math.inf  # seconds from this step's start until the predicted return
         self._token_s = 0.0
+
+    def attach_returns(self, returns: Callable[[], tuple[float, float]]) -> bool:
+        self.returns = returns
+        return True
 
     def order_running(self, running: list[Sequence], budget: int) -> None:
         super().order_running(running, budget)

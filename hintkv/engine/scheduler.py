@@ -86,9 +86,8 @@ class Scheduler:
         self.admission = (make_admission(admission, max_model_len=max_model_len)
                           if isinstance(admission, str) else admission)
         self.sam = sam
-        if hints and sam is not None and hasattr(self.admission, "returns"):  # (srpt-resume)
+        if hints and sam is not None and self.admission.attach_returns(self.next_return):  # (srpt-resume)
             sam.track_returns = True
-            self.admission.returns = self.next_return
         # Session identity and edits are acted on (False: --ignore-hints; SAM then only ranks).
         self.hints = hints and sam is not None
         # qlru with hints off: each queued request's prompt is a transient session (policies.qlru)
