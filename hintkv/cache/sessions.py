@@ -63,9 +63,10 @@ class Session:
     # queued, and no room opens before this time (the running prefills' estimated end, set by the
     # scheduler, `engine.room_wait`): its next use is no sooner (0.0: not blocked)
     blocked_until: float = 0.0
-    # its latest request still waits for admission (`SessionRegistry.on_admitted` observes that
-    # wait once: a preempted request's second admission is not a new wait)
-    queued: bool = False
+    # how many of its requests in flight still wait for their first admission: each one's wait is
+    # observed once, at its own admission (`SessionRegistry.on_admitted`: a preempted request's
+    # second admission is not a new wait), or at an end that leaves fewer in flight (`on_done`)
+    queued: int = 0
     # `ClassRanking`'s state of this session, kept on it (a class change reads no other map):
     # the groups of blocks it holds (in the order it joined them: a tuple, one object a class
     # change walks), its class (None: none yet) and its event count (a recheck computed before
@@ -140,21 +141,23 @@ class SessionRegistry:
         s.num_requests += 1
         s.last_arrival = now
         s.blocked_until = 0.0
-        s.queued = True
+        s.queued += 1
         s.last_tool = tool
         self._changed(s, now, defer=True)  # its own group moves at the next read (`ClassRanking`)
         return s
 
-    def on_admitted(self, key: str, now: float) -> None:
-        """`key`'s request left the queue (the scheduler admitted it): its blocks are read now,
-        so its wait since its arrival is the queue's wait `predicted_wait` learns."""
+    def on_admitted(self, key: str, now: float, arrival: float | None = None) -> None:
+        """A request of `key` that arrived at `arrival` (None: its latest arrival) left the queue
+        for the first time (the scheduler admitted it): its blocks are read now, so `now -
+        arrival` is the queue's wait `predicted_wait` learns, the request's own (two requests of
+        one session may be in flight: each one's wait is observed once, at its own admission)."""
         s = self.sessions.get(key)
         if s is not None and s.queued:
-            self._observe_wait(s, now)
+            s.queued -= 1
+            self._observe_wait(now - (s.last_arrival if arrival is None else arrival))
 
-    def _observe_wait(self, s: Session, now: float) -> None:
-        s.queued = False
-        self.wait.observe(now - s.last_arrival)
+    def _observe_wait(self, wait: float) -> None:
+        self.wait.observe(wait)
         self.wait_q = max(self.wait.expected(), 1e-3)
 
     def on_done(self, key: str, hashes: list[BlockHash], now: float) -> list[BlockHash]:
@@ -165,8 +168,9 @@ class SessionRegistry:
             return []
         s.num_inflight = max(0, s.num_inflight - 1)
         s.last_done = now
-        if s.queued:  # no admission was told (an engine that tells none, or aborted queued):
-            self._observe_wait(s, now)  # its blocks were read by its end at the latest
+        if s.queued > s.num_inflight:  # this request's admission was never told (an engine that
+            s.queued = s.num_inflight  # tells none, or aborted queued): its blocks were read by its
+            self._observe_wait(now - s.last_arrival)  # end at the latest
         if s.num_inflight == 0:
             self.turnaround.observe(now - s.last_arrival)
             self.turnaround_q = max(self.turnaround.expected(), 1e-3)

@@ -94,7 +94,8 @@ def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
     if key is None or not sch.hints:
         return
     sessions = sch.sam.sessions
-    sessions.on_admitted(key, now)
+    if not seq.num_preemptions:  # its first admission: its own wait (a readmission is no new one)
+        sessions.on_admitted(key, now, seq.arrival)
     if not any(s.session_key == key for s in sch.waiting):
         sessions.block(key, 0.0, now)
 
