@@ -12,9 +12,12 @@ prefix filed there first, `soon`'s, due back in 1 s; with r = gap + W `soon` ran
 
 from __future__ import annotations
 
+import pytest
+
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.policies.sam import band_class
+from hintkv.cache.policies.sam_fine import fine_band_class
 from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.types import SessionRef
@@ -79,6 +82,28 @@ def test_a_session_due_back_soon_keeps_its_prefix_over_one_due_later_while_the_t
     sessions.check_integrity()
 
 
+# each policy's class of a session predicted back in r s (sam-dist's residual 1 s into a 2 s gap
+# whose every observed gap was 2 s is 1 s: sam's mean gap less the time away)
+BANDS_OF = {"sam": band_class, "sam-fine": fine_band_class, "sam-dist": band_class}
+
+
+@pytest.mark.parametrize("policy", sorted(BANDS_OF))
+def test_each_sam_predicts_a_waiting_session_back_by_the_queue_wait_not_the_turnaround(policy):
+    """sam, sam-fine and sam-dist rank a session waiting on its tool by gap + W - away (fails
+    under r = gap + Q - away in any of them: review_drain1 finding 7). Calls of 19 s admitted at
+    once (Q = 19 s, W = 0: its floor), a session whose tool gaps are 2 s, 1 s into its third."""
+    reg = SessionRegistry()
+    for arrival in (0.0, 21.0, 42.0):  # 19 s calls, 2 s gaps
+        reg.on_arrival("t", "a", "a", now=arrival)
+        reg.on_admitted("t\x1fa", now=arrival, arrival=arrival)
+        reg.on_done("t\x1fa", [], now=arrival + 19.0)
+    s, q, w = reg.get("t", "a"), reg.predicted_turnaround(), reg.predicted_wait()
+    assert q == 19.0 and w == 1e-3 and s.gap_prediction[0] == 2.0
+    bands = BANDS_OF[policy]
+    cls = make_policy(policy, sessions=reg).session_class(s, now=62.0)
+    assert cls == bands(2.0 + w - 1.0, q) != bands(2.0 + q - 1.0, q)
+
+
 def test_the_wait_is_observed_once_at_admission_and_at_the_end_where_none_was_told():
     """`on_admitted` observes a request's wait once (a preempted request's second admission is
     no new wait); a request whose admission nobody told (an engine that tells none, a queued
@@ -93,3 +118,39 @@ def test_the_wait_is_observed_once_at_admission_and_at_the_end_where_none_was_to
     untold.on_arrival("t", "b", "b", now=0.0)
     untold.on_done("t\x1fb", [], now=4.0)
     assert untold.predicted_wait() == untold.predicted_turnaround() == 4.0
+
+
+def test_two_requests_of_one_session_in_flight_each_tell_their_own_wait():
+    """The wait is the request's, not the session's (review_drain1 finding 4): request 1 is
+    admitted at once, request 2 of the same session arrives at 1 s and waits while request 1
+    ends at 1.5 s, and is admitted at 31 s. The waits are 0 s and 30 s; request 1's end neither
+    observes request 2's wait nor hides its admission. A request whose admission is never told
+    (aborted queued) is observed once, at the first end that leaves fewer requests in flight than
+    unadmitted ones: its own when it is the last, else the later one's."""
+    reg = SessionRegistry()
+    key = "t\x1fa"
+    reg.on_arrival("t", "a", "a", now=0.0)
+    reg.on_admitted(key, now=0.0, arrival=0.0)
+    reg.on_arrival("t", "a", "a", now=1.0)
+    reg.on_done(key, [], now=1.5)
+    assert list(reg.wait.recent) == [0.0]  # request 1's only
+    reg.on_admitted(key, now=31.0, arrival=1.0)
+    assert list(reg.wait.recent) == [0.0, 30.0]  # request 2's, at its admission
+    reg.on_done(key, [], now=40.0)
+    assert list(reg.wait.recent) == [0.0, 30.0]  # told at its admission: not again at its end
+    both = SessionRegistry()  # request 2 arrives while request 1 still queues: each its own arrival
+    both.on_arrival("t", "c", "c", now=0.0)
+    both.on_arrival("t", "c", "c", now=2.0)
+    both.on_admitted("t\x1fc", now=5.0, arrival=0.0)
+    both.on_admitted("t\x1fc", now=6.0, arrival=2.0)
+    assert list(both.wait.recent) == [5.0, 4.0]
+    aborted = SessionRegistry()
+    aborted.on_arrival("t", "b", "b", now=0.0)
+    aborted.on_admitted("t\x1fb", now=0.0, arrival=0.0)
+    aborted.on_arrival("t", "b", "b", now=1.0)
+    aborted.on_done("t\x1fb", [], now=3.0)  # request 2 aborted queued: which one ended is not told
+    assert list(aborted.wait.recent) == [0.0]
+    aborted.on_done("t\x1fb", [], now=5.0)  # none left in flight: the unadmitted one's wait, once
+    assert list(aborted.wait.recent) == [0.0, 4.0]  # (to the latest arrival: the session's)
+    aborted.on_done("t\x1fb", [], now=6.0)  # (a stray end: nothing more)
+    assert list(aborted.wait.recent) == [0.0, 4.0]

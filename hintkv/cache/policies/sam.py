@@ -135,9 +135,7 @@ class SAMPolicy(EvictionPolicy):
             q = reg.turnaround_q  # (`predicted_turnaround()`, read directly)
             if s.blocked_until > now:  # queued, no room before then (a long prefill runs):
                 return band_class(self._next_use(s, now, reg.wait_q), q)  # the one rule, `_next_use`'s
-            if now == s.last_arrival:  # arriving now: next use in exactly w
-                return band_class(reg.wait_q, q)
-            return band_class(reg.wait_q - (now - s.last_arrival), q)
+            return band_class(reg.wait_q - (now - s.last_arrival), q)  # (exactly w at arrival)
         # waiting is away in every subclass: its class attribute is read only for other states
         # (a read through the instance that Python 3.11 does not specialize)
         if state is not _WAITING and state not in self.away_states:
