@@ -19,9 +19,13 @@ Classes, reclaimed first to last:
     1  GONE: suspended (offloaded), or idle far beyond its usual gap
     2-10  by r = predicted next use - now: r > 16Q, > 8Q, > 4Q, > 2Q, > Q, > Q/2, > Q/4, > Q/8, sooner
     11 prefetched (until the call it announced arrives), or under a cache_control TTL
-A prefetch never takes the room of a session due within one turnaround (class >= 7: that is
-every queued request, what `qlru` protects). A block shared by several sessions ranks by its most
-protective holder; a session's tail goes before its head (`ClassRanking`).
+A prefetch never takes the room of a session due within one turnaround, nor does an eager offload
+hint drop its device copies (class >= 7, r <= Q): every queued request (what `qlru` protects) and,
+since r counts W rather than Q, every session waiting on a tool due back within Q. Protecting only
+r <= W (in flight or overdue, the rule before W) gave the same runs to the digit (100 users lazy
+and eager, 10 users; docs/benchmarks/history/sim.md, twentieth session, scale5). A block shared by
+several sessions ranks by its most protective holder; a session's tail goes before its head
+(`ClassRanking`).
 
 Why this resists the scan that made `sam-v1` thrash like LRU: when more sessions cycle than fit,
 the session that just finished is the farthest from its next turn (every queued and waiting

@@ -16,8 +16,9 @@ two sessions land in different classes once their predicted returns differ by th
 the one predicted back later goes first; a session moves up a band at each crossing
 (`recheck_after`, as in `sam`). Everything else is `sam`'s: what nobody holds first, then
 presumed-gone and suspended sessions, a leader waiting on live sub-agents in the farthest band,
-the prefetched / TTL class on top; `protected_class` is still r <= Q (every queued request), so a
-prefetch takes the same room as under `sam`. The cut is a resolution, not a fitted constant: the
+the prefetched / TTL class on top; `protected_class` is still r <= Q (every queued request and
+every session waiting on a tool due back within Q: `sam`'s), so a prefetch takes the same room as
+under `sam`. The cut is a resolution, not a fitted constant: the
 inputs are the sessions' and the system's own observed gaps and turnaround.
 """
 
