@@ -3,10 +3,12 @@
 Every server (plain hintkv, its variants, vLLM) is up at once and idle between its samples. Each
 round takes one sample of each figure from every server, figure by figure, so the samples a ratio
 compares were taken seconds apart (a load spike lands on both sides, not on one server's whole
-run); the order of the servers rotates between rounds (A B C, B C A, C A B: over as many rounds as
-servers each server is sampled first, in the middle and last once; the alternation A B C, C B A it
-replaced put B in the middle every round and C last in two of `--quick`'s three), and each figure is
-the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
+run); the servers' order changes from figure to figure through the rows of a Williams design
+(`sample_orders`: over a full cycle of its rows every server takes every place equally often and directly
+follows every other server equally often within a row, the crossover trials' balance for carry-over: what
+one server leaves behind, a spinning worker or a cold cache, lands on each of the others alike; the
+rotation A B C, B C A, C A B it replaced kept the same cycle, so vLLM came right before every hintkv
+sample), and each figure is the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
 the spread of every ratio over the rounds. Before each sample every server's process group must be at
 rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then nothing runnable and at most 2 ticks of CPU
 over 0.2 s, at most `REST_MAX_S`; each server's longest wait and samples not at rest are in its figures): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
@@ -43,7 +45,6 @@ from hintkv.bench.common import (
     stream_completion,
 )
 from hintkv.bench.idle_wait import group_cpu_s, wait_idle
-from hintkv.bench.swarm_rounds import rotated
 
 SWITCH_PAUSE_S = 0.3  # between two servers' samples: a peer's spinning OpenMP threads go to sleep
 REST_MAX_S = 3.0  # the longest wait for every server to come to rest (idle_wait.py)
@@ -147,13 +148,37 @@ def median_or_none(values: list[float | None]) -> float | None:
     return median(xs) if xs else None
 
 
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams design on n treatments: n rows (2n when n is odd), each a permutation of range(n); over all rows
+    every position holds every treatment equally often and every ordered pair (a directly before b) occurs equally
+    often within the rows."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
+
+
+def sample_orders(live: list[str], count: int) -> list[list[str]]:
+    """The servers' order for each of `count` samples of a figure on every server, in the sequence they run
+    (round by round, figure by figure): the Williams rows over `live`, cycled."""
+    rows = williams_rows(len(live)) if live else [[]]
+    return [[live[j] for j in rows[i % len(rows)]] for i in range(count)]
+
+
 # ---------------------------------------------------------------- one sample of each figure
 
 
-def _engine_ms(figure: str, t: CompletionTiming) -> dict[str, float]:
-    """{engine_ms_<figure>: the server's own engine TTFT} when it reports one (hintkv), else {}."""
+def _engine_ms(figure: str, t: CompletionTiming) -> dict[str, float | None]:
+    """{engine_ms_<figure>: the server's own engine TTFT (hintkv), or None where a server gave none (vLLM, or a
+    chunk without metrics)}: every round keeps its place, so `outside_ms` pairs each client sample with its own
+    round's engine sample."""
     engine_ttft = (t.server_metrics or {}).get("ttft_s")
-    return {} if engine_ttft is None else {f"engine_ms_{figure}": engine_ttft * 1000}
+    return {f"engine_ms_{figure}": None if engine_ttft is None else engine_ttft * 1000}
 
 
 async def _prefill_ms(url: str, model: str, prompts: PromptFactory, n: int) -> dict[str, float]:
@@ -227,11 +252,13 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
             figures[name].error = f"{type(exc).__name__}: {str(exc)[:2000]}"
         log(f"  {name}: warm-up {time.perf_counter() - t0:.1f}s")
     live = [n for n in servers if figures[n].error is None]
+    sampler_list = samplers(w)
+    orders = sample_orders(live, w.repeats * len(sampler_list))
     for r in range(w.repeats):
-        order = rotated(live, r)
         waits: list[float] = []
         restless, shared = 0, 0.0
-        for sample in samplers(w):
+        for k, sample in enumerate(sampler_list):
+            order = orders[r * len(sampler_list) + k]
             for name in order:
                 if figures[name].error is not None:
                     continue
@@ -254,7 +281,7 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
                     figures[name].samples.setdefault(key, []).append(value)
         log(f"  round {r + 1}/{w.repeats}: " + ", ".join(
             f"{n} b1 {_last(figures[n], 'decode_tok_s_b1')} b{w.batch} {_last(figures[n], 'decode_tok_s_batch')}"
-            for n in order) + (f"; rest waits max {max(waits):.2f}s, {restless} not at rest, "
+            for n in live) + (f"; rest waits max {max(waits):.2f}s, {restless} not at rest, "
                                      f"others' CPU during a sample max {shared:.2f}s" if waits else ""))
     for f in figures.values():
         f.summarize()

@@ -81,15 +81,45 @@ def test_the_comparison_goals_say_whether_every_sample_started_at_rest():
     assert figures_json(busy)["samples_not_at_rest"] == 2 and figures_json(busy)["rest_wait_max_s"] == 3.1
 
 
-def test_every_server_is_sampled_first_in_the_middle_and_last_equally_often():
-    """bench engine's round order (engine_measure.measure_interleaved): over as many rounds as servers, each server
-    holds each place once (the A B C / C B A alternation put B in the middle every round, C last in 2 of 3)."""
-    from hintkv.bench.swarm_rounds import rotated
+def test_every_server_takes_every_place_and_follows_every_other_equally_often():
+    """bench engine's sample order (engine_measure.sample_orders, which measure_interleaved runs): over a full cycle
+    of the Williams rows each server holds each place equally often and directly follows each other server equally
+    often within a row; the round rotation it replaced kept one cycle, so vLLM came right before every hintkv sample."""
+    from collections import Counter
 
-    for names in (["hintkv", "vllm"], ["hintkv", "w8a8", "vllm"], ["hintkv", "w8a8", "compiled", "vllm"]):
-        orders = [rotated(names, r) for r in range(len(names))]
+    from hintkv.bench.engine_measure import sample_orders, williams_rows
+
+    for names in (["hintkv", "vllm"], ["hintkv", "w8a8", "vllm"], ["hintkv", "w8a8", "compiled", "vllm"],
+                  ["hintkv", "w8a8", "compiled", "team", "vllm"]):
+        cycle = len(williams_rows(len(names)))
+        orders = sample_orders(names, 3 * cycle)
+        assert orders[:cycle] == orders[cycle:2 * cycle]  # cycled
         for name in names:
-            assert sorted(order.index(name) for order in orders) == list(range(len(names)))
+            assert Counter(order.index(name) for order in orders[:cycle]) == {p: cycle // len(names)
+                                                                              for p in range(len(names))}
+        before = Counter((a, b) for order in orders[:cycle] for a, b in zip(order, order[1:]))
+        assert len(set(before.values())) == 1 and len(before) == len(names) * (len(names) - 1)
+    # --quick's 3 servers, 3 rounds of 5 figures: vLLM is right before hintkv in at most half of hintkv's samples
+    orders = sample_orders(["hintkv", "w8a8", "vllm"], 15)
+    seq = [name for order in orders for name in order]
+    before_hintkv = Counter(a for a, b in zip(seq, seq[1:]) if b == "hintkv")
+    assert before_hintkv["vllm"] <= 15 // 2 + 1 and before_hintkv["w8a8"] >= 4
+
+
+def test_a_round_without_an_engine_ttft_keeps_the_others_paired_with_their_own_round():
+    """A round whose last chunk carried no engine TTFT keeps its place (None), so the next rounds' client samples
+    are not paired with an earlier round's engine sample (which gave 125 ms where every round gave 10)."""
+    from hintkv.bench.common import CompletionTiming
+    from hintkv.bench.engine_measure import ServerFigures, _engine_ms
+
+    with_it = CompletionTiming(prompt_tokens=128, sent_at=0.0, chunk_times=[0.06], num_tokens=1, total_s=0.06,
+                               server_metrics={"ttft_s": 0.05})
+    without = CompletionTiming(prompt_tokens=128, sent_at=0.0, chunk_times=[0.3], num_tokens=1, total_s=0.3)
+    assert _engine_ms("cold", with_it) == {"engine_ms_cold": 50.0}
+    assert _engine_ms("cold", without) == {"engine_ms_cold": None}
+    f = ServerFigures(samples={"ttft_cold_ms": [60.0, 300.0, 70.0], "engine_ms_cold": [50.0, None, 60.0]})
+    f.summarize()
+    assert f.outside_ms() == {"cold": 10.0} and f.engine_ms == {"cold": 55.0}
 
 
 def test_the_outside_of_a_ttft_is_the_client_less_the_engine_per_round():
@@ -111,13 +141,20 @@ def test_the_outside_of_a_ttft_is_the_client_less_the_engine_per_round():
     assert outside_rows("m", "vllm", ServerFigures()) == [] and outside_rows("m", "vllm", None) == []
 
 
-def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_alone():
+def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_alone(monkeypatch):
+    """What each server GETS (environ), with the caller's HINTKV_DECODE_TEAM=1 exported: in a run with a team
+    variant plain hintkv and w8a8 run without the team (team against team would read ~1.0 by construction)."""
     import argparse
 
     from hintkv.bench.engine_servers import hintkv_spec
 
-    args, w = argparse.Namespace(dtype="float32", device="cpu"), Workload.for_run(True)
-    plain, team, auto = (hintkv_spec("dummy:tiny", args, w, v) for v in (None, "team", "team-auto"))
-    assert "HINTKV_DECODE_TEAM" not in plain.env  # plain hintkv keeps the caller's setting
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", "1")
+    w = Workload.for_run(True)
+    args = argparse.Namespace(dtype="float32", device="cpu", variants="w8a8,team,team-auto")
+    plain, team, auto, w8a8 = (hintkv_spec("dummy:tiny", args, w, v) for v in (None, "team", "team-auto", "w8a8"))
+    assert "HINTKV_DECODE_TEAM" not in plain.environ() and "HINTKV_DECODE_TEAM" not in w8a8.environ()
+    assert team.environ()["HINTKV_DECODE_TEAM"] == "1" and auto.environ()["HINTKV_DECODE_TEAM"] == "auto"
+    alone = hintkv_spec("dummy:tiny", argparse.Namespace(dtype="float32", device="cpu", variants="w8a8"), w)
+    assert alone.environ()["HINTKV_DECODE_TEAM"] == "1"  # no team variant: the caller's setting reaches them all
     assert team.env["HINTKV_DECODE_TEAM"] == "1" and auto.env["HINTKV_DECODE_TEAM"] == "auto"
     assert team.argv == auto.argv == plain.argv
