@@ -66,10 +66,12 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # hintkv's scheduler for the hinted configurations (lru runs keep fcfs; the default configs add the
 # lru ones under it too). srpt-drain: the whole trace set at 10 users, hinted short-first 0.8608 s,
 # srpt-room 0.8101, srpt-drain 0.8048 (docs/benchmarks/history/sim.md, seventeenth session, sched2;
-# eighteenth session, simroom). It is also the cluster rows' default (--instances > 1), measured there in the
-# nineteenth session (scale4, on 1bc2323): srpt-drain vs srpt, lru+pool 2.5686 vs 2.7456 s and hinted 2.5659 vs
-# 2.7393 at 100 users / 8 instances; lru+pool 7.3675 vs 11.8865 and hinted 7.0432 vs 11.3048 at 1000 / 64 (history/sim.md,
-# nineteenth session, scale4). --quick's: unmeasured
+# eighteenth session, simroom); after review_drain1's mends (1bc2323) 0.8035 (nineteenth session,
+# room2). It is also the cluster rows' default (--instances > 1), measured there in the nineteenth
+# session (scale4): srpt-drain on 1bc2323, lru+pool 2.5686 s and hinted 2.5659 at 100 users / 8
+# instances, 7.3675 and 7.0432 at 1000 / 64; srpt on 8b58120 (before 8f3c93e's short_rest, which
+# srpt's `cap` reads too: not re-run), 2.7456 and 2.7393 at 100, 11.8865 and 11.3048 at 1000
+# (history/sim.md, nineteenth session, scale4). --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
 
@@ -290,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         print_table(gap, list(gap[0]))
     g = goals(results, oracles, args.users, bound_task_s, bounds)
     if (tb := g["ttft_reduction_vs_lru_host"]["bound"]) is not None and tb["alone_srpt_ttft_s"] is not None:
+        within, within_alone = ("within" if tb[k] else "BEYOND" for k in ("target_within", "target_within_alone_srpt"))
         print(f"TTFT goal vs lru+host as a mean: {tb['target_ttft_s']:.4f} s; the bound above on "
-              f"{tb['arrivals']}'s arrivals {tb['ttft_s']:.4f} s (target {'within' if tb['target_within'] else 'BEYOND'} "
-              f"it); SRPT over each call's prefill alone {tb['alone_srpt_ttft_s']:.4f} s (not a bound: batched "
-              f"prefills share a step's launch-bound cost; target {'within' if tb['target_within_alone_srpt'] else 'beyond'} it)")
+              f"{tb['arrivals']}'s arrivals {tb['ttft_s']:.4f} s (target {within} it); SRPT over each call's "
+              f"prefill alone {tb['alone_srpt_ttft_s']:.4f} s (not a bound: batched prefills share a step's "
+              f"launch-bound cost; target {within_alone} it)")
     print("\nthe goals; ceiling: hit rate, the oracle's (best Belady over the runs' access orders) over "
           "lru's; task, zero serving time; TTFT, each call's own prefill alone at the oracle's hits "
           "(ceiling_compulsory: at compulsory misses; ceiling_contended[_compulsory]: the same hits with the "
