@@ -257,8 +257,10 @@ class Scheduler:
                                                  unlocked=lambda: self._load_wait(unlocked))
             for s in capped:  # what the admissions left goes back to the capped prefills
                 done = s.seq.num_computed_tokens
-                used = self.max_num_batched_tokens - budget - s.num_new_tokens  # the step's other tokens
-                extra = min(batching.chunk(self, s.seq, done, s.seq.num_tokens, used) - s.num_new_tokens, budget)
+                # asked with what the step can still give (so the step's other tokens are what is used): a policy
+                # that cuts (srpt-resume) sees a chunk that does not finish its prompt, not the whole rest, which
+                # it would leave uncut
+                extra = min(batching.chunk(self, s.seq, done, s.num_new_tokens + budget) - s.num_new_tokens, budget)
                 if (extra > 0 and not self.admission.holds(s.seq, s.num_new_tokens + extra, out, done)
                         and self.kv.can_append(s.seq, s.num_new_tokens + extra)):
                     s.num_new_tokens += extra

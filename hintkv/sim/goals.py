@@ -49,13 +49,16 @@ def _compute_share_ttft(r: SimResult | None) -> float | None:
 
 def ttft_bound(base_ttft: float | None, target: float, bounds: dict) -> dict | None:
     """The TTFT goal's `bound` (module doc); None without lru+host's TTFT or the contended bound.
-    At the hinted run's arrivals: the agents are closed-loop, another schedule sends at other times."""
-    lower, alone = bounds.get("contended_s"), bounds.get("alone_srpt_s")
+    At the hinted run's arrivals: the agents are closed-loop, another schedule sends at other times.
+    The bound is the contended one at compulsory misses, the figure the goal's `reachable` reads (at the
+    oracle's hits it bounds only the policies that reach those hits call by call), so the two never
+    disagree; its reduction is the goal's `ceiling_contended_compulsory`."""
+    lower, alone = bounds.get("contended_compulsory_s"), bounds.get("alone_srpt_s")
     if base_ttft is None or lower is None:
         return None
     need = base_ttft * (1 - target)
     return {"arrivals": bounds.get("contended_run"), "target_ttft_s": need,
-            "ttft_s": lower, "reduction": _reduction(base_ttft, lower), "target_within": need >= lower,
+            "ttft_s": lower, "target_within": need >= lower,
             "alone_srpt_ttft_s": alone, "alone_srpt_reduction": _reduction(base_ttft, alone),
             "target_within_alone_srpt": None if alone is None else need >= alone}
 

@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     g = goals(results, oracles, args.users, bound_task_s, bounds)
     if (tb := g["ttft_reduction_vs_lru_host"]["bound"]) is not None and tb["alone_srpt_ttft_s"] is not None:
         within, within_alone = ("within" if tb[k] else "BEYOND" for k in ("target_within", "target_within_alone_srpt"))
-        print(f"TTFT goal vs lru+host as a mean: {tb['target_ttft_s']:.4f} s; the bound above on "
+        print(f"TTFT goal vs lru+host as a mean: {tb['target_ttft_s']:.4f} s; the bound above (compulsory misses) on "
               f"{tb['arrivals']}'s arrivals {tb['ttft_s']:.4f} s (target {within} it); SRPT over each call's "
               f"prefill alone {tb['alone_srpt_ttft_s']:.4f} s (not a bound: batched prefills share a step's "
               f"launch-bound cost; target {within_alone} it)")

@@ -174,3 +174,21 @@ def test_next_return_forgets_a_suspended_session():
     assert sam.next_return(scene.clock()) < math.inf
     sam.sessions.suspend(next(k for k in sam.sessions.sessions if k.endswith("c")))
     assert sam.next_return(scene.clock()) == math.inf  # not waiting on its tool any more
+
+
+@pytest.mark.parametrize("at_s", [0.9, 1.2])
+def test_the_capped_top_up_keeps_the_cut(at_s):
+    """"long" (107 tokens) took its cut chunk; in the next step its rest (at most 64 to go) fits a step's budget but
+    not what the step leaves beside "cand", so it is capped and topped up after the admissions: the top-up asks
+    with what the step can still give, so the step's tokens stay within the time to c's predicted call
+    (review_sim20 finding 1: asked with the whole prompt, the top-up gave back the cut, 64 tokens = 1.28 s)."""
+    scene = Scene("srpt-resume", True)
+    _before_the_return(scene, at_s)
+    scene.sch.add_request(_ref("long", "a", list(range(5000, 5107)), 1))
+    first = scene.step()
+    assert 107 - first["long"] <= BUDGET  # the rest fits a step: a cut would not be asked for by itself
+    scene.sch.add_request(_ref("cand", "e", list(range(7000, 7100)), 1))
+    left_s = scene.sch.admission.returns()[0]  # this step's time to c's call, as the policy reads it
+    got = scene.step()
+    assert sum(got.values()) <= int(left_s / TOKEN_S) + 1
+    scene.kv.check_integrity()

@@ -127,7 +127,8 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     assert bounds["oracle"] == "oracle+host" and 0 < bounds["compulsory_s"] <= bounds["bound_s"]
     # the goal's bound: the target as a mean TTFT beside the contended bound on the hinted run's arrivals
     tb = ttft["bound"]
-    assert tb["arrivals"] == "sam+hints+host" and tb["ttft_s"] == bounds["contended_s"]
+    assert tb["arrivals"] == "sam+hints+host" and tb["ttft_s"] == bounds["contended_compulsory_s"]
+    assert tb["target_within"] is ttft["reachable"]
     assert tb["target_ttft_s"] == pytest.approx(0.7 * last["results"]["lru+host"]["ttft_mean_s"])
     assert tb["target_within"] is (tb["target_ttft_s"] >= tb["ttft_s"]) and tb["ttft_s"] <= tb["alone_srpt_ttft_s"]
     assert all(r["ttft_mean_s"] >= bounds["compulsory_s"] - 1e-9 for r in last["results"].values() if "ttft_mean_s" in r)
