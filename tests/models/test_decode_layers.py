@@ -144,12 +144,13 @@ def test_the_team_step_runs_w8a8_decodes_bit_for_bit(threads, q_lens, ctx):
                                         ([1] * 8, [5, 130, 16, 17, 64, 1, 33, 200])])
 def test_the_team_runs_w8a8_fine_past_its_int8_rows_on_the_float_weight_bit_for_bit(threads, q_lens, ctx):
     """w8a8-fine's down_proj past its int8 rows (AVX2's 2; VNNI / AMX allow all 8) runs its float weight inside the
-    team: forced here at 2 rows, both in the per-op kernel and the team, so the branch runs on every CPU
-    (review_int8team finding 3)."""
+    team: forced here at 1 row, both in the per-op kernel and the team, so every case below (2-8 rows) takes the
+    branch on every CPU (review_int8team finding 3; at 2 the 2-row cases ran int8: review_engine20 finding 5)."""
     model = _model("w8a8", bias=True)
     for layer in model.layers:
-        layer.mlp.down_proj.kernel.int8_rows = 2
-    model._decode_layers.fine_rows = 2
+        layer.mlp.down_proj.kernel.int8_rows = 1
+    model._decode_layers.fine_rows = 1
+    assert sum(q_lens) > model._decode_layers.fine_rows  # every case past the int8 rows: the float branch
     _team_bit_for_bit(model, threads, q_lens, ctx)
 
 
