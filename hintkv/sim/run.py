@@ -71,7 +71,9 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # session (scale4): srpt-drain on 1bc2323, lru+pool 2.5686 s and hinted 2.5659 at 100 users / 8
 # instances, 7.3675 and 7.0432 at 1000 / 64; srpt on 8b58120 (before 8f3c93e's short_rest, which
 # srpt's `cap` reads too: not re-run), 2.7456 and 2.7393 at 100, 11.8865 and 11.3048 at 1000
-# (history/sim.md, nineteenth session, scale4). --quick's: unmeasured
+# (history/sim.md, nineteenth session, scale4). srpt-resume (opt-in; hinted 0.7981 at 10 users, room2) loses in
+# the cluster: hinted 2.78269 s at 100 users on 1167111, 7.19224 at 1000 on e6de0b6 (twentieth session, scale5).
+# --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
 
