@@ -168,9 +168,9 @@ class SessionRegistry:
             return []
         s.num_inflight = max(0, s.num_inflight - 1)
         s.last_done = now
-        if s.queued > s.num_inflight:  # this request's admission was never told (an engine that
-            s.queued = s.num_inflight  # tells none, or aborted queued): its blocks were read by its
-            self._observe_wait(now - s.last_arrival)  # end at the latest
+        if s.queued > s.num_inflight:  # this request's admission was never told (an engine that tells
+            s.queued = s.num_inflight  # none; the scheduler tells an abort in the queue itself): its
+            self._observe_wait(now - s.last_arrival)  # blocks were read by its end at the latest
         if s.num_inflight == 0:
             self.turnaround.observe(now - s.last_arrival)
             self.turnaround_q = max(self.turnaround.expected(), 1e-3)

@@ -100,6 +100,15 @@ def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
         sessions.block(key, 0.0, now)
 
 
+def note_left_queued(sch: Scheduler, seq: Sequence, now: float) -> None:
+    """`seq` leaves the queue without ever being admitted (aborted queued): SAM learns its own wait
+    (its arrival to now) as an admission would have told it, before its end is counted, so the end
+    does not fall back to the session's latest arrival. A preempted one told its wait at its first
+    admission."""
+    if seq.session_key is not None and sch.hints and not seq.num_preemptions:
+        sch.sam.sessions.on_admitted(seq.session_key, now, seq.arrival)
+
+
 def note_left_early(sch: Scheduler, seq: Sequence, now: float) -> None:
     """Running or loading `seq` left before its end (preempted, aborted): room may open sooner
     than any queued session was told, so each is ranked as in flight again until the admission

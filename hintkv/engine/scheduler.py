@@ -187,6 +187,8 @@ class Scheduler:
         """A sequence leaves: its session now holds its computed blocks; its block refs go."""
         seq.finish_reason = reason
         if seq.session_key is not None and self.sam is not None:
+            if seq.status is SeqStatus.WAITING:
+                room_wait.note_left_queued(self, seq, self.clock())
             bs = self.kv.block_size
             self.sam.on_done(seq.session_key, seq.block_hashes[:seq.num_computed_tokens // bs])
         if seq.status is SeqStatus.RUNNING:

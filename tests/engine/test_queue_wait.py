@@ -154,3 +154,44 @@ def test_two_requests_of_one_session_in_flight_each_tell_their_own_wait():
     assert list(aborted.wait.recent) == [0.0, 4.0]  # (to the latest arrival: the session's)
     aborted.on_done("t\x1fb", [], now=6.0)  # (a stray end: nothing more)
     assert list(aborted.wait.recent) == [0.0, 4.0]
+
+
+def test_the_scheduler_tells_each_request_its_own_wait_and_an_abort_in_the_queue_its_own():
+    """The scheduler's side (engine/room_wait.py; review_sim20 finding 7): one session, one sequence at a time. a
+    runs from 0 s; b arrives at 1 s and c at 2 s; b is admitted at a's end, c at b's: each wait is from its OWN
+    arrival (the session's latest arrival gives b 1 s less). d arrives and is aborted queued 2 s later: its own
+    wait, 2 s, is learned when it leaves (the end's fallback read the session's latest arrival)."""
+    clock = EventClock()
+    sessions = SessionRegistry()
+    kv = KVCacheManager(40, BS, make_policy("sam", sessions=sessions))
+    sch = Scheduler(kv, 1, 64, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock)
+    admitted: dict[str, float] = {}
+
+    def step(t: float) -> None:
+        clock.run_until(t)
+        if sch.has_work():
+            out = sch.schedule()
+            admitted.update((s.seq.request_id, t) for s in out.scheduled if s.seq.request_id not in admitted)
+            sch.update_from_output(
+                out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+
+    arrivals = {"a": 0.0, "b": 1.0, "c": 2.0}
+    t = 0.0
+    while t == 0.0 or sch.has_work():
+        clock.run_until(t)
+        for rid in [r for r, at in arrivals.items() if at == t]:
+            sch.add_request(_seq(rid, "s", list(range(100 * ord(rid), 100 * ord(rid) + 16)), 4))
+        step(t)
+        t += 1.0
+    assert admitted["b"] > arrivals["c"]  # b was admitted after c arrived: the latest arrival is not b's
+    assert list(sessions.wait.recent) == [admitted[r] - at for r, at in arrivals.items()]
+    clock.run_until(t + 10.0)
+    sch.add_request(_seq("x", "s", list(range(9000, 9016)), 50))  # runs: d queues behind it
+    step(t + 10.0)
+    sch.add_request(_seq("d", "s", list(range(9100, 9116)), 4))
+    clock.run_until(t + 12.0)
+    sch.add_request(_seq("e", "s", list(range(9200, 9216)), 4))  # the session's latest arrival now
+    clock.run_until(t + 13.0)
+    before = len(sessions.wait.recent)
+    assert sch.abort_request("d")
+    assert list(sessions.wait.recent)[before:] == [pytest.approx(3.0)]  # d's own: 10 -> 13 s (e's would be 1 s)
