@@ -16,7 +16,7 @@ engine thread, whose own arena grows in 64 MB heaps that glibc unmaps whole once
 (`heap_trim` deletes an empty heap whatever the trim threshold), so every 2048-token prefill mapped its
 activations afresh: 29K minor faults and 60-70 ms of system time (both OpenMP threads fault the pages
 they first write) per request in `hintkv serve`, 12-28K on alternate requests through `AsyncLLM` in a fresh process; 2-5 with one
-arena (sixteenth session, docs/benchmarks/engine.md). vLLM's CPU worker runs its model on its
+arena (sixteenth session, docs/benchmarks/history/engine.md). vLLM's CPU worker runs its model on its
 process's main thread, whose arena is the main one. Set before any thread exists (`hintkv serve` calls it
 first thing; the model runner again, a no-op then, for engines built in process): glibc keeps in use an
 arena a thread took before the cap, or one an exited thread left for reuse. HINTKV_MALLOC_ARENA_MAX=0
