@@ -72,12 +72,16 @@ def test_the_comparison_goals_say_whether_every_sample_started_at_rest():
     from hintkv.bench.engine_report import figures_json
 
     rested, busy = ServerFigures(rest_wait_max_s=0.5), ServerFigures(rest_wait_max_s=3.1, samples_not_at_rest=2)
-    for peer, at_rest in ((rested, True), (busy, False)):
+    # at rest before each sample, but a peer computed during one (review_engine20 finding 6): not at rest
+    shared = ServerFigures(rest_wait_max_s=0.5, others_cpu_max_s=0.4)
+    quiet = ServerFigures(rest_wait_max_s=0.5, others_cpu_max_s=0.04)
+    for peer, at_rest, during in ((rested, True, None), (busy, False, None), (shared, False, 0.4), (quiet, True, 0.04)):
         results = {"m": {"ratios": {}, "hintkv": ServerFigures(), "vllm": peer,
                          "variants": {"w8a8": {"figures": ServerFigures(), "ratios": {}}}}}
         goals = compute_goals(results, Workload.for_run(True))
-        assert [goals[k]["rest"] for k in ("prefill_512_2048_vs_vllm", "decode_b1_b8_vs_vllm",
-                                            "cold_128_ttft_vs_vllm", "w8a8_decode_vs_float32")] == [at_rest] * 4
+        keys = ("prefill_512_2048_vs_vllm", "decode_b1_b8_vs_vllm", "cold_128_ttft_vs_vllm", "w8a8_decode_vs_float32")
+        assert [goals[k]["rest"] for k in keys] == [at_rest] * 4
+        assert [goals[k]["others_cpu_max_s"] for k in keys] == [during] * 4
     assert figures_json(busy)["samples_not_at_rest"] == 2 and figures_json(busy)["rest_wait_max_s"] == 3.1
 
 

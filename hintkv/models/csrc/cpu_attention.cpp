@@ -130,9 +130,10 @@ inline bool is_direct(int64_t n, int64_t G) { return n * G <= DIRECT_ROWS; }
 // query tokens per work item (a query tile of at most TILE_ROWS rows: a direct sequence's rows fit one),
 inline int64_t tile_tokens(int64_t G) { return std::max<int64_t>(1, TILE_ROWS / G); }
 // and the step's query offsets: B+1 entries from 0 to T, one block table a sequence (B of them).
-void check_qsl(const std::vector<int64_t>& qsl, size_t B, size_t ntables, int64_t T) {
+// `what` names the caller in the error.
+void check_qsl(const char* what, const std::vector<int64_t>& qsl, size_t B, size_t ntables, int64_t T) {
     TORCH_CHECK(qsl.size() == B + 1 && qsl[0] == 0 && qsl[B] == T && ntables == B,
-                "qsl must have B+1 entries from 0 to T, tables B");
+                what, ": qsl must have B+1 entries from 0 to T, tables B");
 }
 
 // The step's block tables checked against its lengths (the rules of every caller: attention(), decode_team()):
@@ -194,7 +195,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     const int64_t NB = kv.size(1), BS = kv.size(2), Hkv = kv.size(3);
     TORCH_CHECK(kv.size(4) == D && Hq % Hkv == 0, "head shapes disagree");
     const int64_t G = Hq / Hkv, B = static_cast<int64_t>(ctx.size());
-    check_qsl(qsl, ctx.size(), tables.size(), T);
+    check_qsl("attention", qsl, ctx.size(), tables.size(), T);
     const int64_t* qp = qsl.data();
     const int64_t* cp = ctx.data();
     const std::vector<const int64_t*> tp = check_tables(tables, qsl, ctx, NB, BS);

@@ -229,7 +229,7 @@ std::vector<torch::Tensor> decode_team(torch::Tensor h, std::vector<torch::Tenso
     TORCH_CHECK(L > 0 && T > 0 && h.dim() == 2 && h.scalar_type() == torch::kFloat32 && h.is_contiguous(),
                 "decode_team: h must be contiguous float32 [T, H]");
     TORCH_CHECK(hq % hkv == 0 && D % 2 == 0, "decode_team: head shapes disagree");
-    hk_kernels::check_qsl(qsl, ctx.size(), tables.size(), T);
+    hk_kernels::check_qsl("decode_team", qsl, ctx.size(), tables.size(), T);
     for (int64_t b = 0; b < B; ++b)
         if (!hk_kernels::is_direct(qsl[b + 1] - qsl[b], G)) return {};  // attention's transposed path
     const int64_t I = tensors[2 + 2 * HK_LIN].size(0) / 2;
