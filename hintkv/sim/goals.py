@@ -17,8 +17,8 @@ hinted run's arrivals (None without it: the alone bounds are no floor for every 
 leave a few percent to serving), not that no policy could meet it on other arrivals or orders.
 
 The TTFT goal vs lru+host also carries `bound` (`ttft_bound`): the target as a mean TTFT, the
-contended bound at the oracle's hits on the hinted run's arrivals next to it, whether the target
-is within it, and the SRPT mean over each call's prefill alone (`alone_srpt_ttft_s`, not a bound:
+contended bound at compulsory misses on the hinted run's arrivals next to it (the figure `reachable`
+reads), whether the target is within it, and the SRPT mean over each call's prefill alone (`alone_srpt_ttft_s`, not a bound:
 `sim.contended`) with whether the target is within that.
 """
 
