@@ -32,12 +32,14 @@ VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "
             "kv-int8": ["--kv-cache-dtype", "int8"],
             "kv-fp8": ["--kv-cache-dtype", "fp8"],
             "bound": ["--cpu-omp-threads-bind", "auto"],  # OpenMP threads pinned as vLLM pins its own
-            "team": [], "team-auto": []}  # the decode step's threading (VARIANT_ENV), side by side with the default
+            "team": [], "team-auto": [], "keeper": []}  # set by their environment (VARIANT_ENV)
 # variants that differ from plain hintkv by their environment: HINTKV_DECODE_TEAM (models/decode_layers.py, one region
-# a decode step; auto: chosen from measured step times, models/team_choice.py). In a run with a team variant every
-# other hintkv server runs without the team (the variable removed: the default regions), whatever the caller
+# a decode step; auto: chosen from measured step times, models/team_choice.py), HINTKV_CPU_KEEPER (engine/cpu_keeper.py:
+# idle-priority spinners keep the CPUs out of idle while a step runs). In a run with such a variant every other
+# hintkv server runs without the variables the run's variants set (removed: the defaults), whatever the caller
 # exported; otherwise they keep the caller's setting.
-VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE_TEAM": "auto"}}
+VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE_TEAM": "auto"},
+               "keeper": {"HINTKV_CPU_KEEPER": "1"}}
 
 
 def peer_hf_config(model: str) -> dict[str, Any]:
@@ -66,15 +68,14 @@ def hintkv_spec(model: str, args: argparse.Namespace, w: Workload, variant: str 
     ]
     # a compiled server spends its first minutes compiling: give it the time
     return hintkv_server(model, name=f"hintkv-{variant}" if variant else "hintkv", extra_args=extra,
-                         env={"OMP_NUM_THREADS": str(server_threads()), **_team_env(args, variant)},
+                         env={"OMP_NUM_THREADS": str(server_threads()), **_variant_env(args, variant)},
                          startup_timeout_s=600.0 if variant == "compiled" else 180.0)
 
 
-def _team_env(args: argparse.Namespace, variant: str | None) -> dict[str, str | None]:
-    if variant in VARIANT_ENV:
-        return VARIANT_ENV[variant]
+def _variant_env(args: argparse.Namespace, variant: str | None) -> dict[str, str | None]:
     asked = str(getattr(args, "variants", "") or "").split(",")
-    return {"HINTKV_DECODE_TEAM": None} if any(v in VARIANT_ENV for v in asked) else {}
+    env: dict[str, str | None] = {name: None for v in asked for name in VARIANT_ENV.get(v, {})}
+    return {**env, **VARIANT_ENV.get(variant or "", {})}
 
 
 def vllm_spec(model: str, args: argparse.Namespace, w: Workload) -> ServerSpec:

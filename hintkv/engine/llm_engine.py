@@ -30,6 +30,8 @@ from hintkv.cache.hashing import namespace_root
 from hintkv.cache.session_bounds import SessionBounds, SessionJanitor
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.config import DEFAULT_MODEL, EngineConfig, parse_bytes
+from hintkv.engine.cpu_keeper import CpuKeeper
+from hintkv.engine.cpu_threads import resolve as resolve_bind
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
@@ -120,6 +122,9 @@ class LLMEngine:
                                   self.max_model_len if cfg.wants_cuda_graphs(self.device.type) else None)
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
+        # HINTKV_CPU_KEEPER=1 (opt-in): idle-priority spinners keep the CPUs out of idle during a forward
+        self.keeper = CpuKeeper.build(self.device.type, resolve_bind(cfg.cpu_omp_threads_bind)
+                                      if self.device.type == "cpu" else None)
         log.info("engine ready: model=%s device=%s dtype=%s kv=%s kv_blocks=%d (%d tokens)",
                  self.model_name, self.device, self._dtype_name, cfg.kv_cache_dtype, self.num_blocks,
                  self.num_kv_tokens)
@@ -297,7 +302,11 @@ class LLMEngine:
             self.kv.flush_write_downs()  # victims reused by this pass are written down first
             self.scheduler.check_flushed(sched)  # (checked here, before the forward writes them)
             t0 = time.perf_counter()
-            runner_out = self.runner.run(sched.scheduled)
+            if self.keeper is None:
+                runner_out = self.runner.run(sched.scheduled)
+            else:
+                with self.keeper.step():
+                    runner_out = self.runner.run(sched.scheduled)
             runner_out.forward_s = time.perf_counter() - t0
         else:
             runner_out = ModelRunnerOutput()

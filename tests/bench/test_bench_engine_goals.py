@@ -162,3 +162,20 @@ def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_al
     assert alone.environ()["HINTKV_DECODE_TEAM"] == "1"  # no team variant: the caller's setting reaches them all
     assert team.env["HINTKV_DECODE_TEAM"] == "1" and auto.env["HINTKV_DECODE_TEAM"] == "auto"
     assert team.argv == auto.argv == plain.argv
+
+
+def test_the_keeper_variant_differs_from_plain_hintkv_by_the_keeper_switch_alone(monkeypatch):
+    """`--variants keeper` (engine/cpu_keeper.py): its server gets HINTKV_CPU_KEEPER=1, every other hintkv server
+    runs without it even when the caller exported it, and a team variant in the same run keeps the team's switch."""
+    import argparse
+
+    from hintkv.bench.engine_servers import hintkv_spec
+
+    monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
+    w = Workload.for_run(True)
+    args = argparse.Namespace(dtype="float32", device="cpu", variants="keeper,team")
+    plain, keeper, team = (hintkv_spec("dummy:tiny", args, w, v) for v in (None, "keeper", "team"))
+    assert keeper.environ()["HINTKV_CPU_KEEPER"] == "1" and "HINTKV_DECODE_TEAM" not in keeper.environ()
+    assert "HINTKV_CPU_KEEPER" not in plain.environ() and "HINTKV_CPU_KEEPER" not in team.environ()
+    assert team.environ()["HINTKV_DECODE_TEAM"] == "1"
+    assert keeper.argv == plain.argv

@@ -1,0 +1,87 @@
+"""Keeping the engine's CPUs awake while a step runs (HINTKV_CPU_KEEPER=1, opt-in; off by default).
+
+    CpuKeeper.build(device_type) -> CpuKeeper | None   None: off (the default), not a CPU engine, or no extension
+    keeper.step()                                     a context manager around one forward: spin during it and
+                                                      LINGER_S after it
+
+Why (twenty-first session, prefill7): this machine is a VM whose idle vCPU halts at once (the kernel's
+cpuidle-haltpoll with guest_halt_poll_ns=0: no polling), so waking a thread on a halted vCPU waits for the host
+to run that vCPU again. The engine's OpenMP worker sleeps between parallel regions (GOMP_SPINCOUNT=100,
+openmp_env.py: ~10 us of spin here), and a 512-token prefill step starts ~110 regions, a b8 decode step ~40: on a
+quiet box each start may wake a halted vCPU. Under load the vCPUs never halt (halts counted in
+/sys/devices/system/cpu/cpu*/cpuidle/state1/usage: 0 per 512 step at load 6), and there plain hintkv shows no slow
+mode; on the quiet box of the twenty-first session's opening run its 512 prefill and b8 decode ran 1.5-1.7x slower
+in two rounds of three. A longer OpenMP spin keeps the worker awake but takes the CPU from every other process
+under load (GOMP_SPINCOUNT=100,000 read prefill 512 2.4x slower at load 7-10, openmp_env.py); a keeper thread at
+SCHED_IDLE spins instead, on each of the engine's CPUs, only while a step runs: any runnable thread of the machine
+preempts it at once (the woken worker too), so it takes only CPU time that would otherwise be idle. Opt-in until a
+quiet box shows it (`hintkv bench engine --variants keeper`).
+
+The keepers are started once per process (csrc/keeper.cpp): one per OpenMP thread of the engine, pinned one per CPU
+when the engine's CPUs are known (bound, or a process allowed exactly that many CPUs), else left to the OS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from hintkv.models.cpu_choice import env_choice
+
+log = logging.getLogger(__name__)
+
+LINGER_S = 0.002  # spin this long after a step: the gap to the next step of a running batch (its schedule, update)
+
+
+def _ops():
+    from hintkv.models import cpu_ext
+
+    source = (Path(__file__).parent.parent / "models" / "csrc" / "keeper.cpp").read_text()
+    return cpu_ext.load("hintkv_keeper", source, ["keeper_start", "keeper_hold", "keeper_stats"], ["-O2"])
+
+
+def keeper_cpus(threads: int, bound: list[int] | None = None) -> list[int]:
+    """One entry per keeper: the engine's bound CPUs, else the process's CPUs when it may use exactly `threads`
+    of them, else -1 each (the OS places them)."""
+    if bound:
+        return list(bound)
+    allowed = sorted(os.sched_getaffinity(0))
+    return allowed if len(allowed) == threads else [-1] * threads
+
+
+class CpuKeeper:
+    """Spins SCHED_IDLE threads on the engine's CPUs during each step (see the module docstring)."""
+
+    def __init__(self, ops, cpus: list[int]) -> None:
+        self._ops = ops
+        self.tids = ops.keeper_start(cpus)
+
+    @classmethod
+    def build(cls, device_type: str, bound: list[int] | None = None) -> CpuKeeper | None:
+        if env_choice("HINTKV_CPU_KEEPER", ("0", "1"), default="0") != "1" or device_type != "cpu":
+            return None
+        ops = _ops()
+        if ops is None:
+            log.warning("HINTKV_CPU_KEEPER=1: no C++ extension to build the keepers with; running without them")
+            return None
+        import torch
+
+        keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound))
+        log.info("CPU keepers (SCHED_IDLE) started: tids %s", keeper.tids)
+        return keeper
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self._ops.keeper_hold(-1)
+        try:
+            yield
+        finally:
+            self._ops.keeper_hold(int(LINGER_S * 1e9))
+
+    def stats(self) -> tuple[int, int]:
+        """(spin rounds of 64 pauses, futex sleeps) of every keeper so far."""
+        spins, sleeps = self._ops.keeper_stats()
+        return spins, sleeps
