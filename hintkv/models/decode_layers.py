@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -94,7 +95,8 @@ def source() -> str:
 def ops() -> ModuleType | None:
     # source() is read once per process (cached): py-spy found it re-reading the three files in every step (~5%)
     return cpu_ext.load("hintkv_decode_layers", source(),
-                        ["decode_layers", "decode_team", "team_phases", "team_futex_timeouts"], _CFLAGS)
+                        ["decode_layers", "decode_team", "team_phases", "team_futex_timeouts", "team_table_abi",
+                          "team_abi"], _CFLAGS)
 
 
 def _kind(kernel) -> int | None:
@@ -106,6 +108,19 @@ def _kind(kernel) -> int | None:
             and int8_cpu.ops().has_fast_gemv():
         return kind
     return None
+
+
+def _team_table(int8_ops: ModuleType) -> int:
+    """int8_cpu's Int8Team table's address (csrc/int8_team.h), or 0 when that build has no team loop or its table's abi
+    is not the one this build reads (a stale cached build): the team then stays off for int8 linears, with a warning,
+    instead of failing every team step in decode_team's own check (review_engine20 finding 9)."""
+    address = int8_ops.team_address()
+    fused = ops()
+    if address and fused is not None and fused.team_table_abi(address) != fused.team_abi():
+        warnings.warn(f"int8_cpu's team table is abi {fused.team_table_abi(address)}, the decode step reads "
+                      f"{fused.team_abi()} (csrc/int8_team.h): W8A8 decode steps run without the team", stacklevel=3)
+        return 0
+    return address
 
 
 class DecodeLayers:
@@ -121,7 +136,7 @@ class DecodeLayers:
         # None on its kernels (_kind), so reading the addresses must not fail first
         int8_ops = int8_cpu.ops() if self.int8 else None
         self.int8_gemv = int8_ops.gemv_address() if int8_ops is not None else 0
-        self.int8_team = int8_ops.team_address() if int8_ops is not None else 0  # 0: no int8 team loop in this build
+        self.int8_team = _team_table(int8_ops) if int8_ops is not None else 0  # 0: no int8 team loop for this build
         self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None

@@ -375,5 +375,11 @@ int64_t team_phases(int64_t phases, int64_t items, int64_t throw_phase, int64_t 
     return ran.load();
 }
 
+// The abi of the Int8Team table at `address` (int8_cpu.team_address()) and the one this build reads: DecodeLayers
+// compares them once when it is built and runs its int8 linears without the team on a mismatch (a stale int8_cpu
+// build), so decode_team()'s own check above is only the last guard.
+int64_t team_table_abi(int64_t address) { return address ? reinterpret_cast<const Int8Team*>(address)->abi : 0; }
+int64_t team_abi() { return INT8_TEAM_ABI; }
+
 // How many of this process's team futex waits ended by their timeout (a lost or missing wake-up costs up to 1 ms)
 int64_t team_futex_timeouts() { return futex_timeouts.load(); }
