@@ -62,8 +62,10 @@ static inline void block_dot_one(const int32_t* const* a, const int8_t* wb, int6
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kq * 64 + 32));
         for (int g = 0; g < G; ++g) {
             const __m256i av = _mm256_set1_epi32(a[g][kq]), ax = _mm256_abs_epi8(av);
-            acc[g][0] = _mm256_add_epi32(acc[g][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, av)), ones));
-            acc[g][1] = _mm256_add_epi32(acc[g][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, av)), ones));
+            acc[g][0] = _mm256_add_epi32(acc[g][0],
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, av)), ones));
+            acc[g][1] = _mm256_add_epi32(acc[g][1],
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, av)), ones));
         }
     }
     for (int g = 0; g < G; ++g) {
@@ -256,26 +258,39 @@ static void loop_rows(const int8_t* qp, int64_t R, int64_t K, int64_t Kq, int32_
     }
 }
 
+constexpr int64_t kStackRows = 16;  // int8.py's GEMV_ROWS: every decode / verify step's int8 rows
 // Output channels [n0, n1) from the loop's rows a (levels x M rows, scales s), on the calling thread, into y (channel
 // n0 of row m at y[m * ldy]): the blocks that hold them, only those channels written (a range may start or end
 // inside a block).
 static void block_range(const int32_t* a, int64_t M, int64_t levels, int64_t Kq, const int8_t* wp, const float* s,
                         const int32_t* cp, const float* wsp, int64_t N, float* y, int64_t ldy, int64_t n0, int64_t n1) {
     const int64_t R = levels * M, b0 = n0 / 16, b1 = (n1 + 15) / 16;
-    std::vector<int32_t> acc(2 * R * 16);  // two blocks' dot products (R <= 2), else one's
-    auto out = reinterpret_cast<int32_t (*)[16]>(acc.data());
-    std::vector<float> tmp(M * 16);
-    std::vector<const int32_t*> rows(R);
+    // scratch on the stack up to kStackRows rows (the team calls this once per item, hundreds of times a w8a8 step:
+    // review_int8team finding 8), on the heap past it (gemv's own callers may pass more rows)
+    int32_t acc_s[2 * kStackRows * 16];  // two blocks' dot products (R <= 2), else one's
+    float tmp_s[kStackRows * 16];
+    const int32_t* rows_s[kStackRows];
+    std::vector<int32_t> acc_h;
+    std::vector<float> tmp_h;
+    std::vector<const int32_t*> rows_h;
+    int32_t* acc = acc_s;
+    float* tmp = tmp_s;
+    const int32_t** rows = rows_s;
+    if (R > kStackRows) {
+        acc_h.resize(2 * R * 16), tmp_h.resize(M * 16), rows_h.resize(R);
+        acc = acc_h.data(), tmp = tmp_h.data(), rows = rows_h.data();
+    }
+    auto out = reinterpret_cast<int32_t (*)[16]>(acc);
     for (int64_t r = 0; r < R; ++r) rows[r] = a + r * Kq;
     for (int64_t nb = b0; nb < b1; nb += R <= 2 ? 2 : 1) {
         const int64_t nblocks = std::min<int64_t>(R <= 2 ? 2 : 1, b1 - nb);
         const int8_t* wbp = wp + nb * Kq * 64;
         if (nblocks == 1 || R == 0)  // R == 0: a 0-row call (rows_dot_one runs no pass)
-            rows_dot_one(rows.data(), R, wbp, Kq, out);
+            rows_dot_one(rows, R, wbp, Kq, out);
         else if (R == 2)
-            block_dot_two<2>(rows.data(), wbp, Kq, out, R);
+            block_dot_two<2>(rows, wbp, Kq, out, R);
         else
-            block_dot_two<1>(rows.data(), wbp, Kq, out, R);
+            block_dot_two<1>(rows, wbp, Kq, out, R);
         for (int64_t b = 0; b < nblocks; ++b) {
             const int64_t c0 = (nb + b) * 16, lo = std::max(c0, n0), hi = std::min({c0 + 16, n1, N});
             if (lo >= hi) continue;
@@ -285,8 +300,8 @@ static void block_range(const int32_t* a, int64_t M, int64_t levels, int64_t Kq,
                 continue;
             }
             const int64_t count = std::min<int64_t>(16, N - c0);
-            rescale_block(out + b * R, M, levels, s, kU8Offset ? cp + c0 : nullptr, wsp + c0, tmp.data(), 16, count);
-            for (int64_t m = 0; m < M; ++m) std::copy(tmp.data() + m * 16 + (lo - c0), tmp.data() + m * 16 + (hi - c0),
+            rescale_block(out + b * R, M, levels, s, kU8Offset ? cp + c0 : nullptr, wsp + c0, tmp, 16, count);
+            for (int64_t m = 0; m < M; ++m) std::copy(tmp + m * 16 + (lo - c0), tmp + m * 16 + (hi - c0),
                                                       y + m * ldy + (lo - n0));
         }
     }
