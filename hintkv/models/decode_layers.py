@@ -50,7 +50,7 @@ from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
 from hintkv.models.cpu_choice import env_choice
 from hintkv.models.int8 import GEMV_ROWS
 from hintkv.models.linear import MklPackedKernel, OneDnnKernel, W8A8FineKernel, W8A8Kernel
-from hintkv.models.team_choice import TeamChooser
+from hintkv.models.team_choice import RunqueueWait, TeamChooser
 
 _CSRC = Path(__file__).parent / "csrc"
 _HEADERS = """#include <torch/extension.h>
@@ -145,7 +145,8 @@ class DecodeLayers:
         mode = env_choice("HINTKV_DECODE_TEAM", ("0", "1"), default="0")  # unset: 0; an unknown value raises
         can_team = not self.int8 or self.int8_team != 0
         self.team = can_team and mode == "1"
-        self.chooser = TeamChooser() if can_team and mode == "auto" else None
+        # auto: the team unless the engine thread waits for a CPU (the regions then), and the timing probes between
+        self.chooser = TeamChooser(start_team=True, contention=RunqueueWait()) if can_team and mode == "auto" else None
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:

@@ -15,24 +15,68 @@ loaded machine's) flipped 21 times in 5,000 steps and spent 24% of them on the s
 chooser in simulation, 8 seeds); margin 0.85 over 5 probes: 1.8 switches, 8.3% (the probes alone are 3%). A smaller
 gap is then left alone (a 1.1x gap at that noise: 18% on the slower way, against 38%).
 
+Contention first (twenty-first session): the team loses under load because every phase's end needs both threads on
+a CPU at once, and that is visible directly: the engine thread's share of time spent runnable but waiting for a CPU
+(`RunqueueWait`, /proc/thread-self/schedstat, read every `check_every` steps: ~3 us). Above `busy_share` the steps
+run the regions (no probes, no evidence kept) until it drops below `free_share`; below it the timing rule above runs,
+starting from the team (`DecodeLayers` starts auto there). Measured served (dummy:tiny, b8, 2 threads): the engine
+thread waited 0.6-0.8 of its run time at load 4-9; under SCHED_FIFO, none.
+
     chooser.use_team(rows) -> bool            which way this step runs
     chooser.record(rows, team, seconds)       its C++ call's wall time
+    RunqueueWait()() -> share | None          the calling thread's wait / (run + wait) since the last call
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
+from collections.abc import Callable
 from statistics import median
+
+
+class RunqueueWait:
+    """The share of the calling thread's time since the last call spent runnable but not running (waiting for a CPU),
+    from /proc/thread-self/schedstat (run ns, wait ns); None on the first call, where the file is missing (not
+    Linux, no schedstats) or nothing ran. The file is opened on the first call, by the thread that calls it (the
+    engine thread, which runs the steps), not the one that built the model."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._last: tuple[int, int] | None = None
+        self._missing = False
+
+    def __call__(self) -> float | None:
+        if self._missing:
+            return None
+        try:
+            if self._fd is None:
+                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            run, wait = (int(x) for x in os.pread(self._fd, 128, 0).split()[:2])
+        except (OSError, ValueError):
+            self._missing = True
+            return None
+        last, self._last = self._last, (run, wait)
+        if last is None or run + wait <= sum(last):
+            return None
+        return (wait - last[1]) / (run + wait - sum(last))
 
 
 class TeamChooser:
     """The team or the regions for each eligible step, from their measured wall times (see the module docstring)."""
 
     def __init__(self, start_team: bool = False, probe_every: int = 32, probes: int = 5, window: int = 8,
-                 margin: float = 0.85) -> None:
-        if probe_every < 2 or probes < 1 or window < 1 or not 0 < margin <= 1:
-            raise ValueError("probe_every >= 2, probes >= 1, window >= 1, 0 < margin <= 1")
-        self.team = start_team  # the current choice
+                 margin: float = 0.85, contention: Callable[[], float | None] | None = None, check_every: int = 16,
+                 busy_share: float = 0.25, free_share: float = 0.10) -> None:
+        if probe_every < 2 or probes < 1 or window < 1 or not 0 < margin <= 1 or check_every < 1 \
+                or not 0 <= free_share <= busy_share:
+            raise ValueError("probe_every >= 2, probes >= 1, window >= 1, 0 < margin <= 1, check_every >= 1, "
+                             "0 <= free_share <= busy_share")
+        self.team = start_team  # the current choice while the CPUs are not contended
+        self.contention, self.check_every = contention, check_every
+        self.busy_share, self.free_share = busy_share, free_share
+        self.contended = False  # the last contention reading was over busy_share (until one under free_share)
+        self.num_contended = 0  # steps run in the regions for contention
         self.probe_every, self.window, self.margin = probe_every, window, margin
         self.num_steps = 0
         self.num_switches = 0
@@ -41,9 +85,21 @@ class TeamChooser:
 
     def use_team(self, rows: int) -> bool:
         self.num_steps += 1
+        if self.contention is not None and self.num_steps % self.check_every == 0:
+            share = self.contention()
+            if share is not None and self.contended != (share > (self.free_share if self.contended
+                                                                 else self.busy_share)):
+                self.contended = not self.contended
+                self._recent.clear()  # times from before the change: not a yardstick for after it
+                self._ratios.clear()
+        if self.contended:
+            self.num_contended += 1
+            return False
         return self.team != (self.num_steps % self.probe_every == 0)
 
     def record(self, rows: int, team: bool, seconds: float) -> None:
+        if self.contended:  # the regions by contention, not a probe: no evidence either way
+            return
         recent = self._recent.setdefault(rows, deque(maxlen=self.window))
         if team == self.team:
             recent.append(seconds)

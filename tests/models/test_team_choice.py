@@ -1,15 +1,20 @@
 """team_choice.py: the chooser probes the other way every probe_every-th step, keeps the way whose measured wall
 times are lower (in either direction, under noise), does not flip back and forth at a modest gap under a loaded
 machine's noise, compares a probe with the current way's recent steps (not its whole history), and a probe with
-too little of its batch size to compare with does not count."""
+too little of its batch size to compare with does not count; a contended CPU (the engine thread's runqueue wait)
+runs the regions, and RunqueueWait reads that wait."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 
-from hintkv.models.team_choice import TeamChooser
+from hintkv.models.team_choice import RunqueueWait, TeamChooser
 
 
 def _run(chooser: TeamChooser, team_s: float, regions_s: float, steps: int, seed: int, rows=(8,),
@@ -84,3 +89,51 @@ def test_a_probe_without_a_yardstick_of_its_batch_size_does_not_count():
         TeamChooser(probe_every=1)
     with pytest.raises(ValueError):
         TeamChooser(margin=1.5)
+
+
+def test_contention_runs_the_regions_until_it_drops_below_the_lower_share():
+    """Each check_every-th step reads the contention share: over busy_share every step runs the regions and no
+    step counts as evidence (the team's 2x-fast timings below would otherwise switch it); between the two shares
+    it stays; under free_share the timing rule runs again from the team."""
+    shares = iter([0.0, 0.6, 0.2, 0.05, 0.2])  # free, busy, in between (stays busy), free, in between (stays free)
+    chooser = TeamChooser(start_team=True, contention=lambda: next(shares), check_every=10, probe_every=2)
+    ways = []
+    for _ in range(50):
+        team = chooser.use_team(8)
+        ways.append(team)
+        chooser.record(8, team, 0.5 if team else 1.0)
+    assert ways[19:39] == [False] * 20  # steps 20-39: contended (read at step 20, kept at step 30)
+    assert chooser.num_contended == 20 and chooser.num_switches == 0 and chooser.team
+    assert any(ways[:19]) and any(ways[39:])  # the team before and after (probes of the regions between)
+    assert not chooser.contended
+    with pytest.raises(ValueError):
+        TeamChooser(busy_share=0.1, free_share=0.2)
+
+
+def test_a_missing_reading_changes_nothing():
+    chooser = TeamChooser(start_team=True, contention=lambda: None, check_every=1)
+    assert all(chooser.use_team(8) or i % 32 == 31 for i in range(64)) and not chooser.contended
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat") or not hasattr(os, "sched_setaffinity"),
+                    reason="no per-thread schedstat")
+def test_runqueue_wait_reads_the_threads_wait_for_a_cpu():
+    """This thread and a busy process on one CPU: the thread waits for it about half the time (over 0.2 however
+    loaded the machine is: more load only adds waiting); the first call has nothing to compare with."""
+    cpu = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {cpu})
+        wait = RunqueueWait()
+        assert wait() is None
+        time.sleep(0.3)  # the busy process is up and spinning on the CPU
+        wait()
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            sum(range(1000))
+        assert wait() > 0.2
+    finally:
+        busy.kill()
+        busy.wait()
+        os.sched_setaffinity(0, saved)
