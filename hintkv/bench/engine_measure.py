@@ -3,15 +3,18 @@
 Every server (plain hintkv, its variants, vLLM) is up at once and idle between its samples. Each
 round takes one sample of each figure from every server, figure by figure, so the samples a ratio
 compares were taken seconds apart (a load spike lands on both sides, not on one server's whole
-run); the servers' order changes from figure to figure through the rows of a Williams design
-(`sample_orders`: over a full cycle of its rows every server takes every place equally often and directly
-follows every other server equally often within a row, the crossover trials' balance for carry-over: what
-one server leaves behind, a spinning worker or a cold cache, lands on each of the others alike; the
-rotation A B C, B C A, C A B it replaced kept the same cycle, so vLLM came right before every hintkv
-sample), and each figure is the median over rounds. The per-round samples stay in `ServerFigures.samples`: the report gives
-the spread of every ratio over the rounds. Before each sample every server's process group must be at
-rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then nothing runnable and at most 2 ticks of CPU
-over 0.2 s, at most `REST_MAX_S`; each server's longest wait and samples not at rest are in its figures): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
+run); the servers' order steps through the rows of a Williams design from round to round within each figure
+(`sample_orders`: figure k of round r runs row (r + k) mod the row count, so no figure repeats an order before
+every row has run; a figure run for as many rounds as rows (n servers: n rows, 2n when n is odd) takes every row
+once: every server takes every place equally often and directly follows every other server equally often within
+a row, the crossover trials' balance for carry-over: what one server leaves behind, a spinning worker or a cold
+cache, lands on each of the others alike. Rows taken in sample sequence instead (222e8e8) gave a figure the same
+order, or A B C / C B A, in every round whenever the figure count shared a factor with the row count:
+review_eng21 finding 1), and each figure is the median over rounds. The per-round samples stay in
+`ServerFigures.samples`: the report gives the spread of every ratio over the rounds. Before each sample every
+server's process group must be at rest (`idle_wait.wait_idle`: at least `SWITCH_PAUSE_S`, then nothing runnable
+and at most 2 ticks of CPU over 0.2 s, at most `REST_MAX_S`; each server's longest wait and samples not at rest are in
+its figures): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
 Whether the others stayed at rest DURING a sample is measured too: the most CPU the other servers'
 process groups used while one of a server's samples ran (`ServerFigures.others_cpu_max_s`).
 
@@ -163,11 +166,12 @@ def williams_rows(n: int) -> list[list[int]]:
     return rows + [row[::-1] for row in rows] if n % 2 else rows
 
 
-def sample_orders(live: list[str], count: int) -> list[list[str]]:
-    """The servers' order for each of `count` samples of a figure on every server, in the sequence they run
-    (round by round, figure by figure): the Williams rows over `live`, cycled."""
+def sample_orders(live: list[str], repeats: int, figures: int) -> list[list[list[str]]]:
+    """orders[r][k]: the servers' order for figure k of round r, the Williams rows over `live` stepped by round
+    within each figure (row (r + k) mod the row count): a figure's order changes every round, and its rounds run the
+    rows in turn (all of them, once each, over as many rounds as rows)."""
     rows = williams_rows(len(live)) if live else [[]]
-    return [[live[j] for j in rows[i % len(rows)]] for i in range(count)]
+    return [[[live[j] for j in rows[(r + k) % len(rows)]] for k in range(figures)] for r in range(repeats)]
 
 
 # ---------------------------------------------------------------- one sample of each figure
@@ -253,13 +257,12 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
         log(f"  {name}: warm-up {time.perf_counter() - t0:.1f}s")
     live = [n for n in servers if figures[n].error is None]
     sampler_list = samplers(w)
-    orders = sample_orders(live, w.repeats * len(sampler_list))
+    orders = sample_orders(live, w.repeats, len(sampler_list))
     for r in range(w.repeats):
         waits: list[float] = []
         restless, shared = 0, 0.0
         for k, sample in enumerate(sampler_list):
-            order = orders[r * len(sampler_list) + k]
-            for name in order:
+            for name in orders[r][k]:
                 if figures[name].error is not None:
                     continue
                 waited, idle = await wait_idle(pgids, min_s=SWITCH_PAUSE_S, max_s=REST_MAX_S)

@@ -85,10 +85,11 @@ def test_the_comparison_goals_say_whether_every_sample_started_at_rest():
     assert figures_json(busy)["samples_not_at_rest"] == 2 and figures_json(busy)["rest_wait_max_s"] == 3.1
 
 
-def test_every_server_takes_every_place_and_follows_every_other_equally_often():
-    """bench engine's sample order (engine_measure.sample_orders, which measure_interleaved runs): over a full cycle
-    of the Williams rows each server holds each place equally often and directly follows each other server equally
-    often within a row; the round rotation it replaced kept one cycle, so vLLM came right before every hintkv sample."""
+def test_each_figure_steps_through_the_williams_rows_round_by_round():
+    """bench engine's sample order per figure (engine_measure.sample_orders): over as many rounds as Williams rows
+    every figure runs each row once, so each server holds each place equally often and directly follows each other
+    server equally often; no figure repeats an order before that. Rows taken in sample sequence gave --quick's b1
+    vLLM right before hintkv in 3 of 3 rounds, and 5 servers X, reverse(X), X (review_eng21 finding 1)."""
     from collections import Counter
 
     from hintkv.bench.engine_measure import sample_orders, williams_rows
@@ -96,18 +97,52 @@ def test_every_server_takes_every_place_and_follows_every_other_equally_often():
     for names in (["hintkv", "vllm"], ["hintkv", "w8a8", "vllm"], ["hintkv", "w8a8", "compiled", "vllm"],
                   ["hintkv", "w8a8", "compiled", "team", "vllm"]):
         cycle = len(williams_rows(len(names)))
-        orders = sample_orders(names, 3 * cycle)
-        assert orders[:cycle] == orders[cycle:2 * cycle]  # cycled
-        for name in names:
-            assert Counter(order.index(name) for order in orders[:cycle]) == {p: cycle // len(names)
-                                                                              for p in range(len(names))}
-        before = Counter((a, b) for order in orders[:cycle] for a, b in zip(order, order[1:]))
-        assert len(set(before.values())) == 1 and len(before) == len(names) * (len(names) - 1)
-    # --quick's 3 servers, 3 rounds of 5 figures: vLLM is right before hintkv in at most half of hintkv's samples
-    orders = sample_orders(["hintkv", "w8a8", "vllm"], 15)
-    seq = [name for order in orders for name in order]
-    before_hintkv = Counter(a for a, b in zip(seq, seq[1:]) if b == "hintkv")
-    assert before_hintkv["vllm"] <= 15 // 2 + 1 and before_hintkv["w8a8"] >= 4
+        for figures in (5, 6):  # --quick's figures, a full run's
+            orders = sample_orders(names, cycle, figures)
+            for k in range(figures):
+                rounds = [orders[r][k] for r in range(cycle)]
+                assert len({tuple(o) for o in rounds}) == cycle  # every row once: no order repeats
+                for name in names:
+                    assert Counter(o.index(name) for o in rounds) == {p: cycle // len(names) for p in range(len(names))}
+                before = Counter((a, b) for o in rounds for a, b in zip(o, o[1:]))
+                assert len(set(before.values())) == 1 and len(before) == len(names) * (len(names) - 1)
+    # --quick, 3 servers, 3 rounds: hintkv's predecessor within each figure is never the same server in all rounds
+    quick = sample_orders(["hintkv", "w8a8", "vllm"], 3, 5)
+    for k in range(5):
+        before = [o[o.index("hintkv") - 1] if o.index("hintkv") else None for o in (quick[r][k] for r in range(3))]
+        assert len(set(before)) > 1
+
+
+def test_measure_interleaved_runs_each_figure_in_its_rounds_order(monkeypatch):
+    """The sequence measure_interleaved actually runs (figure k of round r on each server, in order) is
+    sample_orders' orders[r][k]: the samplers and the rest wait replaced by recorders, no server behind the urls."""
+    import asyncio
+
+    from hintkv.bench import engine_measure
+    from hintkv.bench.engine_measure import Workload, measure_interleaved, sample_orders
+
+    ran: list[tuple[int, str]] = []
+
+    def recorder(k):
+        async def sample(url, model, prompts, w):
+            ran.append((k, url))
+            return {f"fig{k}": 1.0}
+        return sample
+
+    async def no_warm_up(url, model, prompts, w):
+        return None
+
+    async def at_rest(pgids, min_s, max_s):
+        return 0.0, True
+
+    monkeypatch.setattr(engine_measure, "samplers", lambda w: [recorder(k) for k in range(5)])
+    monkeypatch.setattr(engine_measure, "warm_up", no_warm_up)
+    monkeypatch.setattr(engine_measure, "wait_idle", at_rest)
+    names = ["hintkv", "w8a8", "vllm"]
+    w = Workload.for_run(True)
+    asyncio.run(measure_interleaved({n: n for n in names}, "dummy:tiny", None, w))
+    want = [(k, name) for r in range(w.repeats) for k in range(5) for name in sample_orders(names, w.repeats, 5)[r][k]]
+    assert ran == want and len(ran) == w.repeats * 5 * 3
 
 
 def test_a_round_without_an_engine_ttft_keeps_the_others_paired_with_their_own_round():
