@@ -23,7 +23,8 @@ A step whose sequences all take attention's direct path (decodes; a sequence's r
 W8A8 (its int8 linears through int8_cpu's build, `int8_cpu.team_address()`), can run as one OpenMP team
 (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at each phase's end) instead of a
 region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping worker). Same bits. It is opt-in
-(HINTKV_DECODE_TEAM=1, or =auto: chosen per decode step from measured step times, `team_choice.py`; decided in
+(HINTKV_DECODE_TEAM=1, or =auto: the regions while the engine thread waits for a CPU, else the team unless measured
+step times say otherwise, `team_choice.py`; decided in
 `DecodeLayers.__init__` alone): served, dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth
 session), on free cores (SCHED_FIFO) it wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's
 ordinary load (8-12 runnable on 2 cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per

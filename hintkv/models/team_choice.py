@@ -46,6 +46,10 @@ class RunqueueWait:
         self._last: tuple[int, int] | None = None
         self._missing = False
 
+    def __del__(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+
     def __call__(self) -> float | None:
         if self._missing:
             return None
