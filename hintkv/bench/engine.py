@@ -66,6 +66,7 @@ from hintkv.bench.engine_report import (
     with_gemm_path,
 )
 from hintkv.bench.engine_servers import (
+    TEAM_VARIANTS,
     VARIANTS,
     hintkv_spec,
     server_threads,
@@ -140,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown --variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
-    if {"team", "team-auto"} & set(variants) and (args.dtype, args.device) != ("float32", "cpu"):
-        raise SystemExit("--variants team / team-auto compare the CPU decode team, which runs float32 and w8a8 "
-                         f"steps on --device cpu only (got --dtype {args.dtype} --device {args.device})")
+    if set(TEAM_VARIANTS) & set(variants) and (args.dtype, args.device) != ("float32", "cpu"):
+        raise SystemExit(f"--variants {' / '.join(TEAM_VARIANTS)} compare the CPU decode team, which runs float32 and "
+                         f"w8a8 steps on --device cpu only (got --dtype {args.dtype} --device {args.device})")
     results: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     variant_rows: list[dict[str, Any]] = []

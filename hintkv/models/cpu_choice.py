@@ -5,7 +5,7 @@
 
 The `auto` decisions are pure functions of the cpuinfo text (and torch's vector capability), so tests run
 them on fixed snippets of other CPUs; the readers below feed them this machine's. `env_choice` is also the one
-parser of HINTKV_DECODE_TEAM=0|1|auto (unset: 0; its `auto` is decided from step times, `team_choice.py`).
+parser of HINTKV_DECODE_TEAM=0|1|auto (unset: auto, decided step by step in `team_choice.py`).
 """
 
 from __future__ import annotations

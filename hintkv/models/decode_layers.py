@@ -22,10 +22,12 @@ int8_cpu's own build, by address), so a kernel fix lands in both paths.
 A step whose sequences all take attention's direct path (decodes; a sequence's rows x GQA group <= 16), float32 or
 W8A8 (its int8 linears through int8_cpu's build, `int8_cpu.team_address()`), can run as one OpenMP team
 (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at each phase's end) instead of a
-region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping worker). Same bits. It is opt-in
-(HINTKV_DECODE_TEAM=1, or =auto: the regions while the engine thread waits for a CPU, else the team unless measured
-step times say otherwise, `team_choice.py`; decided in
-`DecodeLayers.__init__` alone): served, dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth
+region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping worker). Same bits. Which one runs is
+HINTKV_DECODE_TEAM (decided in `DecodeLayers.__init__` alone): unset or auto (the default since the twenty-first
+session) the regions while the engine thread waits for a CPU, else the team unless measured step times say otherwise
+(`team_choice.py`); 1 the team, 0 the regions. Auto against the regions, served side by side (twenty-first session,
+dummy:tiny, 2 threads): SCHED_FIFO b8 1.19x / 1.04x, b1 1.10x / 1.10x; SCHED_OTHER at load 5-8 b8 0.97x / 1.02x, b1
+1.46x / 1.05x. The team alone: served, dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth
 session), on free cores (SCHED_FIFO) it wins (b8 454 -> 544 tok/s, b1 100 -> 112), but under the shared machine's
 ordinary load (8-12 runnable on 2 cores) it loses by half (b8 253 -> 126, b1 61 -> 28) though it uses less CPU per
 token (3.47 vs 3.90 ms). The likely cause (not verified): every phase's end needs both threads on a CPU at once, and
@@ -141,9 +143,9 @@ class DecodeLayers:
         self.fine_rows = int8.fine_int8_rows() if self.int8 else 0  # as W8A8FineKernel's own choice
         self._stamp: tuple | None = None
         self._ops = None
-        # the one place that decides a decode step's threading: HINTKV_DECODE_TEAM=1 the team, auto: chosen from
-        # measured step times (team_choice.py), else the regions; int8 linears only where int8_cpu has the team loop
-        mode = env_choice("HINTKV_DECODE_TEAM", ("0", "1"), default="0")  # unset: 0; an unknown value raises
+        # the one place that decides a decode step's threading: HINTKV_DECODE_TEAM=1 the team, 0 the regions, unset or
+        # auto: chosen step by step (team_choice.py); int8 linears only where int8_cpu has the team loop
+        mode = env_choice("HINTKV_DECODE_TEAM", ("0", "1"), default="auto")  # unset: auto; an unknown value raises
         can_team = not self.int8 or self.int8_team != 0
         self.team = can_team and mode == "1"
         # auto: the team unless the engine thread waits for a CPU (the regions then), and the timing probes between

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hintkv.bench.engine_accuracy import KV_FORMATS, kv_quant_rows
 from hintkv.bench.engine_measure import Workload
 from hintkv.bench.engine_report import compute_goals, with_gemm_path
@@ -189,10 +191,12 @@ def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_al
 
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "1")
     w = Workload.for_run(True)
-    args = argparse.Namespace(dtype="float32", device="cpu", variants="w8a8,team,team-auto")
-    plain, team, auto, w8a8 = (hintkv_spec("dummy:tiny", args, w, v) for v in (None, "team", "team-auto", "w8a8"))
-    assert "HINTKV_DECODE_TEAM" not in plain.environ() and "HINTKV_DECODE_TEAM" not in w8a8.environ()
+    args = argparse.Namespace(dtype="float32", device="cpu", variants="w8a8,team,team-auto,regions")
+    plain, team, auto, w8a8, regions = (hintkv_spec("dummy:tiny", args, w, v)
+                                        for v in (None, "team", "team-auto", "w8a8", "regions"))
+    assert "HINTKV_DECODE_TEAM" not in plain.environ() and "HINTKV_DECODE_TEAM" not in w8a8.environ()  # the default
     assert team.environ()["HINTKV_DECODE_TEAM"] == "1" and auto.environ()["HINTKV_DECODE_TEAM"] == "auto"
+    assert regions.environ()["HINTKV_DECODE_TEAM"] == "0"
     alone = hintkv_spec("dummy:tiny", argparse.Namespace(dtype="float32", device="cpu", variants="w8a8"), w)
     assert alone.environ()["HINTKV_DECODE_TEAM"] == "1"  # no team variant: the caller's setting reaches them all
     assert team.env["HINTKV_DECODE_TEAM"] == "1" and auto.env["HINTKV_DECODE_TEAM"] == "auto"
@@ -214,3 +218,14 @@ def test_the_keeper_variant_differs_from_plain_hintkv_by_the_keeper_switch_alone
     assert "HINTKV_CPU_KEEPER" not in plain.environ() and "HINTKV_CPU_KEEPER" not in team.environ()
     assert team.environ()["HINTKV_DECODE_TEAM"] == "1"
     assert keeper.argv == plain.argv
+
+
+@pytest.mark.parametrize("variant", ["team", "team-auto", "regions"])
+@pytest.mark.parametrize("setting", [["--dtype", "bfloat16"], ["--device", "cuda"]])
+def test_the_decode_threading_variants_are_refused_off_float32_cpu(variant, setting):
+    """The team runs float32 and w8a8 decode steps on the CPU only: a team variant elsewhere would read ~1.0 by
+    construction, so bench engine refuses it before starting anything (review_eng21 finding 5)."""
+    from hintkv.bench.engine import main
+
+    with pytest.raises(SystemExit, match="compare the CPU decode team"):
+        main(["--quick", "--no-vllm", "--no-spec", "--variants", variant, *setting])

@@ -180,10 +180,13 @@ def _team_bit_for_bit(model, threads, q_lens, ctx):
     assert spy.calls == [("decode_team", True)] * 3  # the team served every step: no per-kernel call
 
 
-def test_the_team_is_opt_in_and_leaves_other_steps_to_the_per_kernel_regions(monkeypatch):
+def test_auto_is_the_default_0_the_regions_and_the_team_leaves_other_steps_to_them(monkeypatch):
     monkeypatch.delenv("HINTKV_DECODE_TEAM", raising=False)  # read when prepare builds the call
+    fused = _model(None, bias=False)._decode_layers
+    assert not fused.team and isinstance(fused.chooser, TeamChooser) and fused.chooser.team  # auto, from the team
+    monkeypatch.setenv("HINTKV_DECODE_TEAM", "0")
     model = _model(None, bias=False)
-    assert not model._decode_layers.team  # the default: a region per kernel
+    assert not model._decode_layers.team and model._decode_layers.chooser is None  # a region per kernel
     model._decode_layers._ops = spy = _OpsSpy(model._decode_layers._ops)
     got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1], [37, 12], seed=2)
     assert torch.equal(got[0], want[0]) and spy.calls == [("decode_layers", True)]

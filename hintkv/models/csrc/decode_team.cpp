@@ -1,6 +1,6 @@
 // Every decoder layer of a few-row decode step in ONE OpenMP region (decode_layers.py calls it when
-// HINTKV_DECODE_TEAM=1, or when =auto chooses it (team_choice.py): opt-in, as it wins on free cores and loses under a
-// shared machine's load; its docstring).
+// HINTKV_DECODE_TEAM=1, or when auto, the default, chooses it (team_choice.py): it wins on free cores and loses under
+// a shared machine's load; its docstring).
 //
 // decode_team(h, tensors, codes, cos, sin, kvs, slots, tables, qsl, ctx, scale, eps, hq, hkv, D, int8_team,
 //             fine_rows)
