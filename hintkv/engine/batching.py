@@ -126,7 +126,8 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
     for seq in policy.order(sch.waiting, sch.kv):
         if budget <= 0 or len(sch.running) + len(sch.loading) >= sch.max_num_seqs:
             return budget
-        alone = not sch.running and not out.scheduled and not sch.others_hold_blocks()
+        # (a running sequence refused this step as larger than the pool still holds its blocks: not alone)
+        alone = not sch.running and not out.scheduled and not out.out_of_room and not sch.others_hold_blocks()
         match = sch.kv.match_prefix(seq, keep=True, lower=False)  # room reads the device run only
         fits = alone or policy.room(seq, match, sch.kv, plan)
         if fits:  # a candidate without room is skipped or stops admission: its plan is not needed

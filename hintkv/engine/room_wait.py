@@ -101,11 +101,14 @@ def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
 
 
 def note_left_queued(sch: Scheduler, seq: Sequence, now: float) -> None:
-    """`seq` leaves the queue without ever being admitted (aborted queued): SAM learns its own wait
-    (its arrival to now) as an admission would have told it, before its end is counted, so the end
-    does not fall back to the session's latest arrival. A preempted one told its wait at its first
-    admission."""
-    if seq.session_key is not None and sch.hints and not seq.num_preemptions:
+    """`seq` ends in WAITING status: if it was never admitted (aborted queued, or refused as larger
+    than the whole pool), SAM learns its own wait (its arrival to now) before its end is counted, so
+    the end does not fall back to the session's latest arrival. That wait is a lower bound (the
+    request would have waited at least that long): an admission would have told a longer one. A
+    sequence admitted before (preempted back to the queue, or a running one that outgrew the whole
+    pool, set WAITING in no queue) told its wait at its first admission: nothing again, or another
+    queued request of its session would lose its count."""
+    if seq.session_key is not None and sch.hints and not seq.admitted_once:
         sch.sam.sessions.on_admitted(seq.session_key, now, seq.arrival)
 
 
