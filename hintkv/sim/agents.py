@@ -43,6 +43,9 @@ class CallRecord:
     prompt_tokens: int
     ttft_s: float | None = None
     e2e_s: float | None = None
+    # the prompt tokens it found cached at its FIRST admission (device, plus a lower tier's run then
+    # loaded), as the server reports `cached_tokens`: not the tokens it did not compute (a preempted
+    # call recomputes them), so no bound reads it as the call's hits (sim.oracles' own hits do)
     cached_tokens: int = 0
     output_tokens: int = 0
     instance: int = 0  # which simulated instance served it (the router's placement)

@@ -185,6 +185,7 @@ def test_the_scheduler_tells_each_request_its_own_wait_and_an_abort_in_the_queue
         t += 1.0
     assert admitted["b"] > arrivals["c"]  # b was admitted after c arrived: the latest arrival is not b's
     assert list(sessions.wait.recent) == [admitted[r] - at for r, at in arrivals.items()]
+    t0 = t
     clock.run_until(t + 10.0)
     sch.add_request(_seq("x", "s", list(range(9000, 9016)), 50))  # runs: d queues behind it
     step(t + 10.0)
@@ -194,4 +195,11 @@ def test_the_scheduler_tells_each_request_its_own_wait_and_an_abort_in_the_queue
     clock.run_until(t + 13.0)
     before = len(sessions.wait.recent)
     assert sch.abort_request("d")
-    assert list(sessions.wait.recent)[before:] == [pytest.approx(3.0)]  # d's own: 10 -> 13 s (e's would be 1 s)
+    # d's own: 10 -> 13 s (without the scheduler's report nothing is learned at the abort, and x's end later falls
+    # back to the session's latest arrival, e's: 49 s; with the latest arrival in the report, 1 s)
+    assert list(sessions.wait.recent)[before:] == [pytest.approx(3.0)]
+    t = t0 + 13.0
+    while sch.has_work():  # to the end: x ends, e is admitted and tells its own wait, nothing else is learned
+        step(t)
+        t += 1.0
+    assert list(sessions.wait.recent)[before:] == [pytest.approx(3.0), pytest.approx(admitted["e"] - (t0 + 12.0))]
