@@ -2,9 +2,8 @@
 
 - `ServerProcess`: start a server subprocess on a free loopback port, wait for `/health`, stop it.
   `hintkv_server(...)` builds the `python -m hintkv serve ...` command for it.
-- `stream_completion` / `stream_batch`: an httpx streaming client for OpenAI `/v1/completions`
-  with token-id prompts, recording when each streamed chunk arrived (TTFT, inter-token times);
-  they live in `stream_client.py` and are re-exported here.
+- the streaming client (`stream_completion` / `stream_batch`, recording when each streamed chunk arrived) is
+  `stream_client.py`'s: import it from there.
 - `percentile`, `median`, `summarize`: plain-Python statistics (linear interpolation, numpy's
   default), so benchmark numbers do not depend on numpy being importable.
 - `print_table(rows, columns)`, `goal(...)`, `emit_json(obj)`: the output convention. A benchmark
@@ -14,7 +13,7 @@
   is a reduced run (under about 2 minutes) with fewer sizes and fewer repeats; both modes use the
   same code path.
 
-Example:
+Example (`stream_completion` from `hintkv.bench.stream_client`):
     with ServerProcess(hintkv_server("dummy:tiny")) as srv:
         t = asyncio.run(stream_completion(srv.base_url, "dummy:tiny", [1, 2, 3], max_tokens=8))
         print(t.ttft_s, t.decode_tok_per_s)
@@ -37,15 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import httpx
-
-from hintkv.bench.stream_client import (  # re-exported: the benchmarks import the client from here
-    MIN_WINDOW_SHARE,
-    CompletionTiming,
-    batch_decode_tok_per_s,
-    completion_body,
-    stream_batch,
-    stream_completion,
-)
 
 # ---------------------------------------------------------------- statistics
 

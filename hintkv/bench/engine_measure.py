@@ -16,7 +16,8 @@ server's process group must be at rest (`idle_wait.wait_idle`: at least `SWITCH_
 and at most 2 ticks of CPU over 0.2 s, at most `REST_MAX_S`; each server's longest wait and samples not at rest are in
 its figures): vLLM's worker spins for 1 s after its last request, which landed on the next server's sample.
 Whether the others stayed at rest DURING a sample is measured too: the most CPU the other servers'
-process groups used while one of a server's samples ran (`ServerFigures.others_cpu_max_s`).
+process groups used while one of a server's samples ran, in CPU s and as a share of one CPU over the sample
+(`ServerFigures.others_cpu_max_s`, `others_cpu_share_max`: the goals' `rest` takes the share, at most 0.1).
 
 - prefill tok/s at 512 / 2048 / 8192 prompt tokens (`max_tokens=1`; prompt tokens / TTFT)
 - decode tok/s at batch 1 and 8 (128-token prompts, `ignore_eos`, fixed `max_tokens`; batch 8 is
@@ -37,17 +38,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from hintkv.bench.common import (
-    CompletionTiming,
-    PromptFactory,
-    batch_decode_tok_per_s,
-    log,
-    median,
-    ratio,
-    stream_batch,
-    stream_completion,
-)
+from hintkv.bench.common import PromptFactory, log, median, ratio
 from hintkv.bench.idle_wait import group_cpu_s, wait_idle
+from hintkv.bench.stream_client import CompletionTiming, batch_decode_tok_per_s, stream_batch, stream_completion
 
 SWITCH_PAUSE_S = 0.3  # between two servers' samples: a peer's spinning OpenMP threads go to sleep
 REST_MAX_S = 3.0  # the longest wait for every server to come to rest (idle_wait.py)
@@ -109,7 +102,14 @@ class ServerFigures:
     rest_wait_max_s: float | None = None  # the longest wait for every server to rest before one of its samples
     samples_not_at_rest: int = 0  # its samples taken after `REST_MAX_S` with some server still busy
     others_cpu_max_s: float | None = None  # the most CPU s the other servers used during one of its samples
+    others_cpu_share_max: float | None = None  # the same as a share of one CPU over that sample's own length
     samples: dict[str, list[float | None]] = field(default_factory=dict)  # figure -> one value per round
+
+    def record_others(self, used_s: float, sample_s: float) -> None:
+        """The other servers used `used_s` CPU seconds during one of this server's samples, `sample_s` long."""
+        share = used_s / sample_s if sample_s > 0 else 0.0
+        self.others_cpu_max_s = max(used_s, self.others_cpu_max_s or 0.0)
+        self.others_cpu_share_max = max(share, self.others_cpu_share_max or 0.0)
 
     @property
     def cached_vs_cold(self) -> float | None:
@@ -272,14 +272,15 @@ async def measure_interleaved(servers: dict[str, str], model: str, prompts: Prom
                 f.rest_wait_max_s = max(waited, f.rest_wait_max_s or 0.0)
                 f.samples_not_at_rest += not idle
                 others = [g for n, g in (groups or {}).items() if n != name]
-                cpu0 = sum(group_cpu_s(g) for g in others)
+                cpu0, t0 = sum(group_cpu_s(g) for g in others), time.perf_counter()
                 try:
                     got = await sample(servers[name], model, prompts, w)
                 except Exception as exc:  # noqa: BLE001
                     figures[name].error = f"{type(exc).__name__}: {str(exc)[:2000]}"
                     continue
                 used = sum(group_cpu_s(g) for g in others) - cpu0
-                f.others_cpu_max_s, shared = max(used, f.others_cpu_max_s or 0.0), max(used, shared)
+                f.record_others(used, time.perf_counter() - t0)
+                shared = max(used, shared)
                 for key, value in got.items():
                     figures[name].samples.setdefault(key, []).append(value)
         log(f"  round {r + 1}/{w.repeats}: " + ", ".join(

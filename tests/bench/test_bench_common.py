@@ -9,11 +9,9 @@ import sys
 import pytest
 
 from hintkv.bench.common import (
-    CompletionTiming,
     PromptFactory,
     ServerProcess,
     ServerSpec,
-    batch_decode_tok_per_s,
     emit_json,
     format_table,
     goal,
@@ -24,6 +22,7 @@ from hintkv.bench.common import (
     ratio,
     summarize,
 )
+from hintkv.bench.stream_client import CompletionTiming, batch_decode_tok_per_s
 
 
 def test_percentile_interpolates_like_numpy_linear():

@@ -75,15 +75,23 @@ def test_the_comparison_goals_say_whether_every_sample_started_at_rest():
 
     rested, busy = ServerFigures(rest_wait_max_s=0.5), ServerFigures(rest_wait_max_s=3.1, samples_not_at_rest=2)
     # at rest before each sample, but a peer computed during one (review_engine20 finding 6): not at rest
-    shared = ServerFigures(rest_wait_max_s=0.5, others_cpu_max_s=0.4)
-    quiet = ServerFigures(rest_wait_max_s=0.5, others_cpu_max_s=0.04)
-    for peer, at_rest, during in ((rested, True, None), (busy, False, None), (shared, False, 0.4), (quiet, True, 0.04)):
+    # judged as a share of one CPU over the sample (review_eng21 finding 6): 0.1 CPU s over a 0.05 s cold TTFT is
+    # 2 CPUs' worth (not at rest), 0.2 CPU s over a 4 s prefill is 0.05 of a CPU (at rest)
+    shared, quiet = ServerFigures(rest_wait_max_s=0.5), ServerFigures(rest_wait_max_s=0.5)
+    shared.record_others(0.02, 4.0)
+    shared.record_others(0.1, 0.05)
+    quiet.record_others(0.2, 4.0)
+    quiet.record_others(0.001, 0.05)
+    assert (shared.others_cpu_share_max, shared.others_cpu_max_s) == (2.0, 0.1)
+    assert (quiet.others_cpu_share_max, quiet.others_cpu_max_s) == (0.05, 0.2)
+    for peer, at_rest, during in ((rested, True, None), (busy, False, None), (shared, False, 2.0), (quiet, True, 0.05)):
         results = {"m": {"ratios": {}, "hintkv": ServerFigures(), "vllm": peer,
                          "variants": {"w8a8": {"figures": ServerFigures(), "ratios": {}}}}}
         goals = compute_goals(results, Workload.for_run(True))
         keys = ("prefill_512_2048_vs_vllm", "decode_b1_b8_vs_vllm", "cold_128_ttft_vs_vllm", "w8a8_decode_vs_float32")
         assert [goals[k]["rest"] for k in keys] == [at_rest] * 4
-        assert [goals[k]["others_cpu_max_s"] for k in keys] == [during] * 4
+        assert [goals[k]["others_cpu_share_max"] for k in keys] == [during] * 4
+        assert goals[keys[0]]["others_cpu_rest_share"] == 0.1
     assert figures_json(busy)["samples_not_at_rest"] == 2 and figures_json(busy)["rest_wait_max_s"] == 3.1
 
 
@@ -150,7 +158,7 @@ def test_measure_interleaved_runs_each_figure_in_its_rounds_order(monkeypatch):
 def test_a_round_without_an_engine_ttft_keeps_the_others_paired_with_their_own_round():
     """A round whose last chunk carried no engine TTFT keeps its place (None), so the next rounds' client samples
     are not paired with an earlier round's engine sample (which gave 125 ms where every round gave 10)."""
-    from hintkv.bench.common import CompletionTiming
+    from hintkv.bench.stream_client import CompletionTiming
     from hintkv.bench.engine_measure import ServerFigures, _engine_ms
 
     with_it = CompletionTiming(prompt_tokens=128, sent_at=0.0, chunk_times=[0.06], num_tokens=1, total_s=0.06,
@@ -229,3 +237,16 @@ def test_the_decode_threading_variants_are_refused_off_float32_cpu(variant, sett
 
     with pytest.raises(SystemExit, match="compare the CPU decode team"):
         main(["--quick", "--no-vllm", "--no-spec", "--variants", variant, *setting])
+
+
+def test_a_server_without_engine_ttfts_keeps_no_null_engine_samples_in_the_json():
+    """vLLM reports no engine TTFT: its engine_ms_* samples are all None and the figures JSON leaves them out;
+    hintkv's, with a None for one round (a chunk without metrics), keep their place."""
+    from hintkv.bench.engine_measure import ServerFigures
+    from hintkv.bench.engine_report import figures_json
+
+    peer = ServerFigures(samples={"prefill_ms_512": [180.0, 170.0], "engine_ms_prefill_512": [None, None]})
+    ours = ServerFigures(samples={"prefill_ms_512": [150.0, 160.0], "engine_ms_prefill_512": [140.0, None]})
+    assert figures_json(peer)["samples"] == {"prefill_ms_512": [180.0, 170.0]}
+    assert figures_json(ours)["samples"]["engine_ms_prefill_512"] == [140.0, None]
+    assert peer.samples["engine_ms_prefill_512"] == [None, None]  # the figures themselves keep them (reports)

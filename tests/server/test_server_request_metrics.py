@@ -149,7 +149,7 @@ def test_bench_streaming_client_keeps_the_engine_ttft(live_server):
     lies inside the client's."""
     import asyncio
 
-    from hintkv.bench.common import stream_completion
+    from hintkv.bench.stream_client import stream_completion
 
     async def one():
         async with httpx.AsyncClient(headers=live_server.headers, timeout=120) as client:
