@@ -119,5 +119,10 @@ def _mapped_openmp_runtime() -> ctypes.CDLL | None:
         return None
     import torch
 
-    lib = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
-    return ctypes.CDLL(min(paths, key=lambda path: not path.startswith(lib)))
+    return ctypes.CDLL(pick_runtime(paths, os.path.realpath(os.path.dirname(torch.__file__))))
+
+
+def pick_runtime(paths: list[str], torch_dir: str) -> str:
+    """Of the mapped OpenMP runtimes' paths (sorted), torch's own copy (under `torch_dir`), else the first."""
+    lib = torch_dir.rstrip(os.sep) + os.sep
+    return min(sorted(paths), key=lambda path: not path.startswith(lib))

@@ -112,15 +112,21 @@ def test_a_second_libgomp_mapped_first_does_not_take_the_serial_threads_call(tmp
         import pytest
 
         pytest.skip("this torch keeps no libgomp.so.1 under torch/lib")
-    # the other copy must sort before torch's (the old pick took the first): tmp_path, or a "!" folder beside it
-    # (a venv under /tmp/ci sorts before /tmp/pytest-of-...)
-    bases = [tmp_path, tmp_path.parents[len(tmp_path.parents) - 2] / f"!hintkv-{tmp_path.name}"]
-    base = next((b for b in bases if str(b / "libgomp.so.1") < own), None)
-    if base is None:
+    # the other copy must sort before torch's (the old pick took the first): tmp_path, or a fresh "!" folder at its
+    # top (a venv under /tmp/ci sorts before /tmp/pytest-of-...); in other layouts the choice itself is tested
+    # without a filesystem (test_the_runtime_pick_takes_torchs_copy_wherever_it_sorts)
+    top = tmp_path.parents[len(tmp_path.parents) - 2]
+    if str(tmp_path / "libgomp.so.1") < own:
+        base = tmp_path
+    elif str(top / "!" / "libgomp.so.1") < own:
+        import tempfile
+        from pathlib import Path
+
+        base = Path(tempfile.mkdtemp(prefix="!hintkv-", dir=top))  # unique: concurrent sessions do not share it
+    else:
         import pytest
 
         pytest.skip(f"no writable folder sorts before {own}")
-    base.mkdir(exist_ok=True)
     other = base / "libgomp.so.1"
     other.write_bytes(open(own, "rb").read())
     code = f"""
@@ -146,3 +152,17 @@ print(*out, openmp_env._mapped_openmp_runtime()._name.startswith(os.path.dirname
             import shutil
 
             shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_runtime_pick_takes_torchs_copy_wherever_it_sorts():
+    """openmp_env.pick_runtime, the memory-map fallback's choice, on paths in every order (review_eng21 finding 4:
+    the subprocess test above skips in layouts where no writable folder sorts before torch's copy)."""
+    from hintkv.openmp_env import pick_runtime
+
+    torch_dir = "/opt/venv/lib/python3.12/site-packages/torch"
+    own = torch_dir + "/lib/libgomp.so.1"
+    for other in ("/home/runner/x/libgomp.so.1", "/usr/lib/x86_64-linux-gnu/libgomp.so.1", "/zz/libgomp.so.1"):
+        assert pick_runtime([other, own], torch_dir) == own
+        assert pick_runtime([own, other], torch_dir + "/") == own
+    assert pick_runtime(["/b/libgomp.so.1", "/a/libgomp.so.1"], torch_dir) == "/a/libgomp.so.1"  # no torch copy
+    assert pick_runtime([torch_dir + "2/lib/libgomp.so.1", own], torch_dir) == own  # a sibling folder is not torch
