@@ -69,6 +69,7 @@ from hintkv.bench.engine_servers import (
     TEAM_VARIANTS,
     VARIANTS,
     hintkv_spec,
+    server_switches,
     server_threads,
     start_all,
     vllm_spec,
@@ -115,6 +116,8 @@ def measure_model(model: str, args: argparse.Namespace, w: Workload, variants: l
         figures = asyncio.run(measure_interleaved({n: p.base_url for n, p in up.items()}, model, prompts, w, groups))
         for name, proc in up.items():
             figures[name].startup_s = proc.startup_s
+            if name != "vllm":
+                figures[name].switches = server_switches(specs[name])
     figures.update({name: ServerFigures(error=err) for name, err in errors.items()})
     return figures
 

@@ -104,6 +104,8 @@ class ServerFigures:
     others_cpu_max_s: float | None = None  # the most CPU s the other servers used during one of its samples
     others_cpu_share_max: float | None = None  # the same as a share of one CPU over that sample's own length
     samples: dict[str, list[float | None]] = field(default_factory=dict)  # figure -> one value per round
+    # hintkv's environment switches this server ran with (engine_servers.server_switches; None: unset, the default)
+    switches: dict[str, str | None] = field(default_factory=dict)
 
     def record_others(self, used_s: float, sample_s: float) -> None:
         """The other servers used `used_s` CPU seconds during one of this server's samples, `sample_s` long."""

@@ -43,6 +43,16 @@ VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE
                "regions": {"HINTKV_DECODE_TEAM": "0"}, "keeper": {"HINTKV_CPU_KEEPER": "1"}}
 TEAM_VARIANTS = [v for v, env in VARIANT_ENV.items() if "HINTKV_DECODE_TEAM" in env]  # float32 / w8a8 on CPU only
 
+SWITCHES = sorted({name for env in VARIANT_ENV.values() for name in env})
+
+
+def server_switches(spec: ServerSpec) -> dict[str, str | None]:
+    """The variant switches (`SWITCHES`) a hintkv server gets, as it gets them (None: unset, the default), for its
+    figures: a run where the caller exported HINTKV_DECODE_TEAM=1 without a team variant (every server then runs the
+    team) must not read like a default run (review_engine20 finding 3, review_eng21 finding 5)."""
+    env = spec.environ()
+    return {name: env.get(name) for name in SWITCHES}
+
 
 def peer_hf_config(model: str) -> dict[str, Any]:
     """The Hugging Face config of `model`'s shape, for vLLM's dummy weights."""

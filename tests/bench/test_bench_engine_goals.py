@@ -195,7 +195,7 @@ def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_al
     variant plain hintkv and w8a8 run without the team (team against team would read ~1.0 by construction)."""
     import argparse
 
-    from hintkv.bench.engine_servers import hintkv_spec
+    from hintkv.bench.engine_servers import hintkv_spec, server_switches
 
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "1")
     w = Workload.for_run(True)
@@ -209,6 +209,11 @@ def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_al
     assert alone.environ()["HINTKV_DECODE_TEAM"] == "1"  # no team variant: the caller's setting reaches them all
     assert team.env["HINTKV_DECODE_TEAM"] == "1" and auto.env["HINTKV_DECODE_TEAM"] == "auto"
     assert team.argv == auto.argv == plain.argv
+    # what each server's figures record: the switches as it got them (None: unset, the default)
+    assert server_switches(plain)["HINTKV_DECODE_TEAM"] is None
+    assert server_switches(regions)["HINTKV_DECODE_TEAM"] == "0"
+    assert server_switches(alone)["HINTKV_DECODE_TEAM"] == "1"  # the caller's export, recorded, not read as default
+    assert set(server_switches(plain)) == {"HINTKV_CPU_KEEPER", "HINTKV_DECODE_TEAM"}
 
 
 def test_the_keeper_variant_differs_from_plain_hintkv_by_the_keeper_switch_alone(monkeypatch):
