@@ -7,7 +7,8 @@ What it decides and starts, all on the engine thread under its state lock:
         contract); `flush_write_downs()` gathers the ones the stack lacks and stores them. The
         engine calls it after scheduling and before the forward pass (which may overwrite the
         reused blocks), so `allocate` under the state lock never copies; any device write of
-        ours (landing a load) flushes first. `offload(hashes)` writes a session's device blocks
+        ours (landing a load) flushes first, and so does any look below (`plan`, a prefetch's:
+        a block evicted in this pass is in the top tier for it, `cache.tier_loads`). `offload(hashes)` writes a session's device blocks
         down now; `poll()` drops their device copies once they landed.
   up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
         cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads

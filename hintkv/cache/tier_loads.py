@@ -10,7 +10,15 @@ A load only ever fills a staging buffer it owns, so a late or abandoned one cann
 device cache; the device write happens on the engine thread, after queued write-downs are
 flushed (`_land`). The mixin uses the connector's `pool`, `stack`, `io`, `costs`, `counters`,
 `clock`, `layout`, `host_mode`, `pool_tier`, `spm`, `protected_class`, `keep`, `_loads`,
-`_prefetches`, `_fetching`, `_lost`, `_staging` and `flush_write_downs`.
+`_prefetches`, `_fetching`, `_lost`, `_staging`, `flush_write_downs` and `num_write_downs_queued`.
+
+Every look below first flushes the write-downs queued since the last flush (`_see_evicted`): a
+block the device evicted earlier in the same `schedule()` pass is otherwise in no tier until the
+engine's flush after it, so a plan there missed the whole run behind it (the device kept the
+blocks before it). Under `--offload-mode deferred` an offloaded session's blocks go down only
+at that eviction: a 236K-token call's host run read as none, its SRPT key (kept 8 steps) put it
+behind a 6.5K-token one, and the 100-user simulation paid +1.37% mean TTFT over lazy, which had
+written them at the hint (docs/benchmarks/history/sim.md, twenty-first session, scale6).
 
 A request whose next blocks a prefetch is bringing up takes that transfer over as its own load
 (`adopt`: the prefetch's blocks, staging and future become part of the request's load, no second
@@ -73,8 +81,16 @@ class PendingLoad:
 class TierLoads:
     """Loads and prefetches (see the module docstring); mixed into `TierConnector`."""
 
+    def _see_evicted(self) -> None:
+        """Blocks evicted since the last flush are in the top tier for the look that follows (the
+        module doc): the gather the engine would run after `schedule()`, run now, under the state
+        lock, only when something was queued in this pass and a look below follows."""
+        if self.num_write_downs_queued:
+            self.flush_write_downs()
+
     def plan(self, hashes: list[BlockHash]) -> list[str]:
         """Tiers of the leading run of `hashes` held below and worth loading (may be empty)."""
+        self._see_evicted()
         run = self.stack.lookup_run(hashes)
         # worth_loading per tier, not per block: a waiting prompt's thousands-of-blocks host run
         # is re-planned every step it waits (40% of a 100-user simulation, py-spy)
@@ -202,6 +218,7 @@ class TierLoads:
             cls = None
         room = self.room_below_protected(min(own, default=cls))
         todo = todo[:room]
+        self._see_evicted()
         return self._prefetch_run(todo, self.stack.lookup_run(todo)), len(found) - missing
 
     def prefetch_counted(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
@@ -209,6 +226,7 @@ class TierLoads:
         before the prefetch): (scheduled, on device, below), from ONE walk of the session's
         blocks per index (SAM's prefetch hint walked them twice)."""
         lower = list(compress(hashes, map(not_, self.pool.lookup_many(hashes))))  # (C)
+        self._see_evicted()
         where = self.stack.lookup(lower)
         below = len(lower) - where.count(None)
         in_flight = self._fetching
