@@ -18,8 +18,9 @@ leave a few percent to serving), not that no policy could meet it on other arriv
 
 The TTFT goal vs lru+host also carries `bound` (`ttft_bound`): the target as a mean TTFT, the
 contended bound at compulsory misses on the hinted run's arrivals next to it (the figure `reachable`
-reads), whether the target is within it, and the SRPT mean over each call's prefill alone (`alone_srpt_ttft_s`, not a bound:
-`sim.contended`) with whether the target is within that.
+reads), whether the target is within it, and the SRPT mean over each call's prefill alone at the
+oracle's hits (`alone_srpt_ttft_s`, not a bound, and on other hits than the bound's: `sim.contended`)
+with whether the target is within that.
 """
 
 from __future__ import annotations
@@ -51,16 +52,18 @@ def ttft_bound(base_ttft: float | None, target: float, bounds: dict) -> dict | N
     """The TTFT goal's `bound` (module doc); None without lru+host's TTFT or the contended bound.
     At the hinted run's arrivals: the agents are closed-loop, another schedule sends at other times.
     The bound is the contended one at compulsory misses, the figure the goal's `reachable` reads (at the
-    oracle's hits it bounds only the policies that reach those hits call by call), so the two never
-    disagree; its reduction is the goal's `ceiling_contended_compulsory`."""
+    oracle's hits it bounds only the policies that reach those hits call by call); its reduction is the
+    goal's `ceiling_contended_compulsory`, and `target_within` is `goal_at_least`'s own test of it (a
+    reduction against the target), so the two never disagree, at the boundary too (`need >= lower`
+    differed from it in rounding: review_sim21 finding 4). `alone_srpt_ttft_s` is at the oracle's hits."""
     lower, alone = bounds.get("contended_compulsory_s"), bounds.get("alone_srpt_s")
     if base_ttft is None or lower is None:
         return None
-    need = base_ttft * (1 - target)
-    return {"arrivals": bounds.get("contended_run"), "target_ttft_s": need,
-            "ttft_s": lower, "target_within": need >= lower,
-            "alone_srpt_ttft_s": alone, "alone_srpt_reduction": _reduction(base_ttft, alone),
-            "target_within_alone_srpt": None if alone is None else need >= alone}
+    alone_reduction = _reduction(base_ttft, alone)
+    return {"arrivals": bounds.get("contended_run"), "target_ttft_s": base_ttft * (1 - target),
+            "ttft_s": lower, "target_within": goal_at_least(target, _reduction(base_ttft, lower))["met"],
+            "alone_srpt_ttft_s": alone, "alone_srpt_reduction": alone_reduction,
+            "target_within_alone_srpt": None if alone is None else goal_at_least(target, alone_reduction)["met"]}
 
 
 def goals(results: dict[str, SimResult], oracles: dict[str, float], users: int,

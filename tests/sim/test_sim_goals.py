@@ -66,3 +66,17 @@ def test_the_ttft_goal_carries_its_bound_as_a_mean_ttft(runs):
     ttft = goals(runs, {}, users=1, ttft_bounds=bounds)["ttft_reduction_vs_lru_host"]
     assert ttft["bound"]["target_within"] is False and ttft["reachable"] is False
     assert goals(runs, {}, users=1, ttft_bounds={"bound_s": 0.5})["ttft_reduction_vs_lru_host"]["bound"] is None
+
+
+def test_the_bound_and_the_verdict_agree_at_the_boundary():
+    """review_sim21 finding 4: `target_within` was `base * 0.7 >= lower` and `reachable` `1 - lower / base >=
+    0.3`; with the bound exactly at the target they disagreed in rounding (this base: True against False). One
+    test now."""
+    base = 15.269373640913043
+    runs = {"lru+host": _run("lru+host", base, 100.0, 50),
+            "sam+hints+host": _run("sam+hints+host", 0.8 * base, 99.0, 60)}
+    for lower in (base * (1 - 0.3), 0.7 * base, base - 0.3 * base):
+        bounds = {"contended_run": "sam+hints+host", "contended_compulsory_s": lower, "alone_srpt_s": lower}
+        ttft = goals(runs, {}, users=1, ttft_bounds=bounds)["ttft_reduction_vs_lru_host"]
+        assert ttft["bound"]["target_within"] is ttft["reachable"], lower
+        assert ttft["bound"]["target_within_alone_srpt"] is ttft["reachable"], lower

@@ -130,7 +130,7 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     assert tb["arrivals"] == "sam+hints+host" and tb["ttft_s"] == bounds["contended_compulsory_s"]
     assert tb["target_within"] is ttft["reachable"]
     assert tb["target_ttft_s"] == pytest.approx(0.7 * last["results"]["lru+host"]["ttft_mean_s"])
-    assert tb["target_within"] is (tb["target_ttft_s"] >= tb["ttft_s"]) and tb["ttft_s"] <= tb["alone_srpt_ttft_s"]
+    assert tb["ttft_s"] <= tb["alone_srpt_ttft_s"]
     assert all(r["ttft_mean_s"] >= bounds["compulsory_s"] - 1e-9 for r in last["results"].values() if "ttft_mean_s" in r)
     for row in last["ttft_alone"]:  # the split sums to the mean TTFT
         parts = row["alone_s"] + row["beside_s"] + row["queue_s"] + row["load_s"] + row["blocked_s"]
