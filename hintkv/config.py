@@ -106,10 +106,12 @@ class EngineConfig:
         "thirteenth session): cache/resume_prefetch.py"
     )
     offload_mode: str = _opt(
-        "lazy", "what an offload hint does once the blocks are written down: lazy (keep the device "
-        "copy as a cached block that is evicted with no write when room is needed) | eager (drop "
-        "the device copy at once) | deferred (write nothing at the hint: the session is demoted, and its "
-        "blocks are written down if the device evicts them)"
+        "deferred", "what an offload hint does: deferred (write nothing at the hint: the session is demoted, "
+        "and its blocks are written down if the device evicts them; the default since the twenty-first "
+        "session: the simulator's 100 and 1000 users give lazy's mean TTFT at 252 GB and 3,772 GB peak host "
+        "against 916 and 7,989: docs/benchmarks/history/sim.md, twenty-first session, scale6) | lazy (write "
+        "the blocks down at once and keep the device copy as a cached block that is evicted with no write "
+        "when room is needed) | eager (write them down and drop the device copy once written)"
     )
     host_mode: str = _opt(
         "inclusive", "where a block read back into the device stays: inclusive (in the tiers below too) | "

@@ -58,6 +58,8 @@ from hintkv.bench.swarm_rounds import (
 from hintkv.bench.swarm_study import ADMISSION, bound_violations, captured, run_configs, size_workload
 from hintkv.bench.ttft_breakdown import BREAKDOWN_COLUMNS, breakdown_rows
 from hintkv.cache.policies import policy_names
+from hintkv.cache.types import OFFLOAD_MODES
+from hintkv.config import EngineConfig
 from hintkv.replay import OfflineConfig
 from hintkv.workload.live import LiveResult
 from hintkv.workload.program import Workload
@@ -119,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"live runs to do (comma-separated, of {[r[0] for r in LIVE]})")
     p.add_argument("--policy", default="sam", choices=policy_names(),
                    help="eviction policy of the hinted runs (the `sam` and `sam+host` rows)")
-    p.add_argument("--hinted-offload-mode", default="lazy", choices=("lazy", "eager", "deferred"),
-                   help="`hintkv serve --offload-mode` of the hinted host runs (sam+host; lru+host stays lazy)")
+    p.add_argument("--hinted-offload-mode", default=EngineConfig.__dataclass_fields__["offload_mode"].default,
+                   choices=OFFLOAD_MODES, help="`hintkv serve --offload-mode` of the hinted host runs (sam+host; "
+                   "default: the server's; lru+host sends no hints)")
     p.add_argument("--hinted-host-mode", default="inclusive", choices=("inclusive", "exclusive"),
                    help="`hintkv serve --host-mode` of the hinted host runs (lru+host stays inclusive)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `hintkv serve` argument (repeat)")

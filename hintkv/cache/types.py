@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 # it as a cached block; evicting it later writes nothing (the stack holds it), so the room is as
 # free as after a drop, and a resume before any pressure reloads nothing (measured in `hintkv sim`:
 # eager moved 4x the bytes and lost hit rate to lru + host at full scale). `eager`: drop at once.
-# `deferred`: write nothing at the hint; the session is only demoted (the policy ranks it low),
-# and its blocks are written down if and when the device evicts them (`TierConnector.on_device_evict`).
+# `deferred` (the default, `EngineConfig.offload_mode`): write nothing at the hint; the session is only
+# demoted (the policy ranks it low), and its blocks are written down if and when the device evicts them
+# (`TierConnector.on_device_evict`): the simulator's hinted runs give lazy's TTFT at a third of its peak
+# host bytes or less (docs/benchmarks/history/sim.md, twenty-first session, scale6).
 OFFLOAD_MODES = ("lazy", "eager", "deferred")
 # Where a block read back into the device stays: `inclusive`, in the tiers below too (a second
 # eviction writes nothing); `exclusive`, only on the device (its lower copies are removed, so the

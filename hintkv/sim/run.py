@@ -72,7 +72,8 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # instances, 7.3675 and 7.0432 at 1000 / 64; srpt on 8b58120 (before 8f3c93e's short_rest, which
 # srpt's `cap` reads too: not re-run), 2.7456 and 2.7393 at 100, 11.8865 and 11.3048 at 1000
 # (history/sim.md, nineteenth session, scale4). srpt-resume (opt-in; hinted 0.7981 at 10 users, room2) loses in
-# the cluster: hinted 2.78269 s at 100 users on 1167111, 7.19224 at 1000 on e6de0b6 (twentieth session, scale5).
+# the cluster: hinted 2.78269 s at 100 users on 1167111, 7.19224 at 1000 on e6de0b6 (twentieth session, scale5);
+# 7.17451 at 1000 on 02f484c, after cf8ca18 (+1.87% vs srpt-drain's 7.0432; twenty-first session, scale6).
 # --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduling-policy", default=SCHEDULING, choices=admission_names(),
                    help="the hinted configurations' scheduler (lru configurations keep fcfs = vLLM)")
     p.add_argument("--hinted-offload-mode", default=ENGINE_OFFLOAD_MODE, choices=OFFLOAD_MODES,
-                   help="`hintkv serve --offload-mode` of the hinted configurations (lazy: the server's default; "
-                        "deferred: write nothing at the hint, demote only)")
+                   help="`hintkv serve --offload-mode` of the hinted configurations (deferred: the server's "
+                        "default, write nothing at the hint, demote only; lazy: write at the hint, keep the copy)")
     p.add_argument("--load-timing", default=ENGINE_LOAD_TIMING, choices=load_timing_names(),
                    help="when a host hit computes (engine.load_timing), for every configuration")
     p.add_argument("--device-tokens", type=int, default=None)
@@ -297,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         within, within_alone = ("within" if tb[k] else "BEYOND" for k in ("target_within", "target_within_alone_srpt"))
         print(f"TTFT goal vs lru+host as a mean: {tb['target_ttft_s']:.4f} s; the bound above (compulsory misses) on "
               f"{tb['arrivals']}'s arrivals {tb['ttft_s']:.4f} s (target {within} it); SRPT over each call's "
-              f"prefill alone {tb['alone_srpt_ttft_s']:.4f} s (not a bound: batched prefills share a step's "
-              f"launch-bound cost; target {within_alone} it)")
+              f"prefill alone at the oracle's hits {tb['alone_srpt_ttft_s']:.4f} s (not a bound: batched prefills "
+              f"share a step's launch-bound cost; target {within_alone} it)")
     print("\nthe goals; ceiling: hit rate, the oracle's (best Belady over the runs' access orders) over "
           "lru's; task, zero serving time; TTFT, each call's own prefill alone at the oracle's hits "
           "(ceiling_compulsory: at compulsory misses; ceiling_contended[_compulsory]: the same hits with the "

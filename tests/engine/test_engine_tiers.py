@@ -128,7 +128,7 @@ def test_offload_then_prefetch_round_trips_exact_bytes(where, tmp_path):
 
 @pytest.mark.parametrize("where", ["host", "disk"])
 def test_lazy_offload_keeps_the_device_copy_and_evicts_it_without_a_write(where, tmp_path):
-    engine = tiny_engine(**_tier_config(where, tmp_path))  # offload_mode="lazy", the default
+    engine = tiny_engine(**_tier_config(where, tmp_path), offload_mode="lazy")  # (the default is deferred)
     engine.sam.predict_resume = False
     generate(engine, A, "a")
     held = engine.sessions.get("t", "a").held
