@@ -65,7 +65,7 @@ def test_reads_and_edits_during_a_same_step_load_wait_do_not_wait_for_it():
     session. Only then is the load let through: it lands in the step that started it, the
     request's token is A's greedy one and the engine's bookkeeping holds. With the wait under
     the lock the reads wait the whole limit."""
-    engine = tiny_engine(host_cache_memory="4MiB", load_timing="same-step")
+    engine = tiny_engine(host_cache_memory="4MiB", load_timing="same-step", offload_mode="lazy")  # writes at the hint
     want = _a_on_the_host(engine)
     got = {}
 
@@ -97,7 +97,7 @@ def test_a_prefetch_during_the_wait_that_takes_the_room_defers_the_landed_reques
     """A prefetch of another live session during the wait takes the device blocks the landed
     request's chunk needed: what runs after the wait re-checks its room, so the request lands
     (RUNNING) but is not computed in that step; it finishes in a later one with A's token."""
-    engine = tiny_engine(host_cache_memory="4MiB", load_timing="same-step")
+    engine = tiny_engine(host_cache_memory="4MiB", load_timing="same-step", offload_mode="lazy")  # writes at the hint
     want = _a_on_the_host(engine)
     got = {}
     outs = _during_a_held_load(engine, lambda: got.update(

@@ -19,7 +19,7 @@ PROMPTS = prompts(6, length=64, seed=7)
 def _server(disk: str, reuse: bool) -> ServerProcess:
     args = ["--api-key", API_KEY, "--dtype", "float32", "--device", "cpu", "--max-model-len", "256",
             "--kv-cache-tokens", "512", "--host-cache-memory", "256KiB", "--disk-cache-dir", disk,
-            "--disk-cache-size", "64MiB", "--log-level", "warning"]
+            "--disk-cache-size", "64MiB", "--log-level", "warning", "--offload-mode", "lazy"]  # written at the hint
     if reuse:
         args.append("--disk-cache-reuse")
     return ServerProcess(hintkv_server("dummy:tiny", name="crash", extra_args=args))

@@ -52,8 +52,8 @@ def test_host_tier_full_cascades_or_recomputes(tmp_path):
     with _serving() as (_, client):
         reference = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
     # the host holds 4 of the 24 offloaded blocks, the disk 8: most are evicted or dropped
-    with _serving(host_cache_memory="512KiB", disk_cache_dir=disk,
-                  disk_cache_size="1MiB") as (engine, client):
+    with _serving(host_cache_memory="512KiB", disk_cache_dir=disk, disk_cache_size="1MiB",
+                  offload_mode="lazy") as (engine, client):  # written down at the hint (the default defers)
         first = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
         _offload_all(engine, client)
         stats = engine.tier_stats()
