@@ -30,6 +30,7 @@ thread waited 0.6-0.8 of its run time at load 4-9; under SCHED_FIFO, none.
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from statistics import median
@@ -38,11 +39,14 @@ from statistics import median
 class RunqueueWait:
     """The share of the calling thread's time since the last call spent runnable but not running (waiting for a CPU),
     from /proc/thread-self/schedstat (run ns, wait ns); None on the first call, where the file is missing (not
-    Linux, no schedstats) or nothing ran. The file is opened on the first call, by the thread that calls it (the
-    engine thread, which runs the steps), not the one that built the model."""
+    Linux, no schedstats) or nothing ran. The file is the calling thread's (the engine thread, which runs the steps,
+    not the one that built the model): a call from another thread (a second engine sharing the model, a harness
+    stepping from a new thread) reopens it for that thread and starts over, so a thread that exited never leaves
+    the reading missing for good."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
+        self._thread: int | None = None  # threading.get_ident() of the thread whose file _fd is
         self._last: tuple[int, int] | None = None
         self._missing = False
 
@@ -53,9 +57,13 @@ class RunqueueWait:
     def __call__(self) -> float | None:
         if self._missing:
             return None
+        if self._thread != threading.get_ident() and self._fd is not None:  # another thread's file: start over
+            os.close(self._fd)
+            self._fd, self._last = None, None
         try:
             if self._fd is None:
                 self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+                self._thread = threading.get_ident()
             run, wait = (int(x) for x in os.pread(self._fd, 128, 0).split()[:2])
         except (OSError, ValueError):
             self._missing = True

@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -137,3 +138,19 @@ def test_runqueue_wait_reads_the_threads_wait_for_a_cpu():
         busy.kill()
         busy.wait()
         os.sched_setaffinity(0, saved)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="no per-thread schedstat")
+def test_runqueue_wait_follows_the_calling_thread():
+    """Read first from a thread that then exits, the reading goes on from the next caller's own file (review_auto21
+    finding 1: the exited thread's file failed every read and left the reading missing for good)."""
+    wait = RunqueueWait()
+    first = threading.Thread(target=lambda: (wait(), wait()))
+    first.start()
+    first.join()
+    assert wait() is None  # this thread's first reading: nothing to compare with yet
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() < deadline:
+        sum(range(1000))
+    share = wait()
+    assert share is not None and 0.0 <= share <= 1.0
