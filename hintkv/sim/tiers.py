@@ -6,7 +6,12 @@ payload, with the `VirtualMover` for time; with `pool`, the cluster's shared poo
 Blocks carry a 32-byte payload (uint8, one layer, one head of width 1) instead of the model's KV:
 the bookkeeping (what is stored, evicted, loaded, offloaded, prefetched; in which order) is the
 real code's, and every transfer takes the time of the profile's real block bytes. Byte figures
-the tiers report are in payload bytes; `real_bytes` converts them.
+the tiers report are in payload bytes; `real_bytes` converts them. The connector's own cost
+estimates (`TransferCosts`: a block's load time, read by SAM's prefetch lead, a kept prefix's
+lapse, the same-step wait limit, whether a load beats a recompute) price a block at the real bytes
+too: at the payload's they read a load as ~65,000x cheaper than the copies the mover times (a
+Llama-3-8B block of 64 tokens: 8 MiB, not 128 bytes), until enough loads were learned to pull
+the bandwidth estimate down to match; the host's and the pool's estimates start at the profile's links.
 """
 
 from __future__ import annotations
@@ -42,4 +47,12 @@ def sim_tiers(kv: KVCacheManager, hints: bool, host_blocks: int, clock: EventClo
     if pool is not None:
         tiers.append(pool.tier(io.layout, clock, mover))
     stack = TierStack(tiers, mover=mover)
-    return TierConnector(kv.pool, bs, stack, io, kv.ranking, hints, clock=clock, offload_mode=offload_mode)
+    conn = TierConnector(kv.pool, bs, stack, io, kv.ranking, hints, clock=clock, offload_mode=offload_mode)
+    # priced as the mover times them, from the profile's links (at an unknown tier's default, 1 GB/s,
+    # a pool load read dearer than a recompute at 16-token blocks: never tried, so never learned)
+    conn.costs.block_bytes = real_block_bytes(costs, bs)
+    links = costs.profile.links
+    conn.costs.bandwidth["host"] = links["host->device"].gbps * 1e9
+    if pool is not None and "pool->host" in links:
+        conn.costs.bandwidth[tiers[-1].name] = links["pool->host"].gbps * 1e9
+    return conn

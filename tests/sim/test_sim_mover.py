@@ -109,3 +109,22 @@ def test_wait_done_blocks_in_simulated_time(costs):
     assert not mover.wait_done(got, one / 2) and clock() == pytest.approx(t0 + one / 2)
     assert mover.wait_done(got, one) and clock() == pytest.approx(t0 + one)
     assert got.result() and torch.equal(dst, src)
+
+
+def test_the_sim_tiers_price_a_block_at_the_profiles_bytes(costs):
+    """SAM's prefetch lead, a kept prefix's lapse and the same-step wait read the connector's own
+    estimate of a block's load: in the simulator that is the profile's block bytes, as the mover
+    times it, not the 32-byte payload's (~65,000x cheaper until many loads were learned)."""
+    from hintkv.cache.tier_costs import DEFAULT_BANDWIDTH
+    from hintkv.config import EngineConfig
+    from hintkv.sim.engine import SimEngine
+
+    cfg = EngineConfig(model="sim", block_size=64, kv_cache_tokens=256 * 64, eviction_policy="sam", hints=True)
+    est = SimEngine(cfg, costs, EventClock(), 256, host_blocks=1024).scheduler.kv.tiers.costs
+    real = costs.profile.kv_bytes_per_token * 64
+    moved_s = _link_s(costs, "host", "device", 8 * real)  # what the mover takes for 8 blocks
+    assert est.load_s("host") == pytest.approx(real / (costs.profile.link("host", "device").gbps * 1e9))
+    assert moved_s / 8 <= 1.5 * est.load_s("host")  # before any load: the link's bytes (+ latency)
+    assert est.load_s("disk") == pytest.approx(real / DEFAULT_BANDWIDTH["disk"])  # never seen: the default
+    est.observe_load("host", 8, moved_s)
+    assert est.load_s("host") <= moved_s / 8  # one load learned: the same scale
