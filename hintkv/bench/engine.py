@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(TEAM_VARIANTS) & set(variants) and (args.dtype, args.device) != ("float32", "cpu"):
         raise SystemExit(f"--variants {' / '.join(TEAM_VARIANTS)} compare the CPU decode team, which runs float32 and "
                          f"w8a8 steps on --device cpu only (got --dtype {args.dtype} --device {args.device})")
+    if "keeper" in variants and args.device != "cpu":  # elsewhere its server would be plain hintkv under a variant's name
+        raise SystemExit(f"--variants keeper keeps a CPU engine's cores awake: --device cpu only (got {args.device})")
     results: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     variant_rows: list[dict[str, Any]] = []

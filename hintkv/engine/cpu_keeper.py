@@ -1,8 +1,9 @@
 """Keeping the engine's CPUs awake while a step runs (HINTKV_CPU_KEEPER=1, opt-in; off by default).
 
-    CpuKeeper.build(device_type) -> CpuKeeper | None   None: off (the default), not a CPU engine, or no extension
+    CpuKeeper.build(device_type, bound) -> CpuKeeper | None   None: off (the default), not a CPU engine, no
+                                                      extension, or a keeper that could not take SCHED_IDLE / its CPU
     keeper.step()                                     a context manager around one forward: spin during it and
-                                                      LINGER_S after it
+                                                      LINGER_S after the last holder's (engines of a process share)
 
 Why (twenty-first session, prefill7): this machine is a VM whose idle vCPU halts at once (the kernel's
 cpuidle-haltpoll with guest_halt_poll_ns=0: no polling), so waking a thread on a halted vCPU waits for the host
@@ -13,9 +14,10 @@ quiet box each start may wake a halted vCPU. Under load the vCPUs never halt (ha
 mode; on the quiet box of the twenty-first session's opening run its 512 prefill and b8 decode ran 1.5-1.7x slower
 in two rounds of three. A longer OpenMP spin keeps the worker awake but takes the CPU from every other process
 under load (GOMP_SPINCOUNT=100,000 read prefill 512 2.4x slower at load 7-10, openmp_env.py); a keeper thread at
-SCHED_IDLE spins instead, on each of the engine's CPUs, only while a step runs: any runnable thread of the machine
-preempts it at once (the woken worker too), so it takes only CPU time that would otherwise be idle. Opt-in until a
-quiet box shows it (`hintkv bench engine --variants keeper`).
+SCHED_IDLE spins instead, on each of the engine's CPUs, only while a step runs: a thread that wakes (the worker too)
+preempts it at once, and a thread that stays runnable cedes it only SCHED_IDLE's weight (3 against 1024: ~0.3% of a
+busy CPU, in slices of ~3 ms). Opt-in until a quiet box shows it (`hintkv bench engine --variants keeper`); served
+under load 6-22 its 512 TTFT read 1.65x plain's twice (docs/benchmarks/history/engine.md, prefill7's section).
 
 The keepers are started once per process (csrc/keeper.cpp): one per OpenMP thread of the engine, pinned one per CPU
 when the engine's CPUs are known (bound, or a process allowed exactly that many CPUs), else left to the OS.
@@ -29,10 +31,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from hintkv.models.cpu_choice import env_choice
-
 log = logging.getLogger(__name__)
 
+started = False  # this process's keeper set is running (one set a process: csrc/keeper.cpp)
 LINGER_S = 0.002  # spin this long after a step: the gap to the next step of a running batch (its schedule, update)
 
 
@@ -40,7 +41,16 @@ def _ops():
     from hintkv.models import cpu_ext
 
     source = (Path(__file__).parent.parent / "models" / "csrc" / "keeper.cpp").read_text()
-    return cpu_ext.load("hintkv_keeper", source, ["keeper_start", "keeper_hold", "keeper_stats"], ["-O2"])
+    return cpu_ext.load("hintkv_keeper", source, ["keeper_start", "keeper_enter", "keeper_leave", "keeper_stats"],
+                        ["-O2"])
+
+
+def wanted() -> bool:
+    """HINTKV_CPU_KEEPER: 1 on, 0 or unset off; anything else (auto too) is refused."""
+    value = os.environ.get("HINTKV_CPU_KEEPER", "").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"HINTKV_CPU_KEEPER must be 0 or 1, not {value!r}")
+    return value == "1"
 
 
 def keeper_cpus(threads: int, bound: list[int] | None = None) -> list[int]:
@@ -55,13 +65,16 @@ def keeper_cpus(threads: int, bound: list[int] | None = None) -> list[int]:
 class CpuKeeper:
     """Spins SCHED_IDLE threads on the engine's CPUs during each step (see the module docstring)."""
 
-    def __init__(self, ops, cpus: list[int]) -> None:
+    def __init__(self, ops, cpus: list[int], policy: int = os.SCHED_IDLE) -> None:
         self._ops = ops
-        self.tids = ops.keeper_start(cpus)
+        self.cpus = cpus
+        self.tids = ops.keeper_start(cpus, policy)  # raises when a keeper could not take the policy or its CPU
+        global started
+        started = True
 
     @classmethod
     def build(cls, device_type: str, bound: list[int] | None = None) -> CpuKeeper | None:
-        if env_choice("HINTKV_CPU_KEEPER", ("0", "1"), default="0") != "1" or device_type != "cpu":
+        if not wanted() or device_type != "cpu":
             return None
         ops = _ops()
         if ops is None:
@@ -69,19 +82,23 @@ class CpuKeeper:
             return None
         import torch
 
-        keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound))
-        log.info("CPU keepers (SCHED_IDLE) started: tids %s", keeper.tids)
+        try:
+            keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound))
+        except RuntimeError as e:  # its threads exited without spinning: never spin at a normal priority
+            log.warning("HINTKV_CPU_KEEPER=1: no keepers (%s); running without them", e)
+            return None
+        log.info("CPU keepers (SCHED_IDLE) started: tids %s on CPUs %s", keeper.tids, keeper.cpus)
         return keeper
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        self._ops.keeper_hold(-1)
+        self._ops.keeper_enter()
         try:
             yield
         finally:
-            self._ops.keeper_hold(int(LINGER_S * 1e9))
+            self._ops.keeper_leave(int(LINGER_S * 1e9))
 
-    def stats(self) -> tuple[int, int]:
-        """(spin rounds of 64 pauses, futex sleeps) of every keeper so far."""
-        spins, sleeps = self._ops.keeper_stats()
-        return spins, sleeps
+    def stats(self) -> tuple[int, int, int]:
+        """(spin rounds of 64 pauses, futex sleeps, steps holding them now) of every keeper so far."""
+        spins, sleeps, holders = self._ops.keeper_stats()
+        return spins, sleeps, holders

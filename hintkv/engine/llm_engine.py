@@ -31,7 +31,7 @@ from hintkv.cache.session_bounds import SessionBounds, SessionJanitor
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.config import DEFAULT_MODEL, EngineConfig, parse_bytes
 from hintkv.engine.cpu_keeper import CpuKeeper
-from hintkv.engine.cpu_threads import resolve as resolve_bind
+from hintkv.engine.cpu_threads import engine_cpus
 from hintkv.engine.model_runner import ModelRunner, kv_bytes_per_block
 from hintkv.engine.outputs import ModelRunnerOutput
 from hintkv.engine.scheduler import Scheduler
@@ -123,8 +123,7 @@ class LLMEngine:
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
         # HINTKV_CPU_KEEPER=1 (opt-in): idle-priority spinners keep the CPUs out of idle during a forward
-        self.keeper = CpuKeeper.build(self.device.type, resolve_bind(cfg.cpu_omp_threads_bind)
-                                      if self.device.type == "cpu" else None)
+        self.keeper = CpuKeeper.build(self.device.type, engine_cpus(cfg.cpu_omp_threads_bind, self.device.type))
         log.info("engine ready: model=%s device=%s dtype=%s kv=%s kv_blocks=%d (%d tokens)",
                  self.model_name, self.device, self._dtype_name, cfg.kv_cache_dtype, self.num_blocks,
                  self.num_kv_tokens)

@@ -255,3 +255,12 @@ def test_a_server_without_engine_ttfts_keeps_no_null_engine_samples_in_the_json(
     assert figures_json(peer)["samples"] == {"prefill_ms_512": [180.0, 170.0]}
     assert figures_json(ours)["samples"]["engine_ms_prefill_512"] == [140.0, None]
     assert peer.samples["engine_ms_prefill_512"] == [None, None]  # the figures themselves keep them (reports)
+
+
+def test_the_keeper_variant_is_refused_off_the_cpu():
+    """On a GPU the keeper is never built: its row would be plain hintkv under the variant's name (review_keeper21
+    finding 10)."""
+    from hintkv.bench.engine import main
+
+    with pytest.raises(SystemExit, match="--device cpu only"):
+        main(["--quick", "--no-vllm", "--no-spec", "--variants", "keeper", "--device", "cuda"])

@@ -1,5 +1,6 @@
-"""HINTKV_CPU_KEEPER (engine/cpu_keeper.py): idle-priority spinners that run only while a step runs, and an engine
-with them gives the same tokens."""
+"""HINTKV_CPU_KEEPER (engine/cpu_keeper.py): idle-priority spinners that run only while a step runs, one set a
+process held by a count of running steps, never spinning at a normal priority; an engine with them gives the same
+tokens and holds them across its forward."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def test_off_by_default_and_refuses_an_unknown_value(monkeypatch):
     assert CpuKeeper.build("cpu") is None
     monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
     assert CpuKeeper.build("cuda") is None  # CPU engines only
-    monkeypatch.setenv("HINTKV_CPU_KEEPER", "yes")
-    with pytest.raises(ValueError, match="HINTKV_CPU_KEEPER"):
-        CpuKeeper.build("cpu")
+    for bad in ("yes", "auto"):
+        monkeypatch.setenv("HINTKV_CPU_KEEPER", bad)
+        with pytest.raises(ValueError, match="HINTKV_CPU_KEEPER must be 0 or 1"):
+            CpuKeeper.build("cpu")
 
 
 def test_keepers_go_one_per_cpu_when_the_cpus_are_known():
@@ -44,22 +46,50 @@ def _wait(cond, timeout=20.0):  # a SCHED_IDLE keeper on a loaded box waits for 
 
 
 @needs_ext
-def test_keepers_are_idle_priority_and_spin_only_while_held(monkeypatch):
+def test_a_keeper_that_cannot_take_its_policy_never_spins_and_none_is_built(monkeypatch):
+    """A keeper whose policy switch fails must not spin at a normal priority (review_keeper21 finding 2: that
+    doubled a 512 prefill): its set exits, keeper_start raises, and build warns and returns None."""
+    if cpu_keeper.started:  # a running set is returned as it is (one a process): nothing new to start
+        pytest.skip("this process's keepers already run")
+    ops = cpu_keeper._ops()
+    with pytest.raises(RuntimeError, match="could not take its policy"):
+        CpuKeeper(ops, [-1], policy=12345)  # no such policy: EINVAL in every keeper thread
+    monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
+    monkeypatch.setattr(cpu_keeper.CpuKeeper.__init__, "__defaults__", (12345,))
+    assert CpuKeeper.build("cpu") is None
+
+
+@needs_ext
+def test_keepers_are_idle_priority_on_their_cpus_and_spin_only_while_held(monkeypatch):
     monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
     keeper = CpuKeeper.build("cpu")
-    assert keeper is not None and keeper.tids
-    for tid in keeper.tids:
+    assert keeper is not None and keeper.tids and len(keeper.tids) == len(keeper.cpus)
+    for tid, cpu in zip(keeper.tids, keeper.cpus):
         assert os.sched_getscheduler(tid) == os.SCHED_IDLE
-    _wait(lambda: keeper.stats()[1] >= len(keeper.tids))  # every keeper asleep on the futex at first
+        if cpu >= 0:
+            assert os.sched_getaffinity(tid) == {cpu}
+    n = len(keeper.tids)
+    _wait(lambda: keeper.stats()[2] == 0)
+    time.sleep(cpu_keeper.LINGER_S * 5)
+    sleeps = keeper.stats()[1]
     with keeper.step():
+        assert keeper.stats()[2] == 1
         spins = keeper.stats()[0]
         _wait(lambda: keeper.stats()[0] > spins)  # held: spinning
-    # LINGER_S after the step they sleep again: no spin counted over a later stretch
-    _wait(lambda: keeper.stats()[1] >= 2 * len(keeper.tids))
+        with keeper.step():  # a second engine of the process: leaving it does not end the first one's hold
+            pass
+        assert keeper.stats()[2] == 1
+        time.sleep(cpu_keeper.LINGER_S * 5)
+        spins = keeper.stats()[0]
+        _wait(lambda: keeper.stats()[0] > spins)
+    # LINGER_S after the last holder left they sleep again (each once more), then no spin over a later stretch
+    _wait(lambda: keeper.stats()[1] - sleeps >= n)
     spins = keeper.stats()[0]
     time.sleep(0.05)
     assert keeper.stats()[0] == spins
-    assert CpuKeeper.build("cpu").tids == keeper.tids  # started once per process
+    assert CpuKeeper.build("cpu").tids == keeper.tids  # one set a process
+    with pytest.raises(RuntimeError, match="other CPUs"):
+        CpuKeeper(cpu_keeper._ops(), keeper.cpus + [-1])
 
 
 def _greedy(engine: LLMEngine) -> list[int]:
@@ -73,7 +103,7 @@ def _greedy(engine: LLMEngine) -> list[int]:
 
 
 @needs_ext
-def test_an_engine_with_keepers_gives_the_same_tokens(monkeypatch):
+def test_an_engine_with_keepers_gives_the_same_tokens_and_holds_them_across_its_forward(monkeypatch):
     cfg = dict(model="dummy:tiny", dtype="float32", kv_cache_tokens=4096, max_model_len=1024)
     monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
     plain = LLMEngine(EngineConfig(**cfg))
@@ -81,6 +111,14 @@ def test_an_engine_with_keepers_gives_the_same_tokens(monkeypatch):
     monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
     kept = LLMEngine(EngineConfig(**cfg))
     assert kept.keeper is not None
-    spins = kept.keeper.stats()[0]
+    held: list[int] = []
+    run = kept.runner.run
+
+    def run_held(*args, **kwargs):  # the forward runs inside the hold, not after it
+        held.append(kept.keeper.stats()[2])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kept.runner, "run", run_held)
     assert _greedy(kept) == _greedy(plain)
-    assert kept.keeper.stats()[0] > spins  # its steps held the keepers
+    assert held and all(h >= 1 for h in held)
+    assert kept.keeper.stats()[2] == 0

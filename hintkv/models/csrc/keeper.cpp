@@ -1,15 +1,19 @@
 // Idle-priority spinners that keep the engine's CPUs out of the idle state while a step runs (engine/cpu_keeper.py
 // says when and why; built by cpu_ext.load).
 //
-// keeper_start(cpus) -> tids: one thread per entry (cpus[i] >= 0: pinned to that CPU, -1: left to the OS), each
-//   SCHED_IDLE, sleeping on a futex until keeper_hold() asks it to spin. Returns their Linux thread ids. Once per
-//   process (a second call returns the same threads).
-// keeper_hold(ns): spin until now + ns (monotonic clock; ns < 0: until the next hold); wakes sleeping keepers.
-// keeper_stats() -> [spin rounds, futex sleeps]: what the keepers did (tests).
+// keeper_start(cpus, policy) -> tids: one thread per entry (cpus[i] >= 0: pinned to that CPU, -1: left to the OS),
+//   each switched to `policy` (SCHED_IDLE; tests pass a bad one), sleeping on a futex until a step holds them.
+//   Returns their Linux thread ids. Once per process: a second call with the same CPUs returns the same threads,
+//   with others raises. If a thread cannot switch its policy or CPU, every thread of the set exits without spinning
+//   and the call raises (a later call may try again).
+// keeper_enter() / keeper_leave(linger_ns): a step holds the keepers between the two (holders counted: engines of
+//   one process share the set); when the last holder leaves they spin linger_ns more, then sleep.
+// keeper_stats() -> [spin rounds, futex sleeps, holders]: what the keepers did (tests).
 //
-// A keeper never holds a lock and touches no tensor: it spins on `pause` while the deadline lies ahead, checking
-// the clock every 64 pauses, then sleeps on the futex word that hold() bumps. SCHED_IDLE: any other runnable
-// thread of the machine preempts it at once, so it runs only on a CPU that would otherwise idle.
+// A keeper never holds a lock and touches no tensor: it spins while the deadline lies ahead, checking the clock every
+// 64 pauses, then sleeps on the futex word every enter() bumps. SCHED_IDLE has weight 3 against a normal thread's
+// 1024: a thread that wakes preempts it at once, and a thread that stays runnable still cedes it ~0.3% of the CPU
+// (slices of ~3 ms, review_keeper21 finding 4).
 #include <torch/extension.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -17,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <atomic>
+#include <mutex>
 #include <cerrno>
 #include <climits>
 #include <thread>
@@ -25,14 +30,19 @@
 namespace {
 
 struct Keeper {
+    std::mutex lock;                  // enter / leave: holders and the deadline change together
+    int32_t holders = 0;
     std::atomic<int64_t> until{0};    // CLOCK_MONOTONIC ns to spin until
-    std::atomic<int32_t> word{0};     // futex word: bumped by every hold()
+    std::atomic<int32_t> word{0};     // futex word: bumped by every enter()
     std::atomic<int32_t> sleepers{0};
     std::atomic<int64_t> spins{0}, sleeps{0};
-    std::vector<int64_t> tids;
+    std::atomic<int32_t> ready{0};    // threads past their set-up
+    std::atomic<bool> failed{false};  // a set-up failed: every thread of the set exits
+    std::vector<int64_t> cpus, tids;  // sized before any thread starts: threads write their own slot
+    std::vector<int> errs;
 };
 
-Keeper* keeper = nullptr;  // started once, never stopped: its threads sleep on the futex while not needed
+Keeper* keeper = nullptr;  // the started set, never stopped: its threads sleep on the futex while not needed
 
 int64_t now_ns() {
     timespec t;
@@ -40,26 +50,34 @@ int64_t now_ns() {
     return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
-void run(Keeper* k, int64_t cpu, std::atomic<int64_t>* tid_out) {
+void wake_all(Keeper* k) {
+    k->word.fetch_add(1, std::memory_order_acq_rel);
+    syscall(SYS_futex, reinterpret_cast<int32_t*>(&k->word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void run(Keeper* k, size_t i, int policy) {
+    k->tids[i] = static_cast<int64_t>(syscall(SYS_gettid));
     sched_param param{};
-    sched_setscheduler(0, SCHED_IDLE, &param);  // this thread only (Linux: pid 0 is the caller's thread)
-    if (cpu >= 0) {
+    int err = sched_setscheduler(0, policy, &param) == 0 ? 0 : errno;  // this thread only (pid 0: the caller)
+    if (err == 0 && k->cpus[i] >= 0) {
         cpu_set_t mask;
         CPU_ZERO(&mask);
-        CPU_SET(static_cast<int>(cpu), &mask);
-        sched_setaffinity(0, sizeof(mask), &mask);
+        CPU_SET(static_cast<int>(k->cpus[i]), &mask);
+        err = sched_setaffinity(0, sizeof(mask), &mask) == 0 ? 0 : errno;
     }
-    tid_out->store(static_cast<int64_t>(syscall(SYS_gettid)));
+    k->errs[i] = err;
+    k->ready.fetch_add(1, std::memory_order_release);
     for (;;) {
         const int32_t w = k->word.load(std::memory_order_acquire);
+        if (err != 0 || k->failed.load(std::memory_order_acquire)) return;  // never spin at the wrong priority
         if (now_ns() < k->until.load(std::memory_order_acquire)) {
-            for (int i = 0; i < 64; ++i) __builtin_ia32_pause();
+            for (int j = 0; j < 64; ++j) __builtin_ia32_pause();
             k->spins.fetch_add(1, std::memory_order_relaxed);
             continue;
         }
         k->sleepers.fetch_add(1);
         k->sleeps.fetch_add(1, std::memory_order_relaxed);
-        // returns at once if hold() bumped the word since we read it
+        // returns at once if enter() (or a failed start) bumped the word since we read it
         syscall(SYS_futex, reinterpret_cast<int32_t*>(&k->word), FUTEX_WAIT_PRIVATE, w, nullptr, nullptr, 0);
         k->sleepers.fetch_sub(1);
     }
@@ -67,29 +85,58 @@ void run(Keeper* k, int64_t cpu, std::atomic<int64_t>* tid_out) {
 
 }  // namespace
 
-std::vector<int64_t> keeper_start(std::vector<int64_t> cpus) {
-    if (keeper != nullptr) return keeper->tids;
+std::vector<int64_t> keeper_start(std::vector<int64_t> cpus, int64_t policy) {
+    if (keeper != nullptr) {
+        TORCH_CHECK(keeper->cpus == cpus, "keeper_start: the keepers already run on other CPUs (one set a process)");
+        return keeper->tids;
+    }
     TORCH_CHECK(!cpus.empty(), "keeper_start: no CPUs");
-    auto* k = new Keeper();
-    std::vector<std::atomic<int64_t>> tids(cpus.size());
-    for (auto& t : tids) t.store(0);
-    for (size_t i = 0; i < cpus.size(); ++i) std::thread(run, k, cpus[i], &tids[i]).detach();
-    for (auto& t : tids)
-        while (t.load() == 0) std::this_thread::yield();
-    for (auto& t : tids) k->tids.push_back(t.load());
+    auto* k = new Keeper();  // never freed: a thread that started keeps its pointer
+    k->cpus = cpus;
+    k->tids.assign(cpus.size(), 0);
+    k->errs.assign(cpus.size(), 0);
+    size_t started = 0;
+    try {
+        for (; started < cpus.size(); ++started) std::thread(run, k, started, static_cast<int>(policy)).detach();
+    } catch (const std::exception& e) {
+        k->failed.store(true);
+        while (k->ready.load() < static_cast<int32_t>(started)) usleep(50);
+        wake_all(k);
+        TORCH_CHECK(false, "keeper_start: cannot start a thread: ", e.what());
+    }
+    // sleep, not spin: under SCHED_FIFO a spinning creator would hold the CPU an idle-priority keeper waits for
+    while (k->ready.load(std::memory_order_acquire) < static_cast<int32_t>(cpus.size())) usleep(50);
+    for (size_t i = 0; i < cpus.size(); ++i)
+        if (k->errs[i] != 0) {
+            k->failed.store(true);
+            wake_all(k);
+            TORCH_CHECK(false, "keeper_start: keeper ", i, " could not take its policy or CPU (errno ", k->errs[i], ")");
+        }
     keeper = k;
     return k->tids;
 }
 
-void keeper_hold(int64_t ns) {
+void keeper_enter() {
     if (keeper == nullptr) return;
-    keeper->until.store(ns < 0 ? INT64_MAX : now_ns() + ns, std::memory_order_release);
+    {
+        std::lock_guard<std::mutex> g(keeper->lock);
+        ++keeper->holders;
+        keeper->until.store(INT64_MAX, std::memory_order_release);
+    }
     keeper->word.fetch_add(1, std::memory_order_acq_rel);
     if (keeper->sleepers.load() > 0)
         syscall(SYS_futex, reinterpret_cast<int32_t*>(&keeper->word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
+void keeper_leave(int64_t linger_ns) {
+    if (keeper == nullptr) return;
+    std::lock_guard<std::mutex> g(keeper->lock);
+    if (keeper->holders > 0 && --keeper->holders == 0)
+        keeper->until.store(now_ns() + linger_ns, std::memory_order_release);
+}
+
 std::vector<int64_t> keeper_stats() {
-    if (keeper == nullptr) return {0, 0};
-    return {keeper->spins.load(), keeper->sleeps.load()};
+    if (keeper == nullptr) return {0, 0, 0};
+    std::lock_guard<std::mutex> g(keeper->lock);
+    return {keeper->spins.load(), keeper->sleeps.load(), keeper->holders};
 }
