@@ -32,15 +32,17 @@ VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "
             "kv-int8": ["--kv-cache-dtype", "int8"],
             "kv-fp8": ["--kv-cache-dtype", "fp8"],
             "bound": ["--cpu-omp-threads-bind", "auto"],  # OpenMP threads pinned as vLLM pins its own
-            "team": [], "team-auto": [], "regions": [], "keeper": []}  # set by their environment (VARIANT_ENV)
+            "team": [], "team-auto": [], "regions": [], "keeper": [],
+            "no-keeper": []}  # set by their environment (VARIANT_ENV)
 # variants that differ from plain hintkv by their environment: HINTKV_DECODE_TEAM (models/decode_layers.py: 1 one
 # region a decode step, 0 a region per kernel, auto, the default: chosen step by step, models/team_choice.py;
 # `team-auto` is the default made explicit), HINTKV_CPU_KEEPER (engine/cpu_keeper.py: idle-priority spinners keep the
-# CPUs out of idle while a step runs). In a run with such a variant every other hintkv server runs without the
-# variables the run's variants set (removed: the defaults), whatever the caller exported; otherwise they keep the
-# caller's setting.
+# CPUs out of idle while a step runs: `keeper` 1 always, auto the default, `no-keeper` 0). In a run with such a
+# variant every other hintkv server runs without the variables the run's variants set (removed: the defaults),
+# whatever the caller exported; otherwise they keep the caller's setting.
 VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE_TEAM": "auto"},
-               "regions": {"HINTKV_DECODE_TEAM": "0"}, "keeper": {"HINTKV_CPU_KEEPER": "1"}}
+               "regions": {"HINTKV_DECODE_TEAM": "0"}, "keeper": {"HINTKV_CPU_KEEPER": "1"},
+               "no-keeper": {"HINTKV_CPU_KEEPER": "0"}}
 TEAM_VARIANTS = [v for v, env in VARIANT_ENV.items() if "HINTKV_DECODE_TEAM" in env]  # float32 / w8a8 on CPU only
 
 SWITCHES = sorted({name for env in VARIANT_ENV.values() for name in env})

@@ -72,7 +72,7 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
             sch.preempt(victim)
             out.preempted.append(victim)
         else:
-            _append(sch.kv, seq, n)
+            grow_kv(sch.kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             if n < full:
                 capped.append(out.scheduled[-1])
@@ -208,7 +208,7 @@ def land_new_loads(sch: Scheduler, out: SchedulerOutput, budget: int, started: l
         at += 1
         n = chunk(sch, seq, seq.num_computed_tokens, budget)
         if not sch.admission.holds(seq, n, out, seq.num_computed_tokens) and kv.can_append(seq, n):
-            _append(kv, seq, n)
+            grow_kv(kv, seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
     return budget
@@ -260,7 +260,7 @@ def chunk(sch: Scheduler, seq: Sequence, done: int, budget: int, used: int | Non
     return sch.admission.chunk(todo, min(todo, budget), max(0, used))
 
 
-def _append(kv, seq: Sequence, n: int) -> None:
+def grow_kv(kv, seq: Sequence, n: int) -> None:
     """Grow `seq`'s KV by `n` tokens (`kv.can_append` said yes) and keep its peak block count."""
     kv.append(seq, n)
     seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
@@ -294,7 +294,7 @@ def add_drafts(sch: Scheduler, out: SchedulerOutput, budget: int) -> None:
             return
         drafts = drafts_for(sch, s.seq, -(-left // (len(decodes) - j)))
         if drafts and sch.kv.can_append(s.seq, 1 + len(drafts)):
-            _append(sch.kv, s.seq, 1 + len(drafts))
+            grow_kv(sch.kv, s.seq, 1 + len(drafts))
             s.num_new_tokens += len(drafts)
             s.spec_token_ids = drafts
             left -= len(drafts)

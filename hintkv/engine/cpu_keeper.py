@@ -1,9 +1,10 @@
-"""Keeping the engine's CPUs awake while a step runs (HINTKV_CPU_KEEPER=1, opt-in; off by default).
+"""Keeping the engine's CPUs awake while a step runs (HINTKV_CPU_KEEPER=auto, the default; 1 always; 0 off).
 
-    CpuKeeper.build(device_type, bound) -> CpuKeeper | None   None: off (the default), not a CPU engine, no
-                                                      extension, or a keeper that could not take SCHED_IDLE / its CPU
+    CpuKeeper.build(device_type, bound) -> CpuKeeper | None   None: off (0), not a CPU engine, no extension, or a
+                                                      keeper that could not take SCHED_IDLE / its CPU
     keeper.step()                                     a context manager around one forward: spin during it and
-                                                      LINGER_S after the last holder's (engines of a process share)
+                                                      LINGER_S after the last holder's (engines of a process share);
+                                                      under auto, only while the CPUs are not contended
 
 Why (twenty-first session, prefill7): this machine is a VM whose idle vCPU halts at once (the kernel's
 cpuidle-haltpoll with guest_halt_poll_ns=0: no polling), so waking a thread on a halted vCPU waits for the host
@@ -16,8 +17,12 @@ in two rounds of three. A longer OpenMP spin keeps the worker awake but takes th
 under load (GOMP_SPINCOUNT=100,000 read prefill 512 2.4x slower at load 7-10, openmp_env.py); a keeper thread at
 SCHED_IDLE spins instead, on each of the engine's CPUs, only while a step runs: a thread that wakes (the worker too)
 preempts it at once, and a thread that stays runnable cedes it only SCHED_IDLE's weight (3 against 1024: ~0.3% of a
-busy CPU, in slices of ~3 ms). Opt-in until a quiet box shows it (`hintkv bench engine --variants keeper`); served
-under load 6-22 its 512 TTFT read 1.65x plain's twice (docs/benchmarks/history/engine.md, prefill7's section).
+busy CPU, in slices of ~3 ms). Served under load 6-22 its 512 TTFT read 1.65x plain's twice (cause not found;
+docs/benchmarks/history/engine.md, prefill7's section), where nothing halts and a keeper cannot help; on the quiet box
+of the lead's closing run (`bench engine --variants keeper`) it took the 512 prefill 1.33x and the cold TTFT 1.46x
+faster. So `auto` holds the keepers only while the engine thread does not wait for a CPU: the decode team's
+contention gate (models/team_choice.ContentionGate over RunqueueWait: over 0.25 of its time runnable but waiting,
+off until under 0.10), read by the engine thread every 16 steps.
 
 The keepers are started once per process (csrc/keeper.cpp): one per OpenMP thread of the engine, pinned one per CPU
 when the engine's CPUs are known (bound, or a process allowed exactly that many CPUs), else left to the OS.
@@ -30,6 +35,8 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from hintkv.models.team_choice import ContentionGate, RunqueueWait
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +52,12 @@ def _ops():
                         ["-O2"])
 
 
-def wanted() -> bool:
-    """HINTKV_CPU_KEEPER: 1 on, 0 or unset off; anything else (auto too) is refused."""
-    value = os.environ.get("HINTKV_CPU_KEEPER", "").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"HINTKV_CPU_KEEPER must be 0 or 1, not {value!r}")
-    return value == "1"
+def wanted() -> str:
+    """HINTKV_CPU_KEEPER: "1" always, "0" off, "auto" (or unset, the default) gated by contention; else refused."""
+    value = os.environ.get("HINTKV_CPU_KEEPER", "").strip() or "auto"
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"HINTKV_CPU_KEEPER must be 0, 1 or auto, not {value!r}")
+    return value
 
 
 def keeper_cpus(threads: int, bound: list[int] | None = None) -> list[int]:
@@ -65,33 +72,43 @@ def keeper_cpus(threads: int, bound: list[int] | None = None) -> list[int]:
 class CpuKeeper:
     """Spins SCHED_IDLE threads on the engine's CPUs during each step (see the module docstring)."""
 
-    def __init__(self, ops, cpus: list[int], policy: int = os.SCHED_IDLE) -> None:
+    def __init__(self, ops, cpus: list[int], policy: int = os.SCHED_IDLE, gate: ContentionGate | None = None) -> None:
         self._ops = ops
         self.cpus = cpus
+        self.gate = gate  # auto: no hold while contended; None: every step holds
+        self.num_gated = 0  # steps run without the keepers for contention
         self.tids = ops.keeper_start(cpus, policy)  # raises when a keeper could not take the policy or its CPU
         global started
         started = True
 
     @classmethod
     def build(cls, device_type: str, bound: list[int] | None = None) -> CpuKeeper | None:
-        if not wanted() or device_type != "cpu":
+        mode = wanted()
+        if mode == "0" or device_type != "cpu":
             return None
         ops = _ops()
         if ops is None:
-            log.warning("HINTKV_CPU_KEEPER=1: no C++ extension to build the keepers with; running without them")
+            log.warning("HINTKV_CPU_KEEPER=%s: no C++ extension to build the keepers with; running without them", mode)
             return None
         import torch
 
+        gate = ContentionGate(RunqueueWait()) if mode == "auto" else None
         try:
-            keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound))
+            keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound), gate=gate)
         except RuntimeError as e:  # its threads exited without spinning: never spin at a normal priority
-            log.warning("HINTKV_CPU_KEEPER=1: no keepers (%s); running without them", e)
+            log.warning("HINTKV_CPU_KEEPER=%s: no keepers (%s); running without them", mode, e)
             return None
         log.info("CPU keepers (SCHED_IDLE) started: tids %s on CPUs %s", keeper.tids, keeper.cpus)
         return keeper
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
+        if self.gate is not None:
+            self.gate.tick()
+            if self.gate.contended:  # nothing halts under load: the keepers would only take CPU
+                self.num_gated += 1
+                yield
+                return
         self._ops.keeper_enter()
         try:
             yield

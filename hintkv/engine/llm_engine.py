@@ -122,7 +122,8 @@ class LLMEngine:
                                   self.max_model_len if cfg.wants_cuda_graphs(self.device.type) else None)
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
-        # HINTKV_CPU_KEEPER=1 (opt-in): idle-priority spinners keep the CPUs out of idle during a forward
+        # HINTKV_CPU_KEEPER (auto, the default: not under contention): idle-priority spinners keep the CPUs out of idle
+        # during a forward
         self.keeper = CpuKeeper.build(self.device.type, engine_cpus(cfg.cpu_omp_threads_bind, self.device.type))
         log.info("engine ready: model=%s device=%s dtype=%s kv=%s kv_blocks=%d (%d tokens)",
                  self.model_name, self.device, self._dtype_name, cfg.kv_cache_dtype, self.num_blocks,

@@ -266,7 +266,7 @@ class Scheduler:
                 if (extra > 0 and not self.admission.holds(s.seq, s.num_new_tokens + extra, out, done)
                         and self.kv.can_append(s.seq, s.num_new_tokens + extra)):
                     s.num_new_tokens += extra
-                    self.kv.append(s.seq, s.num_new_tokens)
+                    batching.grow_kv(self.kv, s.seq, s.num_new_tokens)
                     budget -= extra
             if yielded and budget > 0:  # and then to the prefills that yielded
                 budget, _ = batching.schedule_running(self, out, budget, len(self.running) - yielded, None)

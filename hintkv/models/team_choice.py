@@ -74,20 +74,42 @@ class RunqueueWait:
         return (wait - last[1]) / (run + wait - sum(last))
 
 
+class ContentionGate:
+    """Contended or not, from a share reader (`RunqueueWait`) read every `check_every`-th `tick()`: over `busy_share`
+    contended, until a reading under `free_share` (hysteresis). A missing reading (None) changes nothing. Shared by
+    the decode team's chooser and the CPU keepers (engine/cpu_keeper.py): both help on free cores only."""
+
+    def __init__(self, contention: Callable[[], float | None], check_every: int = 16, busy_share: float = 0.25,
+                 free_share: float = 0.10) -> None:
+        if check_every < 1 or not 0 <= free_share <= busy_share:
+            raise ValueError("check_every >= 1, 0 <= free_share <= busy_share")
+        self.contention, self.check_every = contention, check_every
+        self.busy_share, self.free_share = busy_share, free_share
+        self.contended = False
+        self.num_ticks = 0
+
+    def tick(self) -> bool:
+        """Count a step; True when this step's reading flipped `contended`."""
+        self.num_ticks += 1
+        if self.num_ticks % self.check_every:
+            return False
+        share = self.contention()
+        if share is None or self.contended == (share > (self.free_share if self.contended else self.busy_share)):
+            return False
+        self.contended = not self.contended
+        return True
+
+
 class TeamChooser:
     """The team or the regions for each eligible step, from their measured wall times (see the module docstring)."""
 
     def __init__(self, start_team: bool = False, probe_every: int = 32, probes: int = 5, window: int = 8,
                  margin: float = 0.85, contention: Callable[[], float | None] | None = None, check_every: int = 16,
                  busy_share: float = 0.25, free_share: float = 0.10) -> None:
-        if probe_every < 2 or probes < 1 or window < 1 or not 0 < margin <= 1 or check_every < 1 \
-                or not 0 <= free_share <= busy_share:
-            raise ValueError("probe_every >= 2, probes >= 1, window >= 1, 0 < margin <= 1, check_every >= 1, "
-                             "0 <= free_share <= busy_share")
+        if probe_every < 2 or probes < 1 or window < 1 or not 0 < margin <= 1:
+            raise ValueError("probe_every >= 2, probes >= 1, window >= 1, 0 < margin <= 1")
         self.team = start_team  # the current choice while the CPUs are not contended
-        self.contention, self.check_every = contention, check_every
-        self.busy_share, self.free_share = busy_share, free_share
-        self.contended = False  # the last contention reading was over busy_share (until one under free_share)
+        self.gate = ContentionGate(contention or (lambda: None), check_every, busy_share, free_share)
         self.num_contended = 0  # steps run in the regions for contention
         self.probe_every, self.window, self.margin = probe_every, window, margin
         self.num_steps = 0
@@ -97,17 +119,17 @@ class TeamChooser:
 
     def use_team(self, rows: int) -> bool:
         self.num_steps += 1
-        if self.contention is not None and self.num_steps % self.check_every == 0:
-            share = self.contention()
-            if share is not None and self.contended != (share > (self.free_share if self.contended
-                                                                 else self.busy_share)):
-                self.contended = not self.contended
-                self._recent.clear()  # times from before the change: not a yardstick for after it
-                self._ratios.clear()
+        if self.gate.tick():  # the last contention reading was over busy_share (until one under free_share)
+            self._recent.clear()  # times from before the change: not a yardstick for after it
+            self._ratios.clear()
         if self.contended:
             self.num_contended += 1
             return False
         return self.team != (self.num_steps % self.probe_every == 0)
+
+    @property
+    def contended(self) -> bool:
+        return self.gate.contended
 
     def record(self, rows: int, team: bool, seconds: float) -> None:
         if self.contended:  # the regions by contention, not a probe: no evidence either way

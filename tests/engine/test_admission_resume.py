@@ -206,7 +206,10 @@ def test_the_capped_top_up_gives_back_what_the_cut_allows(at_s):
     rest = 107 - scene.step()["long"]
     scene.sch.add_request(_ref("big", "b", list(range(20000, 20200)), 1440))
     left_s = scene.sch.admission.returns()[0]
+    long = next(q for q in scene.sch.running if q.request_id == "long")
     got = scene.step()
     assert "big" not in got  # refused for room: the step's budget is left to the top-up
     assert got == {"hog": 1, "long": min(int(left_s / TOKEN_S) - 1, rest)}
+    # the top-up's growth counts in the request's peak (review_sim21b finding 1: it grew the table unrecorded)
+    assert long.peak_kv_blocks >= -(-long.num_computed_tokens // BS)
     scene.kv.check_integrity()

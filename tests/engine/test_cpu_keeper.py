@@ -1,10 +1,13 @@
 """HINTKV_CPU_KEEPER (engine/cpu_keeper.py): idle-priority spinners that run only while a step runs, one set a
-process held by a count of running steps, never spinning at a normal priority; an engine with them gives the same
-tokens and holds them across its forward."""
+process held by a count of running steps, never spinning at a normal priority, and under auto (the default) not while
+the engine thread waits for a CPU; an engine with them gives the same tokens and holds them across its forward."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -12,23 +15,41 @@ import pytest
 from hintkv.config import EngineConfig
 from hintkv.engine import cpu_keeper
 from hintkv.engine.cpu_keeper import CpuKeeper
+from hintkv.models.team_choice import ContentionGate
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
 
 needs_ext = pytest.mark.skipif(cpu_keeper._ops() is None, reason="no C++ compiler for the keeper extension")
 
 
-def test_off_by_default_and_refuses_an_unknown_value(monkeypatch):
-    monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
-    assert CpuKeeper.build("cpu") is None
+def test_auto_by_default_and_refuses_an_unknown_value(monkeypatch):
     monkeypatch.setenv("HINTKV_CPU_KEEPER", "0")
     assert CpuKeeper.build("cpu") is None
     monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
     assert CpuKeeper.build("cuda") is None  # CPU engines only
-    for bad in ("yes", "auto"):
+    monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
+    assert cpu_keeper.wanted() == "auto"
+    for bad in ("yes", "2"):
         monkeypatch.setenv("HINTKV_CPU_KEEPER", bad)
-        with pytest.raises(ValueError, match="HINTKV_CPU_KEEPER must be 0 or 1"):
+        with pytest.raises(ValueError, match="HINTKV_CPU_KEEPER must be 0, 1 or auto"):
             CpuKeeper.build("cpu")
+
+
+@needs_ext
+def test_auto_holds_the_keepers_only_while_the_cpus_are_not_contended(monkeypatch):
+    """auto's gate reads the engine thread's runqueue wait: contended (over 0.25) steps run without the hold, and a
+    reading under 0.10 brings it back (the decode team's ContentionGate)."""
+    monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
+    keeper = CpuKeeper.build("cpu")
+    assert keeper is not None and keeper.gate is not None
+    shares = iter([0.9, 0.2, 0.05])
+    keeper.gate = ContentionGate(lambda: next(shares), check_every=1)
+    held = []
+    for _ in range(3):
+        with keeper.step():
+            held.append(keeper.stats()[2])
+    assert held == [0, 0, 1] and keeper.num_gated == 2  # 0.9: off; 0.2: still off (hysteresis); 0.05: back
+    _wait(lambda: keeper.stats()[2] == 0)
 
 
 def test_keepers_go_one_per_cpu_when_the_cpus_are_known():
@@ -46,17 +67,27 @@ def _wait(cond, timeout=20.0):  # a SCHED_IDLE keeper on a loaded box waits for 
 
 
 @needs_ext
-def test_a_keeper_that_cannot_take_its_policy_never_spins_and_none_is_built(monkeypatch):
+def test_a_keeper_that_cannot_take_its_policy_never_spins_and_none_is_built():
     """A keeper whose policy switch fails must not spin at a normal priority (review_keeper21 finding 2: that
-    doubled a 512 prefill): its set exits, keeper_start raises, and build warns and returns None."""
-    if cpu_keeper.started:  # a running set is returned as it is (one a process): nothing new to start
-        pytest.skip("this process's keepers already run")
-    ops = cpu_keeper._ops()
-    with pytest.raises(RuntimeError, match="could not take its policy"):
-        CpuKeeper(ops, [-1], policy=12345)  # no such policy: EINVAL in every keeper thread
-    monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
-    monkeypatch.setattr(cpu_keeper.CpuKeeper.__init__, "__defaults__", (12345,))
-    assert CpuKeeper.build("cpu") is None
+    doubled a 512 prefill): its set exits, keeper_start raises, and build warns and returns None. In a fresh process:
+    a running set is returned as it is (one a process), and engines start one by default."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["HINTKV_CPU_KEEPER"] = "1"
+        from hintkv.engine import cpu_keeper
+        from hintkv.engine.cpu_keeper import CpuKeeper
+        try:
+            CpuKeeper(cpu_keeper._ops(), [-1], policy=12345)  # no such policy: EINVAL in every keeper thread
+        except RuntimeError as e:
+            assert "could not take its policy" in str(e), e
+        else:
+            raise SystemExit("started")
+        CpuKeeper.__init__.__defaults__ = (12345, None)
+        assert CpuKeeper.build("cpu") is None and not cpu_keeper.started
+        print("none built")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "none built" in out.stdout, out.stderr[-2000:]
 
 
 @needs_ext
@@ -105,7 +136,7 @@ def _greedy(engine: LLMEngine) -> list[int]:
 @needs_ext
 def test_an_engine_with_keepers_gives_the_same_tokens_and_holds_them_across_its_forward(monkeypatch):
     cfg = dict(model="dummy:tiny", dtype="float32", kv_cache_tokens=4096, max_model_len=1024)
-    monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
+    monkeypatch.setenv("HINTKV_CPU_KEEPER", "0")
     plain = LLMEngine(EngineConfig(**cfg))
     assert plain.keeper is None
     monkeypatch.setenv("HINTKV_CPU_KEEPER", "1")
