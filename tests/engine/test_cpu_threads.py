@@ -190,13 +190,14 @@ def test_a_served_engine_with_a_host_tier_has_one_openmp_pool():
     that moves blocks both ways through the host tier, the process's native (non-Python) threads at
     OMP_NUM_THREADS=2 are exactly one more than at 1: the engine thread's pool's one worker. A copy above ATen's grain
     on a mover thread had started a second pool (review_kmend1: 3 such threads, not 2). OPENBLAS_NUM_THREADS=1 keeps
-    numpy's OpenBLAS server thread (which follows OMP_NUM_THREADS, and is no libgomp thread) out of the count."""
+    numpy's OpenBLAS server thread (which follows OMP_NUM_THREADS, and is no libgomp thread) out of the count, and
+    HINTKV_CPU_KEEPER=0 the CPU keepers (one native thread per OpenMP thread, engine/cpu_keeper.py)."""
     import subprocess
     import sys
 
     counts = []
     for omp in (2, 1):
-        env = {**os.environ, "OMP_NUM_THREADS": str(omp), "OPENBLAS_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": str(omp), "OPENBLAS_NUM_THREADS": "1", "HINTKV_CPU_KEEPER": "0"}
         out = subprocess.run([sys.executable, "-c", _TIERED_PROBE], env=env, capture_output=True, text=True,
                              timeout=600)
         assert out.returncode == 0, out.stderr
