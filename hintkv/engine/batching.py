@@ -62,7 +62,7 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
         while not sch.kv.can_append(seq, n):
             victim = sch.running.pop()
             if victim is seq:
-                if not sch.running and not out.scheduled and not sch.others_hold_blocks():
+                if alone(sch, out):
                     out.out_of_room.append(seq)  # needs more than the whole pool
                     seq.status = SeqStatus.WAITING  # in no queue: update_from_output finishes it
                 else:
@@ -79,6 +79,14 @@ def schedule_running(sch: Scheduler, out: SchedulerOutput, budget: int, i: int,
             budget -= n
             i += 1
     return budget, i
+
+
+def alone(sch: Scheduler, out: SchedulerOutput) -> bool:
+    """Nothing but the sequence asking holds device blocks or will free some without finishing: none running
+    (still listed or already scheduled this step), none refused this step as larger than the pool (it still
+    holds its blocks until `update_from_output`), no load or prefetch in flight. A sequence without room then
+    needs more than the whole pool: both passes refuse it (`out.out_of_room`) rather than wait."""
+    return not sch.running and not out.scheduled and not out.out_of_room and not sch.others_hold_blocks()
 
 
 def _short_after(sch: Scheduler, i: int) -> bool:
@@ -126,10 +134,9 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
     for seq in policy.order(sch.waiting, sch.kv):
         if budget <= 0 or len(sch.running) + len(sch.loading) >= sch.max_num_seqs:
             return budget
-        # (a running sequence refused this step as larger than the pool still holds its blocks: not alone)
-        alone = not sch.running and not out.scheduled and not out.out_of_room and not sch.others_hold_blocks()
+        by_itself = alone(sch, out)
         match = sch.kv.match_prefix(seq, keep=True, lower=False)  # room reads the device run only
-        fits = alone or policy.room(seq, match, sch.kv, plan)
+        fits = by_itself or policy.room(seq, match, sch.kv, plan)
         if fits:  # a candidate without room is skipped or stops admission: its plan is not needed
             sch.kv.match_lower(seq, match, loadable=True)  # led by the blocks a prefetch brings up
         if match.lower and fits:  # load first (no budget now; a prefetch in flight is taken
@@ -138,8 +145,9 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 k = match.num_adopted  # blocks a prefetch brings up (their room is held), or compute
                 match.lower, match.lower_tiers = match.lower[:k], match.lower_tiers[:k]
             if match.lower:
+                first = not seq.admitted_once  # (read before `kv.admit` sets it)
                 sch.kv.admit(seq, match, 0)
-                _admitted(sch, seq, SeqStatus.LOADING, plan, out.started)
+                _admitted(sch, seq, SeqStatus.LOADING, plan, out.started, first)
                 sch.loading.append(seq)
                 continue
         n = chunk(sch, seq, match.num_tokens, budget)
@@ -150,7 +158,9 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
             held += 1
             continue
         if not fits or not sch.kv.can_admit(seq, match, n):
-            if alone and not sch.kv.can_admit(seq, match, 1):
+            if by_itself:  # (so it fits by the policy) the whole pool is free to it and still holds
+                # neither this chunk nor, then, its prompt: refused (asking room for 1 token here left a
+                # one-chunk prompt larger than the pool queued for good, review_sim21b finding 3)
                 sch.waiting.remove(seq)
                 sch.release_queued(seq)
                 out.out_of_room.append(seq)
@@ -165,8 +175,9 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 continue
             out.num_room_waits = len(sch.waiting) - held  # it and every one behind it wait for room
             return budget
+        first = not seq.admitted_once
         sch.kv.admit(seq, match, n)
-        _admitted(sch, seq, SeqStatus.RUNNING, plan, out.started)
+        _admitted(sch, seq, SeqStatus.RUNNING, plan, out.started, first)
         seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
         sch.running.insert(at, seq)
         at += 1
@@ -266,13 +277,14 @@ def grow_kv(kv, seq: Sequence, n: int) -> None:
     seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
 
 
-def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float) -> None:
+def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float, first: bool) -> None:
+    """`seq` left the queue; `first`: its first admission (`Sequence.admitted_once` before `kv.admit` set it)."""
     ttft.admitted(seq, now)
     sch.waiting.remove(seq)
     sch.release_queued(seq)
     seq.status = status
     sch.admission.admitted(seq, plan)
-    note_admitted(sch, seq, now)
+    note_admitted(sch, seq, now, first)
     if sch.admission.reserves:
         plan.reserved += max(0, blocks_to_end(seq, sch.kv.block_size, sch.max_model_len)
                              - len(seq.block_table))

@@ -86,15 +86,17 @@ def note_blocked(sch: Scheduler, seq: Sequence, wait: Callable[[], float], now: 
     sch.sam.sessions.block(key, now + t if t > 0 else 0.0, now, TOLERANCE)
 
 
-def note_admitted(sch: Scheduler, seq: Sequence, now: float) -> None:
+def note_admitted(sch: Scheduler, seq: Sequence, now: float, first: bool) -> None:
     """`seq` (out of the queue) was admitted: SAM learns its queue wait (`predicted_wait`: its
     blocks are read now), and its session is no longer held back (ranked as in flight again),
-    unless another request of it still queues (the wait is the session's)."""
+    unless another request of it still queues (the wait is the session's). `first`: its first
+    admission (`Sequence.admitted_once` as it was before this one: the one flag that decides
+    "first" here, in `note_left_queued` and in `KVCacheManager.admit`)."""
     key = seq.session_key
     if key is None or not sch.hints:
         return
     sessions = sch.sam.sessions
-    if not seq.num_preemptions:  # its first admission: its own wait (a readmission is no new one)
+    if first:  # its own wait (a readmission after a preemption is no new one)
         sessions.on_admitted(key, now, seq.arrival)
     if not any(s.session_key == key for s in sch.waiting):
         sessions.block(key, 0.0, now)

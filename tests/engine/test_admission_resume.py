@@ -9,45 +9,27 @@ import math
 
 import pytest
 
-from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.policies import make_policy
-from hintkv.cache.sam import SessionAwareManager
-from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.types import SessionRef
-from hintkv.engine.outputs import ModelRunnerOutput
-from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import SamplingParams
-from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile
 from hintkv.sim.tiers import sim_tiers
-from tests.engine.scheduler_helpers import BS, ROOT
+from tests.engine.scheduler_helpers import BS, run_step, sam_scheduler, session_seq
 
 BUDGET = 64
 TOKEN_S = 0.02  # the engine's prefill cost a token: a whole 64-token chunk is 1.28 s
 GAP_S = 10.0  # session c calls every 10 s (its own gap history predicts the next call)
 
 
-def _seq(rid: str, sid: str, tokens: list[int]) -> Sequence:
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=1), ROOT,
-                    session=SessionRef("t", sid, sid))
+def _seq(rid: str, sid: str, tokens: list[int], max_tokens: int = 1):
+    return session_seq(rid, sid, tokens, max_tokens)
 
 
 class Scene:
     def __init__(self, admission: str, hints: bool) -> None:
-        self.clock = EventClock()
-        sessions = SessionRegistry()
-        self.kv = KVCacheManager(400, BS, make_policy("sam", sessions=sessions))
+        self.clock, _, self.kv, self.sch = sam_scheduler(400, 8, BUDGET, admission=admission, hints=hints)
         self.kv.tiers = sim_tiers(self.kv, True, 64, self.clock, CostModel(load_profile("h200-llama3-8b")))
-        sam = SessionAwareManager(self.kv, sessions, clock=self.clock)
-        self.sch = Scheduler(self.kv, 8, BUDGET, sam=sam, clock=self.clock, admission=admission, hints=hints)
 
     def step(self) -> dict[str, int]:
-        out = self.sch.schedule()
-        self.kv.flush_write_downs()
-        self.sch.update_from_output(
-            out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+        out, _ = run_step(self.sch)
         self.clock.run_until(self.clock() + 0.01)
         return {s.seq.request_id: s.num_new_tokens for s in out.scheduled}
 
@@ -88,11 +70,6 @@ def test_a_finishing_chunk_is_not_cut_and_the_cut_has_a_floor():
     assert adm.chunk(1000, BUDGET) == BUDGET // 32
 
 
-def _ref(rid: str, sid: str, tokens: list[int], max_tokens: int) -> Sequence:
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=max_tokens), ROOT,
-                    session=SessionRef("t", sid, sid))
-
-
 def _before_the_return(scene: Scene, at_s: float) -> None:
     """c's three calls 10 s apart, then the clock `at_s` before c's predicted next call, a decode
     ("hog", 100 blocks to its end) running."""
@@ -104,7 +81,7 @@ def _before_the_return(scene: Scene, at_s: float) -> None:
     back = scene.clock() - 0.01 + GAP_S
     scene.kv.tiers.costs.prefill_s_per_token = TOKEN_S
     scene.clock.run_until(back - 3)
-    scene.sch.add_request(_ref("hog", "h", list(range(9000, 9040)), 360))
+    scene.sch.add_request(_seq("hog", "h", list(range(9000, 9040)), 360))
     while not scene.sch.requests["hog"].num_output_tokens:
         scene.step()
     scene.clock.run_until(back - at_s)
@@ -118,8 +95,8 @@ def test_a_chunk_asked_for_and_not_run_spends_nothing(with_refused):
     scene = Scene("srpt-resume", True)
     _before_the_return(scene, 0.9)
     if with_refused:
-        scene.sch.add_request(_ref("big", "b", list(range(20000, 20200)), 1440))
-    scene.sch.add_request(_ref("long", "a", list(range(5000, 5800)), 1))
+        scene.sch.add_request(_seq("big", "b", list(range(20000, 20200)), 1440))
+    scene.sch.add_request(_seq("long", "a", list(range(5000, 5800)), 1))
     assert scene.step() == {"hog": 1, "long": 43}
     scene.kv.check_integrity()
 
@@ -130,8 +107,8 @@ def test_two_chunks_in_one_step_end_by_the_predicted_call_together():
     leaves: the step's tokens are what is spent."""
     scene = Scene("srpt-resume", True)
     _before_the_return(scene, 0.9)
-    scene.sch.add_request(_ref("long", "a", list(range(5000, 5300)), 1))
-    scene.sch.add_request(_ref("long2", "d", list(range(7000, 7400)), 1))
+    scene.sch.add_request(_seq("long", "a", list(range(5000, 5300)), 1))
+    scene.sch.add_request(_seq("long2", "d", list(range(7000, 7400)), 1))
     got = scene.step()
     assert got["hog"] == 1 and sorted(v for k, v in got.items() if k != "hog") == [2, 43]
 
@@ -184,10 +161,10 @@ def test_the_capped_top_up_keeps_the_cut(at_s):
     (review_sim20 finding 1: asked with the whole prompt, the top-up gave back the cut, 64 tokens = 1.28 s)."""
     scene = Scene("srpt-resume", True)
     _before_the_return(scene, at_s)
-    scene.sch.add_request(_ref("long", "a", list(range(5000, 5107)), 1))
+    scene.sch.add_request(_seq("long", "a", list(range(5000, 5107)), 1))
     first = scene.step()
     assert 107 - first["long"] <= BUDGET  # the rest fits a step: a cut would not be asked for by itself
-    scene.sch.add_request(_ref("cand", "e", list(range(7000, 7100)), 1))
+    scene.sch.add_request(_seq("cand", "e", list(range(7000, 7100)), 1))
     left_s = scene.sch.admission.returns()[0]  # this step's time to c's call, as the policy reads it
     got = scene.step()
     assert sum(got.values()) == int(left_s / TOKEN_S)  # the time to c's call, to the token
@@ -202,12 +179,22 @@ def test_the_capped_top_up_gives_back_what_the_cut_allows(at_s):
     (1.2 s: the 49 left); without the top-up it stays at 31 (review_sim21 finding 3)."""
     scene = Scene("srpt-resume", True)
     _before_the_return(scene, at_s)
-    scene.sch.add_request(_ref("long", "a", list(range(5000, 5107)), 1))
+    scene.sch.add_request(_seq("long", "a", list(range(5000, 5107)), 1))
     rest = 107 - scene.step()["long"]
-    scene.sch.add_request(_ref("big", "b", list(range(20000, 20200)), 1440))
+    scene.sch.add_request(_seq("big", "b", list(range(20000, 20200)), 1440))
     left_s = scene.sch.admission.returns()[0]
     long = next(q for q in scene.sch.running if q.request_id == "long")
+    caps, real_cap = [], scene.sch.admission.cap
+
+    def cap(seq, n, *args):  # the real cap, its answers recorded
+        caps.append((seq.request_id, real_cap(seq, n, *args)))
+        return caps[-1][1]
+
+    scene.sch.admission.cap = cap
     got = scene.step()
+    # the first pass cut long to half the budget beside the decode while big waits (review_sim21b finding 12:
+    # without the cap long took its chunk whole, the top-up never ran, and the step came out the same)
+    assert caps == [("long", BUDGET // 2 - 1)]
     assert "big" not in got  # refused for room: the step's budget is left to the top-up
     assert got == {"hog": 1, "long": min(int(left_s / TOKEN_S) - 1, rest)}
     # the top-up's growth counts in the request's peak (review_sim21b finding 1: it grew the table unrecorded)

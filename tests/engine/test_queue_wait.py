@@ -18,15 +18,9 @@ from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.policies.sam import band_class
 from hintkv.cache.policies.sam_fine import fine_band_class
-from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.types import SessionRef
-from hintkv.engine.outputs import ModelRunnerOutput
-from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import SamplingParams
-from hintkv.sim.clock import EventClock
-from tests.engine.scheduler_helpers import BS, ROOT
+from tests.engine.scheduler_helpers import BS, run_step, sam_scheduler
+from tests.engine.scheduler_helpers import session_seq as _seq
 
 # arrival second -> session: `late` every 15 s after its end, `soon` every 2 s (calls run ~19 s)
 ARRIVALS = {0: "late", 25: "soon", 34: "late", 46: "soon", 67: "soon", 68: "late"}
@@ -35,16 +29,8 @@ END_S = 87  # `late`'s third call ends here, `soon`'s a second before
 X_BLOCKS = 28  # X's first chunk (64 tokens: 16 blocks) needs 12 blocks one session holds
 
 
-def _seq(rid: str, sid: str | None, tokens: list[int], max_tokens: int) -> Sequence:
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=max_tokens),
-                    ROOT, session=None if sid is None else SessionRef("t", sid, sid))
-
-
 def _scene():
-    clock = EventClock()
-    sessions = SessionRegistry()
-    kv = KVCacheManager(40, BS, make_policy("sam", sessions=sessions))
-    sch = Scheduler(kv, 8, 64, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock)
+    clock, sessions, kv, sch = sam_scheduler(40, 8)
     seqs, ends = [], {}
     for t in range(END_S + 1):  # one step a second
         clock.run_until(float(t))
@@ -53,9 +39,7 @@ def _scene():
             seqs.append(_seq(f"{sid}{t}", sid, PROMPTS[sid], 20))
             sch.add_request(seqs[-1])
         if sch.has_work():
-            out = sch.schedule()
-            sch.update_from_output(
-                out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+            run_step(sch)
         ends.update((s.request_id, t) for s in seqs if s.finish_reason and s.request_id not in ends)
     return clock, sessions, kv, sch, ends
 
@@ -159,21 +143,17 @@ def test_two_requests_of_one_session_in_flight_each_tell_their_own_wait():
 def test_the_scheduler_tells_each_request_its_own_wait_and_an_abort_in_the_queue_its_own():
     """The scheduler's side (engine/room_wait.py; review_sim20 finding 7): one session, one sequence at a time. a
     runs from 0 s; b arrives at 1 s and c at 2 s; b is admitted at a's end, c at b's: each wait is from its OWN
-    arrival (the session's latest arrival gives b 1 s less). d arrives and is aborted queued 2 s later: its own
-    wait, 2 s, is learned when it leaves (the end's fallback read the session's latest arrival)."""
-    clock = EventClock()
-    sessions = SessionRegistry()
-    kv = KVCacheManager(40, BS, make_policy("sam", sessions=sessions))
-    sch = Scheduler(kv, 1, 64, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock)
+    arrival (the session's latest arrival gives b 1 s less). Behind a running x, d arrives and is aborted queued
+    3 s later: its own wait, 3 s, is learned when it leaves (what the old code learned instead: the comment at
+    the assertion)."""
+    clock, sessions, _, sch = sam_scheduler(40, 1)
     admitted: dict[str, float] = {}
 
     def step(t: float) -> None:
         clock.run_until(t)
         if sch.has_work():
-            out = sch.schedule()
+            out, _ = run_step(sch)
             admitted.update((s.seq.request_id, t) for s in out.scheduled if s.seq.request_id not in admitted)
-            sch.update_from_output(
-                out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
 
     arrivals = {"a": 0.0, "b": 1.0, "c": 2.0}
     t = 0.0

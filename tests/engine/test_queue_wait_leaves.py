@@ -4,44 +4,31 @@ other than by a first admission: a running sequence that outgrew the whole pool,
 
 from __future__ import annotations
 
-from hintkv.cache.manager import KVCacheManager
-from hintkv.cache.policies import make_policy
-from hintkv.cache.sam import SessionAwareManager
-from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.types import SessionRef
-from hintkv.engine.outputs import ModelRunnerOutput
-from hintkv.engine.scheduler import Scheduler
-from hintkv.engine.sequence import Sequence
-from hintkv.engine.types import SamplingParams
-from hintkv.sim.clock import EventClock
-from tests.engine.scheduler_helpers import BS, ROOT
+from tests.engine.scheduler_helpers import run_step, sam_scheduler, session_seq
+
+STEPS = 200  # each scene ends within 30 s: a scheduler that never serves its queue fails here, not hangs
 
 
-def _seq(rid: str, sid: str, first: int, max_tokens: int) -> Sequence:
-    tokens = list(range(first, first + 16))
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=max_tokens), ROOT,
-                    session=SessionRef("t", sid, sid))
+def _seq(rid: str, sid: str, first: int, max_tokens: int, length: int = 16):
+    return session_seq(rid, sid, list(range(first, first + length)), max_tokens)
 
 
-def _run(num_blocks: int, max_num_seqs: int, arrivals: dict[float, list[Sequence]]):
+def _run(num_blocks: int, max_num_seqs: int, arrivals: dict):
     """Step once a second until nothing is left; returns (sessions, {request id: admitted at}, finished)."""
-    clock = EventClock()
-    sessions = SessionRegistry()
-    kv = KVCacheManager(num_blocks, BS, make_policy("sam", sessions=sessions))
-    sch = Scheduler(kv, max_num_seqs, 64, sam=SessionAwareManager(kv, sessions, clock=clock), clock=clock)
+    clock, sessions, _, sch = sam_scheduler(num_blocks, max_num_seqs)
     admitted: dict[str, float] = {}
     done: dict[str, str] = {}
     t = 0.0
     while t <= max(arrivals) or sch.has_work():
+        assert t < STEPS, f"work left at {t} s that no step serves: {[s.request_id for s in sch.waiting]} waiting"
         clock.run_until(t)
         for seq in arrivals.get(t, []):
             sch.add_request(seq)
         if sch.has_work():
-            out = sch.schedule()
+            out, outs = run_step(sch)
             admitted.update((s.seq.request_id, t) for s in out.scheduled if s.seq.request_id not in admitted)
-            outs = sch.update_from_output(
-                out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
             done.update((o.request_id, o.finish_reason) for o in outs if o.finished)
+        sch.check_integrity()
         t += 1.0
     return sessions, admitted, done
 
@@ -67,3 +54,19 @@ def test_a_preempted_and_readmitted_request_adds_no_wait():
     sessions, admitted, done = _run(10, 2, {0.0: [p, q], 1.0: [q2]})
     assert q.num_preemptions == 1 and len(done) == 3
     assert list(sessions.wait.recent) == [0.0, 0.0, admitted["q2"] - 1.0]
+
+
+def test_a_queued_prompt_larger_than_the_pool_is_refused_alone_and_tells_its_own_wait():
+    """big (30 tokens: 8 blocks, one chunk of the 64-token budget) queues at 1 s behind x in a 6-block pool, and
+    big2 of its session at 2 s. At x's end (4 s) big is alone, and the whole pool does not hold its chunk: refused
+    ("length", never admitted) rather than left queued for good (review_sim21b finding 3: the alone check asked
+    room for 1 token, which the empty pool has, so big stayed waiting, `has_work()` True: this scene spun until
+    `STEPS`). Never admitted, it tells SAM its OWN wait (1 -> 4 s) as it leaves, and big2 its own at admission
+    (review_sim21b finding 2: the refusal takes big out of `waiting` first, so a `seq in sch.waiting` check
+    learns nothing there, and the end falls back to the session's latest arrival, big2's)."""
+    x, big, big2 = _seq("x", "sx", 100, 4), _seq("big", "sb", 200, 4, length=30), _seq("big2", "sb", 300, 4)
+    sessions, admitted, done = _run(6, 1, {0.0: [x], 1.0: [big], 2.0: [big2]})
+    assert done == {"x": "length", "big": "length", "big2": "length"}  # big: out of the whole pool
+    assert "big" not in admitted and big.num_computed_tokens == 0 and not big.admitted_once
+    assert admitted["big2"] == 5.0  # the step after big's refusal
+    assert list(sessions.wait.recent) == [0.0, 4.0 - 1.0, 5.0 - 2.0]  # x's, big's, big2's: each its own

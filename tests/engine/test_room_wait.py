@@ -224,8 +224,8 @@ def test_a_session_stays_blocked_while_another_request_of_it_queues():
     b2.session_key = b.session_key
     sch.waiting.append(b2)  # queued behind b (not added: the registry's arrival count stays one)
     sch.waiting.remove(b)
-    room_wait.note_admitted(sch, b, sch.clock())
+    room_wait.note_admitted(sch, b, sch.clock(), first=True)
     assert sessions.get("t", "b").blocked_until > sch.clock()
     sch.waiting.remove(b2)
-    room_wait.note_admitted(sch, b2, sch.clock())
+    room_wait.note_admitted(sch, b2, sch.clock(), first=True)
     assert sessions.get("t", "b").blocked_until == 0.0
