@@ -75,6 +75,29 @@ def test_kernel_gives_the_same_bits_on_one_thread_and_two(steps, hq, hkv, d, bs)
         torch.testing.assert_close(two[case.qsl[i]:case.qsl[i + 1]], ref, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_follows_a_maximum_that_rises_in_later_key_tiles(threads):
+    """The online softmax rescales a row's output and sum when a later key tile holds a larger score: in a tile the
+    row sees whole (scored and softmaxed in one pass, csrc/cpu_attention_tiles.cpp's score_softmax_tile) and in the
+    diagonal tile (some keys hidden). Keys 64-95 (cached, whole to every query) and 150-157 (new, on the diagonal)
+    are scaled up so their scores dominate late; scores of one row then span ~100, so exp underflows for the rest."""
+    case = PagedCase.build([(48, 160), (20, 20)], seed=7, d=64, hq=8, hkv=2, bs=16, nblocks=16)
+    with torch.no_grad():
+        case.full_k[0][64:96] *= 6.0
+        case.full_k[0][150:158] *= 9.0
+    cache = torch.zeros(2, 16, 16, 2, 64)
+    case.fill(cache)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = case.attend(cache)
+    finally:
+        torch.set_num_threads(saved)
+    for i, _ in enumerate(case.steps):
+        ref = dense_reference(case.qs[i], case.full_k[i], case.full_v[i], 64 ** -0.5, torch.float64)
+        torch.testing.assert_close(got[case.qsl[i]:case.qsl[i + 1]], ref, atol=2e-5, rtol=0)
+
+
 @pytest.mark.skipif(not cpu_kernels.enabled(), reason="HINTKV_CPU_KERNELS=0: greedy rows use torch")
 def test_argmax_is_torchs():
     """Greedy sampling's argmax: the first maximum, a NaN counts as the maximum (torch's rule), -0.0 ties

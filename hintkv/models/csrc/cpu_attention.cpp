@@ -93,19 +93,28 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
         int64_t r = 0;
         if (a.direct[b]) {
             score_direct(qb, R, D, kr, nk, sb);
+#if defined(__AVX512F__)
+        } else if (fused) {  // scores and softmax in one pass over each group of rows
+            const float* ktile = kb + k0 * D;
+            float* l16 = w.l16.data();
+            const int64_t* lb = w.lastb.data();
+            for (; r + MR <= R; r += MR)
+                score_softmax_tile<MR>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r, l16 + r * 16,
+                                       ob + r * D);
+            for (; r + 4 <= R; r += 4)
+                score_softmax_tile<4>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r, l16 + r * 16,
+                                      ob + r * D);
+            for (; r < R; ++r)
+                score_softmax_tile<1>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r, l16 + r * 16,
+                                      ob + r * D);
+#endif
         } else {
             const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
             for (; r + MR <= R; r += MR) score_tile<MR>(qb + r * D, D, ktile, sb + r * KT);
             for (; r + 4 <= R; r += 4) score_tile<4>(qb + r * D, D, ktile, sb + r * KT);
             for (; r < R; ++r) score_tile<1>(qb + r * D, D, ktile, sb + r * KT);
         }
-#if defined(__AVX512F__)
-        if (fused) {
-            for (r = 0; r < R; ++r)
-                softmax_row16(sb + r * KT, k0, w.lastb[r], w.mb[r], w.l16.data() + r * 16, ob + r * D, D);
-        } else
-#endif
-        {
+        if (!fused) {
             for (r = 0; r < R; ++r) {
                 const float alpha = softmax_row(sb + r * KT, nk, k0, w.lastb[r], w.mb[r], w.lb[r]);
                 if (alpha != 1.f)

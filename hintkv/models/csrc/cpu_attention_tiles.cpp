@@ -198,6 +198,51 @@ inline void softmax_row16(float* s, int64_t k0, int64_t last, float& m, float* l
     _mm512_storeu_ps(s + 16, e1);
     _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), _mm512_add_ps(e0, e1)));
 }
+// M query rows against one transposed key tile (keys k0 .. k0+KT-1), scored and run through the online softmax in
+// one pass: a row that sees the whole tile (k0 + KT - 1 <= last[i]) takes softmax_row16's arithmetic straight from
+// the score registers (no masks, no store and reload of its scores); a diagonal row stores them and calls
+// softmax_row16. s[M][KT] becomes P, m / l16 / o as softmax_row16 leaves them: bit for bit the unfused path's.
+// Measured in one process, one thread, CPU time (twenty-second session): see history/engine.md.
+template <int M>
+inline void score_softmax_tile(const float* q, int64_t D, const float* kt, float* s, int64_t k0, const int64_t* last,
+                               float* m, float* l16, float* o) {
+    __m512 c[M][2];
+    for (int i = 0; i < M; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        const __m512 b0 = _mm512_loadu_ps(kt + d * KT), b1 = _mm512_loadu_ps(kt + d * KT + 16);
+        for (int i = 0; i < M; ++i) {
+            const __m512 a = _mm512_set1_ps(q[i * D + d]);
+            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < M; ++i) {
+        float* si = s + i * KT;
+        if (last[i] < k0 + KT - 1) {  // the diagonal: some keys hidden
+            _mm512_storeu_ps(si, c[i][0]);
+            _mm512_storeu_ps(si + 16, c[i][1]);
+            softmax_row16(si, k0, last[i], m[i], l16 + i * 16, o + i * D, D);
+            continue;
+        }
+        __m512 vm = _mm512_set1_ps(m[i]);
+        const __m512 mx = _mm512_max_ps(c[i][0], c[i][1]);
+        if (_mm512_cmp_ps_mask(mx, vm, _CMP_GT_OQ)) {  // a new maximum (softmax_row16's branch)
+            const float mn = _mm512_reduce_max_ps(mx);
+            if (m[i] != -INFINITY) {
+                const __m512 alpha = _mm512_set1_ps(std::exp(m[i] - mn));
+                float* oi = o + i * D;
+                for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oi + d, _mm512_mul_ps(_mm512_loadu_ps(oi + d), alpha));
+                _mm512_storeu_ps(l16 + i * 16, _mm512_mul_ps(_mm512_loadu_ps(l16 + i * 16), alpha));
+            }
+            m[i] = mn;
+            vm = _mm512_set1_ps(mn);
+        }
+        const __m512 e0 = exp16_core(_mm512_sub_ps(c[i][0], vm)), e1 = exp16_core(_mm512_sub_ps(c[i][1], vm));
+        _mm512_storeu_ps(si, e0);
+        _mm512_storeu_ps(si + 16, e1);
+        _mm512_storeu_ps(l16 + i * 16, _mm512_add_ps(_mm512_loadu_ps(l16 + i * 16), _mm512_add_ps(e0, e1)));
+    }
+}
 #endif
 
 // S[r][j] = Q[r] . K[j] for R rows and nk key rows (k[j], in the cache): few-row items (decodes)

@@ -13,7 +13,8 @@
 //   of 32: scores by an 8-row x 32-key register tile over K transposed to [D, keys] (broadcast q,
 //   no horizontal sums), an online softmax per row, then P V into an output tile of rows x D. On AVX-512
 //   the softmax reduces a row's max only when a score exceeds it and keeps its sum as 16 lane sums
-//   (softmax_row16: 6% of a causal 2048-token layer's attention, seventeenth session).
+//   (softmax_row16: 6% of a causal 2048-token layer's attention, seventeenth session); a row that sees a whole key
+//   tile takes its scores into the softmax straight from the score registers (score_softmax_tile, bit for bit the same).
 //   K of each (sequence, KV head) is gathered transposed from the paged cache once per call and
 //   shared by that sequence's query tiles; V rows are read where they lie. A sequence of at most
 //   DIRECT_ROWS rows (decodes, short verifies) skips the transpose: dot products over K's rows.
