@@ -7,9 +7,10 @@ What it decides and starts, all on the engine thread under its state lock:
         contract); `flush_write_downs()` gathers the ones the stack lacks and stores them. The
         engine calls it after scheduling and before the forward pass (which may overwrite the
         reused blocks), so `allocate` under the state lock never copies; any device write of
-        ours (landing a load) flushes first, and so does any look below (`plan`, a prefetch's:
-        a block evicted in this pass is in the top tier for it, `cache.tier_loads`). `offload(hashes)` writes a session's device blocks
-        down now; `poll()` drops their device copies once they landed.
+        ours (landing a load) flushes first, and so does any look below that follows evictions
+        (`plan`, a prefetch's: a block evicted in this pass is in the top tier for it,
+        `cache.tier_loads`). `offload(hashes)` writes a session's device blocks down now;
+        `poll()` drops their device copies once they landed.
   up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
         cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads
         them into staging; `finish_load(key)` scatters the leading run of good blocks into the
@@ -159,9 +160,9 @@ class TierConnector(TierLoads):
             self.write_downs.queue(kept)
 
     def flush_write_downs(self) -> int:
-        """Gather the queued victims the stack lacks and store them (`WriteDowns.flush`). Must
-        run before anything writes the reused device blocks; needs no state lock. Returns the
-        blocks written."""
+        """Gather the queued victims the stack lacks and store them (`WriteDowns.flush`: the
+        contract). Must run before anything writes the reused device blocks. Returns the blocks
+        written."""
         return self.write_downs.flush()
 
     @property

@@ -84,9 +84,10 @@ class TierLoads:
     def _see_evicted(self) -> None:
         """Blocks evicted since the last flush are in the top tier for the look that follows (the
         module doc): the gather the engine would run after `schedule()`, run now, under the state
-        lock, only when something was queued in this pass and a look below follows."""
+        lock, only when something was queued in this pass and a look below follows; settled, so
+        on CUDA too the blocks are stored before the look (`WriteDowns`: the flush contract)."""
         if self.num_write_downs_queued:
-            self.flush_write_downs()
+            self.write_downs.flush(settle=True)
 
     def plan(self, hashes: list[BlockHash]) -> list[str]:
         """Tiers of the leading run of `hashes` held below and worth loading (may be empty)."""

@@ -2,16 +2,28 @@
 before anything writes those device blocks (`TierConnector` owns one).
 
     downs.queue(kept)          # the pool's eviction hook, under the state lock: no copy here
-    downs.flush()              # no state lock needed: gather the queued blocks the stack lacks, store them
+    downs.flush()              # gather the queued blocks the stack lacks, store them
     downs.check_flushed(mark)  # every victim queued before `downs.mark()` was gathered
 
 The contract, stated once (`Scheduler`'s docstring points here): a device block handed out by
 the pool may still hold a victim queued for a write-down until `flush()` ran, so whatever writes
 device KV flushes first: the engine between `schedule()` and the forward pass (outside the
-state lock), a landing load just before its scatter. `Scheduler.schedule()` records `mark()`
-on its output; `LLMEngine.step` checks it (`Scheduler.check_flushed`) just before its forward
-pass, and `update_from_output` checks it again for any driver: that catches a driver that never
-flushed, not one that flushed only after its forward pass (nothing here sees when a forward ran).
+state lock), a landing load just before its scatter. A look below that must see the blocks its
+own `schedule()` pass evicted flushes too (`TierLoads._see_evicted`, under the state lock, on
+the engine thread or on a manage thread's prefetch hint), with `settle=True`: it returns once
+they are stored, so the look finds them. `Scheduler.schedule()` records `mark()` on its output;
+`LLMEngine.step` checks it (`Scheduler.check_flushed`) just before its forward pass, and
+`update_from_output` checks it again for any driver: that catches a driver that never flushed,
+not one that flushed only after its forward pass (nothing here sees when a forward ran).
+
+Flushes from two threads are serialised by one flush lock held from taking the queue through
+the gather (on CUDA: through queueing it, and the compute stream's wait for it), and a victim
+counts as taken (`num_taken`, what `check_flushed` reads) only once its gather is done or
+queued: an engine flush that finds the queue emptied by a concurrent flush waits for that
+gather, so its forward pass cannot overwrite a block still being read (review_scale22 finding 1:
+a prefetch hint's flush raced the forward, and the host stored the forward's bytes under the
+evicted blocks' hashes). A flush never takes the state lock, so one running under it (a look
+below) and one outside it (the engine's) cannot deadlock.
 
 On CUDA the gather runs on the mover's copy stream (`DeviceBlockIO.read_async`): the engine
 thread never waits for it, the compute stream waits for it before the forward, and a mover
@@ -38,7 +50,8 @@ class WriteDowns:
         self.io = io
         self._staging = staging
         self._queue: list[tuple[BlockHash, int]] = []  # (hash, device block id) not gathered yet
-        self._lock = threading.Lock()  # queued under the state lock, flushed outside it
+        self._lock = threading.Lock()  # the queue and the counters
+        self._flush_lock = threading.Lock()  # one flush at a time, from the take through the gather
         self._async: list[Future[bool]] = []  # CUDA write-downs still being gathered
         self.num_queued = 0  # victims ever queued (the marks count these)
         self.num_taken = 0  # of which a flush took (gathered, or found below already)
@@ -68,11 +81,24 @@ class WriteDowns:
                 "pass: call kv.flush_write_downs() after schedule() and before running the step "
                 "(hintkv.cache.write_downs)")
 
-    def flush(self) -> int:
-        """Gather the queued victims the stack lacks and store them; returns the blocks written."""
-        with self._lock:
-            queued, self._queue = self._queue, []
-            self.num_taken += len(queued)
+    def flush(self, settle: bool = False) -> int:
+        """Gather the queued victims the stack lacks and store them; returns the blocks written.
+        `settle`: return only once they are stored (on CUDA the store otherwise lands later, on a
+        mover thread), so that a look below right after this finds them."""
+        with self._flush_lock:
+            with self._lock:
+                queued, self._queue = self._queue, []
+            try:
+                written = self._gather(queued)
+            finally:  # taken once gathered (or queued on the copy stream), never before
+                with self._lock:
+                    self.num_taken += len(queued)
+            pending = list(self._async) if settle else []
+        for f in pending:
+            f.result()
+        return written
+
+    def _gather(self, queued: list[tuple[BlockHash, int]]) -> int:
         if not queued:
             return 0
         where = self.stack.lookup([h for h, _ in queued])
@@ -111,7 +137,8 @@ class WriteDowns:
     def wait(self) -> None:
         """Block until every write-down gathered on the copy stream has been handed to the
         stack, then until the stack's I/O is done."""
-        for f in self._async:
+        with self._flush_lock:
+            pending, self._async = self._async, []
+        for f in pending:
             f.result()
-        self._async = []
         self.stack.flush()

@@ -15,6 +15,9 @@ and queued for its write-down, not flushed.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -89,3 +92,77 @@ def test_a_prefetch_in_the_same_pass_counts_what_the_pass_evicted():
     assert w.tiers.num_write_downs_queued == 0
     w.stack.flush()
     w.stack.close()
+
+
+def test_a_predicted_resume_prefetch_in_the_same_pass_loads_what_the_pass_evicted():
+    """`prefetch` (SAM's predicted resume), not only the hint's `prefetch_counted` (review_scale22
+    finding 3: that call site's flush was untested)."""
+    w = World("deferred", offload=True)
+    w.kv.pool.release(w.taken[-2:])
+    scheduled, on_device = w.tiers.prefetch(w.held)
+    assert (scheduled, on_device) == (2, 2)  # (was 0: the evicted tail was in no tier yet)
+    w.tiers.close()
+
+
+def test_a_hints_flush_on_another_thread_holds_the_engines_forward_until_gathered():
+    """review_scale22 finding 1: a prefetch hint (a manage thread, under the state lock) flushed
+    the queue while the engine, after `schedule()`, found it empty, passed `check_flushed` and ran
+    its forward pass, which overwrote the victims before the hint's gather read them: the host
+    stored the forward's bytes under the evicted blocks' hashes. Now the engine's flush waits for
+    the other gather, and `check_flushed` counts a victim only once gathered."""
+    w = World("deferred", offload=True)
+    queued = list(w.tiers.write_downs._queue)  # a's evicted tail: (hash, device block id)
+    bids = [b for _, b in queued]
+    evicted = torch.empty((len(bids), *w.io.layout.shape), dtype=w.io.layout.dtype)
+    w.io.read(bids, evicted)
+    mark = w.tiers.write_downs.mark()
+    started, go = threading.Event(), threading.Event()
+    read = w.io.read
+
+    def held_read(ids, out):  # the hint's gather, held open until the test lets it go
+        if threading.current_thread().name == "manage":
+            started.set()
+            assert go.wait(10)
+        read(ids, out)
+    w.io.read = held_read
+    manage = threading.Thread(target=lambda: w.tiers.prefetch_counted(w.held), name="manage")
+    manage.start()
+    assert started.wait(10)
+    engine_done = threading.Event()
+
+    def engine_step():  # LLMEngine.step after schedule(): flush, check, forward
+        w.tiers.flush_write_downs()
+        w.tiers.write_downs.check_flushed(mark)
+        w.io.write(bids, torch.full_like(evicted, 7.0))
+        engine_done.set()
+    engine = threading.Thread(target=engine_step, name="engine")
+    engine.start()
+    assert not engine_done.wait(0.3)  # the forward waits for the hint's gather
+    go.set()
+    manage.join(10)
+    engine.join(10)
+    assert engine_done.is_set()
+    w.stack.flush()
+    for (h, _), kv in zip(queued, evicted):
+        dst = torch.empty(w.io.layout.shape, dtype=w.io.layout.dtype)
+        assert w.stack.load(h, dst).result()
+        assert torch.equal(dst, kv)  # the evicted KV, not the forward's bytes
+    w.stack.close()
+
+
+class _CopyStreamEvent:
+    """What `DeviceBlockIO.read_async` returns on CUDA: the gather is still on the copy stream."""
+
+    def synchronize(self) -> None:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode, offload", [("deferred", True), ("lazy", False)])
+def test_on_the_copy_stream_a_plan_still_finds_what_the_pass_evicted(mode, offload):
+    """review_scale22 finding 2: with the gather on a copy stream (CUDA), the stack stores the
+    victims later, on a mover thread; the look below waits for them (`flush(settle=True)`)."""
+    w = World(mode, offload)
+    read = w.io.read
+    w.io.read_async = lambda ids, out, stream: (read(ids, out), _CopyStreamEvent())[1]
+    assert w.tiers.plan(w.held[2:]) == ["host", "host"]  # (was []: the store had not landed)
+    w.tiers.close()

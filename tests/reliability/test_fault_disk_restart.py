@@ -16,10 +16,10 @@ from hintkv.bench.common import ServerProcess, hintkv_server
 PROMPTS = prompts(6, length=64, seed=7)
 
 
-def _server(disk: str, reuse: bool) -> ServerProcess:
+def _server(disk: str, reuse: bool, mode: str = "lazy") -> ServerProcess:
     args = ["--api-key", API_KEY, "--dtype", "float32", "--device", "cpu", "--max-model-len", "256",
             "--kv-cache-tokens", "512", "--host-cache-memory", "256KiB", "--disk-cache-dir", disk,
-            "--disk-cache-size", "64MiB", "--log-level", "warning", "--offload-mode", "lazy"]  # written at the hint
+            "--disk-cache-size", "64MiB", "--log-level", "warning", "--offload-mode", mode]
     if reuse:
         args.append("--disk-cache-reuse")
     return ServerProcess(hintkv_server("dummy:tiny", name="crash", extra_args=args))
@@ -33,7 +33,7 @@ def _tier_hits(client: httpx.Client, tier: str) -> float:
 
 def test_kill_9_then_reuse_serves_identical_outputs(tmp_path):
     disk = str(tmp_path / "kv")
-    first = _server(disk, reuse=False).start()
+    first = _server(disk, reuse=False).start()  # lazy: written at the hint
     try:
         with httpx.Client(base_url=first.base_url, timeout=120) as c:
             reference = [greedy(c, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
@@ -61,3 +61,29 @@ def test_kill_9_then_reuse_serves_identical_outputs(tmp_path):
         assert _tier_hits(c, "disk") > 0  # what was fully written came back
         assert metric(c, "hintkv_internal_errors_total") == 0
     assert not [f for f in os.listdir(disk) if f.endswith(".tmp")]
+
+
+def test_kill_9_under_deferred_offload_recomputes_what_the_device_still_held(tmp_path):
+    """The default `deferred` writes nothing at an offload hint (docs/protocol.md): a session the
+    device has not evicted yet is on no disk when the process dies, so a restart recomputes it,
+    with the same greedy output, and its offload reply moved no block down."""
+    disk = str(tmp_path / "kv")
+    first = _server(disk, reuse=False, mode="deferred").start()
+    try:
+        with httpx.Client(base_url=first.base_url, timeout=120) as c:
+            reference = [greedy(c, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
+            last = len(PROMPTS) - 1  # the latest session: on the device, nothing of it evicted
+            reply = manage(c, f"s{last}", "offload")
+            assert reply.status_code == 200
+            tiers = reply.json()["agent_hint_result"]["edits"][0]["tiers"]
+            assert tiers.get("host", {"blocks": 0})["blocks"] == 0
+            assert tiers.get("disk", {"blocks": 0})["blocks"] == 0
+        assert first.proc is not None
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+    finally:
+        first.stop()
+    with _server(disk, reuse=True, mode="deferred") as again, \
+            httpx.Client(base_url=again.base_url, timeout=120) as c:
+        assert greedy(c, PROMPTS[last], session=f"s{last}") == reference[last]
+        assert _tier_hits(c, "disk") == 0  # recomputed: nothing of it had gone down
