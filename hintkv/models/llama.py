@@ -28,6 +28,7 @@ from hintkv.models.linear import (
     KERNELS,
     Linear,
     LinearKernel,
+    OneDnnKernel,
     choose_kernel,
     prepare_linears,
 )
@@ -61,10 +62,36 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype, device)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype, device)
+        # the last layer's q and k/v row slices of qkv_proj's weight, each its own kernel (`split_qkv`), or None
+        self.q_kv_kernels: tuple[LinearKernel, LinearKernel] | None = None
+
+    def split_qkv(self) -> bool:
+        """Give the q and the k/v rows of qkv_proj's weight a kernel each, so that a step keeping few rows past
+        this layer's K/V (the last layer: `LlamaForCausalLM.forward`'s keep_last) projects k/v for every row but q
+        only for the kept ones: a 512-token prefill's last layer then skips 511 of its 512 q rows, a third of that
+        layer's qkv GEMM. Only where qkv runs on oneDNN (`linear.OneDnnKernel`), whose k/v columns come out the same
+        bits from the slice as from the whole weight at any row count (checked at 13-2048 rows, 1 and 2 threads):
+        the K/V written stays that of the unsplit layer (HINTKV_LAST_LAYER_ROWS=all), bit for bit. Both slices are
+        packed now (a copy of one layer's qkv weight; q runs gemv up to 12 kept rows, the packed slice past them),
+        not in a request's step. Whether the split is on."""
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        if self.qkv_proj.kernel.name != OneDnnKernel.name:
+            self.q_kv_kernels = None
+            return False
+        q_rows, kv_rows = slice(0, self.q_size), slice(self.q_size, None)
+        self.q_kv_kernels = (OneDnnKernel(w[q_rows], None if b is None else b[q_rows]),
+                             OneDnnKernel(w[kv_rows], None if b is None else b[kv_rows]))
+        for kernel in self.q_kv_kernels:
+            kernel.warm()
+        return True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, regions: Regions, suffix: Suffix | None = None) -> torch.Tensor:
         """Attention output after o_proj of every row, or of `suffix`'s rows only (every row's K/V written)."""
+        # the split while qkv_proj still runs oneDNN (a later `set_kernel` takes it off), not compiled (one rope graph)
+        if (suffix is not None and self.q_kv_kernels is not None and self.qkv_proj.kernel.name == OneDnnKernel.name
+                and not regions.compiled):
+            return self._kept_rows(x, cos, sin, kv_cache, meta, regions, suffix)
         # q and k rotate together: one RoPE pass over the Hq + Hkv heads of the fused qkv rows
         q, k, v = regions.rope(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
         if suffix is None:
@@ -76,6 +103,22 @@ class Attention(nn.Module):
             return x.new_empty(0, x.shape[1])
         o = paged_attention(q.index_select(0, rows), k.index_select(0, rows), v.index_select(0, rows), kv_cache,
                             sub, self.scale)  # writes the kept rows' K/V again: the same values
+        return self.o_proj(o.reshape(rows.numel(), self.q_size))
+
+    def _kept_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                   meta: AttentionMetadata, regions: Regions, suffix: Suffix) -> torch.Tensor:
+        """`forward` with `suffix` on the split kernels (`split_qkv`): k/v of every row, q of the kept rows only."""
+        q_kernel, kv_kernel = self.q_kv_kernels
+        kv_kernel.refresh()
+        _, k, v = regions.rope(kv_kernel(x), cos, sin, 0, self.num_kv_heads, self.head_dim)
+        rows, sub = suffix
+        write_kv(k, v, kv_cache, meta.slot_mapping)
+        if rows.numel() == 0:
+            return x.new_empty(0, x.shape[1])
+        q_kernel.refresh()
+        q, _, _ = regions.rope(q_kernel(x.index_select(0, rows)), cos.index_select(0, rows),
+                               sin.index_select(0, rows), self.num_heads, 0, self.head_dim)
+        o = paged_attention(q, k.index_select(0, rows), v.index_select(0, rows), kv_cache, sub, self.scale)
         return self.o_proj(o.reshape(rows.numel(), self.q_size))
 
 
@@ -183,6 +226,10 @@ class LlamaForCausalLM(nn.Module):
             prepare_linears(self, None)
             act_absmax = calibrate(self, self.calibration)
         counts = prepare_linears(self, quantization, act_absmax)
+        for i, layer in enumerate(self.layers):  # only the last layer runs a step's kept rows alone (`forward`)
+            layer.self_attn.q_kv_kernels = None
+            if i == len(self.layers) - 1:
+                layer.self_attn.split_qkv()
         head = choose_kernel(self.lm_head, quantization, is_lm_head=True)
         self._lm_head_kernel = KERNELS[head](self.lm_head, None)
         counts[head] = counts.get(head, 0) + 1

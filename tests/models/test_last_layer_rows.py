@@ -1,5 +1,6 @@
 """The last layer past its K/V for the sampled rows only (`LlamaForCausalLM.forward(keep_last=...)`, the runner's
-default; HINTKV_LAST_LAYER_ROWS=all runs every row).
+default; HINTKV_LAST_LAYER_ROWS=all runs every row), and on oneDNN its q projected for those rows only
+(`Attention.split_qkv`: k/v of every row from the weight's k/v slice, the same bits as the fused GEMM's).
 
 Every row's K/V is still written (the caches are equal bit for bit), the kept rows' hidden states agree with the
 whole step's to float32 rounding (they run GEMMs and attention at another row count), the last layer's MLP sees
@@ -9,6 +10,7 @@ sample nothing) and speculative drafts (1 + k kept rows).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -18,8 +20,12 @@ from model_steps import ModelSteps, drain
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
+from hintkv.models import gemv_cpu, linear
 from hintkv.models.attention import suffix_rows
+from hintkv.models.linear import OneDnnKernel
+from hintkv.models.llama import Attention
 from hintkv.models.loader import load_model
+from hintkv.models.presets import preset_config
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +111,89 @@ def test_a_chunk_that_samples_nothing_runs_on_the_pytorch_attention_path(monkeyp
     sampled = _greedy(monkeypatch, "sampled", None, **cfg)
     assert [len(t) for t in sampled] == [12, 12, 12]
     assert sampled == _greedy(monkeypatch, "all", None, **cfg)
+
+
+@pytest.fixture()
+def onednn_tiny(monkeypatch):
+    if not OneDnnKernel.available(torch.zeros(1, 1)):
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setenv("HINTKV_CPU_GEMM", "onednn")
+    linear.cpu_gemm.cache_clear()
+    yield load_model("dummy:tiny", torch.float32, "cpu")
+    monkeypatch.undo()
+    linear.cpu_gemm.cache_clear()
+
+
+class _Rows:
+    """A kernel that records the row count of each call (`Attention.q_kv_kernels`' items)."""
+
+    def __init__(self, kernel, seen: list[int]) -> None:
+        self.kernel, self.seen = kernel, seen
+
+    def refresh(self) -> None:
+        self.kernel.refresh()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.shape[0])
+        return self.kernel(x)
+
+
+def test_the_last_layer_projects_q_for_the_kept_rows_only_and_writes_the_same_kv(onednn_tiny):
+    layers = onednn_tiny.model.layers
+    assert [layer.self_attn.q_kv_kernels is not None for layer in layers] == [False] * (len(layers) - 1) + [True]
+    attn = layers[-1].self_attn
+    q_rows, kv_rows, fused_rows = [], [], []
+    split = attn.q_kv_kernels
+    rng = random.Random(7)
+    full, _ = _steps(onednn_tiny, random.Random(7))
+    kept, _ = _steps(onednn_tiny, random.Random(7))
+    batch = [("a", [rng.randrange(100, 40000) for _ in range(40)]), ("c", [rng.randrange(100, 40000) for _ in range(25)])]
+    _, in_full = full.prepare(batch)
+    _, in_kept = kept.prepare(batch)
+    hook = attn.qkv_proj.register_forward_pre_hook(lambda m, args: fused_rows.append(args[0].shape[0]))
+    try:
+        h_full = full.runner.forward(in_full)
+        attn.q_kv_kernels = (_Rows(split[0], q_rows), _Rows(split[1], kv_rows))
+        h_kept = kept.runner.forward(in_kept, [2, 1])
+    finally:
+        hook.remove()
+        attn.q_kv_kernels = split
+    assert fused_rows == [65] and kv_rows == [65] and q_rows == [3]  # the unsplit run, then k/v of all, q of 3
+    rows, _ = suffix_rows(in_full.meta, [2, 1])
+    torch.testing.assert_close(h_kept, h_full[rows], rtol=1e-5, atol=1e-5)
+    for a, b in zip(full.runner.kv_caches, kept.runner.kv_caches, strict=True):
+        assert torch.equal(a, b)  # the k/v slice gives the whole weight's bits: the caches are equal
+
+
+@pytest.mark.parametrize("rows", [1, 3, 12, 13, 40, 512])
+def test_the_split_kernels_give_the_fused_columns_bit_for_bit_with_a_bias(monkeypatch, rows):
+    """`Attention.split_qkv` on a Qwen2-style layer (q/k/v bias): each slice's columns are the fused GEMM's, to
+    the bit past gemv's rows (oneDNN, where the split is made) and within rounding for gemv's few rows (q)."""
+    if not OneDnnKernel.available(torch.zeros(1, 1)):
+        pytest.skip("no oneDNN in this torch build")
+    cfg = dataclasses.replace(preset_config("tiny"), attention_bias=True)
+    attn = Attention(cfg, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(rows)
+    with torch.no_grad():
+        attn.qkv_proj.weight.normal_(0, 0.05, generator=gen)
+        attn.qkv_proj.bias.normal_(0, 0.1, generator=gen)
+    attn.qkv_proj.set_kernel("onednn")
+    assert attn.split_qkv()
+    x = torch.randn(rows, cfg.hidden_size, generator=gen)
+    fused = attn.qkv_proj.kernel(x)
+    q, kv = (kernel(x) for kernel in attn.q_kv_kernels)
+    assert torch.equal(kv, fused[:, attn.q_size:])
+    if rows > gemv_cpu.ROWS:
+        assert torch.equal(q, fused[:, :attn.q_size])
+    torch.testing.assert_close(q, fused[:, :attn.q_size], rtol=1e-5, atol=1e-5)
+    attn.qkv_proj.set_kernel("mkl")
+    assert not attn.split_qkv() and attn.q_kv_kernels is None  # no split off oneDNN
+
+
+def test_w8a8_keeps_the_last_layer_unsplit(onednn_tiny):
+    onednn_tiny.model.prepare("w8a8")
+    try:
+        assert all(layer.self_attn.q_kv_kernels is None for layer in onednn_tiny.model.layers)
+    finally:
+        onednn_tiny.model.prepare(None)
+    assert onednn_tiny.model.layers[-1].self_attn.q_kv_kernels is not None
