@@ -1,10 +1,10 @@
 """Keeping the engine's CPUs awake while a step runs (HINTKV_CPU_KEEPER=auto, the default; 1 always; 0 off).
 
-    CpuKeeper.build(device_type, bound) -> CpuKeeper | None   None: off (0), not a CPU engine, no extension, or a
-                                                      keeper that could not take SCHED_IDLE / its CPU
+    CpuKeeper.build(device_type, bound, gate) -> CpuKeeper | None   None: off (0), not a CPU engine, no extension,
+                                                      or a keeper that could not take SCHED_IDLE / its CPU
     keeper.step()                                     a context manager around one forward: spin during it and
                                                       LINGER_S after the last holder's (engines of a process share);
-                                                      under auto, only while the CPUs are not contended
+                                                      under auto, only while the engine's gate reads free
 
 Why (twenty-first session, prefill7): this machine is a VM whose idle vCPU halts at once (the kernel's
 cpuidle-haltpoll with guest_halt_poll_ns=0: no polling), so waking a thread on a halted vCPU waits for the host
@@ -20,9 +20,11 @@ preempts it at once, and a thread that stays runnable cedes it only SCHED_IDLE's
 busy CPU, in slices of ~3 ms). Served under load 6-22 its 512 TTFT read 1.65x plain's twice (cause not found;
 docs/benchmarks/history/engine.md, prefill7's section), where nothing halts and a keeper cannot help; on the quiet box
 of the lead's closing run (`bench engine --variants keeper`) it took the 512 prefill 1.33x and the cold TTFT 1.46x
-faster. So `auto` holds the keepers only while the engine thread does not wait for a CPU: the decode team's
-contention gate (models/team_choice.ContentionGate over RunqueueWait: over 0.25 of its time runnable but waiting,
-off until under 0.10), read by the engine thread every 16 steps.
+faster. So `auto` does not hold the keepers while the engine's contention gate reads contended
+(models/team_choice.ContentionGate over the engine thread's RunqueueWait, with hysteresis; the one gate the engine
+owns and ticks once a step, which the decode team's chooser reads too). auto has been measured on quiet boxes only
+(the lead's closing runs, load 0.7-1.7), not yet under the load where prefill7 saw the 1.65x loss (review_lead22
+finding 7); the gate's first reading comes one check period after the engine's first step.
 
 The keepers are started once per process (csrc/keeper.cpp): one per OpenMP thread of the engine, pinned one per CPU
 when the engine's CPUs are known (bound, or a process allowed exactly that many CPUs), else left to the OS.
@@ -36,7 +38,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from hintkv.models.team_choice import ContentionGate, RunqueueWait
+from hintkv.models.team_choice import ContentionGate
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +77,16 @@ class CpuKeeper:
     def __init__(self, ops, cpus: list[int], policy: int = os.SCHED_IDLE, gate: ContentionGate | None = None) -> None:
         self._ops = ops
         self.cpus = cpus
-        self.gate = gate  # auto: no hold while contended; None: every step holds
+        self.gate = gate  # auto: the engine's gate (it ticks it), no hold while contended; None: every step holds
         self.num_gated = 0  # steps run without the keepers for contention
         self.tids = ops.keeper_start(cpus, policy)  # raises when a keeper could not take the policy or its CPU
         global started
         started = True
 
     @classmethod
-    def build(cls, device_type: str, bound: list[int] | None = None) -> CpuKeeper | None:
+    def build(cls, device_type: str, bound: list[int] | None = None,
+              gate: ContentionGate | None = None) -> CpuKeeper | None:
+        """The keepers for an engine on `device_type`; under auto gated by `gate` (the engine's, which it ticks)."""
         mode = wanted()
         if mode == "0" or device_type != "cpu":
             return None
@@ -92,9 +96,10 @@ class CpuKeeper:
             return None
         import torch
 
-        gate = ContentionGate(RunqueueWait()) if mode == "auto" else None
+        if mode == "auto" and gate is None:
+            raise ValueError("HINTKV_CPU_KEEPER=auto needs the engine's contention gate")
         try:
-            keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound), gate=gate)
+            keeper = cls(ops, keeper_cpus(torch.get_num_threads(), bound), gate=gate if mode == "auto" else None)
         except RuntimeError as e:  # its threads exited without spinning: never spin at a normal priority
             log.warning("HINTKV_CPU_KEEPER=%s: no keepers (%s); running without them", mode, e)
             return None
@@ -104,7 +109,6 @@ class CpuKeeper:
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         if self.gate is not None:
-            self.gate.tick()
             if self.gate.contended:  # nothing halts under load: the keepers would only take CPU
                 self.num_gated += 1
                 yield

@@ -47,6 +47,7 @@ from hintkv.engine.types import (
     SessionRef,
 )
 from hintkv.models.loader import LoadedModel, load_model
+from hintkv.models.team_choice import ContentionGate
 from hintkv.tiers.build import build_pool_tier, build_tier_stack
 from hintkv.tiers.device import DeviceBlockIO
 
@@ -122,9 +123,15 @@ class LLMEngine:
                                   self.max_model_len if cfg.wants_cuda_graphs(self.device.type) else None)
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
-        # HINTKV_CPU_KEEPER (auto, the default: not under contention): idle-priority spinners keep the CPUs out of idle
-        # during a forward
-        self.keeper = CpuKeeper.build(self.device.type, engine_cpus(cfg.cpu_omp_threads_bind, self.device.type))
+        # One contention gate of the engine thread (a CPU engine): ticked once a step, on this engine's thread, before
+        # the forward (`step`); read by the decode team's chooser (the model's: handed over here, engine -> model; a
+        # model shared by engines reads the last one's) and by the CPU keepers
+        self.gate = ContentionGate.for_engine_thread() if self.device.type == "cpu" else None
+        loaded.model.contention_gate = self.gate
+        # HINTKV_CPU_KEEPER (auto, the default: not while the gate reads contended): idle-priority spinners keep the
+        # CPUs out of idle during a forward
+        self.keeper = CpuKeeper.build(self.device.type, engine_cpus(cfg.cpu_omp_threads_bind, self.device.type),
+                                      self.gate)
         log.info("engine ready: model=%s device=%s dtype=%s kv=%s kv_blocks=%d (%d tokens)",
                  self.model_name, self.device, self._dtype_name, cfg.kv_cache_dtype, self.num_blocks,
                  self.num_kv_tokens)
@@ -301,6 +308,8 @@ class LLMEngine:
         if sched.scheduled:
             self.kv.flush_write_downs()  # victims reused by this pass are written down first
             self.scheduler.check_flushed(sched)  # (checked here, before the forward writes them)
+            if self.gate is not None:
+                self.gate.tick()
             t0 = time.perf_counter()
             if self.keeper is None:
                 runner_out = self.runner.run(sched.scheduled)

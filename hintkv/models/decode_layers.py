@@ -24,7 +24,7 @@ W8A8 (its int8 linears through int8_cpu's build, `int8_cpu.team_address()`), can
 (`csrc/decode_team.cpp`: one fork per step, items off shared counters, a wait only at each phase's end) instead of a
 region per kernel (32-40 regions per dummy:tiny step, each waking a sleeping worker). Same bits. Which one runs is
 HINTKV_DECODE_TEAM (decided in `DecodeLayers.__init__` alone): unset or auto (the default since the twenty-first
-session) the regions while the engine thread waits for a CPU, else the team unless measured step times say otherwise
+session) the regions while the engine's `ContentionGate` (`model.contention_gate`) reads its thread as waiting for a CPU, else the team unless measured step times say otherwise
 (`team_choice.py`); 1 the team, 0 the regions. Auto against the regions, served side by side (twenty-first session,
 dummy:tiny, 2 threads): SCHED_FIFO b8 1.19x / 1.04x, b1 1.10x / 1.10x; SCHED_OTHER at load 5-8 b8 0.97x / 1.02x, b1
 1.46x / 1.05x. The team alone: served, dummy:tiny, 2 threads, bench's clients, interleaved rounds (eighteenth
@@ -53,7 +53,7 @@ from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
 from hintkv.models.cpu_choice import env_choice
 from hintkv.models.int8 import GEMV_ROWS
 from hintkv.models.linear import MklPackedKernel, OneDnnKernel, W8A8FineKernel, W8A8Kernel
-from hintkv.models.team_choice import RunqueueWait, TeamChooser
+from hintkv.models.team_choice import TeamChooser
 
 _CSRC = Path(__file__).parent / "csrc"
 _HEADERS = """#include <torch/extension.h>
@@ -148,8 +148,9 @@ class DecodeLayers:
         mode = env_choice("HINTKV_DECODE_TEAM", ("0", "1"), default="auto")  # unset: auto; an unknown value raises
         can_team = not self.int8 or self.int8_team != 0
         self.team = can_team and mode == "1"
-        # auto: the team unless the engine thread waits for a CPU (the regions then), and the timing probes between
-        self.chooser = TeamChooser(start_team=True, contention=RunqueueWait()) if can_team and mode == "auto" else None
+        # auto: the team unless the engine's contention gate (model.contention_gate) reads its thread as waiting for a
+        # CPU (the regions then), and the timing probes between
+        self.chooser = TeamChooser(start_team=True) if can_team and mode == "auto" else None
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:
@@ -206,7 +207,8 @@ class DecodeLayers:
         attn = self.model.layers[0].self_attn
         eps = self.model.layers[0].input_layernorm.eps
         rows, chooser = h.shape[0], self.chooser if meta.is_decode_only else None  # auto: decode steps only
-        team = self.team if chooser is None else chooser.use_team(rows)
+        gate = self.model.contention_gate
+        team = self.team if chooser is None else chooser.use_team(rows, gate is not None and gate.contended)
         t0 = time.perf_counter()
         if team:
             out = self._ops.decode_team(h, tensors, codes, cos, sin, kv_caches, meta.slot_mapping, meta.block_tables,

@@ -34,8 +34,9 @@ from hintkv.models.cpu_choice import cpu_flags, env_choice, int8_rows_for, read_
 
 LEVELS = 2
 # Steps of at most this many int8 rows (levels x tokens: a decode batch of 8, a 1 + k verify) run the
-# few-row kernel `int8_cpu.gemv`; more rows go through torch._int_mm (a GEMM that reuses each weight).
-GEMV_ROWS = 16
+# few-row kernel `int8_cpu.gemv`; more rows go through torch._int_mm (a GEMM that reuses each weight). Written once,
+# in int8_cpu.py, whose build sizes gemv's stack scratch by it.
+GEMV_ROWS = int8_cpu.GEMV_ROWS
 _EMPTY = torch.empty(0)
 AMX = True  # gemv on AMX tiles where the CPU has them (`int8_cpu.has_amx()`); False: the VNNI (or AVX2) loop
 ALPHA = 0.5  # SmoothQuant's migration strength (calibration.py says how it was chosen)

@@ -46,7 +46,10 @@ _SOURCE = "".join((Path(__file__).parent / "csrc" / name).read_text()
 # -march=native: the extension is built on the machine that runs it (cached per machine); the
 # vector paths are guarded by the compiler's __AVX2__ / __AVX512VNNI__, a plain loop otherwise.
 # No FMA contraction, so the residual is rounded as the eager ops round it.
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+# GEMV_ROWS (int8.py's, written here): the most int8 rows a decode / verify step's gemv takes; csrc/int8_gemv.cpp's
+# stack scratch is sized by it (-DHK_GEMV_ROWS: one source, review_auto21 finding 8), more rows take the heap.
+GEMV_ROWS = 16
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", f"-DHK_GEMV_ROWS={GEMV_ROWS}"]
 
 
 def ops() -> ModuleType | None:

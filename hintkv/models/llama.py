@@ -33,6 +33,7 @@ from hintkv.models.linear import (
     prepare_linears,
 )
 from hintkv.models.rope import RotaryEmbedding
+from hintkv.models.team_choice import ContentionGate
 
 
 # the kept rows of a step and the metadata of their queries alone (`attention.suffix_rows`)
@@ -178,6 +179,8 @@ class LlamaForCausalLM(nn.Module):
         self._greedy_head = GreedyHead(self.lm_head, self._lm_head_kernel)
         self._cpp_regions = self.regions  # the fused layers run only while these are the regions in use
         self._decode_layers: DecodeLayers | None = None  # every layer in one C++ call (few-row steps), set by prepare
+        # the engine's gate (engine/llm_engine.py ticks it on its thread): the decode team's chooser reads it
+        self.contention_gate: ContentionGate | None = None
 
     @property
     def device(self) -> torch.device:

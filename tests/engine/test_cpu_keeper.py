@@ -4,6 +4,7 @@ the engine thread waits for a CPU; an engine with them gives the same tokens and
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,16 +37,19 @@ def test_auto_by_default_and_refuses_an_unknown_value(monkeypatch):
 
 
 @needs_ext
-def test_auto_holds_the_keepers_only_while_the_cpus_are_not_contended(monkeypatch):
-    """auto's gate reads the engine thread's runqueue wait: contended (over 0.25) steps run without the hold, and a
-    reading under 0.10 brings it back (the decode team's ContentionGate)."""
+def test_auto_holds_the_keepers_only_while_the_engines_gate_reads_free(monkeypatch):
+    """auto reads the engine's gate (which the engine ticks): contended steps run without the hold, and a reading
+    under free_share brings it back; auto without a gate is refused."""
     monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
-    keeper = CpuKeeper.build("cpu")
-    assert keeper is not None and keeper.gate is not None
+    with pytest.raises(ValueError, match="contention gate"):
+        CpuKeeper.build("cpu")
     shares = iter([0.9, 0.2, 0.05])
-    keeper.gate = ContentionGate(lambda: next(shares), check_every=1)
+    gate = ContentionGate(lambda: next(shares), check_every=1)
+    keeper = CpuKeeper.build("cpu", gate=gate)
+    assert keeper is not None and keeper.gate is gate
     held = []
     for _ in range(3):
+        gate.tick()  # the engine's part, once a step
         with keeper.step():
             held.append(keeper.stats()[2])
     assert held == [0, 0, 1] and keeper.num_gated == 2  # 0.9: off; 0.2: still off (hysteresis); 0.05: back
@@ -153,3 +157,64 @@ def test_an_engine_with_keepers_gives_the_same_tokens_and_holds_them_across_its_
     assert _greedy(kept) == _greedy(plain)
     assert held and all(h >= 1 for h in held)
     assert kept.keeper.stats()[2] == 0
+
+
+@needs_ext
+def test_the_engine_owns_one_gate_that_its_keepers_and_decode_team_read():
+    """(review_lead22 findings 3-4, review_auto21 finding 4) In a fresh process with both switches unset (auto, what
+    ships): the engine builds one ContentionGate over its thread's RunqueueWait at ContentionGate's settings, hands
+    it to the model (the decode team's chooser) and to the keepers, and ticks it once a forward on the stepping
+    thread; a contended reading then gates the keepers and runs the decode steps in the regions, with the tokens of
+    an engine with both off."""
+    code = textwrap.dedent("""
+        import json, os, threading
+        for name in ("HINTKV_CPU_KEEPER", "HINTKV_DECODE_TEAM"):
+            os.environ.pop(name, None)
+        from hintkv.config import EngineConfig
+        from hintkv.engine.llm_engine import LLMEngine
+        from hintkv.engine.types import GenerateRequest, SamplingParams
+        from hintkv.models.team_choice import ContentionGate, RunqueueWait
+
+        def greedy(engine):
+            engine.add_request(GenerateRequest("r", list(range(100, 400)),
+                                               SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+            tokens, steps = [], 0
+            while engine.has_work():
+                steps += 1
+                for out in engine.step():
+                    tokens += out.new_token_ids
+            return tokens, steps
+
+        cfg = dict(model="dummy:tiny", dtype="float32", kv_cache_tokens=4096, max_model_len=1024)
+        engine = LLMEngine(EngineConfig(**cfg))
+        gate, model = engine.gate, engine.runner.model
+        out = dict(reader=isinstance(gate.contention, RunqueueWait), every=gate.check_every,
+                   model=model.contention_gate is gate, keeper=engine.keeper is not None and engine.keeper.gate is gate)
+        tids = []
+
+        def contended():  # the engine thread waits for a CPU most of its time
+            tids.append(threading.get_native_id())
+            return 0.9
+
+        gate.contention = contended
+        tokens, steps = greedy(engine)
+        chooser = model._decode_layers.chooser
+        out.update(steps=steps, ticks=gate.num_ticks, reads=len(tids), on_this_thread=set(tids) == {threading.get_native_id()},
+                   contended=gate.contended, gated=engine.keeper.num_gated, chooser_steps=chooser.num_steps,
+                   chooser_contended=chooser.num_contended)
+        os.environ["HINTKV_CPU_KEEPER"] = os.environ["HINTKV_DECODE_TEAM"] = "0"
+        out["same_tokens"] = greedy(LLMEngine(EngineConfig(**cfg)))[0] == tokens
+        print(json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("HINTKV_CPU_KEEPER", "HINTKV_DECODE_TEAM")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    every = ContentionGate.CHECK_EVERY
+    assert out["reader"] and out["every"] == every and out["model"] and out["keeper"]
+    assert out["ticks"] == out["steps"] == 40 and out["on_this_thread"]  # one prefill step, 39 decode steps
+    assert out["reads"] == 1 + out["steps"] // every  # the baseline at the first tick, then every 16th
+    gated = out["steps"] - every + 1  # from the step whose reading flipped it
+    assert out["contended"] and out["gated"] == gated
+    assert out["chooser_steps"] == out["steps"] - 1 and out["chooser_contended"] == gated
+    assert out["same_tokens"]

@@ -22,7 +22,7 @@ from hintkv.models.compile import Regions
 from hintkv.models.decode_layers import DecodeLayers
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.presets import init_random_, preset_config
-from hintkv.models.team_choice import TeamChooser
+from hintkv.models.team_choice import ContentionGate, TeamChooser
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.enabled() or gemv_cpu.ops() is None,
                                 reason="C++ kernels off or not built: no fused decode layers")
@@ -236,6 +236,17 @@ def test_auto_runs_decode_steps_both_ways_bit_for_bit(monkeypatch):
     assert chooser.log == [(3, False), (3, True)] * 2  # each step's wall time, told with the way that ran it
     _fused_vs_per_op(fused.model, [4, 1], [40, 9], seed=1)  # not a decode-only step: no choice, the regions
     assert chooser.num_steps == 4 and spy.calls[-1] == ("decode_layers", True) and len(chooser.log) == 4
+    # the engine's gate (handed to the model, engine/llm_engine.py) reading contended: decode steps run the regions
+    gate = ContentionGate(lambda: 0.9, check_every=1)
+    assert gate.tick() and gate.contended
+    fused.model.contention_gate, calls = gate, len(spy.calls)
+    try:
+        for seed in range(4):
+            got, want, _, _ = _fused_vs_per_op(fused.model, [1, 1, 1], [37, 12, 90], seed=seed)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    finally:
+        fused.model.contention_gate = None
+    assert spy.calls[calls:] == [("decode_layers", True)] * 4 and chooser.num_contended == 4
 
 
 @pytest.mark.parametrize("value", ["on", "true", "2", "yes"])

@@ -1,8 +1,8 @@
 """team_choice.py: the chooser probes the other way every probe_every-th step, keeps the way whose measured wall
 times are lower (in either direction, under noise), does not flip back and forth at a modest gap under a loaded
 machine's noise, compares a probe with the current way's recent steps (not its whole history), and a probe with
-too little of its batch size to compare with does not count; a contended CPU (the engine thread's runqueue wait)
-runs the regions, and RunqueueWait reads that wait."""
+too little of its batch size to compare with does not count; the engine's ContentionGate (its thread's runqueue wait,
+with hysteresis) runs the regions while contended, and RunqueueWait reads that wait, thread by thread."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hintkv.models.team_choice import RunqueueWait, TeamChooser
+from hintkv.models.team_choice import ContentionGate, RunqueueWait, TeamChooser
 
 
 def _run(chooser: TeamChooser, team_s: float, regions_s: float, steps: int, seed: int, rows=(8,),
@@ -93,37 +93,62 @@ def test_a_probe_without_a_yardstick_of_its_batch_size_does_not_count():
 
 
 def test_contention_runs_the_regions_until_it_drops_below_the_lower_share():
-    """Each check_every-th step reads the contention share: over busy_share every step runs the regions and no
-    step counts as evidence (the team's 2x-fast timings below would otherwise switch it); between the two shares
-    it stays; under free_share the timing rule runs again from the team."""
-    shares = iter([0.0, 0.6, 0.2, 0.05, 0.2])  # free, busy, in between (stays busy), free, in between (stays free)
-    chooser = TeamChooser(start_team=True, contention=lambda: next(shares), check_every=10, probe_every=2)
+    """The engine's gate reads its share at the first tick (the reader's baseline) and every check_every-th after:
+    over busy_share every step runs the regions, until a reading under free_share; between the two it stays."""
+    shares = iter([None, 0.0, 0.6, 0.2, 0.05, 0.2])  # baseline; free, busy, in between (stays busy), free, stays free
+    gate = ContentionGate(lambda: next(shares), check_every=10)
+    chooser = TeamChooser(start_team=True, probe_every=2)
     ways = []
     for _ in range(50):
-        team = chooser.use_team(8)
+        gate.tick()
+        team = chooser.use_team(8, gate.contended)
         ways.append(team)
         chooser.record(8, team, 0.5 if team else 1.0)
     assert ways[19:39] == [False] * 20  # steps 20-39: contended (read at step 20, kept at step 30)
     assert chooser.num_contended == 20 and chooser.num_switches == 0 and chooser.team
     assert any(ways[:19]) and any(ways[39:])  # the team before and after (probes of the regions between)
-    assert not chooser.contended
+    assert not gate.contended and not chooser.contended
     with pytest.raises(ValueError):
-        TeamChooser(busy_share=0.1, free_share=0.2)
+        ContentionGate(lambda: None, busy_share=0.1, free_share=0.2)
 
 
-def test_a_missing_reading_changes_nothing():
-    chooser = TeamChooser(start_team=True, contention=lambda: None, check_every=1)
-    assert all(chooser.use_team(8) or i % 32 == 31 for i in range(64)) and not chooser.contended
+def test_no_step_under_contention_or_from_before_it_counts_as_evidence():
+    """(review_auto21 finding 3) Before the contention both ways take 1.0; under it and after, the regions 0.5 and,
+    after it, the team 0.3: had the team's slow times from before stayed the yardstick for the probes after (the
+    evidence is cleared at each flip), the chooser would have switched to the regions."""
+    chooser = TeamChooser(start_team=True, probe_every=2, probes=3, window=4)
+    for step in range(80):
+        contended = 20 <= step < 60
+        team = chooser.use_team(8, contended)
+        chooser.record(8, team, (1.0 if step < 20 else 0.3) if team else (1.0 if step < 20 else 0.5))
+    assert chooser.num_switches == 0 and chooser.team and chooser.num_contended == 40
+
+
+def test_the_gate_flips_only_past_its_shares_and_a_missing_reading_changes_nothing():
+    at_busy = ContentionGate(lambda: ContentionGate.BUSY_SHARE, check_every=1)  # at the share: not over it
+    assert not any(at_busy.tick() for _ in range(5)) and not at_busy.contended
+    over = iter([0.26, 0.11, ContentionGate.FREE_SHARE])
+    gate = ContentionGate(lambda: next(over), check_every=1)
+    assert [gate.tick() for _ in range(3)] == [True, False, True] and not gate.contended  # back at free_share
+    missing = ContentionGate(lambda: None, check_every=1)
+    assert not any(missing.tick() for _ in range(64)) and not missing.contended
+    calls = []
+    counted = ContentionGate(lambda: calls.append(1), check_every=16)
+    for _ in range(32):
+        counted.tick()
+    assert len(calls) == 3  # the baseline at the first tick, then ticks 16 and 32
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat") or not hasattr(os, "sched_setaffinity"),
                     reason="no per-thread schedstat")
 def test_runqueue_wait_reads_the_threads_wait_for_a_cpu():
-    """This thread and a busy process on one CPU: the thread waits for it about half the time (over 0.2 however
-    loaded the machine is: more load only adds waiting); the first call has nothing to compare with."""
+    """This thread and two busy processes on one CPU: the thread waits about 2/3 of its time and runs 1/3 (over 0.5
+    however loaded the machine is: more load only adds waiting; a gauge reading the run share, or the fields swapped,
+    stays near 1/3: review_auto21 finding 2); the first call has nothing to compare with."""
     cpu = min(os.sched_getaffinity(0))
     saved = os.sched_getaffinity(0)
-    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    busy = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+            for _ in range(2)]
     try:
         os.sched_setaffinity(0, {cpu})
         wait = RunqueueWait()
@@ -133,10 +158,11 @@ def test_runqueue_wait_reads_the_threads_wait_for_a_cpu():
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
             sum(range(1000))
-        assert wait() > 0.2
+        assert wait() > 0.5
     finally:
-        busy.kill()
-        busy.wait()
+        for b in busy:
+            b.kill()
+            b.wait()
         os.sched_setaffinity(0, saved)
 
 
@@ -154,3 +180,28 @@ def test_runqueue_wait_follows_the_calling_thread():
         sum(range(1000))
     share = wait()
     assert share is not None and 0.0 <= share <= 1.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="no per-thread schedstat")
+def test_runqueue_wait_goes_on_across_threads_that_reuse_an_ident():
+    """(review_lead22 finding 1) Threads one after another: CPython hands a new thread the ident (the pthread_t) of
+    one that exited, and a file keyed by the ident stayed the dead thread's, so from then on every reading was None.
+    Keyed by the kernel tid, every thread's second reading is a share."""
+    wait = RunqueueWait()
+    shares, idents = [], []
+
+    def work():
+        idents.append(threading.get_ident())
+        wait()
+        deadline = time.monotonic() + 0.005
+        while time.monotonic() < deadline:
+            sum(range(100))
+        shares.append(wait())
+
+    for _ in range(12):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in shares) and not wait._missing
+    if len(set(idents)) == len(idents):
+        pytest.skip("no thread ident was reused on this platform: the case did not arise")

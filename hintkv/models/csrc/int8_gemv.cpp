@@ -258,7 +258,10 @@ static void loop_rows(const int8_t* qp, int64_t R, int64_t K, int64_t Kq, int32_
     }
 }
 
-constexpr int64_t kStackRows = 16;  // int8.py's GEMV_ROWS: every decode / verify step's int8 rows
+#ifndef HK_GEMV_ROWS
+#error "HK_GEMV_ROWS: int8_cpu.py's GEMV_ROWS, passed by its build"
+#endif
+constexpr int64_t kStackRows = HK_GEMV_ROWS;  // int8_cpu.py's GEMV_ROWS: every decode / verify step's int8 rows
 // Output channels [n0, n1) from the loop's rows a (levels x M rows, scales s), on the calling thread, into y (channel
 // n0 of row m at y[m * ldy]): the blocks that hold them, only those channels written (a range may start or end
 // inside a block).
