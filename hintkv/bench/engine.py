@@ -66,6 +66,7 @@ from hintkv.bench.engine_report import (
     with_gemm_path,
 )
 from hintkv.bench.engine_servers import (
+    KEEPER_VARIANTS,
     TEAM_VARIANTS,
     VARIANTS,
     hintkv_spec,
@@ -147,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if set(TEAM_VARIANTS) & set(variants) and (args.dtype, args.device) != ("float32", "cpu"):
         raise SystemExit(f"--variants {' / '.join(TEAM_VARIANTS)} compare the CPU decode team, which runs float32 and "
                          f"w8a8 steps on --device cpu only (got --dtype {args.dtype} --device {args.device})")
-    if "keeper" in variants and args.device != "cpu":  # elsewhere its server would be plain hintkv under a variant's name
-        raise SystemExit(f"--variants keeper keeps a CPU engine's cores awake: --device cpu only (got {args.device})")
+    keeper_variants = [v for v in variants if v in KEEPER_VARIANTS]
+    if keeper_variants and args.device != "cpu":  # elsewhere the server would be plain hintkv under a variant's name
+        raise SystemExit(f"--variants {' / '.join(keeper_variants)} switch a CPU engine's keepers: --device cpu only "
+                         f"(got {args.device})")
     results: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     variant_rows: list[dict[str, Any]] = []

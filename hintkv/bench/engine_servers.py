@@ -44,6 +44,7 @@ VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE
                "regions": {"HINTKV_DECODE_TEAM": "0"}, "keeper": {"HINTKV_CPU_KEEPER": "1"},
                "no-keeper": {"HINTKV_CPU_KEEPER": "0"}}
 TEAM_VARIANTS = [v for v, env in VARIANT_ENV.items() if "HINTKV_DECODE_TEAM" in env]  # float32 / w8a8 on CPU only
+KEEPER_VARIANTS = [v for v, env in VARIANT_ENV.items() if "HINTKV_CPU_KEEPER" in env]  # CPU engines only
 
 SWITCHES = sorted({name for env in VARIANT_ENV.values() for name in env})
 

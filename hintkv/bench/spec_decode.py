@@ -47,6 +47,7 @@ from hintkv.bench.common import (
 )
 from hintkv.cache.types import SessionRef
 from hintkv.config import DEFAULT_MODEL, EngineConfig
+from hintkv.engine.cpu_keeper import keepers_off
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
 
@@ -116,13 +117,15 @@ def make_engine(mode: str | None, k: int, kv_tokens: int, draft_length: str = "a
     """Every mode's greedy tokens come from the logits (HINTKV_GREEDY_HEAD=0 while the model is prepared):
     the screened head (`greedy_head.py`) would answer no-speculation's steps while drafts are verified on
     the logits, and the two may differ on an exact float tie, so `identical` would compare two head paths.
-    The speed-ups are therefore against no speculation without the screen, as before the eleventh session."""
+    The speed-ups are therefore against no speculation without the screen, as before the eleventh session.
+    No CPU keepers (`cpu_keeper.keepers_off`): the CPU-time figures would count their spin as the engine's."""
     old = os.environ.get("HINTKV_GREEDY_HEAD")
     os.environ["HINTKV_GREEDY_HEAD"] = "0"
     try:
-        return LLMEngine(EngineConfig(model=model, speculative=mode, num_speculative_tokens=k,
-                                      kv_cache_tokens=kv_tokens, speculative_draft_length=draft_length,
-                                      max_num_batched_tokens=4096, enforce_eager=True))
+        with keepers_off():
+            return LLMEngine(EngineConfig(model=model, speculative=mode, num_speculative_tokens=k,
+                                          kv_cache_tokens=kv_tokens, speculative_draft_length=draft_length,
+                                          max_num_batched_tokens=4096, enforce_eager=True))
     finally:
         if old is None:
             del os.environ["HINTKV_GREEDY_HEAD"]

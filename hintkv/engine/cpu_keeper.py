@@ -5,6 +5,7 @@
     keeper.step()                                     a context manager around one forward: spin during it and
                                                       LINGER_S after the last holder's (engines of a process share);
                                                       under auto, only while the engine's gate reads free
+    with keepers_off(): LLMEngine(...)                an engine without keepers (measured in process CPU time)
 
 Why (twenty-first session, prefill7): this machine is a VM whose idle vCPU halts at once (the kernel's
 cpuidle-haltpoll with guest_halt_poll_ns=0: no polling), so waking a thread on a halted vCPU waits for the host
@@ -60,6 +61,22 @@ def wanted() -> str:
     if value not in ("0", "1", "auto"):
         raise ValueError(f"HINTKV_CPU_KEEPER must be 0, 1 or auto, not {value!r}")
     return value
+
+
+@contextlib.contextmanager
+def keepers_off() -> Iterator[None]:
+    """Engines built inside start no keepers (HINTKV_CPU_KEEPER=0 while they are built): for in-process measurements
+    in process CPU time, where the keepers' spin would count as the engine's (review_lead22 finding 2: 1.15x the engine
+    thread's own time with keepers always on)."""
+    old = os.environ.get("HINTKV_CPU_KEEPER")
+    os.environ["HINTKV_CPU_KEEPER"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HINTKV_CPU_KEEPER", None)
+        else:
+            os.environ["HINTKV_CPU_KEEPER"] = old
 
 
 def keeper_cpus(threads: int, bound: list[int] | None = None) -> list[int]:

@@ -47,12 +47,16 @@ class _Rig:
     """One engine and a source of fresh prompts."""
 
     def __init__(self, model: str, kv_tokens: int, budget: int, seed: int, cpu_time: bool = False) -> None:
+        from contextlib import nullcontext
+
         from hintkv.config import EngineConfig
+        from hintkv.engine.cpu_keeper import keepers_off
         from hintkv.engine.llm_engine import LLMEngine
 
-        self.engine = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32",
-                                             kv_cache_tokens=kv_tokens, max_num_batched_tokens=budget,
-                                             max_num_seqs=64, seed=seed))
+        with keepers_off() if cpu_time else nullcontext():  # the keepers' spin is process CPU time too
+            self.engine = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32",
+                                                 kv_cache_tokens=kv_tokens, max_num_batched_tokens=budget,
+                                                 max_num_seqs=64, seed=seed))
         self.rng = random.Random(seed)
         self.vocab = min(self.engine.model_config.vocab_size, 49152)
         self.n = 0
