@@ -27,7 +27,13 @@ below) and one outside it (the engine's) cannot deadlock.
 
 On CUDA the gather runs on the mover's copy stream (`DeviceBlockIO.read_async`): the engine
 thread never waits for it, the compute stream waits for it before the forward, and a mover
-thread stores the staging once it landed; on a CPU host it is a plain gather.
+thread stores the staging once it landed (a settled flush waits for the copy and stores on its
+own thread); on a CPU host it is a plain gather. That ordering assumes every thread that
+flushes sees the forward's stream as its current stream (the default stream: the engine sets
+no other). Not yet covered on CUDA (review_race22 finding 2): a look below right after an
+engine flush whose stores are still in flight on the mover finds no tier for those blocks
+(a recompute, never wrong KV); counting in-flight hashes as held, with loads chained after
+their store, would close it.
 """
 
 from __future__ import annotations
@@ -83,22 +89,18 @@ class WriteDowns:
 
     def flush(self, settle: bool = False) -> int:
         """Gather the queued victims the stack lacks and store them; returns the blocks written.
-        `settle`: return only once they are stored (on CUDA the store otherwise lands later, on a
-        mover thread), so that a look below right after this finds them."""
+        `settle`: store them before returning, on this thread (on CUDA the store otherwise lands
+        later, on a mover thread), so that a look below right after this finds them."""
         with self._flush_lock:
             with self._lock:
                 queued, self._queue = self._queue, []
             try:
-                written = self._gather(queued)
+                return self._gather(queued, settle)
             finally:  # taken once gathered (or queued on the copy stream), never before
                 with self._lock:
                     self.num_taken += len(queued)
-            pending = list(self._async) if settle else []
-        for f in pending:
-            f.result()
-        return written
 
-    def _gather(self, queued: list[tuple[BlockHash, int]]) -> int:
+    def _gather(self, queued: list[tuple[BlockHash, int]], settle: bool) -> int:
         if not queued:
             return 0
         where = self.stack.lookup([h for h, _ in queued])
@@ -108,10 +110,13 @@ class WriteDowns:
         hashes, block_ids = [h for h, _ in fresh], [bid for _, bid in fresh]
         staging = self._staging(len(hashes))
         gathered = self.io.read_async(block_ids, staging, self.stack.mover.copy_stream)
+        items = list(zip(hashes, staging.unbind(0)))
         if gathered is None:  # CPU: gathered already
-            self.stack.store(list(zip(hashes, staging.unbind(0))))
+            self.stack.store(items)
+        elif settle:  # CUDA, a look below follows: wait for the copy here, not behind the mover's queue
+            gathered.synchronize()
+            self.stack.store(items)
         else:  # CUDA: the gather overlaps what the engine does next; stored once it landed
-            items = list(zip(hashes, staging.unbind(0)))
 
             def store() -> bool:
                 gathered.synchronize()
@@ -119,7 +124,8 @@ class WriteDowns:
                 return True
             self._async = [f for f in self._async if not f.done()]
             self._async.append(self.stack.mover.run(None, store, len(items), 0))
-        self.num_written += len(hashes)
+        with self._lock:
+            self.num_written += len(hashes)
         return len(fresh)
 
     def write_now(self, hashes: list[BlockHash], block_ids: list[int]) -> list[Future[bool]]:
@@ -128,7 +134,8 @@ class WriteDowns:
         staging = self._staging(len(hashes))
         self.io.read(block_ids, staging)
         futures = self.stack.store(list(zip(hashes, staging.unbind(0))))
-        self.num_written += len(hashes)
+        with self._lock:
+            self.num_written += len(hashes)
         return futures
 
     def busy(self) -> bool:

@@ -166,3 +166,27 @@ def test_on_the_copy_stream_a_plan_still_finds_what_the_pass_evicted(mode, offlo
     w.io.read_async = lambda ids, out, stream: (read(ids, out), _CopyStreamEvent())[1]
     assert w.tiers.plan(w.held[2:]) == ["host", "host"]  # (was []: the store had not landed)
     w.tiers.close()
+
+
+def test_a_victim_counts_as_taken_only_once_its_gather_is_done():
+    """review_race22 finding 5: a driver's `check_flushed` while another thread's flush is still
+    gathering must raise (the forward would overwrite blocks still being read)."""
+    w = World("deferred", offload=True)
+    mark = w.tiers.write_downs.mark()
+    started, go = threading.Event(), threading.Event()
+    read = w.io.read
+
+    def held_read(ids, out):
+        started.set()
+        assert go.wait(10)
+        read(ids, out)
+    w.io.read = held_read
+    flusher = threading.Thread(target=w.tiers.flush_write_downs)
+    flusher.start()
+    assert started.wait(10)
+    with pytest.raises(RuntimeError, match="not written down"):
+        w.tiers.write_downs.check_flushed(mark)
+    go.set()
+    flusher.join(10)
+    w.tiers.write_downs.check_flushed(mark)
+    w.tiers.close()
