@@ -91,7 +91,9 @@ class EngineConfig:
         "| srpt-drain (srpt-room with short-alone's step rule, no chunk cap; while a candidate lacks room, a "
         "prefill with a later key sits out the steps that carry decodes, so they end in decode-only steps) "
         "| srpt-resume (srpt-drain whose unfinished chunk ends by SAM's next predicted call of a session "
-        "away on its tool; hints and a lower tier only). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
+        "away on its tool; hints and a lower tier only) | srpt-cap (srpt-drain whose unfinished chunk's step costs at most 3 "
+        "budget-sized chunks on an empty context, priced from the engine's own steps; another unfinished chunk "
+        "waits rather than lengthen it). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "

@@ -132,11 +132,12 @@ class AdmissionPolicy:
         """True: admitting `seq` to the end takes no block anyone ahead of it needs."""
         return True
 
-    def chunk(self, todo: int, n: int, used: int = 0) -> int:
+    def chunk(self, todo: int, n: int, used: int = 0, done: int = 0) -> int:
         """The tokens a prefill with `todo` prompt tokens left computes in this step, of the `n`
         the budget leaves it (at least one when `n` is; `engine.admission_alone` caps a long one),
-        with `used` tokens already in the step (decodes included). A query: the scheduler may ask
-        for a chunk it then does not run (refused, held), so nothing is charged here."""
+        with `used` tokens already in the step (decodes included) and `done` tokens of its own
+        already computed (the chunk's context; a candidate's: its resident prefix). A query: the
+        scheduler may ask for a chunk it then does not run (refused, held), so nothing is charged here."""
         return n
 
     def holds(self, seq: Sequence, n: int, out: SchedulerOutput, done: int) -> bool:
@@ -352,3 +353,4 @@ from hintkv.engine import admission_serial  # noqa: E402,F401  (registers cache-
 from hintkv.engine import admission_alone  # noqa: E402,F401  (registers short-alone, judged-alone)
 from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, srpt-alone, srpt-room, srpt-drain)
 from hintkv.engine import admission_resume  # noqa: E402,F401  (registers srpt-resume)
+from hintkv.engine import admission_cap  # noqa: E402,F401  (registers srpt-cap)

@@ -75,7 +75,7 @@ class FinishersAlone:
 
     CHUNK_SHARE = 0.5  # of the step budget: the most a prefill that cannot finish in a step computes in it
 
-    def chunk(self, todo: int, n: int, used: int = 0) -> int:
+    def chunk(self, todo: int, n: int, used: int = 0, done: int = 0) -> int:
         if todo <= self._budget or n <= 1:
             return n  # it may finish in this step
         return min(n, max(1, int(self._budget * self.CHUNK_SHARE)))

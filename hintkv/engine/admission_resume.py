@@ -56,12 +56,12 @@ class SrptResumeAdmission(SrptDrainAdmission):
         if self.returns is not None:
             self._left_s, self._token_s = self.returns()
 
-    def chunk(self, todo: int, n: int, used: int = 0) -> int:
+    def chunk(self, todo: int, n: int, used: int = 0, done: int = 0) -> int:
         """A query (the `AdmissionPolicy.chunk` contract): the step's `used` tokens (decodes,
         finishing chunks and chunks asked for earlier in the step that did run) are what is
         already spent of the time until the predicted return; a chunk asked for and not run
         (refused for room, held) costs nothing."""
-        n = super().chunk(todo, n, used)
+        n = super().chunk(todo, n, used, done)
         least = max(1, self._budget // MIN_SHARE)
         if n <= least or todo <= n or self._left_s == math.inf or self._token_s <= 0:
             return n

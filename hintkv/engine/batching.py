@@ -268,7 +268,7 @@ def chunk(sch: Scheduler, seq: Sequence, done: int, budget: int, used: int | Non
     the step's budget less `budget`)."""
     todo = seq.num_tokens - done
     used = sch.max_num_batched_tokens - budget if used is None else used
-    return sch.admission.chunk(todo, min(todo, budget), max(0, used))
+    return sch.admission.chunk(todo, min(todo, budget), max(0, used), done)
 
 
 def grow_kv(kv, seq: Sequence, n: int) -> None:
