@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from hintkv.cache.types import DEFAULT_OFFLOAD_MODE  # light: no torch
+
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
@@ -108,12 +110,11 @@ class EngineConfig:
         "thirteenth session): cache/resume_prefetch.py"
     )
     offload_mode: str = _opt(
-        "deferred", "what an offload hint does: deferred (write nothing at the hint: the session is demoted, "
-        "and its blocks are written down if the device evicts them; the default since the twenty-first "
-        "session: the simulator's 100 and 1000 users give lazy's mean TTFT at 252 GB and 3,772 GB peak host "
-        "against 916 and 7,989: docs/benchmarks/history/sim.md, twenty-first session, scale6) | lazy (write "
-        "the blocks down at once and keep the device copy as a cached block that is evicted with no write "
-        "when room is needed) | eager (write them down and drop the device copy once written)"
+        DEFAULT_OFFLOAD_MODE, "what an offload hint does: deferred (write nothing at the hint: the session "
+        "is demoted, and its blocks are written down if the device evicts them) | lazy (write the blocks "
+        "down at once and keep the device copy as a cached block that is evicted with no write when room "
+        "is needed) | eager (write them down and drop the device copy once written); measured: "
+        "docs/benchmarks/sim.md"
     )
     host_mode: str = _opt(
         "inclusive", "where a block read back into the device stays: inclusive (in the tiers below too) | "

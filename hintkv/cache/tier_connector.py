@@ -9,8 +9,9 @@ What it decides and starts, all on the engine thread under its state lock:
         reused blocks), so `allocate` under the state lock never copies; any device write of
         ours (landing a load) flushes first, and so does any look below that follows evictions
         (`plan`, a prefetch's: a block evicted in this pass is in the top tier for it,
-        `cache.tier_loads`). `offload(hashes)` writes a session's device blocks down now;
-        `poll()` drops their device copies once they landed.
+        `cache.tier_loads`). `offload(hashes)` writes a session's device blocks down now
+        (`offload_mode`: lazy, eager; deferred, the default, writes nothing then); `poll()` drops
+        their device copies once they landed (eager).
   up    `plan(hashes)`: the leading run of device-missing hashes the stack holds and that are
         cheaper to load than to recompute (`tier_costs`). `start_load(key, hashes, blocks)` reads
         them into staging; `finish_load(key)` scatters the leading run of good blocks into the
@@ -47,7 +48,7 @@ from hintkv.cache.ranking import ClassRanking
 from hintkv.cache.spm import SessionPoolManager
 from hintkv.cache.tier_costs import TransferCosts
 from hintkv.cache.tier_loads import PendingLoad, TierLoads
-from hintkv.cache.types import HOST_MODES, OFFLOAD_MODES
+from hintkv.cache.types import DEFAULT_OFFLOAD_MODE, HOST_MODES, OFFLOAD_MODES
 from hintkv.cache.write_downs import WriteDowns
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.mover import resolved
@@ -91,7 +92,7 @@ class TierConnector(TierLoads):
 
     def __init__(self, pool: BlockPool, block_size: int, stack: TierStack, io: DeviceBlockIO,
                  ranking: ClassRanking, hints: bool, clock: Callable[[], float] = time.monotonic,
-                 offload_mode: str = "lazy", host_mode: str = "inclusive") -> None:
+                 offload_mode: str = DEFAULT_OFFLOAD_MODE, host_mode: str = "inclusive") -> None:
         if offload_mode not in OFFLOAD_MODES:
             raise ValueError(f"offload_mode must be one of {OFFLOAD_MODES}, got {offload_mode!r}")
         if host_mode not in HOST_MODES:
@@ -108,6 +109,9 @@ class TierConnector(TierLoads):
         self.protected_class = ranking.policy.protected_class
         self.layout = stack.layout
         self.costs = TransferCosts(self.layout.nbytes, block_size)
+        for tier in stack.tiers:  # each tier's own nominal read bandwidth, where it reports one
+            if tier.read_bps is not None:
+                self.costs.seed(tier.name, tier.read_bps)
         self.counters = TierCounters()
         self._loads: dict[str, list[PendingLoad]] = {}  # request id -> its prefix load's parts
         self._prefetches: list[PendingLoad] = []

@@ -3,9 +3,13 @@
     load(block from tier)  = block bytes / bandwidth(tier)        EWMA of observed loads
     recompute(block)       = block_size * prefill seconds/token    EWMA of the engine's prefill steps
 
-Both start from defaults (host 10 GB/s, disk 1 GB/s, 0.2 ms per prefill token: a CPU-sized,
-conservative guess that favours loading until the engine has measured itself) and follow what
-the engine observes. A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned.
+A tier's bandwidth starts at the nominal read bandwidth the tier reports (`Tier.read_bps`, seeded by
+the tier connector: the simulator's tiers report the profile's links), else at a default (host
+10 GB/s, any other tier 1 GB/s); the prefill cost starts at 0.2 ms a token (a CPU-sized guess). Both
+follow what the engine observes. A tier known only by its default is worth loading until one of its
+loads was observed (`worth_loading`): priced by a default above a recompute, it would never be tried,
+so never measured (a pool at the 1 GB/s default against an H200's ~25 us a token: review_scale22
+finding 4). A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ class TransferCosts:
     block_size: int  # tokens per block
     bandwidth: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BANDWIDTH))
     prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN
+    known: set[str] = field(default_factory=set)  # tiers whose bandwidth was reported or observed
+
+    def seed(self, tier: str, bytes_per_s: float) -> None:
+        """`tier` reports `bytes_per_s` as its nominal read bandwidth (`Tier.read_bps`): the estimate starts there."""
+        if not bytes_per_s > 0:
+            raise ValueError(f"{tier}: a read bandwidth must be > 0, got {bytes_per_s!r}")
+        self.bandwidth[tier] = bytes_per_s
+        self.known.add(tier)
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """A forward pass of `num_tokens` batched tokens took `seconds`."""
@@ -40,7 +52,9 @@ class TransferCosts:
         """`num_blocks` blocks (the slowest of them from `tier`) arrived in `seconds`."""
         if num_blocks > 0 and seconds > 0:
             bw = num_blocks * self.block_bytes / seconds
-            self.bandwidth[tier] = _ewma(self.bandwidth.get(tier, bw), bw)
+            # the first observation of a tier known only by its default replaces the guess
+            self.bandwidth[tier] = _ewma(self.bandwidth[tier], bw) if tier in self.known else bw
+            self.known.add(tier)
 
     def load_s(self, tier: str) -> float:
         return self.block_bytes / self.bandwidth.get(tier, DEFAULT_BANDWIDTH["disk"])
@@ -50,12 +64,13 @@ class TransferCosts:
         return self.block_size * self.prefill_s_per_token
 
     def worth_loading(self, tier: str) -> bool:
-        return self.load_s(tier) <= self.recompute_s()
+        """Cheaper to load from `tier` than to recompute; a tier known only by its default is tried."""
+        return tier not in self.known or self.load_s(tier) <= self.recompute_s()
 
     def regain_s(self, tier: str) -> float:
         """Seconds to get one block back that went down to `tier`: the cheaper of loading it and
-        recomputing it (`worth_loading` decides which)."""
-        return self.load_s(tier) if self.worth_loading(tier) else self.recompute_s()
+        recomputing it, by the estimates."""
+        return min(self.load_s(tier), self.recompute_s())
 
     def load_timeout_s(self, num_blocks: int) -> float:
         """After this long a load is given up (its blocks recomputed)."""

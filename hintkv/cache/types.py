@@ -16,11 +16,14 @@ if TYPE_CHECKING:
 # it as a cached block; evicting it later writes nothing (the stack holds it), so the room is as
 # free as after a drop, and a resume before any pressure reloads nothing (measured in `hintkv sim`:
 # eager moved 4x the bytes and lost hit rate to lru + host at full scale). `eager`: drop at once.
-# `deferred` (the default, `EngineConfig.offload_mode`): write nothing at the hint; the session is only
-# demoted (the policy ranks it low), and its blocks are written down if and when the device evicts them
-# (`TierConnector.on_device_evict`): the simulator's hinted runs give lazy's TTFT at a third of its peak
-# host bytes or less (docs/benchmarks/history/sim.md, twenty-first session, scale6).
+# `deferred` (the default: `DEFAULT_OFFLOAD_MODE`, which `EngineConfig.offload_mode`, `TierConnector` and
+# the simulator's tiers take): write nothing at the hint; the session is only demoted (the policy ranks it
+# low), and its blocks are written down if and when the device evicts them (`TierConnector.on_device_evict`):
+# the simulator's hinted runs give lazy's TTFT at 95% of its peak host bytes at 10 users, 27.5% at 100, 47%
+# at 1000 (docs/benchmarks/history/sim.md, twenty-first session, scale6; on the CPU and in the simulator,
+# where a write-down's gather is synchronous: review_scale22 finding 2).
 OFFLOAD_MODES = ("lazy", "eager", "deferred")
+DEFAULT_OFFLOAD_MODE = "deferred"
 # Where a block read back into the device stays: `inclusive`, in the tiers below too (a second
 # eviction writes nothing); `exclusive`, only on the device (its lower copies are removed, so the
 # host holds what the device does not: the peak host bytes drop, a block evicted again is written

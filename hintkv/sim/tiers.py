@@ -3,15 +3,18 @@ payload, with the `VirtualMover` for time; with `pool`, the cluster's shared poo
 
     kv.tiers = sim_tiers(kv, hints=True, host_blocks=4 * num_blocks, clock=clock, costs=costs)
 
-Blocks carry a 32-byte payload (uint8, one layer, one head of width 1) instead of the model's KV:
-the bookkeeping (what is stored, evicted, loaded, offloaded, prefetched; in which order) is the
-real code's, and every transfer takes the time of the profile's real block bytes. Byte figures
+Blocks carry a payload of 2 x block_size bytes (uint8, K and V, one layer, one head of width 1: 32
+bytes at block 16, 128 at block 64) instead of the model's KV: the bookkeeping (what is stored,
+evicted, loaded, offloaded, prefetched; in which order) is the real code's, and every transfer
+takes the time of the profile's real block bytes. Byte figures
 the tiers report are in payload bytes; `real_bytes` converts them. The connector's own cost
 estimates (`TransferCosts`: a block's load time, read by SAM's prefetch lead, a kept prefix's
 lapse, the same-step wait limit, whether a load beats a recompute) price a block at the real bytes
-too: at the payload's they read a load as ~65,000x cheaper than the copies the mover times (a
-Llama-3-8B block of 64 tokens: 8 MiB, not 128 bytes), until enough loads were learned to pull
-the bandwidth estimate down to match; the host's and the pool's estimates start at the profile's links.
+too (502e571; before it they took the payload's, and read a load as ~65,000x cheaper than the copies
+the mover times: a Llama-3-8B block of 64 tokens is 8 MiB, not 128 bytes, until enough loads were
+learned to pull the bandwidth estimate down to match); the host's and the pool's estimates start at
+the profile's links, which these tiers report as the real ones do their own (`Tier.read_bps`, seeded
+by the connector: one hook; tests/sim pin both).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.types import DEFAULT_OFFLOAD_MODE
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
@@ -34,7 +38,7 @@ def real_block_bytes(costs: CostModel, block_size: int) -> int:
 
 
 def sim_tiers(kv: KVCacheManager, hints: bool, host_blocks: int, clock: EventClock,
-              costs: CostModel, pool: SimPool | None = None, offload_mode: str = "lazy") -> TierConnector:
+              costs: CostModel, pool: SimPool | None = None, offload_mode: str = DEFAULT_OFFLOAD_MODE) -> TierConnector:
     """`pool`: the cluster's shared pool, below the host tier (a `SimPoolTier` per instance);
     `offload_mode`: what an offload hint does (`EngineConfig.offload_mode`, as the server's)."""
     bs = kv.block_size
@@ -42,17 +46,15 @@ def sim_tiers(kv: KVCacheManager, hints: bool, host_blocks: int, clock: EventClo
     device = [torch.zeros((2, num_blocks, bs, 1, 1), dtype=torch.uint8)]
     io = DeviceBlockIO(device)
     mover = VirtualMover(clock, costs, real_block_bytes(costs, bs))
+    links = costs.profile.links
     host = HostTier(io.layout, host_blocks * io.layout.nbytes, mover=mover)
+    host.read_bps = links["host->device"].gbps * 1e9  # as the mover times its loads
     tiers = [host]
     if pool is not None:
         tiers.append(pool.tier(io.layout, clock, mover))
+        if "pool->host" in links:
+            tiers[-1].read_bps = links["pool->host"].gbps * 1e9
     stack = TierStack(tiers, mover=mover)
     conn = TierConnector(kv.pool, bs, stack, io, kv.ranking, hints, clock=clock, offload_mode=offload_mode)
-    # priced as the mover times them, from the profile's links (at an unknown tier's default, 1 GB/s,
-    # a pool load read dearer than a recompute at 16-token blocks: never tried, so never learned)
-    conn.costs.block_bytes = real_block_bytes(costs, bs)
-    links = costs.profile.links
-    conn.costs.bandwidth["host"] = links["host->device"].gbps * 1e9
-    if pool is not None and "pool->host" in links:
-        conn.costs.bandwidth[tiers[-1].name] = links["pool->host"].gbps * 1e9
+    conn.costs.block_bytes = real_block_bytes(costs, bs)  # the profile's block, not the payload's
     return conn

@@ -73,6 +73,9 @@ class Tier(ABC):
     upper: str = "device"  # where blocks come from; names transfer directions ("device->host")
     lower: str | None = None  # the tier evicted blocks go down to (set by the stack)
     reads_back = False  # evicted bytes cost a read: handed down (`tiers.hand_down`)
+    # nominal read bandwidth into the device, bytes/s, where the tier connector's load estimate for this
+    # tier starts (`cache.tier_costs`); None: not known (a default, and the tier is tried until measured)
+    read_bps: float | None = None
     layout: BlockLayout  # the payload every block of this tier has
 
     @abstractmethod

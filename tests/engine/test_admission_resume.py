@@ -113,6 +113,25 @@ def test_two_chunks_in_one_step_end_by_the_predicted_call_together():
     assert got["hog"] == 1 and sorted(v for k, v in got.items() if k != "hog") == [2, 43]
 
 
+@pytest.mark.parametrize("big_max, short, held", [(1361, 91, True), (1401, 101, False)])
+def test_a_hold_counts_only_the_room_the_decodes_free(big_max, short, held):
+    """srpt-drain's hold (srpt-resume's too: `SrptDrainAdmission._drains`) counts the blocks the step's DECODES
+    free at their end (review_room2a finding 3I). "big" (200 tokens, first in srpt's order) is refused for room
+    0.9 s before c's call, lacking `short` blocks; the hog decode's end frees 100. Lacking 91, the decode covers
+    it: both longer prefills (keys after big's) sit out the step. Lacking 101, no hold: long takes the 43 tokens
+    that end by c's call and long2 the floor (2). Counting long's admitted chunk as room its end frees (the
+    `_decoding` filter dropped) held long2 there: {"hog": 1, "long": 43}."""
+    scene = Scene("srpt-resume", True)
+    _before_the_return(scene, 0.9)
+    scene.sch.add_request(_seq("big", "b", list(range(20000, 20200)), big_max))
+    scene.sch.add_request(_seq("long", "a", list(range(5000, 5300))))
+    scene.sch.add_request(_seq("long2", "d", list(range(7000, 7400))))
+    got = scene.step()
+    assert scene.sch.admission._refused.short == short  # the scene: what big lacks beyond free and lendable
+    assert got == ({"hog": 1} if held else {"hog": 1, "long": 43, "long2": 2})
+    scene.kv.check_integrity()
+
+
 def _c_calls(scene: Scene, times: list[float]) -> None:
     for i, t in enumerate(times):
         scene.clock.run_until(t)

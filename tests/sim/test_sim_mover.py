@@ -114,7 +114,7 @@ def test_wait_done_blocks_in_simulated_time(costs):
 def test_the_sim_tiers_price_a_block_at_the_profiles_bytes(costs):
     """SAM's prefetch lead, a kept prefix's lapse and the same-step wait read the connector's own
     estimate of a block's load: in the simulator that is the profile's block bytes, as the mover
-    times it, not the 32-byte payload's (~65,000x cheaper until many loads were learned)."""
+    times it, not the payload's (2 x block_size bytes: 128 at block 64; ~65,000x cheaper until many loads were learned)."""
     from hintkv.cache.tier_costs import DEFAULT_BANDWIDTH
     from hintkv.config import EngineConfig
     from hintkv.sim.engine import SimEngine

@@ -1,0 +1,65 @@
+"""The tier connector's load estimates (`cache.tier_costs`): where a tier's bandwidth starts (the tier's own
+nominal read bandwidth, `Tier.read_bps`, else a default) and that a tier known only by its default is tried
+until one of its loads was measured (review_scale22 finding 4: a pool at the 1 GB/s default, priced above an
+H200's recompute, was never loaded, so never measured). Real host tier and connector, no model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hintkv.cache.manager import KVCacheManager
+from hintkv.cache.policies import make_policy
+from hintkv.cache.tier_connector import TierConnector
+from hintkv.cache.tier_costs import DEFAULT_BANDWIDTH, TransferCosts
+from hintkv.tiers.device import DeviceBlockIO
+from hintkv.tiers.host import HostTier
+from hintkv.tiers.stack import TierStack
+
+BLOCK = 2 << 20  # a Llama-3-8B block of 16 tokens
+TOKEN_S = 25e-6  # an H200's prefill a token: a block recomputes in 0.4 ms
+
+
+def _h200_costs() -> TransferCosts:
+    costs = TransferCosts(block_bytes=BLOCK, block_size=16)
+    for _ in range(60):
+        costs.observe_prefill(1024, 1024 * TOKEN_S)
+    assert costs.recompute_s() == pytest.approx(16 * TOKEN_S, rel=1e-3)
+    return costs
+
+
+def test_a_tier_known_only_by_its_default_is_tried_then_judged_by_what_was_measured():
+    costs = _h200_costs()
+    assert costs.load_s("pool") == pytest.approx(BLOCK / 1e9)  # 2.1 ms at an unknown tier's default
+    assert costs.load_s("pool") > costs.recompute_s()  # the default prices it out ...
+    assert costs.worth_loading("pool")  # ... but nothing was measured: it is tried
+    costs.observe_load("pool", 8, 8 * BLOCK / 20e9)  # it delivers 20 GB/s
+    assert costs.bandwidth["pool"] == pytest.approx(20e9) and costs.worth_loading("pool")
+    costs.observe_load("disk", 1, BLOCK / 20e9)  # a disk at 20 GB/s: the default's 1 GB/s guess is
+    assert costs.bandwidth["disk"] == pytest.approx(20e9)  # replaced, not averaged in (that read 4.8 GB/s)
+    slow = _h200_costs()
+    slow.observe_load("pool", 1, BLOCK / 0.5e9)  # a pool that delivers 0.5 GB/s: 4.2 ms a block
+    assert not slow.worth_loading("pool")
+    assert slow.regain_s("pool") == slow.recompute_s()  # the cheaper of the two, by the estimates
+
+
+def test_a_reported_read_bandwidth_prices_the_tier_from_the_start():
+    costs = _h200_costs()
+    costs.seed("pool", 0.5e9)
+    assert not costs.worth_loading("pool")  # reported slow: not tried
+    costs.observe_load("pool", 1, BLOCK / 1e9)  # later loads average in (the EWMA)
+    assert 0.5e9 < costs.bandwidth["pool"] < 1e9
+    with pytest.raises(ValueError, match="host"):
+        costs.seed("host", 0.0)
+
+
+@pytest.mark.parametrize("read_bps", [None, 40e9])
+def test_the_connector_starts_each_tier_at_the_bandwidth_it_reports(read_bps):
+    kv = KVCacheManager(8, 4, make_policy("lru"))
+    io = DeviceBlockIO([torch.zeros(2, 8, 4, 1, 2)])
+    host = HostTier(io.layout, 8 * io.layout.nbytes)
+    host.read_bps = read_bps
+    conn = TierConnector(kv.pool, 4, TierStack([host]), io, kv.ranking, hints=False)
+    assert conn.costs.bandwidth["host"] == (read_bps or DEFAULT_BANDWIDTH["host"])
+    assert ("host" in conn.costs.known) == (read_bps is not None)
+    assert conn.offload_mode == "deferred"  # the server's default (`DEFAULT_OFFLOAD_MODE`: review_scale22 finding 10)
