@@ -10,8 +10,11 @@ the long prompt itself: at 100K+ of context attention costs the same a token at 
 8192, so a 100K-token prefill from a 150K prefix costs +0.6% in 2048-token chunks, +0.4% in 4096.
 
 So here a chunk that does not finish its prompt is cut so that it costs at most `STEP_BUDGETS`
-times a budget-sized chunk on an empty context (both fitted: 3 x 0.26 s on that profile, which
-leaves a 32K-context chunk whole and cuts a 100K one to about 3.5K tokens), never below
+times a budget-sized chunk on an empty context (both priced by the fit, so the limit and the cuts
+follow the samples it has seen: fitted on one 200K-token prompt's 8192-token steps on that profile,
+a = 0.0219 ms a token and the limit 3 x 0.245 s = 0.736 s, which cuts a chunk at a 32K context to
+7,830 tokens, at 100K to 3,320, at 150K to 2,307, each 1-2% over the limit: the fit has no
+intercept; review_sim22 finding 5), never below
 1/`FLOOR_SHARE` of the budget; and while the step already carries prefill chunks, another chunk
 that does not finish waits (`holds`, unless due) when they would cost more than that together:
 cutting the chunk alone only let a second long prefill take the freed budget into the same step

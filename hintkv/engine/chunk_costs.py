@@ -10,8 +10,9 @@ and to each other (`b` a query token per key token: n x (context + n / 2) pairs)
 
     chunk_s(n, c) = a * n + b * n * (c + n / 2)
 
-On the h200-llama3-8b profile at 8192-token chunks the first is 0.028 ms a token and the second
-reaches 0.198 ms a token at a 100K prefix: a long prompt's steps grow from 0.23 s to 2-3.5 s as its
+On the h200-llama3-8b profile's cost model an 8192-token chunk on an empty context is 0.231 s (0.028
+ms a token, its own attention included; the fit, with its pairs term, puts a at about 0.022 ms) and
+the attention to a 100K prefix adds 0.198 ms a token: a long prompt's steps grow from 0.23 s to 2-3.5 s as its
 context grows, and a call that arrives meanwhile waits for the whole step. The terms are fitted by
 least squares over the steps that carry a chunk of at least `min_tokens` tokens (`srpt-cap`: 1/8 of
 the step budget; the long prefills' chunks this prices: short calls' chunks are launch-bound and

@@ -109,3 +109,23 @@ def test_a_second_unfinished_prefill_sits_out_a_step_the_first_fills():
     assert len(cut) > 100
     assert not any("b" in r for r in cut)
     scene.kv.check_integrity()
+
+
+def test_a_held_prefill_that_is_due_rides_beside_the_cut_chunk():
+    """The hold's "unless due" (no starvation): with deadlines aged 1x (b's due after 3000 / 64 steps of
+    its own work), b is scheduled beside a's cut chunk once due, though the step is then over the
+    limit (review_sim22 finding 6: a hold that never lets a due prefill through fails this)."""
+    scene = Scene("srpt-cap")
+    scene.sch.admission.AGING = 1
+    scene.sch.add_request(seq_of("a", list(range(3000))))
+    scene.sch.add_request(seq_of("b", list(range(10_000, 13_000))))
+    both = []  # steps that carry a's cut unfinished chunk and b's unfinished chunk
+    while scene.sch.has_work():
+        priced = scene.sch.admission.limit_s() is not None
+        rows = scene.step()
+        n, c = rows.get("a", (BUDGET, 0))
+        nb, cb = rows.get("b", (0, 0))
+        if priced and n < BUDGET and n + c < 3000 and nb > 1 and nb + cb < 3000:
+            both.append(rows)
+    assert both
+    scene.kv.check_integrity()
