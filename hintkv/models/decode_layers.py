@@ -149,7 +149,8 @@ class DecodeLayers:
         can_team = not self.int8 or self.int8_team != 0
         self.team = can_team and mode == "1"
         # auto: the team unless the engine's contention gate (model.contention_gate) reads its thread as waiting for a
-        # CPU (the regions then), and the timing probes between
+        # CPU (the regions then), and the timing probes between; a model stepped without an LLMEngine (bench model's
+        # one-sequence runner) has no gate: the timing rule alone decides there
         self.chooser = TeamChooser(start_team=True) if can_team and mode == "auto" else None
 
     @classmethod

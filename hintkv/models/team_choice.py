@@ -20,7 +20,8 @@ a CPU at once, and that is visible directly: the engine thread's share of time s
 (`RunqueueWait`, /proc/thread-self/schedstat: ~3 us a reading). `ContentionGate` turns those readings into one
 contended / free state with hysteresis; the engine owns the one gate of its thread and ticks it once a step
 (engine/llm_engine.py), the decode team's chooser and the CPU keepers (engine/cpu_keeper.py) read it. While it reads
-contended the steps run the regions (no probes, no evidence kept); once free again the timing rule above runs,
+contended the steps run the regions (no probes, no evidence kept; a model stepped without an engine has no gate and
+never reads contended); once free again the timing rule above runs,
 starting from the team (`DecodeLayers` starts auto there). Measured served (dummy:tiny, b8, 2 threads): the engine
 thread waited 0.48-0.8 of its run + wait time at load 4-9; under SCHED_FIFO, none.
 

@@ -6,6 +6,7 @@ with hysteresis) runs the regions while contended, and RunqueueWait reads that w
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import subprocess
@@ -205,3 +206,27 @@ def test_runqueue_wait_goes_on_across_threads_that_reuse_an_ident():
     assert all(s is not None and 0.0 <= s <= 1.0 for s in shares) and not wait._missing
     if len(set(idents)) == len(idents):
         pytest.skip("no thread ident was reused on this platform: the case did not arise")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="no per-thread schedstat")
+def test_runqueue_wait_keys_by_the_kernel_tid_and_reopens_a_file_whose_read_fails(monkeypatch):
+    """(review_eng22 finding 1) Each of the two fixes on its own: the file is keyed by the kernel tid, and a read that
+    fails on an open file (a dead thread's, once the kernel reuses a tid) reopens it instead of leaving the reading
+    missing for good."""
+    wait = RunqueueWait()
+    assert wait() is None and wait._tid == threading.get_native_id()
+    real, failed = os.pread, []
+
+    def fail_once(fd, n, offset):
+        if not failed:
+            failed.append(fd)
+            raise OSError(errno.ESRCH, "No such process")
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", fail_once)
+    assert wait() is None  # reopened: a first reading again
+    deadline = time.monotonic() + 0.005
+    while time.monotonic() < deadline:
+        sum(range(100))
+    share = wait()
+    assert failed and share is not None and 0.0 <= share <= 1.0 and not wait._missing
