@@ -4,6 +4,8 @@ and a KV manager on an event clock, stepped with made-up runner output (no model
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hintkv.cache.hashing import hash_blocks, namespace_root
@@ -42,12 +44,15 @@ def sam_scheduler(num_blocks: int, max_num_seqs: int, budget: int = 64, **kw):
     return clock, sessions, kv, sch
 
 
-def run_step(sch: Scheduler) -> tuple[SchedulerOutput, list[RequestOutput]]:
-    """One step as a driver runs it: schedule, flush the write-downs (with tiers), then every sampling row
-    gives token 7."""
+def run_step(sch: Scheduler, forward: Callable[[SchedulerOutput], None] | None = None
+             ) -> tuple[SchedulerOutput, list[RequestOutput]]:
+    """One step as a driver runs it: schedule, flush the write-downs (with tiers), the forward (`forward`:
+    e.g. advance the clock by the step's price), then every sampling row gives token 7."""
     out = sch.schedule()
     if sch.kv.tiers is not None:
         sch.kv.flush_write_downs()
+    if forward is not None:
+        forward(out)
     return out, sch.update_from_output(out, ModelRunnerOutput.from_tokens([7 if s.samples else None
                                                                             for s in out.scheduled]))
 

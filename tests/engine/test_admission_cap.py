@@ -11,10 +11,10 @@ import pytest
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.engine.chunk_costs import MIN_SAMPLES, ChunkCostFit
-from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from hintkv.engine.outputs import ScheduledSeq, SchedulerOutput
 from hintkv.engine.scheduler import Scheduler
 from hintkv.sim.clock import EventClock
-from tests.engine.scheduler_helpers import BS, seq_of
+from tests.engine.scheduler_helpers import BS, run_step, seq_of
 
 BUDGET = 64
 A_S, B_S = 1e-3, 1e-5  # the price: a second a token, b a query-key pair
@@ -61,11 +61,12 @@ class Scene:
 
     def step(self) -> dict[str, tuple[int, int]]:
         """One step lasting its price; returns each sequence's (chunk, context)."""
-        out = self.sch.schedule()
-        rows = {s.seq.request_id: (s.num_new_tokens, s.seq.num_computed_tokens) for s in out.scheduled}
-        self.clock.run_until(self.clock() + sum(price(n, c) for n, c in rows.values()))
-        self.sch.update_from_output(
-            out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+        rows = {}
+
+        def forward(out: SchedulerOutput) -> None:
+            rows.update({s.seq.request_id: (s.num_new_tokens, s.seq.num_computed_tokens) for s in out.scheduled})
+            self.clock.run_until(self.clock() + sum(price(n, c) for n, c in rows.values()))
+        run_step(self.sch, forward)
         return rows
 
 
