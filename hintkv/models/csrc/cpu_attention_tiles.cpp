@@ -63,11 +63,11 @@ inline void pv_block8(const float* p, const float* const* v, int nk, int64_t d0,
 }
 #endif
 
-// S[M][KT] = Q[M][D] Kt[D][KT] (Q rows at stride D, Kt rows at stride KT)
-template <int M>
-inline void score_tile(const float* q, int64_t D, const float* kt, float* s) {
 #if defined(__AVX512F__)
-    __m512 c[M][2];
+// c[M][2] = Q[M][D] Kt[D][KT] in registers (Q rows at stride D, Kt rows at stride KT): the one AVX-512 score loop,
+// which score_tile stores and score_softmax_tile feeds straight into the softmax
+template <int M>
+inline void score_regs(const float* q, int64_t D, const float* kt, __m512 (&c)[M][2]) {
     for (int i = 0; i < M; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; ++d) {
         const __m512 b0 = _mm512_loadu_ps(kt + d * KT), b1 = _mm512_loadu_ps(kt + d * KT + 16);
@@ -77,6 +77,15 @@ inline void score_tile(const float* q, int64_t D, const float* kt, float* s) {
             c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
         }
     }
+}
+#endif
+
+// S[M][KT] = Q[M][D] Kt[D][KT] (Q rows at stride D, Kt rows at stride KT)
+template <int M>
+inline void score_tile(const float* q, int64_t D, const float* kt, float* s) {
+#if defined(__AVX512F__)
+    __m512 c[M][2];
+    score_regs<M>(q, D, kt, c);
     for (int i = 0; i < M; ++i) {
         _mm512_storeu_ps(s + i * KT, c[i][0]);
         _mm512_storeu_ps(s + i * KT + 16, c[i][1]);
@@ -161,6 +170,34 @@ inline void pv_tile(const float* p, const float* const* v, int nk, int64_t D, fl
 }
 
 #if defined(__AVX512F__)
+// One row's online-softmax update from its two score vectors s0, s1 (keys k0 .. k0+31; m0 / m1: the visible lanes,
+// hidden ones read -inf): the max's horizontal reduction and exp(m_old - m_new) run only when a score exceeds the
+// running max m (the output row o[D] and the lane sums l16 then rescaled), P = exp(s - m) (0 for hidden keys) stored
+// to s[32] and added to l16. softmax_row16 (masked loads) and score_softmax_tile's whole-tile rows (scores in
+// registers, full masks) both call it: one copy of the arithmetic, so both give the same bits.
+inline void softmax16_regs(__m512 s0, __m512 s1, __mmask16 m0, __mmask16 m1, float* s, float& m, float* l16, float* o,
+                           int64_t D) {
+    const __m512 mx = _mm512_max_ps(s0, s1);
+    __m512 vm = _mm512_set1_ps(m);
+    if (_mm512_cmp_ps_mask(mx, vm, _CMP_GT_OQ)) {  // a new maximum
+        const float mn = _mm512_reduce_max_ps(mx);
+        if (m != -INFINITY) {  // before the first visible tile o and l16 are zero: nothing to rescale
+            const __m512 alpha = _mm512_set1_ps(std::exp(m - mn));
+            for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), alpha));
+            _mm512_storeu_ps(l16, _mm512_mul_ps(_mm512_loadu_ps(l16), alpha));
+        }
+        m = mn;
+        vm = _mm512_set1_ps(mn);
+    }
+    const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16_core(_mm512_sub_ps(s0, vm)));
+    const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16_core(_mm512_sub_ps(s1, vm)));
+    _mm512_storeu_ps(s, e0);
+    _mm512_storeu_ps(s + 16, e1);
+    _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), _mm512_add_ps(e0, e1)));
+}
+#endif
+
+#if defined(__AVX512F__)
 // Row r's online softmax over one score tile s[KT] (keys k0 .. k0+KT-1, visible while k <= last), as softmax_row
 // computes it, with the sum kept as 16 lane sums l16[16] (reduced once, after the last tile) and the output row
 // o[D] rescaled here when the max rises: the max's horizontal reduction and exp(m_old - m_new) run only when a
@@ -180,67 +217,27 @@ inline void softmax_row16(float* s, int64_t k0, int64_t last, float& m, float* l
     const __mmask16 m0 = static_cast<__mmask16>(bits & 0xffff), m1 = static_cast<__mmask16>(bits >> 16);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     const __m512 s0 = _mm512_mask_loadu_ps(ninf, m0, s), s1 = _mm512_mask_loadu_ps(ninf, m1, s + 16);
-    const __m512 mx = _mm512_max_ps(s0, s1);
-    __m512 vm = _mm512_set1_ps(m);
-    if (_mm512_cmp_ps_mask(mx, vm, _CMP_GT_OQ)) {  // a new maximum
-        const float mn = _mm512_reduce_max_ps(mx);
-        if (m != -INFINITY) {  // before the first visible tile o and l16 are zero: nothing to rescale
-            const __m512 alpha = _mm512_set1_ps(std::exp(m - mn));
-            for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), alpha));
-            _mm512_storeu_ps(l16, _mm512_mul_ps(_mm512_loadu_ps(l16), alpha));
-        }
-        m = mn;
-        vm = _mm512_set1_ps(mn);
-    }
-    const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16_core(_mm512_sub_ps(s0, vm)));
-    const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16_core(_mm512_sub_ps(s1, vm)));
-    _mm512_storeu_ps(s, e0);
-    _mm512_storeu_ps(s + 16, e1);
-    _mm512_storeu_ps(l16, _mm512_add_ps(_mm512_loadu_ps(l16), _mm512_add_ps(e0, e1)));
+    softmax16_regs(s0, s1, m0, m1, s, m, l16, o, D);
 }
 // M query rows against one transposed key tile (keys k0 .. k0+KT-1), scored and run through the online softmax in
-// one pass: a row that sees the whole tile (k0 + KT - 1 <= last[i]) takes softmax_row16's arithmetic straight from
-// the score registers (no masks, no store and reload of its scores); a diagonal row stores them and calls
-// softmax_row16. s[M][KT] becomes P, m / l16 / o as softmax_row16 leaves them: bit for bit the unfused path's.
+// one pass: a row that sees the whole tile (k0 + KT - 1 <= last[i]) hands its score registers (score_regs) to
+// softmax16_regs, softmax_row16's own arithmetic (no masked load, no store and reload of its scores); a diagonal row
+// stores them and calls softmax_row16. s[M][KT] becomes P, m / l16 / o as softmax_row16 leaves them: the same bits.
 // Measured in one process, one thread, CPU time (twenty-second session): see history/engine.md.
 template <int M>
 inline void score_softmax_tile(const float* q, int64_t D, const float* kt, float* s, int64_t k0, const int64_t* last,
                                float* m, float* l16, float* o) {
     __m512 c[M][2];
-    for (int i = 0; i < M; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; ++d) {
-        const __m512 b0 = _mm512_loadu_ps(kt + d * KT), b1 = _mm512_loadu_ps(kt + d * KT + 16);
-        for (int i = 0; i < M; ++i) {
-            const __m512 a = _mm512_set1_ps(q[i * D + d]);
-            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
-        }
-    }
+    score_regs<M>(q, D, kt, c);
     for (int i = 0; i < M; ++i) {
         float* si = s + i * KT;
         if (last[i] < k0 + KT - 1) {  // the diagonal: some keys hidden
             _mm512_storeu_ps(si, c[i][0]);
             _mm512_storeu_ps(si + 16, c[i][1]);
             softmax_row16(si, k0, last[i], m[i], l16 + i * 16, o + i * D, D);
-            continue;
+        } else {
+            softmax16_regs(c[i][0], c[i][1], 0xffff, 0xffff, si, m[i], l16 + i * 16, o + i * D, D);
         }
-        __m512 vm = _mm512_set1_ps(m[i]);
-        const __m512 mx = _mm512_max_ps(c[i][0], c[i][1]);
-        if (_mm512_cmp_ps_mask(mx, vm, _CMP_GT_OQ)) {  // a new maximum (softmax_row16's branch)
-            const float mn = _mm512_reduce_max_ps(mx);
-            if (m[i] != -INFINITY) {
-                const __m512 alpha = _mm512_set1_ps(std::exp(m[i] - mn));
-                float* oi = o + i * D;
-                for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(oi + d, _mm512_mul_ps(_mm512_loadu_ps(oi + d), alpha));
-                _mm512_storeu_ps(l16 + i * 16, _mm512_mul_ps(_mm512_loadu_ps(l16 + i * 16), alpha));
-            }
-            m[i] = mn;
-            vm = _mm512_set1_ps(mn);
-        }
-        const __m512 e0 = exp16_core(_mm512_sub_ps(c[i][0], vm)), e1 = exp16_core(_mm512_sub_ps(c[i][1], vm));
-        _mm512_storeu_ps(si, e0);
-        _mm512_storeu_ps(si + 16, e1);
-        _mm512_storeu_ps(l16 + i * 16, _mm512_add_ps(_mm512_loadu_ps(l16 + i * 16), _mm512_add_ps(e0, e1)));
     }
 }
 #endif
