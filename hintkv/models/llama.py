@@ -69,9 +69,10 @@ class Attention(nn.Module):
     def split_qkv(self) -> bool:
         """Give the q and the k/v rows of qkv_proj's weight a kernel each, so that a step keeping few rows past
         this layer's K/V (the last layer: `LlamaForCausalLM.forward`'s keep_last) projects k/v for every row but q
-        only for the kept ones: a 512-token prefill's last layer then skips 511 of its 512 q rows, a third of that
-        layer's qkv GEMM. Only where qkv runs on oneDNN (`linear.OneDnnKernel`), whose k/v columns come out the same
-        bits from the slice as from the whole weight at any row count (checked at 13-2048 rows, 1 and 2 threads):
+        only for the kept ones: a 512-token prefill's last layer then skips 511 of its 512 q rows, q being two thirds of
+        that GEMM's columns (Hq of Hq + 2 Hkv heads). Only where qkv runs on oneDNN (`linear.OneDnnKernel`), whose q
+        and k/v columns come out the same bits from the slices as from the whole weight (checked 1-2048 rows, 1 and 2
+        threads):
         the K/V written stays that of the unsplit layer (HINTKV_LAST_LAYER_ROWS=all), bit for bit. Both slices are
         packed now (a copy of one layer's qkv weight; q runs gemv up to 12 kept rows, the packed slice past them),
         not in a request's step. Whether the split is on."""
@@ -90,8 +91,9 @@ class Attention(nn.Module):
                 meta: AttentionMetadata, regions: Regions, suffix: Suffix | None = None) -> torch.Tensor:
         """Attention output after o_proj of every row, or of `suffix`'s rows only (every row's K/V written)."""
         # the split while qkv_proj still runs oneDNN (a later `set_kernel` takes it off), not compiled (one rope graph)
+        # and only when some row is dropped (a step keeping every row runs the one fused GEMM)
         if (suffix is not None and self.q_kv_kernels is not None and self.qkv_proj.kernel.name == OneDnnKernel.name
-                and not regions.compiled):
+                and not regions.compiled and suffix[0].numel() < x.shape[0]):
             return self._kept_rows(x, cos, sin, kv_cache, meta, regions, suffix)
         # q and k rotate together: one RoPE pass over the Hq + Hkv heads of the fused qkv rows
         q, k, v = regions.rope(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)

@@ -20,7 +20,8 @@ from model_steps import ModelSteps, drain
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
-from hintkv.models import gemv_cpu, linear
+from hintkv.models import linear
+from hintkv.models.compile import Regions
 from hintkv.models.attention import suffix_rows
 from hintkv.models.linear import OneDnnKernel
 from hintkv.models.llama import Attention
@@ -165,12 +166,22 @@ def test_the_last_layer_projects_q_for_the_kept_rows_only_and_writes_the_same_kv
         assert torch.equal(a, b)  # the k/v slice gives the whole weight's bits: the caches are equal
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3, 12, 13, 40, 512])
-def test_the_split_kernels_give_the_fused_columns_bit_for_bit_with_a_bias(monkeypatch, rows):
+def test_the_split_kernels_give_the_fused_columns_bit_for_bit_with_a_bias(rows, threads):
     """`Attention.split_qkv` on a Qwen2-style layer (q/k/v bias): each slice's columns are the fused GEMM's, to
-    the bit past gemv's rows (oneDNN, where the split is made) and within rounding for gemv's few rows (q)."""
+    the bit (gemv's few rows and oneDNN's many), on 1 and 2 threads."""
     if not OneDnnKernel.available(torch.zeros(1, 1)):
         pytest.skip("no oneDNN in this torch build")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _split_bits(rows)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _split_bits(rows: int) -> None:
     cfg = dataclasses.replace(preset_config("tiny"), attention_bias=True)
     attn = Attention(cfg, torch.float32, "cpu")
     gen = torch.Generator().manual_seed(rows)
@@ -183,9 +194,7 @@ def test_the_split_kernels_give_the_fused_columns_bit_for_bit_with_a_bias(monkey
     fused = attn.qkv_proj.kernel(x)
     q, kv = (kernel(x) for kernel in attn.q_kv_kernels)
     assert torch.equal(kv, fused[:, attn.q_size:])
-    if rows > gemv_cpu.ROWS:
-        assert torch.equal(q, fused[:, :attn.q_size])
-    torch.testing.assert_close(q, fused[:, :attn.q_size], rtol=1e-5, atol=1e-5)
+    assert torch.equal(q, fused[:, :attn.q_size])
     attn.qkv_proj.set_kernel("mkl")
     assert not attn.split_qkv() and attn.q_kv_kernels is None  # no split off oneDNN
 
@@ -197,3 +206,38 @@ def test_w8a8_keeps_the_last_layer_unsplit(onednn_tiny):
     finally:
         onednn_tiny.model.prepare(None)
     assert onednn_tiny.model.layers[-1].self_attn.q_kv_kernels is not None
+
+
+@pytest.mark.parametrize("off", ["mkl kernel", "compiled regions", "every row kept"])
+def test_the_forward_runs_the_fused_qkv_when_the_split_does_not_apply(onednn_tiny, off):
+    """The split kernels stay set, but the forward takes the fused qkv when qkv_proj left oneDNN (`set_kernel`
+    without a re-prepare), under compiled regions (one rope graph) and when the step keeps every row."""
+    model = onednn_tiny.model
+    attn = model.layers[-1].self_attn
+    split, regions, q_rows, kv_rows, fused_rows = attn.q_kv_kernels, model.regions, [], [], []
+    rng = random.Random(9)
+    full, _ = _steps(onednn_tiny, random.Random(9))
+    kept, _ = _steps(onednn_tiny, random.Random(9))
+    batch = [("a", [rng.randrange(100, 40000) for _ in range(30)])]
+    keep = 30 if off == "every row kept" else 1
+    _, in_full = full.prepare(batch)
+    _, in_kept = kept.prepare(batch)
+    hook = attn.qkv_proj.register_forward_pre_hook(lambda m, args: fused_rows.append(args[0].shape[0]))
+    try:
+        if off == "mkl kernel":
+            attn.qkv_proj.set_kernel("mkl")
+        elif off == "compiled regions":
+            model.regions = Regions(add_rmsnorm=regions.add_rmsnorm, rope=regions.rope, silu_mul=regions.silu_mul,
+                                    compiled=True)
+        h_full = full.runner.forward(in_full)
+        attn.q_kv_kernels = (_Rows(split[0], q_rows), _Rows(split[1], kv_rows))
+        h_kept = kept.runner.forward(in_kept, [keep])
+    finally:
+        hook.remove()
+        attn.q_kv_kernels, model.regions = split, regions
+        attn.qkv_proj.set_kernel("onednn")
+        attn.qkv_proj.kernel.warm()
+    assert q_rows == [] and kv_rows == [] and fused_rows == [30, 30]  # the fused qkv, all rows, in both runs
+    torch.testing.assert_close(h_kept, h_full[-keep:], rtol=1e-5, atol=1e-5)
+    for a, b in zip(full.runner.kv_caches, kept.runner.kv_caches, strict=True):
+        assert torch.equal(a, b)
