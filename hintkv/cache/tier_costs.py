@@ -9,7 +9,8 @@ the tier connector: the simulator's tiers report the profile's links), else at a
 follow what the engine observes. A tier known only by its default is worth loading until one of its
 loads was observed (`worth_loading`): priced by a default above a recompute, it would never be tried,
 so never measured (a pool at the 1 GB/s default against an H200's ~25 us a token: review_scale22
-finding 4). A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned.
+finding 4). A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned, and counts
+as an observation at the rate it would have had if it had arrived then (`observe_timeout`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class TransferCosts:
             # the first observation of a tier known only by its default replaces the guess
             self.bandwidth[tier] = _ewma(self.bandwidth[tier], bw) if tier in self.known else bw
             self.known.add(tier)
+
+    def observe_timeout(self, tier: str, num_blocks: int, seconds: float) -> None:
+        """A load of `num_blocks` blocks (the slowest from `tier`) was abandoned after `seconds`: the
+        tier delivers at most that rate, observed as such (review_sim22 finding 8: a tier known only
+        by its default whose every load timed out was tried forever, each request waiting out the
+        timeout before recomputing)."""
+        self.observe_load(tier, num_blocks, seconds)
 
     def load_s(self, tier: str) -> float:
         return self.block_bytes / self.bandwidth.get(tier, DEFAULT_BANDWIDTH["disk"])

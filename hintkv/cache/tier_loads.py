@@ -292,13 +292,16 @@ class TierLoads:
         """Scatter the leading run of good blocks into the device; count and learn from it."""
         results = load.results()
         n = next((i for i, ok in enumerate(results) if not ok), len(results))
+        order = [t.name for t in self.stack.tiers]
         if not load.batch.done():
             self.counters.num_load_timeouts += 1
+            if load.whole:  # the tier delivers at most this: learned, so a tier that always times out is dropped
+                self.costs.observe_timeout(max(load.tiers, key=order.index), len(load.hashes),
+                                           self.clock() - load.started)
         self.counters.num_load_failed += len(results) - n
         if n:
             self.flush_write_downs()  # queued victims are gathered before any device write
             self.io.write([b.block_id for b in load.blocks[:n]], load.staging[:n])
-            order = [t.name for t in self.stack.tiers]
             slowest = max(load.tiers[:n], key=order.index)
             if load.done_at is not None and load.whole:
                 seconds = load.done_at - load.started

@@ -63,3 +63,14 @@ def test_the_connector_starts_each_tier_at_the_bandwidth_it_reports(read_bps):
     assert conn.costs.bandwidth["host"] == (read_bps or DEFAULT_BANDWIDTH["host"])
     assert ("host" in conn.costs.known) == (read_bps is not None)
     assert conn.offload_mode == "deferred"  # the server's default (`DEFAULT_OFFLOAD_MODE`: review_scale22 finding 10)
+
+
+def test_a_timed_out_load_is_an_observation_of_its_tier():
+    """review_sim22 finding 8: a tier known only by its default whose loads always time out was
+    tried forever (a timeout was never measured); now the timeout prices it out."""
+    costs = _h200_costs()
+    assert costs.worth_loading("pool")  # known only by its default: tried
+    costs.observe_timeout("pool", 1000, 1.2)  # 1,000 blocks abandoned at a 1.2 s deadline
+    assert "pool" in costs.known
+    assert costs.bandwidth["pool"] == pytest.approx(1000 * BLOCK / 1.2)
+    assert not costs.worth_loading("pool")

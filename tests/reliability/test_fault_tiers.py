@@ -80,6 +80,7 @@ def test_slow_tier_falls_back_to_recompute():
         assert engine.tier_stats()["tiers"]["host"]["num_blocks"] >= 4 * len(PROMPTS)
         mover = engine.engine.tiers.stack.mover
         # every transfer thread (2) stalled until released: the host tier answers nothing meanwhile
+        host_bps = engine.engine.tiers.costs.bandwidth["host"]
         release = threading.Event()
         stalls = [mover.run(None, lambda: release.wait(STALL_MAX_S) or True, 0, 0) for _ in range(2)]
         during = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS[:2])]
@@ -89,6 +90,7 @@ def test_slow_tier_falls_back_to_recompute():
         stats = engine.tier_stats()
         assert stalled, "served only once the stalled transfers gave up: not while stalled"
         assert stats["num_load_timeouts"] >= 1  # abandoned at its deadline, then recomputed
+        assert engine.engine.tiers.costs.bandwidth["host"] < host_bps  # and learned from (review_sim22 8)
         for f in stalls:
             f.result()
         after = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
