@@ -145,9 +145,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 k = match.num_adopted  # blocks a prefetch brings up (their room is held), or compute
                 match.lower, match.lower_tiers = match.lower[:k], match.lower_tiers[:k]
             if match.lower:
-                first = not seq.admitted_once  # (read before `kv.admit` sets it)
-                sch.kv.admit(seq, match, 0)
-                _admitted(sch, seq, SeqStatus.LOADING, plan, out.started, first)
+                _admit(sch, seq, match, 0, SeqStatus.LOADING, plan, out.started)
                 sch.loading.append(seq)
                 continue
         n = chunk(sch, seq, match.num_tokens, budget)
@@ -175,9 +173,7 @@ def admit_waiting(sch: Scheduler, out: SchedulerOutput, budget: int, at: int) ->
                 continue
             out.num_room_waits = len(sch.waiting) - held  # it and every one behind it wait for room
             return budget
-        first = not seq.admitted_once
-        sch.kv.admit(seq, match, n)
-        _admitted(sch, seq, SeqStatus.RUNNING, plan, out.started, first)
+        _admit(sch, seq, match, n, SeqStatus.RUNNING, plan, out.started)
         seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
         sch.running.insert(at, seq)
         at += 1
@@ -277,8 +273,16 @@ def grow_kv(kv, seq: Sequence, n: int) -> None:
     seq.peak_kv_blocks = max(seq.peak_kv_blocks, len(seq.block_table))
 
 
+def _admit(sch: Scheduler, seq: Sequence, match, n: int, status: SeqStatus, plan: StepPlan, now: float) -> None:
+    """Admit waiting `seq` with `n` new tokens (LOADING: 0) and tell everyone once: the one admission path, which
+    reads "first admission" (`Sequence.admitted_once`) before `kv.admit` sets it (review_sim22 finding 4)."""
+    first = not seq.admitted_once
+    sch.kv.admit(seq, match, n)
+    _admitted(sch, seq, status, plan, now, first)
+
+
 def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float, first: bool) -> None:
-    """`seq` left the queue; `first`: its first admission (`Sequence.admitted_once` before `kv.admit` set it)."""
+    """`seq` left the queue (`_admit`); `first`: its first admission."""
     ttft.admitted(seq, now)
     sch.waiting.remove(seq)
     sch.release_queued(seq)

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from hintkv.engine import batching
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile
 from hintkv.sim.tiers import sim_tiers
@@ -191,7 +192,7 @@ def test_the_capped_top_up_keeps_the_cut(at_s):
 
 
 @pytest.mark.parametrize("at_s", [0.9, 1.2])
-def test_the_capped_top_up_gives_back_what_the_cut_allows(at_s):
+def test_the_capped_top_up_gives_back_what_the_cut_allows(at_s, monkeypatch):
     """As above, but the waiting candidate ("big": 410 blocks to its end) is refused for room: long is capped to half
     the budget while it waits (31 tokens beside the decode), and after the admissions the top-up gives long back
     what the time to c's call allows (0.9 s: 43 tokens beside the decode), or its whole rest where that ends first
@@ -203,17 +204,18 @@ def test_the_capped_top_up_gives_back_what_the_cut_allows(at_s):
     scene.sch.add_request(_seq("big", "b", list(range(20000, 20200)), 1440))
     left_s = scene.sch.admission.returns()[0]
     long = next(q for q in scene.sch.running if q.request_id == "long")
-    caps, real_cap = [], scene.sch.admission.cap
+    first_pass, admit_waiting = [], batching.admit_waiting
 
-    def cap(seq, n, *args):  # the real cap, its answers recorded
-        caps.append((seq.request_id, real_cap(seq, n, *args)))
-        return caps[-1][1]
+    def admit(sch, out, *args, **kw):  # the real admissions; what the first pass scheduled, recorded
+        first_pass.append({s.seq.request_id: s.num_new_tokens for s in out.scheduled})
+        return admit_waiting(sch, out, *args, **kw)
 
-    scene.sch.admission.cap = cap
+    monkeypatch.setattr(batching, "admit_waiting", admit)
     got = scene.step()
-    # the first pass cut long to half the budget beside the decode while big waits (review_sim21b finding 12:
-    # without the cap long took its chunk whole, the top-up never ran, and the step came out the same)
-    assert caps == [("long", BUDGET // 2 - 1)]
+    # the first pass ran long cut to half the budget beside the decode while big waits (review_sim21b finding 12,
+    # review_sim22 finding 2: without the cut, or with the cap's answer dropped, long took its chunk whole there,
+    # the top-up never ran, and the step came out the same)
+    assert first_pass == [{"hog": 1, "long": BUDGET // 2 - 1}]
     assert "big" not in got  # refused for room: the step's budget is left to the top-up
     assert got == {"hog": 1, "long": min(int(left_s / TOKEN_S) - 1, rest)}
     # the top-up's growth counts in the request's peak (review_sim21b finding 1: it grew the table unrecorded)

@@ -4,6 +4,11 @@ other than by a first admission: a running sequence that outgrew the whole pool,
 
 from __future__ import annotations
 
+import pytest
+
+from hintkv.sim.costs import CostModel
+from hintkv.sim.profile import load_profile
+from hintkv.sim.tiers import sim_tiers
 from tests.engine.scheduler_helpers import run_step, sam_scheduler, session_seq
 
 STEPS = 200  # each scene ends within 30 s: a scheduler that never serves its queue fails here, not hangs
@@ -13,9 +18,13 @@ def _seq(rid: str, sid: str, first: int, max_tokens: int, length: int = 16):
     return session_seq(rid, sid, list(range(first, first + length)), max_tokens)
 
 
-def _run(num_blocks: int, max_num_seqs: int, arrivals: dict):
-    """Step once a second until nothing is left; returns (sessions, {request id: admitted at}, finished)."""
-    clock, sessions, _, sch = sam_scheduler(num_blocks, max_num_seqs)
+def _run(num_blocks: int, max_num_seqs: int, arrivals: dict, tiers: bool = False, loaded: set | None = None):
+    """Step once a second until nothing is left; returns (sessions, {request id: admitted at}, finished).
+    `tiers`: the simulator's host tier (hints on), so a preempted session's written-down blocks load back;
+    `loaded` collects the requests seen LOADING."""
+    clock, sessions, kv, sch = sam_scheduler(num_blocks, max_num_seqs)
+    if tiers:
+        kv.tiers = sim_tiers(kv, True, 64, clock, CostModel(load_profile("h200-llama3-8b")))
     admitted: dict[str, float] = {}
     done: dict[str, str] = {}
     t = 0.0
@@ -26,6 +35,8 @@ def _run(num_blocks: int, max_num_seqs: int, arrivals: dict):
             sch.add_request(seq)
         if sch.has_work():
             out, outs = run_step(sch)
+            if loaded is not None:
+                loaded.update(s.request_id for s in sch.loading)
             admitted.update((s.seq.request_id, t) for s in out.scheduled if s.seq.request_id not in admitted)
             done.update((o.request_id, o.finish_reason) for o in outs if o.finished)
         sch.check_integrity()
@@ -46,13 +57,18 @@ def test_a_running_sequence_that_outgrows_the_pool_tells_no_second_wait():
     assert list(sessions.wait.recent) == [0.0, admitted["b"] - 3.0]  # (a's arrival to its end: 9 s)
 
 
-def test_a_preempted_and_readmitted_request_adds_no_wait():
+@pytest.mark.parametrize("tiers", [False, True])
+def test_a_preempted_and_readmitted_request_adds_no_wait(tiers):
     """p and q (other sessions) start together in a 10-block pool; their decodes outgrow it, q is preempted and
     readmitted when p ends; q2, of q's session, queues from 1 s and is admitted after q. The waits learned: p's
-    and q's (0 s) and q2's own; q's readmission tells none (told as a new wait, it took q2's queued count)."""
+    and q's (0 s) and q2's own; q's readmission tells none (told as a new wait, it took q2's queued count). With a
+    host tier q's held blocks were written down and it is readmitted LOADING: that path's "first admission" flag
+    (review_sim22 finding 1: `first = True` there gives [0, 0, 20])."""
     p, q, q2 = _seq("p", "sp", 100, 20), _seq("q", "sq", 200, 20), _seq("q2", "sq", 300, 4)
-    sessions, admitted, done = _run(10, 2, {0.0: [p, q], 1.0: [q2]})
-    assert q.num_preemptions == 1 and len(done) == 3
+    loaded: set[str] = set()
+    sessions, admitted, done = _run(10, 2, {0.0: [p, q], 1.0: [q2]}, tiers, loaded)
+    assert q.num_preemptions >= 1 and len(done) == 3
+    assert ("q" in loaded) == tiers  # the readmission's path: LOADING with the host tier, RUNNING without
     assert list(sessions.wait.recent) == [0.0, 0.0, admitted["q2"] - 1.0]
 
 
