@@ -18,20 +18,14 @@ from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.policies.sam import DUE_WITHIN_TURNAROUND, FIRST_BAND, band_class
 from hintkv.cache.policies.sam_fine import FINE_DUE_WITHIN_TURNAROUND, fine_band_class
-from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
-from hintkv.cache.types import SessionRef
 from hintkv.engine import batching, room_wait
 from hintkv.engine.admission import StepPlan
-from hintkv.engine.outputs import ModelRunnerOutput
-from hintkv.engine.scheduler import Scheduler
 from hintkv.engine.sequence import SeqStatus, Sequence
-from hintkv.engine.types import SamplingParams
-from hintkv.sim.clock import EventClock
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile
 from hintkv.sim.tiers import sim_tiers
-from tests.engine.scheduler_helpers import BS, ROOT
+from tests.engine.scheduler_helpers import BS, run_step, sam_scheduler, session_seq
 
 NUM_BLOCKS = 40  # A's 31 blocks to its end + B's 7 kept: neither B nor D fits beside A at first
 STEP_S = 0.1  # the scene's steps; the warm-up's take 0.5 s (turnaround Q ~1.5 s)
@@ -39,24 +33,16 @@ PREFILL_S_PER_TOKEN = 10.0  # the engine's measured prefill cost: A's 100+ token
 
 
 def _seq(rid: str, sid: str, tokens: list[int]) -> Sequence:
-    return Sequence(rid, tokens, len(tokens), SamplingParams(temperature=0, max_tokens=2), ROOT,
-                    session=SessionRef("t", sid, sid))
+    return session_seq(rid, sid, tokens, 2)
 
 
 class Scene:
     def __init__(self, num_blocks: int = NUM_BLOCKS) -> None:
-        self.clock = EventClock()
-        self.sessions = SessionRegistry()
-        self.kv = KVCacheManager(num_blocks, BS, make_policy("sam", sessions=self.sessions))
+        self.clock, self.sessions, self.kv, self.sch = sam_scheduler(num_blocks, 8, 16, admission="srpt")
         self.kv.tiers = sim_tiers(self.kv, True, 64, self.clock, CostModel(load_profile("h200-llama3-8b")))
-        sam = SessionAwareManager(self.kv, self.sessions, clock=self.clock)
-        self.sch = Scheduler(self.kv, 8, 16, sam=sam, clock=self.clock, admission="srpt")
 
     def step(self, dt: float) -> None:
-        out = self.sch.schedule()
-        self.kv.flush_write_downs()
-        self.sch.update_from_output(
-            out, ModelRunnerOutput.from_tokens([7 if s.samples else None for s in out.scheduled]))
+        run_step(self.sch)
         self.clock.run_until(self.clock() + dt)
 
     def cls(self, sid: str) -> int:
