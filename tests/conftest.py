@@ -10,3 +10,25 @@ import os
 os.environ.setdefault("HINTKV_CPU_KEEPER", "0")
 
 import hintkv  # noqa: E402, F401
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture()
+def onednn_tiny(monkeypatch):
+    """dummy:tiny loaded with oneDNN's packed linears (HINTKV_CPU_GEMM=onednn; skipped without oneDNN): the
+    tests of which kernels a model packs (tests/models/test_last_layer_rows.py, tests/engine/test_engine_head_warm.py)."""
+    import torch
+
+    from hintkv.models import linear
+    from hintkv.models.linear import OneDnnKernel
+    from hintkv.models.loader import load_model
+
+    if not OneDnnKernel.available(torch.zeros(1, 1)):
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setenv("HINTKV_CPU_GEMM", "onednn")
+    linear.cpu_gemm.cache_clear()
+    yield load_model("dummy:tiny", torch.float32, "cpu")
+    monkeypatch.undo()
+    linear.cpu_gemm.cache_clear()

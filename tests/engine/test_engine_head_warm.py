@@ -3,28 +3,12 @@ the engine starts, if its steps can give the head more than 12 rows, never insid
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
-from hintkv.models import linear
 from hintkv.models.linear import OneDnnKernel
-from hintkv.models.loader import load_model
 
 CFG = dict(model="dummy:tiny", dtype="float32", device="cpu", block_size=16, kv_cache_tokens=1024)
-
-
-@pytest.fixture()
-def onednn_tiny(monkeypatch):
-    if not OneDnnKernel.available(torch.zeros(1, 1)):
-        pytest.skip("no oneDNN in this torch build")
-    monkeypatch.setenv("HINTKV_CPU_GEMM", "onednn")
-    linear.cpu_gemm.cache_clear()
-    yield load_model("dummy:tiny", torch.float32, "cpu")
-    monkeypatch.undo()
-    linear.cpu_gemm.cache_clear()
 
 
 def test_head_packs_at_engine_start_only_when_a_step_can_exceed_twelve_rows(onednn_tiny):

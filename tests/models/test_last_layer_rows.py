@@ -20,7 +20,6 @@ from model_steps import ModelSteps, drain
 from hintkv.config import EngineConfig
 from hintkv.engine.llm_engine import LLMEngine
 from hintkv.engine.types import GenerateRequest, SamplingParams
-from hintkv.models import linear
 from hintkv.models.compile import Regions
 from hintkv.models.attention import suffix_rows
 from hintkv.models.linear import OneDnnKernel
@@ -112,17 +111,6 @@ def test_a_chunk_that_samples_nothing_runs_on_the_pytorch_attention_path(monkeyp
     sampled = _greedy(monkeypatch, "sampled", None, **cfg)
     assert [len(t) for t in sampled] == [12, 12, 12]
     assert sampled == _greedy(monkeypatch, "all", None, **cfg)
-
-
-@pytest.fixture()
-def onednn_tiny(monkeypatch):
-    if not OneDnnKernel.available(torch.zeros(1, 1)):
-        pytest.skip("no oneDNN in this torch build")
-    monkeypatch.setenv("HINTKV_CPU_GEMM", "onednn")
-    linear.cpu_gemm.cache_clear()
-    yield load_model("dummy:tiny", torch.float32, "cpu")
-    monkeypatch.undo()
-    linear.cpu_gemm.cache_clear()
 
 
 class _Rows:
