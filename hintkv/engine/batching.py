@@ -278,11 +278,6 @@ def _admit(sch: Scheduler, seq: Sequence, match, n: int, status: SeqStatus, plan
     reads "first admission" (`Sequence.admitted_once`) before `kv.admit` sets it (review_sim22 finding 4)."""
     first = not seq.admitted_once
     sch.kv.admit(seq, match, n)
-    _admitted(sch, seq, status, plan, now, first)
-
-
-def _admitted(sch: Scheduler, seq: Sequence, status: SeqStatus, plan: StepPlan, now: float, first: bool) -> None:
-    """`seq` left the queue (`_admit`); `first`: its first admission."""
     ttft.admitted(seq, now)
     sch.waiting.remove(seq)
     sch.release_queued(seq)
