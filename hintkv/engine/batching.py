@@ -313,7 +313,10 @@ def add_drafts(sch: Scheduler, out: SchedulerOutput, budget: int) -> None:
 
 def drafts_for(sch: Scheduler, seq: Sequence, limit: int) -> list[int]:
     """At most `limit` drafts for a decoding sequence; never more than its output room or the
-    model's length allow (each costs a KV slot)."""
+    model's length allow (each costs a KV slot); none for a request that shapes its logits from its
+    own tokens (penalties, min_tokens, bias: `SamplingParams.shapes_logits`)."""
+    if seq.sampling.shapes_logits:
+        return []
     room = min(sch.proposer.num_speculative_tokens, limit,
                seq.sampling.max_tokens - seq.num_output_tokens - 1)
     if sch.max_model_len is not None:

@@ -121,6 +121,7 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, loaded.config, self.num_blocks, cfg.block_size,
                                   self.dtype, self.device, cfg.kv_cache_dtype,
                                   self.max_model_len if cfg.wants_cuda_graphs(self.device.type) else None)
+        self.runner.eos_token_ids = frozenset(eos)
         self._dtype_name = str(self.dtype).removeprefix("torch.")
         self.kv.tiers = self._build_tiers()
         # One contention gate of the engine thread (a CPU engine): ticked once a step, on this engine's thread, before

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hintkv.engine.logits_shaping import shape_logits
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq
 from hintkv.engine.sampler import sample
 from hintkv.engine.spec.verify import verify
@@ -51,6 +52,7 @@ class ModelRunner:
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
+        self.eos_token_ids: frozenset[int] = frozenset()  # what min_tokens masks (the engine sets it)
         row, storage = cache_row(cfg.head_dim, dtype, kv_cache_dtype)  # int8 / fp8: kv_quant.py
         graphs = cuda_graphs_max_len is not None
         shape = (2, num_blocks + int(graphs), block_size, cfg.num_key_value_heads, row)
@@ -126,7 +128,8 @@ class ModelRunner:
             rows.extend(range(r, r + s.num_spec_tokens + 1))
         if not self.model_keeps_rows:
             hidden_rows = hidden_rows[torch.tensor(rows, device=self.device)]
-        if len(rows) == len(sampling) and all(s.seq.sampling.greedy for _, s in sampling):
+        if len(rows) == len(sampling) and all(s.seq.sampling.greedy and not s.seq.sampling.shapes_logits
+                                              for _, s in sampling):
             tokens = self.model.greedy_tokens(hidden_rows)  # no drafts, all greedy: argmax without logits
             if tokens is not None:
                 for (i, _), tok in zip(sampling, tokens):
@@ -141,8 +144,10 @@ class ModelRunner:
             seqs = [sampling[j][1].seq for j in plain]
             rows_plain = [first[j] for j in plain]  # every row when no sequence has drafts: no copy
             plain_logits = logits if rows_plain == list(range(logits.shape[0])) else logits[rows_plain]
-            picked = sample(plain_logits, [q.sampling for q in seqs],
-                            [q.generator for q in seqs])
+            params = [q.sampling for q in seqs]
+            plain_logits = shape_logits(plain_logits, params, [(q.token_ids, q.num_prompt_tokens) for q in seqs],
+                                        self.eos_token_ids)
+            picked = sample(plain_logits, params, [q.generator for q in seqs])
             for j, tok in zip(plain, picked):
                 out[sampling[j][0]] = [tok]
         for j, (i, s) in enumerate(sampling):

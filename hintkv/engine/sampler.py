@@ -1,4 +1,4 @@
-"""Token sampling: greedy rows batched; temperature / top-p rows with per-request seeds.
+"""Token sampling: greedy rows batched; temperature / min-p / top-k / top-p rows with per-request seeds.
 
 `probs` is the one definition of a request's sampling distribution; plain sampling and the
 speculative verifier (`engine/spec/verify.py`) both draw from it, so speculation keeps it.
@@ -18,6 +18,13 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
     if p.greedy:
         return None
     pr = torch.softmax(logits.float() / p.temperature, dim=-1)
+    if p.min_p > 0.0:  # vLLM's order: min-p, then top-k, then top-p
+        pr = pr * (pr >= p.min_p * pr.max())
+    if 0 < p.top_k < pr.shape[0]:
+        kth = torch.topk(pr, p.top_k).values[-1]
+        pr = pr * (pr >= kth)  # ties at the k-th probability all stay (as a logit threshold keeps them)
+    if p.min_p > 0.0 or 0 < p.top_k < pr.shape[0]:
+        pr = pr / pr.sum()  # top-p reads a distribution
     if p.top_p < 1.0:
         sorted_p, idx = pr.sort(descending=True)
         keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token

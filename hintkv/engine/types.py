@@ -32,6 +32,14 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids
     ignore_eos: bool = False
+    # vLLM's and OpenAI's further knobs (engine/logits_shaping.py applies the first five, `probs` the last two)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many outputs
+    repetition_penalty: float = 1.0  # > 1 discourages every token of the prompt and output so far
+    frequency_penalty: float = 0.0  # subtracted once per earlier occurrence in the output
+    presence_penalty: float = 0.0  # subtracted once if the token occurs in the output
+    top_k: int = 0  # 0 (or -1): every token
+    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -42,10 +50,30 @@ class SamplingParams:
             raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be in [0, max_tokens]")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError("repetition_penalty must be finite and > 0")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2]")
+        if self.top_k < -1:
+            raise ValueError("top_k must be -1, 0 (off) or >= 1")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if any(t < 0 or not -100 <= b <= 100 for t, b in self.logit_bias):
+            raise ValueError("logit_bias maps token ids >= 0 to values in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < MIN_TEMPERATURE
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether its logits depend on more than the model (bias, min_tokens, penalties): such a request
+        takes no argmax shortcut and no drafts (a draft would change the counts its next row reads)."""
+        return bool(self.logit_bias or self.min_tokens or self.repetition_penalty != 1.0
+                    or self.frequency_penalty or self.presence_penalty)
 
 
 @dataclass(slots=True)

@@ -99,6 +99,14 @@ def generate_request(
             param=output_param,
             code="context_length_exceeded",
         )
+    bias = req.bias_pairs()
+    if bias and bias[-1][0] >= engine.tokenizer.vocab_size:
+        bad = next(t for t, _ in bias if t >= engine.tokenizer.vocab_size)
+        raise bad_request(f"logit_bias names token id {bad}, outside the vocabulary (size "
+                          f"{engine.tokenizer.vocab_size}).", param="logit_bias")
+    if req.min_tokens is not None and req.min_tokens > output_limit:
+        raise bad_request(f"min_tokens={req.min_tokens} is more than the {output_limit} output tokens this "
+                          f"request may generate ({output_param}).", param="min_tokens")
     sampling = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -106,6 +114,13 @@ def generate_request(
         seed=req.seed,
         stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
+        logit_bias=bias,
+        min_tokens=req.min_tokens or 0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
     )
     return GenerateRequest(
         request_id=request_id,

@@ -29,6 +29,8 @@ Temperature = Annotated[StrictFloat, Field(ge=0, le=2)]
 TopP = Annotated[StrictFloat, Field(gt=0, le=1)]
 Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
+Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]  # OpenAI's presence / frequency range
+Bias = Annotated[StrictFloat, Field(ge=-100, le=100)]  # OpenAI's logit_bias range
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
@@ -40,6 +42,11 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}),  # structured output (json_object / json_schema)
+    "guided_json": (None,),  # vLLM's structured-output extensions
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
 }
 
 
@@ -75,6 +82,14 @@ class _SamplingRequest(_Open):
     return_token_ids: StrictBool = False
     ignore_eos: StrictBool = False
     stop_token_ids: TokenIds | None = None
+    # Logit shaping and filtering (OpenAI's, then vLLM's extensions; engine/logits_shaping.py, engine/sampler.py)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[StrictStr, Bias] | None = None  # token id (a JSON key: a string) -> added to its logit
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: off
+    min_p: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
     # Kept raw: the protocol layer parses and validates it (hintkv.protocol).
     agent_hint: dict[str, Any] | None = None
 
@@ -92,6 +107,18 @@ class _SamplingRequest(_Open):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
         return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        return bias
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs in token order."""
+        return tuple(sorted((int(k), float(v)) for k, v in (self.logit_bias or {}).items()))
 
     def unsupported_field(self) -> str | None:
         """The first field of UNSUPPORTED_FIELDS set to a value that would turn it on."""
