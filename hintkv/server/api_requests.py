@@ -112,7 +112,7 @@ class _SamplingRequest(_Open):
     @classmethod
     def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key in bias or {}:
-            if not key.isascii() or not key.isdigit():
+            if not key.isascii() or not key.isdigit() or len(key) > 18:  # int() refuses > 4300 digits
                 raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
         return bias
 

@@ -56,6 +56,8 @@ BAD_REQUESTS = [
     (CHAT, {"messages": USER, "logit_bias": {"5": 101}}, 400, "logit_bias", None),
     (CHAT, {"messages": USER, "logit_bias": {"49152": 1}}, 400, "logit_bias", None),
     (CHAT, {"messages": USER, "logit_bias": [5]}, 400, "logit_bias", None),
+    (CHAT, {"messages": USER, "logit_bias": {"9" * 5000: 5}}, 400, "logit_bias", None),  # past int()'s digit limit
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"9" * 5000: 5}}, 400, "logit_bias", None),
     (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format", None),
     (COMPLETIONS, '{"prompt": "x",', 400, None, None),
     (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", None),
