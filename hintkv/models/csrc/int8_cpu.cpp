@@ -155,6 +155,12 @@ torch::Tensor topk_indices(torch::Tensor logits, int64_t k) {
                 __mmask16 above = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(val[lo]), _CMP_GT_OQ);
                 for (; above; above &= above - 1) offer(i + __builtin_ctz(above));
             }
+#elif defined(__AVX2__)
+            for (; i < V && i % 8; ++i) offer(i);
+            for (; i + 8 <= V; i += 8) {  // AMD Zen 3: the scalar pass was ~0.6 ms of a w8a8 b8 step's head
+                int above = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), _mm256_set1_ps(val[lo]), _CMP_GT_OQ));
+                for (; above; above &= above - 1) offer(i + __builtin_ctz(above));
+            }
 #endif
             for (; i < V; ++i) offer(i);
         }
