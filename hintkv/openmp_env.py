@@ -39,6 +39,7 @@ one (`peer_environ`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -90,11 +91,15 @@ def serial_openmp_thread() -> None:
                     torch.get_num_threads())
 
 
+@functools.cache
 def _openmp_set_num_threads():
     """`omp_set_num_threads` of the OpenMP runtime torch itself loaded (torch/lib/libgomp.so.1 here; libomp /
     libiomp5 elsewhere), or None without one. dlsym through libtorch_cpu's own handle searches that library's
     dependencies, so another package's copy (a wheel's bundled libgomp, the system's) mapped beside it, whatever
-    its path sorts as, is never the one called; the memory map is the fallback where libtorch_cpu is not found."""
+    its path sorts as, is never the one called; the memory map is the fallback where libtorch_cpu is not found.
+    Looked up once per process: each `ctypes.CDLL` is a reference cycle (its own function-pointer class), so a
+    lookup per thread left cyclic garbage whenever a thread pool started a thread (a mover thread started during
+    tests/bench/test_bench_cache_steps.py's steps, on a loaded machine)."""
     import torch
 
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")

@@ -101,6 +101,33 @@ print(torch.get_num_threads())
     assert _fresh(code, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1") == ["1", "0", "2", "1", "2"]
 
 
+def test_serial_threads_leave_no_cyclic_garbage():
+    """Each thread a pool starts runs `serial_openmp_thread`: the runtime's function is looked up once per process,
+    since every `ctypes.CDLL` is a reference cycle. A lookup per thread left 9 objects for the collector per thread
+    started, and tests/bench/test_bench_cache_steps.py's no-garbage check failed on a loaded machine whenever the
+    mover started its second thread during the measured steps."""
+    import gc
+    import threading
+
+    def start_one() -> None:
+        t = threading.Thread(target=openmp_env.serial_openmp_thread)
+        t.start()
+        t.join()
+
+    start_one()  # the first lookup may happen here
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            start_one()
+        garbage = gc.collect()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert garbage == 0, f"{garbage} objects in reference cycles after 3 serial threads"
+
+
 def test_a_second_libgomp_mapped_first_does_not_take_the_serial_threads_call(tmp_path):
     """Another copy of libgomp mapped beside torch's (a wheel's bundled one, the system's), at a path that sorts
     before torch's, is a second runtime: `serial_openmp_thread` must still set torch's count (1, no worker), and the
