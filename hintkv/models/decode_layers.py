@@ -98,7 +98,7 @@ def source() -> str:
 def ops() -> ModuleType | None:
     # source() is read once per process (cached): py-spy found it re-reading the three files in every step (~5%)
     return cpu_ext.load("hintkv_decode_layers", source(),
-                        ["decode_layers", "decode_team", "team_phases", "team_futex_timeouts", "team_table_abi",
+                        ["decode_layers", "decode_team", "team_phases", "team_futex_counts", "team_table_abi",
                           "team_abi"], _CFLAGS)
 
 

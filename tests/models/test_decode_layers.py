@@ -323,19 +323,23 @@ def test_an_item_that_throws_fails_the_team_step_instead_of_hanging_it():
 
 def test_a_waiter_that_slept_on_a_phase_is_woken_not_timed_out():
     """2 threads, 40 phases of 2 items whose first sleeps 500 us: the other thread takes the second, spins past SPIN,
-    sleeps on the phase's futex, and the first item's thread wakes it when the phase is done. Without that wake() each
-    such wait runs to its 1 ms timeout (a silent 1 ms per phase end, 40 a dummy:tiny step): 25 of 40 phases counted one
-    in three runs here (the late waiter skips the next phase's wait), against 0 with it."""
+    sleeps on the phase's futex, and the first item's thread wakes it when the phase is done. Without that wake() a
+    sleeper whose phase ended runs to its 1 ms timeout (a silent 1 ms per phase end, 40 a dummy:tiny step): about 25
+    of 40 phases here (the late waiter skips the next phase's wait). Counted is only a timeout that finds its phase
+    done: on a loaded machine the sleeping item's thread can wake milliseconds late, and its waiter's timeouts before
+    the phase ends are no missed wake-up (the old count of every timeout failed so once at load 10)."""
     ops = decode_layers.ops()
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        before = ops.team_futex_timeouts()
+        sleeps, missed = ops.team_futex_counts()
         assert ops.team_phases(40, 2, -1, -1, 500) == 80
-        timeouts = ops.team_futex_timeouts() - before
+        sleeps, missed = (now - was for now, was in zip(ops.team_futex_counts(), (sleeps, missed)))
     finally:
         torch.set_num_threads(saved)
-    assert timeouts <= 8  # a few only where load delays the sleeping item's thread past the waiter's 1 ms
+    assert sleeps > 0  # the waiters slept: the case under test ran
+    # a waker preempted between its phase's done store and its wake() can still miss a sleeper's timeout by a hair
+    assert missed <= 2, f"{missed} of {sleeps} futex sleeps ran to their timeout after their phase was done"
 
 
 def test_the_model_runs_the_fused_layers_only_where_they_apply(monkeypatch):
