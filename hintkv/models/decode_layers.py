@@ -44,6 +44,7 @@ import functools
 import os
 import time
 import warnings
+import weakref
 from pathlib import Path
 from types import ModuleType
 
@@ -130,7 +131,9 @@ class DecodeLayers:
     """The fused call for one model; its flat tensor list is rebuilt whenever a projection's kernel changed."""
 
     def __init__(self, model) -> None:
-        self.model = model
+        # held weakly: the model holds this call (`_decode_layers`), and a strong reference back made the model a
+        # reference cycle, so a dropped engine's weights (~300 MB of dummy:tiny's) waited for a full collection
+        self._model = weakref.ref(model)
         self.linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                          layer.mlp.down_proj) for layer in model.layers]
         self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
@@ -152,6 +155,11 @@ class DecodeLayers:
         # CPU (the regions then), and the timing probes between; a model stepped without an LLMEngine (bench model's
         # one-sequence runner) has no gate: the timing rule alone decides there
         self.chooser = TeamChooser(start_team=True) if can_team and mode == "auto" else None
+
+    @property
+    def model(self):
+        """The model this call runs (which owns it)."""
+        return self._model()
 
     @classmethod
     def build(cls, model) -> DecodeLayers | None:

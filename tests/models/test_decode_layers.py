@@ -182,7 +182,7 @@ def _team_bit_for_bit(model, threads, q_lens, ctx):
 
 def test_auto_is_the_default_0_the_regions_and_the_team_leaves_other_steps_to_them(monkeypatch):
     monkeypatch.delenv("HINTKV_DECODE_TEAM", raising=False)  # read when prepare builds the call
-    fused = _model(None, bias=False)._decode_layers
+    fused = _model(None, bias=False)._decode_layers  # its model gone: the call's settings are all this reads
     assert not fused.team and isinstance(fused.chooser, TeamChooser) and fused.chooser.team  # auto, from the team
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "0")
     model = _model(None, bias=False)
@@ -191,15 +191,17 @@ def test_auto_is_the_default_0_the_regions_and_the_team_leaves_other_steps_to_th
     got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1], [37, 12], seed=2)
     assert torch.equal(got[0], want[0]) and spy.calls == [("decode_layers", True)]
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "1")
-    fused = _model(None, bias=False)._decode_layers
+    model = _model(None, bias=False)  # held here: the fused call holds its model weakly
+    fused = model._decode_layers
     assert fused.team
     fused._ops = spy = _OpsSpy(fused._ops)
     for q_lens, ctx in (([1, 1], [37, 12]), ([5, 1], [40, 9])):
         # [5, 1]: 5 new rows of one sequence x 4 query heads per KV head: 20 rows, past attention's direct path (16)
-        got, want, kv, kv_ref = _fused_vs_per_op(fused.model, q_lens, ctx, seed=2)
+        got, want, kv, kv_ref = _fused_vs_per_op(model, q_lens, ctx, seed=2)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert spy.calls == [("decode_team", True), ("decode_team", False), ("decode_layers", True)]
-    w8a8 = _model("w8a8", bias=False)._decode_layers
+    w8a8_model = _model("w8a8", bias=False)
+    w8a8 = w8a8_model._decode_layers
     assert w8a8.team and w8a8.int8_team  # int8 linears too, through int8_cpu's team table
     args = list(_team_args(w8a8, [1, 1], [37, 12]))
     args[-2] = 0  # no table: the C++ side refuses rather than run an int8 code as float
@@ -223,29 +225,30 @@ class _LoggedChooser(TeamChooser):
 def test_auto_runs_decode_steps_both_ways_bit_for_bit(monkeypatch):
     monkeypatch.setenv("HINTKV_DECODE_TEAM", " Auto ")  # parsed as cpu_choice.env_choice parses its switches
     assert isinstance(_model("w8a8", bias=False)._decode_layers.chooser, TeamChooser)  # int8 too
-    fused = _model(None, bias=False)._decode_layers
+    model = _model(None, bias=False)  # held here: the fused call holds its model weakly
+    fused = model._decode_layers
     assert not fused.team and isinstance(fused.chooser, TeamChooser)
     fused.chooser = chooser = _LoggedChooser(probe_every=2)  # every other step a probe of the team
     fused._ops = spy = _OpsSpy(fused._ops)
     for seed in range(4):
-        got, want, kv, kv_ref = _fused_vs_per_op(fused.model, [1, 1, 1], [37, 12, 90], seed=seed)
+        got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1, 1], [37, 12, 90], seed=seed)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
     assert spy.calls == [("decode_layers", True), ("decode_team", True)] * 2
     assert chooser.num_steps == 4
     assert chooser.log == [(3, False), (3, True)] * 2  # each step's wall time, told with the way that ran it
-    _fused_vs_per_op(fused.model, [4, 1], [40, 9], seed=1)  # not a decode-only step: no choice, the regions
+    _fused_vs_per_op(model, [4, 1], [40, 9], seed=1)  # not a decode-only step: no choice, the regions
     assert chooser.num_steps == 4 and spy.calls[-1] == ("decode_layers", True) and len(chooser.log) == 4
     # the engine's gate (handed to the model, engine/llm_engine.py) reading contended: decode steps run the regions
     gate = ContentionGate(lambda: 0.9, check_every=1)
     assert gate.tick() and gate.contended
-    fused.model.contention_gate, calls = gate, len(spy.calls)
+    model.contention_gate, calls = gate, len(spy.calls)
     try:
         for seed in range(4):
-            got, want, _, _ = _fused_vs_per_op(fused.model, [1, 1, 1], [37, 12, 90], seed=seed)
+            got, want, _, _ = _fused_vs_per_op(model, [1, 1, 1], [37, 12, 90], seed=seed)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     finally:
-        fused.model.contention_gate = None
+        model.contention_gate = None
     assert spy.calls[calls:] == [("decode_layers", True)] * 4 and chooser.num_contended == 4
 
 
