@@ -124,6 +124,8 @@ class TierConnector(TierLoads):
         self._offload_seq = 0
         self._landed: list[PendingOffload] = []
         self._landed_lock = threading.Lock()
+        # a host buffer of n blocks for one transfer (a function of the mover, not of this connector: no cycle)
+        self._staging = _stager(stack.mover, self.layout)
         # evicted blocks not yet gathered: flushed before the device reuses the blocks
         self.write_downs = WriteDowns(stack, io, self._staging)
         # what tier threads read, once per step
@@ -303,10 +305,6 @@ class TierConnector(TierLoads):
                {"pool": self.pool_tier.pool_stats()} if self.pool_tier is not None else {}),
         }
 
-    def _staging(self, n: int) -> torch.Tensor:
-        return torch.empty((n, *self.layout.shape), dtype=self.layout.dtype,
-                           pin_memory=self.stack.mover.pin_memory)
-
     def check_integrity(self) -> None:
         self.stack.check_integrity()
         for p in [*(p for parts in self._loads.values() for p in parts), *self._prefetches]:
@@ -317,9 +315,20 @@ class TierConnector(TierLoads):
         self.write_downs.wait()
 
     def close(self) -> None:
+        """Finish the write-downs, close the stack, and unplug what `__init__` plugged into the device pool, the
+        stack and the tiers: each pointed back here, a reference cycle that kept the device KV cache and the
+        tiers' memory of a dropped engine until the collector's next full collection."""
         self.flush_write_downs()
         self.wait_write_downs()
         self.stack.close()
+        self.pool.on_evict = None
+        self.stack.set_keep(None)
+        for tier in self.stack.tiers:
+            tier.set_ranks(None)
+
+
+def _stager(mover, layout) -> Callable[[int], torch.Tensor]:
+    return lambda n: mover.staging((n, *layout.shape), layout.dtype)
 
 
 def _tier_counts(t) -> dict[str, int]:

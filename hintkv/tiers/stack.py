@@ -80,8 +80,9 @@ class TierStack:
                               wants=(lambda key, i=i: self._wants(i, key))
                               if i + 1 < len(tiers) else None)
 
-    def set_keep(self, keep: Callable[[bytes], bool]) -> None:
-        self._keep = keep
+    def set_keep(self, keep: Callable[[bytes], bool] | None) -> None:
+        """The cache manager's keep rule (None: keep every block)."""
+        self._keep = keep or (lambda key: True)
 
     def lookup(self, keys: list[bytes]) -> list[str | None]:
         """For each key, the name of the first tier (top-down) that holds it, else None."""
@@ -215,6 +216,7 @@ class TierStack:
     def close(self) -> None:
         for t in self.tiers:
             t.close()
+            t.set_on_evict(None)  # its listener held this stack, which holds it: unplugged, no cycle is left
         if self._own_mover:
             self.mover.close()
 
