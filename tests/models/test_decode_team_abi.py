@@ -39,9 +39,10 @@ def test_an_int8_team_table_of_another_abi_turns_the_team_off_with_a_warning(mon
     monkeypatch.setattr(int8_cpu, "ops", functools.partial(_StaleInt8Build, int8_cpu.ops()))
     monkeypatch.setenv("HINTKV_DECODE_TEAM", "1")
     with pytest.warns(UserWarning, match="abi 999, the decode step reads"):
-        fused = _model("w8a8", bias=False)._decode_layers
+        model = _model("w8a8", bias=False)  # held here: the fused call holds its model weakly
+    fused = model._decode_layers
     assert fused is not None and fused.int8_team == 0 and not fused.team
     fused._ops = spy = _OpsSpy(fused._ops)
-    got, want, kv, kv_ref = _fused_vs_per_op(fused.model, [1, 1], [37, 12], seed=2)
+    got, want, kv, kv_ref = _fused_vs_per_op(model, [1, 1], [37, 12], seed=2)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert spy.calls == [("decode_layers", True)]  # the regions ran the step; the team was never called
