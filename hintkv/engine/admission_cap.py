@@ -83,7 +83,8 @@ class SrptCapAdmission(SrptDrainAdmission):
             return False
         cost = self.costs.chunk_s(n, done)
         for s in out.scheduled:
-            if s.num_new_tokens > 1:  # the step's prefill chunks (a decode is one token)
+            if s.num_new_tokens > 1 and s.seq is not seq:  # the step's other prefill chunks (a decode is one
+                # token; a capped prefill's top-up asks with its own first part already in the step)
                 cost += self.costs.chunk_s(s.num_new_tokens, s.seq.num_computed_tokens)
                 if cost > limit:
                     return not self._aged(seq, seq.num_tokens - done, self._budget)

@@ -54,9 +54,9 @@ def test_the_fit_recovers_the_price_and_ignores_short_chunks():
 
 
 class Scene:
-    def __init__(self, admission: str) -> None:
+    def __init__(self, admission: str, num_blocks: int = 4000) -> None:
         self.clock = EventClock()
-        self.kv = KVCacheManager(4000, BS, make_policy("lru"))
+        self.kv = KVCacheManager(num_blocks, BS, make_policy("lru"))
         self.sch = Scheduler(self.kv, 8, BUDGET, clock=self.clock, admission=admission)
 
     def step(self) -> dict[str, tuple[int, int]]:
@@ -130,3 +130,26 @@ def test_a_held_prefill_that_is_due_rides_beside_the_cut_chunk():
             both.append(rows)
     assert both
     scene.kv.check_integrity()
+
+
+@pytest.mark.parametrize("admission", ["srpt-cap", "srpt-drain"])
+def test_a_capped_prefill_beside_a_refused_candidate_gets_its_top_up(admission):
+    """review_rev23_a finding 1: a long prefill `a` runs; a longer `b` is refused for room (a reserves its
+    blocks to its end, b's key is later than a's deadline: nothing lent). short-first's cap halves a's chunk
+    while b waits; the top-up after the admissions asks `holds` with a's first part already in the step, which
+    the hold priced twice (its own row and the grown chunk): at a context where a's whole budget chunk is under
+    the limit, a ran half the budget in a step nothing else used (32 for 64). The rev23 reviewer's scene."""
+    scene = Scene(admission, num_blocks=1000)  # a's 750 blocks to its end leave b too little
+    if admission == "srpt-cap":  # the fit already has its samples (the price exactly)
+        scene.sch.admission.costs = fit = ChunkCostFit(min_tokens=BUDGET // 8)
+        for c in range(0, 2000, 128):
+            fit.observe(_step_of([(64, c)]), price(64, c))
+    a = seq_of("a", list(range(3000)))
+    scene.sch.add_request(a)
+    assert [scene.step() for _ in range(3)] == [{"a": (BUDGET, c)} for c in (0, 64, 128)]
+    if admission == "srpt-cap":  # a's whole budget chunk is under the step limit at this context
+        assert price(BUDGET, 192) <= scene.sch.admission.limit_s()
+    scene.sch.add_request(seq_of("b", list(range(10_000, 13_000))))
+    rows = scene.step()
+    assert "b" not in rows  # refused for room: nothing else runs beside a
+    assert rows["a"] == (BUDGET, 192)
