@@ -34,6 +34,7 @@ its room to others and cost the whole trace set 0.0167 s/call of queue (the sixt
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from concurrent.futures import ALL_COMPLETED, Future, wait
@@ -158,6 +159,22 @@ class TierLoads:
     def load_tiers(self, key: str) -> list[str]:
         """The tier each block of `key`'s pending load comes from."""
         return [t for p in self._loads[key] for t in p.tiers]
+
+    def next_landing_s(self) -> float:
+        """Seconds until the first request's load in flight is expected to have landed (0 once
+        overdue; inf with none in flight): each load from its first part's start, all its blocks
+        one after another at its slowest tier's estimated load time (`TransferCosts.load_s`; the
+        parts it adopted share the link). `srpt-land` ends a long chunk by then."""
+        now, left = self.clock(), math.inf
+        order = [t.name for t in self.stack.tiers]
+        for parts in self._loads.values():
+            tiers = {t for p in parts for t in p.tiers}
+            if not tiers:
+                continue
+            per_block = self.costs.load_s(max(tiers, key=order.index))
+            start = min(p.started for p in parts)
+            left = min(left, max(0.0, start + per_block * sum(len(p.hashes) for p in parts) - now))
+        return left
 
     def wait_load(self, key: str, timeout_s: float) -> bool:
         """Block until `key`'s load has landed or `timeout_s` passes (`Mover.wait_done`: the

@@ -156,6 +156,11 @@ class AdmissionPolicy:
         (`engine.admission_resume`). By default it is not read."""
         return False
 
+    def attach_landings(self, landings: Callable[[], float]) -> None:
+        """Every scheduler offers `landings` (`Scheduler.next_landing`: seconds until a load in
+        flight is expected to have landed, inf when none); a policy that reads it keeps it
+        (`engine.admission_land`). By default it is not read."""
+
     def skipped(self, seq: Sequence, match: PrefixMatch, plan: StepPlan,
                 lapse: Callable[[], bool] | None = None) -> bool:
         """`seq` did not fit; True: try the next candidate, False: stop admitting this step. What a
@@ -354,3 +359,4 @@ from hintkv.engine import admission_alone  # noqa: E402,F401  (registers short-a
 from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, srpt-alone, srpt-room, srpt-drain)
 from hintkv.engine import admission_resume  # noqa: E402,F401  (registers srpt-resume)
 from hintkv.engine import admission_cap  # noqa: E402,F401  (registers srpt-cap)
+from hintkv.engine import admission_land  # noqa: E402,F401  (registers srpt-land)

@@ -20,7 +20,7 @@ that does not finish waits (`holds`, unless due) when they would cost more than 
 cutting the chunk alone only let a second long prefill take the freed budget into the same step
 (the step stayed long; on the 10-task slice the others' share of the step grew from 0.016 to 0.047
 s a call and the mean TTFT moved +0.0%/-0.2%, where with the hold it is -1.1%). The price is
-`engine.chunk_costs.ChunkCostFit`, fitted from the steps this policy sees (`stepped`): until it has
+`engine.chunk_costs.ChunkCostFit`, fitted from the steps this policy sees (`FittedChunks`): until it has
 its samples nothing is cut, so a fresh engine runs `srpt-drain`.
 """
 
@@ -31,34 +31,19 @@ from typing import TYPE_CHECKING
 from hintkv.engine.admission import register_admission
 from hintkv.engine.admission_alone import finishes
 from hintkv.engine.admission_srpt import SrptDrainAdmission
-from hintkv.engine.chunk_costs import ChunkCostFit
+from hintkv.engine.chunk_costs import FittedChunks
 
 if TYPE_CHECKING:
     from hintkv.engine.outputs import SchedulerOutput
     from hintkv.engine.sequence import Sequence
 
-SAMPLE_SHARE = 8  # a step is a cost sample when it carries a chunk of 1/8 of the budget or more
 STEP_BUDGETS = 3.0  # a step with an unfinished prefill's chunk costs at most this many empty-context budgets
 FLOOR_SHARE = 4  # a cut chunk keeps at least 1/4 of the budget (2048 of 8192: attention a token is flat there)
 
 
 @register_admission("srpt-cap")
-class SrptCapAdmission(SrptDrainAdmission):
+class SrptCapAdmission(FittedChunks, SrptDrainAdmission):
     """`srpt-drain`; an unfinished prefill's chunk and the step it joins cost at most `limit_s`."""
-
-    def __init__(self, max_skips: int = 16, max_scan: int = 64, max_model_len: int | None = None) -> None:
-        super().__init__(max_skips, max_scan, max_model_len)
-        self.costs: ChunkCostFit | None = None  # made at the first step (its sample size is the budget's)
-
-    def order_running(self, running: list[Sequence], budget: int) -> None:
-        super().order_running(running, budget)
-        if self.costs is None:
-            self.costs = ChunkCostFit(min_tokens=max(1, budget // SAMPLE_SHARE))
-
-    def stepped(self, sched: SchedulerOutput, now: float) -> None:
-        super().stepped(sched, now)
-        if self.costs is not None:
-            self.costs.observe(sched, now - sched.started)
 
     def limit_s(self) -> float | None:
         """The cap on a step with an unfinished prefill's chunk (None: not fitted yet)."""

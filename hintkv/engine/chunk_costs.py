@@ -110,3 +110,23 @@ class ChunkCostFit:
         lin = a + b * context
         m = limit_s / lin if b == 0 else (-lin + math.sqrt(lin * lin + 2 * b * limit_s)) / b
         return max(lo, min(hi, int(m)))
+
+
+SAMPLE_SHARE = 8  # a step is a cost sample when it carries a chunk of 1/8 of the budget or more
+
+
+class FittedChunks:
+    """Mixed into an admission policy (`srpt-cap`, `srpt-land`): `self.costs`, a `ChunkCostFit` made at
+    the first step (a sample: a chunk of 1/`SAMPLE_SHARE` of the budget or more) and fed every step."""
+
+    costs: ChunkCostFit | None = None
+
+    def order_running(self, running, budget: int) -> None:
+        super().order_running(running, budget)
+        if self.costs is None:
+            self.costs = ChunkCostFit(min_tokens=max(1, budget // SAMPLE_SHARE))
+
+    def stepped(self, sched: SchedulerOutput, now: float) -> None:
+        super().stepped(sched, now)
+        if self.costs is not None:
+            self.costs.observe(sched, now - sched.started)

@@ -47,6 +47,7 @@ timed out) to running, advanced over the blocks that arrived.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -88,6 +89,7 @@ class Scheduler:
         self.sam = sam
         if hints and sam is not None and self.admission.attach_returns(self.next_return):  # (srpt-resume)
             sam.track_returns = True
+        self.admission.attach_landings(self.next_landing)  # (srpt-land)
         # Session identity and edits are acted on (False: --ignore-hints; SAM then only ranks).
         self.hints = hints and sam is not None
         # qlru with hints off: each queued request's prompt is a transient session (policies.qlru)
@@ -281,6 +283,12 @@ class Scheduler:
         now = self.clock()
         token_s = self.kv.tiers.costs.prefill_s_per_token if self.kv.tiers is not None else 0.0
         return self.sam.next_return(now) - now, token_s
+
+    def next_landing(self) -> float:
+        """Seconds until a request's load in flight is expected to have landed (inf: none, or no
+        tiers; `TierLoads.next_landing_s`): `srpt-land`'s. Engine knowledge: no hints needed."""
+        tiers = self.kv.tiers  # (set after construction by the server and the simulator)
+        return tiers.next_landing_s() if tiers is not None and self.loading else math.inf
 
     def check_flushed(self, out: SchedulerOutput) -> None:
         """Raise unless a flush reached `out`'s write-down mark (call it before the forward pass)."""
