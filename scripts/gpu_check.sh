@@ -4,7 +4,8 @@
 #   OUT=/tmp/gpu_out bash scripts/gpu_check.sh
 #
 # 1. the CUDA tests (every test that skips without CUDA runs here: compiled step, w8a8, int8 / fp8
-#    KV cache, the batched speculative verify, decode CUDA graphs vs eager tokens);
+#    KV cache, the batched speculative verify, decode CUDA graphs vs eager tokens; the copy stream's
+#    write-downs: a look below and a prefetch while their store is in flight);
 # 2. hintkv bench engine --device cuda --quick (dummy:llama3-8b, bf16, against the plain-SDPA H200
 #    calibration in shared/calibration/h200-llama3-8b-shape.json; decode b1 / b8 with CUDA graphs
 #    (the default) and without (variant no-graphs), and fully eager);
@@ -34,6 +35,8 @@ step() {  # step NAME SECONDS CMD...
 { nvidia-smi; "$PY" -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'; } \
     > "$OUT/device.txt" 2>&1
 step cuda_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_cuda.py tests/models/test_cuda_graphs.py
+# the write-downs on the copy stream (a look below while their store is in flight) and their neighbours on the CPU
+step cuda_tier_tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs tests/cache/test_evicted_look_below.py tests/cache/test_tier_threads.py
 # variants: no-graphs (decode CUDA graphs off: their effect on decode b1 / b8 is this row's ratio,
 # inverted) and eager (--enforce-eager: neither graphs nor compile)
 step bench_engine 300 "$PY" -m hintkv bench engine --device cuda --quick --variants no-graphs,eager

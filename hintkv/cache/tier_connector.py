@@ -272,7 +272,7 @@ class TierConnector(TierLoads):
         out = {"device": 0, **{t.name: 0 for t in self.stack.tiers}}
         lower = [h for h, b in zip(hashes, self.pool.lookup_many(hashes)) if b is None]
         out["device"] = len(hashes) - len(lower)
-        for t in self.stack.lookup(lower):
+        for t in self.write_downs.lookup(lower):  # (a block still storing: in the top tier)
             if t is not None:
                 out[t] += 1
         return out

@@ -10,7 +10,9 @@ A load only ever fills a staging buffer it owns, so a late or abandoned one cann
 device cache; the device write happens on the engine thread, after queued write-downs are
 flushed (`_land`). The mixin uses the connector's `pool`, `stack`, `io`, `costs`, `counters`,
 `clock`, `layout`, `host_mode`, `pool_tier`, `spm`, `protected_class`, `keep`, `_loads`,
-`_prefetches`, `_fetching`, `_lost`, `_staging`, `flush_write_downs` and `num_write_downs_queued`.
+`_prefetches`, `_fetching`, `_lost`, `_staging`, `write_downs` and `flush_write_downs`; it looks
+at the stack and loads from it through `write_downs` (a block still being stored counts as held,
+and its load waits for the store).
 
 Every look below first flushes the write-downs queued since the last flush (`_see_evicted`): a
 block the device evicted earlier in the same `schedule()` pass is otherwise in no tier until the
@@ -85,15 +87,15 @@ class TierLoads:
     def _see_evicted(self) -> None:
         """Blocks evicted since the last flush are in the top tier for the look that follows (the
         module doc): the gather the engine would run after `schedule()`, run now, under the state
-        lock, only when something was queued in this pass and a look below follows; settled, so
-        on CUDA too the blocks are stored before the look (`WriteDowns`: the flush contract)."""
-        if self.num_write_downs_queued:
-            self.write_downs.flush(settle=True)
+        lock, when a look below follows; with nothing queued it waits for a flush running on
+        another thread (the engine's, outside the state lock). On CUDA a flushed block may still
+        be storing: the look sees the stack through `write_downs` (`WriteDowns`: the contract)."""
+        self.write_downs.flush()
 
     def plan(self, hashes: list[BlockHash]) -> list[str]:
         """Tiers of the leading run of `hashes` held below and worth loading (may be empty)."""
         self._see_evicted()
-        run = self.stack.lookup_run(hashes)
+        run = self.write_downs.lookup_run(hashes)
         # worth_loading per tier, not per block: a waiting prompt's thousands-of-blocks host run
         # is re-planned every step it waits (40% of a 100-user simulation, py-spy)
         skip = {t for t in set(run) if not self.costs.worth_loading(t)}
@@ -237,7 +239,7 @@ class TierLoads:
         room = self.room_below_protected(min(own, default=cls))
         todo = todo[:room]
         self._see_evicted()
-        return self._prefetch_run(todo, self.stack.lookup_run(todo)), len(found) - missing
+        return self._prefetch_run(todo, self.write_downs.lookup_run(todo)), len(found) - missing
 
     def prefetch_counted(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
         """`prefetch`, also returning the blocks of `hashes` held below (as `where` counts them,
@@ -245,7 +247,7 @@ class TierLoads:
         blocks per index (SAM's prefetch hint walked them twice)."""
         lower = list(compress(hashes, map(not_, self.pool.lookup_many(hashes))))  # (C)
         self._see_evicted()
-        where = self.stack.lookup(lower)
+        where = self.write_downs.lookup(lower)
         below = len(lower) - where.count(None)
         in_flight = self._fetching
         pairs = [(h, w) for h, w in zip(lower, where) if h not in in_flight] if in_flight \
@@ -292,8 +294,8 @@ class TierLoads:
     def _load(self, hashes: list[BlockHash], blocks: list[Block], tiers: list[str]) -> PendingLoad:
         staging = self._staging(len(hashes))
         now = self.clock()
-        load = PendingLoad(hashes, blocks, tiers, staging, self.stack.load_many(hashes, staging),
-                           now, now + self.costs.load_timeout_s(len(hashes)))
+        load = PendingLoad(hashes, blocks, tiers, staging, self.write_downs.load_many(hashes, staging), now,
+                           now + self.costs.load_timeout_s(len(hashes)))
 
         # a weak reference: the load holds its future and the future its callbacks, so a strong
         # one is a cycle that only the cyclic collector frees (staging tensor included)

@@ -42,6 +42,21 @@ class StackStats:
     num_spilled: int  # stored blocks the top tier refused, written to a lower tier instead
 
 
+def leading_run(lookup: Callable[[list[bytes]], list[str | None]], keys: list[bytes],
+                first: int = 16) -> list[str]:
+    """`lookup`'s tiers of the leading run of `keys` (up to the first None), asked in doubling
+    chunks: `TierStack.lookup_run`, and the write-downs' view of the stack (`cache.write_downs`)."""
+    out: list[str] = []
+    start, size = 0, first
+    while start < len(keys):
+        for tier in lookup(keys[start:start + size]):
+            if tier is None:
+                return out
+            out.append(tier)
+        start, size = start + size, size * 2
+    return out
+
+
 _TRUE: Future[bool] = Future()
 _TRUE.set_result(True)
 
@@ -107,15 +122,7 @@ class TierStack:
     def lookup_run(self, keys: list[bytes], first: int = 16) -> list[str]:
         """The tiers of the leading run of `keys` some tier holds (`lookup` up to the first
         miss), asked in doubling chunks so a long cold tail costs about the run's length."""
-        out: list[str] = []
-        start, size = 0, first
-        while start < len(keys):
-            for tier in self.lookup(keys[start:start + size]):
-                if tier is None:
-                    return out
-                out.append(tier)
-            start, size = start + size, size * 2
-        return out
+        return leading_run(self.lookup, keys, first)
 
     def store(self, items: list[tuple[bytes, torch.Tensor]]) -> list[Future[bool]]:
         """Offload blocks into the top tier (see `Tier.put`: keep sources intact until done).

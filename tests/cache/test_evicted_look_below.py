@@ -36,12 +36,12 @@ BS, NUM_BLOCKS = 4, 8
 
 
 class World:
-    def __init__(self, mode: str, offload: bool) -> None:
+    def __init__(self, mode: str, offload: bool, device: str = "cpu") -> None:
         self.now = 100.0
         self.sessions = SessionRegistry()
         self.kv = KVCacheManager(NUM_BLOCKS, BS, make_policy("sam", sessions=self.sessions))
-        self.io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2) for _ in range(2)])
-        self.stack = TierStack([HostTier(self.io.layout, 64 * self.io.layout.nbytes)])
+        self.io = DeviceBlockIO([torch.randn(2, NUM_BLOCKS, BS, 1, 2, device=device) for _ in range(2)])
+        self.stack = TierStack([HostTier(self.io.layout, 64 * self.io.layout.nbytes, pin=device == "cuda")])
         self.tiers = TierConnector(self.kv.pool, BS, self.stack, self.io, self.kv.ranking,
                                    hints=True, offload_mode=mode)
         self.kv.tiers = self.tiers
@@ -68,6 +68,27 @@ class World:
 
     def on_device(self) -> list[bool]:
         return [self.kv.pool.lookup(h) is not None for h in self.held]
+
+    def evicted_kv(self) -> tuple[list[int], torch.Tensor]:
+        """The queued victims' device block ids and their KV as the pass evicted it (on the CPU), in the
+        order of a's tail (`held[2:]`)."""
+        queued = dict(self.tiers.write_downs._queue)
+        bids = [queued[h] for h in self.held[2:]]
+        out = torch.empty((len(bids), *self.io.layout.shape), dtype=self.io.layout.dtype, device=self.io.device)
+        self.io.read(bids, out)
+        return bids, out.cpu()
+
+    def forward_over(self, bids: list[int]) -> None:
+        """The step's forward pass writing the reused blocks (on CUDA: queued after the flush's gather)."""
+        for layer in self.io.kv_caches:
+            layer[:, bids] = 7.0
+
+    def prefetched_kv(self) -> torch.Tensor:
+        """The tail's KV as a landed prefetch registered it on the device."""
+        ids = [self.kv.pool.lookup(h).block_id for h in self.held[2:]]
+        out = torch.empty((len(ids), *self.io.layout.shape), dtype=self.io.layout.dtype, device=self.io.device)
+        self.io.read(ids, out)
+        return out.cpu()
 
 
 @pytest.mark.parametrize("mode, offload", [("deferred", True), ("lazy", False)])
@@ -160,7 +181,7 @@ class _CopyStreamEvent:
 @pytest.mark.parametrize("mode, offload", [("deferred", True), ("lazy", False)])
 def test_on_the_copy_stream_a_plan_still_finds_what_the_pass_evicted(mode, offload):
     """review_scale22 finding 2: with the gather on a copy stream (CUDA), the stack stores the
-    victims later, on a mover thread; the look below waits for them (`flush(settle=True)`)."""
+    victims later, on a mover thread; the look below counts them as held meanwhile."""
     w = World(mode, offload)
     read = w.io.read
     w.io.read_async = lambda ids, out, stream: (read(ids, out), _CopyStreamEvent())[1]
@@ -189,4 +210,105 @@ def test_a_victim_counts_as_taken_only_once_its_gather_is_done():
     go.set()
     flusher.join(10)
     w.tiers.write_downs.check_flushed(mark)
+    w.tiers.close()
+
+
+class _HeldCopy:
+    """A gather still on the copy stream until the test lets it land (`go`)."""
+
+    def __init__(self, go: threading.Event) -> None:
+        self.go = go
+
+    def synchronize(self) -> None:
+        assert self.go.wait(10)
+
+
+def _land_prefetch(w: World) -> None:
+    for p in list(w.tiers._prefetches):
+        p.batch.result(10)
+    w.tiers.poll()
+
+
+def test_a_store_still_in_flight_is_held_for_a_look_below_and_its_load_waits_for_it():
+    """review_race22 finding 2: on CUDA the engine's flush leaves its gather on the copy stream and
+    a mover thread stores it once landed; a look below in between found the victims in no tier (a
+    recompute). Now they are held by the top tier while storing, and a load of them starts only
+    once their store is done: it reads the evicted KV, never a slot before its bytes land."""
+    w = World("deferred", offload=True)
+    tail = w.held[2:]
+    bids, evicted = w.evicted_kv()
+    go = threading.Event()
+    read = w.io.read
+    w.io.read_async = lambda ids, out, stream: (read(ids, out), _HeldCopy(go))[1]
+    assert w.tiers.flush_write_downs() == 2  # the engine's flush, after schedule()
+    w.forward_over(bids)
+    downs = w.tiers.write_downs
+    assert w.stack.lookup(tail) == [None, None]  # the store is still in flight
+    assert downs.busy() and not w.tiers.idle()
+    assert w.tiers.plan(tail) == ["host", "host"]  # (was []: in no tier yet)
+    assert w.tiers.where(w.held) == {"device": 2, "host": 2}
+    downs.queue([(tail[0], bids[0])])  # evicted again while storing: not gathered twice
+    assert w.tiers.flush_write_downs() == 0
+    w.kv.pool.release(w.taken[-2:])
+    assert w.tiers.prefetch(w.held) == (2, 2)  # (was 0: nothing below to load)
+    (p,) = w.tiers._prefetches
+    assert not p.batch.done()  # waits for the store, not reading the empty slots
+    go.set()
+    _land_prefetch(w)
+    assert w.on_device() == [True] * 4
+    assert torch.equal(w.prefetched_kv(), evicted)  # the evicted KV, not the forward's
+    assert not downs.busy() and downs._storing == {}
+    w.tiers.close()
+
+
+def test_a_look_below_waits_for_a_flush_running_on_another_thread():
+    """The engine flushes outside the state lock; a prefetch hint's look below (under it, on a
+    manage thread) that found the queue already taken looked before that gather was stored."""
+    w = World("deferred", offload=True)
+    started, go = threading.Event(), threading.Event()
+    read = w.io.read
+
+    def held_read(ids, out):
+        if threading.current_thread().name == "engine":
+            started.set()
+            assert go.wait(10)
+        read(ids, out)
+    w.io.read = held_read
+    engine = threading.Thread(target=w.tiers.flush_write_downs, name="engine")
+    engine.start()
+    assert started.wait(10)
+    planned: list[list[str]] = []
+    manage = threading.Thread(target=lambda: planned.append(w.tiers.plan(w.held[2:])), name="manage")
+    manage.start()
+    manage.join(0.3)
+    assert manage.is_alive()  # waits for the engine's gather
+    go.set()
+    engine.join(10)
+    manage.join(10)
+    assert planned == [["host", "host"]]  # (was []: the queue was empty, nothing stored yet)
+    w.tiers.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_a_prefetch_right_after_the_engines_flush_loads_the_evicted_kv():
+    """review_race22 finding 2 on CUDA: the mover's workers are held busy, so the engine flush's
+    store waits behind them while the forward overwrites the blocks and a prefetch plans and loads
+    the victims: it counts them held and its load lands the evicted KV."""
+    w = World("deferred", offload=True, device="cuda")
+    mover = w.stack.mover
+    assert mover.copy_stream is not None
+    bids, evicted = w.evicted_kv()
+    go = threading.Event()
+    busy = [mover.run(None, lambda: go.wait(10), 0, 0) for _ in range(mover._pool._max_workers)]
+    assert w.tiers.flush_write_downs() == 2
+    w.forward_over(bids)
+    assert w.stack.lookup(w.held[2:]) == [None, None]  # stored only once a worker is free
+    assert w.tiers.plan(w.held[2:]) == ["host", "host"]
+    w.kv.pool.release(w.taken[-2:])
+    assert w.tiers.prefetch(w.held) == (2, 2)
+    go.set()
+    assert all(f.result(10) for f in busy)
+    _land_prefetch(w)
+    assert w.on_device() == [True] * 4
+    assert torch.equal(w.prefetched_kv(), evicted)
     w.tiers.close()

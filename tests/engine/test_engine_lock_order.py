@@ -29,6 +29,7 @@ def test_no_lock_order_cycle_between_steps_edits_and_scrapes(tmp_path):
     order = LockOrder()
     order.track(engine, "lock", "engine.state")
     order.track(tiers.write_downs, "_lock", "write_downs")
+    order.track(tiers.write_downs, "_flush_lock", "write_downs.flush")
     order.track(tiers, "_landed_lock", "connector.landed")
     order.track(tiers.board, "_lock", "board")
     order.track(tiers.stack, "_lock", "stack")
@@ -76,7 +77,7 @@ def test_no_lock_order_cycle_between_steps_edits_and_scrapes(tmp_path):
     assert order.cycle() is None, order.explain()
     # the paths the order is about were taken (else the test proves nothing)
     for edge in [("engine.state", "host"), ("engine.state", "write_downs"), ("host", "disk"),
-                 ("host", "stack")]:
+                 ("host", "stack"), ("engine.state", "write_downs.flush"), ("write_downs.flush", "host")]:
         assert edge in order.edges, order.explain()
     s = engine.tier_stats()
     assert s["num_cascaded"] > 0 and s["num_loaded"] > 0, s
