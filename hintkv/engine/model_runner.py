@@ -8,7 +8,6 @@ tables.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from hintkv.models.config import ModelConfig
 from hintkv.models.cuda_graphs import DecodeGraphs
 from hintkv.models.host_memory import keep_freed_memory
 from hintkv.models.kv_quant import cache_row
+from hintkv.models.llama import keeps_rows
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class ModelRunner:
         self.model = model
         # the last layer runs past its K/V only for the rows sampled (LlamaForCausalLM.forward's keep_last);
         # HINTKV_LAST_LAYER_ROWS=all runs every row (A/B, bisecting)
-        self.model_keeps_rows = os.environ.get("HINTKV_LAST_LAYER_ROWS", "sampled") != "all"
+        self.model_keeps_rows = keeps_rows()
         self.cfg = cfg
         self.block_size = block_size
         self.device = device

@@ -11,6 +11,7 @@ Every GEMM runs through `linear.py` (`prepare(quantization)` picks the kernels a
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -38,6 +39,13 @@ from hintkv.models.team_choice import ContentionGate
 
 # the kept rows of a step and the metadata of their queries alone (`attention.suffix_rows`)
 Suffix = tuple[torch.Tensor, AttentionMetadata]
+
+
+def keeps_rows() -> bool:
+    """Whether steps run the last layer past its K/V for the sampled rows only (the default) or for every row
+    (HINTKV_LAST_LAYER_ROWS=all: A/B, bisecting). `ModelRunner` passes keep_last by it, and `prepare` splits the last
+    layer's qkv (`Attention.split_qkv`) only when it holds."""
+    return os.environ.get("HINTKV_LAST_LAYER_ROWS", "sampled") != "all"
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -92,11 +100,14 @@ class Attention(nn.Module):
         """Attention output after o_proj of every row, or of `suffix`'s rows only (every row's K/V written)."""
         # the split while qkv_proj still runs oneDNN (a later `set_kernel` takes it off), not compiled (one rope graph)
         # and only when some row is dropped (a step keeping every row runs the one fused GEMM)
-        if (suffix is not None and self.q_kv_kernels is not None and self.qkv_proj.kernel.name == OneDnnKernel.name
-                and not regions.compiled and suffix[0].numel() < x.shape[0]):
-            return self._kept_rows(x, cos, sin, kv_cache, meta, regions, suffix)
-        # q and k rotate together: one RoPE pass over the Hq + Hkv heads of the fused qkv rows
-        q, k, v = regions.rope(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
+        split = (suffix is not None and self.q_kv_kernels is not None and self.qkv_proj.kernel.name == OneDnnKernel.name
+                 and not regions.compiled and suffix[0].numel() < x.shape[0])
+        if split:  # k/v of every row from the k/v slice; q of the kept rows only, below
+            kv_kernel = self.q_kv_kernels[1]
+            kv_kernel.refresh()
+            q, k, v = regions.rope(kv_kernel(x), cos, sin, 0, self.num_kv_heads, self.head_dim)
+        else:  # q and k rotate together: one RoPE pass over the Hq + Hkv heads of the fused qkv rows
+            q, k, v = regions.rope(self.qkv_proj(x), cos, sin, self.num_heads, self.num_kv_heads, self.head_dim)
         if suffix is None:
             o = paged_attention(q, k, v, kv_cache, meta, self.scale)
             return self.o_proj(o.reshape(x.shape[0], self.q_size))
@@ -104,25 +115,19 @@ class Attention(nn.Module):
         write_kv(k, v, kv_cache, meta.slot_mapping)
         if rows.numel() == 0:  # a step that samples nothing (a prefill chunk): its K/V is all it leaves
             return x.new_empty(0, x.shape[1])
-        o = paged_attention(q.index_select(0, rows), k.index_select(0, rows), v.index_select(0, rows), kv_cache,
+        q = self._kept_q(x, cos, sin, rows, regions) if split else q.index_select(0, rows)
+        o = paged_attention(q, k.index_select(0, rows), v.index_select(0, rows), kv_cache,
                             sub, self.scale)  # writes the kept rows' K/V again: the same values
         return self.o_proj(o.reshape(rows.numel(), self.q_size))
 
-    def _kept_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                   meta: AttentionMetadata, regions: Regions, suffix: Suffix) -> torch.Tensor:
-        """`forward` with `suffix` on the split kernels (`split_qkv`): k/v of every row, q of the kept rows only."""
-        q_kernel, kv_kernel = self.q_kv_kernels
-        kv_kernel.refresh()
-        _, k, v = regions.rope(kv_kernel(x), cos, sin, 0, self.num_kv_heads, self.head_dim)
-        rows, sub = suffix
-        write_kv(k, v, kv_cache, meta.slot_mapping)
-        if rows.numel() == 0:
-            return x.new_empty(0, x.shape[1])
+    def _kept_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor,
+                regions: Regions) -> torch.Tensor:
+        """q of the kept `rows` only, on the split's q kernel (`split_qkv`), rotated."""
+        q_kernel = self.q_kv_kernels[0]
         q_kernel.refresh()
         q, _, _ = regions.rope(q_kernel(x.index_select(0, rows)), cos.index_select(0, rows),
                                sin.index_select(0, rows), self.num_heads, 0, self.head_dim)
-        o = paged_attention(q, k.index_select(0, rows), v.index_select(0, rows), kv_cache, sub, self.scale)
-        return self.o_proj(o.reshape(rows.numel(), self.q_size))
+        return q
 
 
 class MLP(nn.Module):
@@ -231,9 +236,9 @@ class LlamaForCausalLM(nn.Module):
             prepare_linears(self, None)
             act_absmax = calibrate(self, self.calibration)
         counts = prepare_linears(self, quantization, act_absmax)
-        for i, layer in enumerate(self.layers):  # only the last layer runs a step's kept rows alone (`forward`)
-            layer.self_attn.q_kv_kernels = None
-            if i == len(self.layers) - 1:
+        for i, layer in enumerate(self.layers):  # only the last layer runs a step's kept rows alone (`forward`),
+            layer.self_attn.q_kv_kernels = None  # and only when steps keep rows: else its packs are memory for nothing
+            if i == len(self.layers) - 1 and keeps_rows():
                 layer.self_attn.split_qkv()
         head = choose_kernel(self.lm_head, quantization, is_lm_head=True)
         self._lm_head_kernel = KERNELS[head](self.lm_head, None)

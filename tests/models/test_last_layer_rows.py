@@ -196,6 +196,18 @@ def test_w8a8_keeps_the_last_layer_unsplit(onednn_tiny):
     assert onednn_tiny.model.layers[-1].self_attn.q_kv_kernels is not None
 
 
+def test_every_row_builds_no_split_packs(onednn_tiny, monkeypatch):
+    """review_eng22 finding 7: under HINTKV_LAST_LAYER_ROWS=all no step keeps rows, so the split's q and k/v packs
+    (a copy of the last layer's qkv weight) are memory for nothing: `prepare` builds them only when rows are kept."""
+    model = onednn_tiny.model
+    monkeypatch.setenv("HINTKV_LAST_LAYER_ROWS", "all")
+    model.prepare(None)
+    assert all(layer.self_attn.q_kv_kernels is None for layer in model.layers)
+    monkeypatch.delenv("HINTKV_LAST_LAYER_ROWS")
+    model.prepare(None)
+    assert model.layers[-1].self_attn.q_kv_kernels is not None
+
+
 @pytest.mark.parametrize("off", ["mkl kernel", "compiled regions", "every row kept"])
 def test_the_forward_runs_the_fused_qkv_when_the_split_does_not_apply(onednn_tiny, off):
     """The split kernels stay set, but the forward takes the fused qkv when qkv_proj left oneDNN (`set_kernel`
