@@ -103,10 +103,14 @@ class WriteDowns:
             with self._lock:
                 queued, self._queue = self._queue, []
             try:
-                return self._gather(queued)
-            finally:  # taken once gathered (or queued on the copy stream), never before
-                with self._lock:
-                    self.num_taken += len(queued)
+                written = self._gather(queued)
+            except BaseException:  # not gathered: back at the queue's head, so `check_flushed` still refuses
+                with self._lock:  # the forward (review_rev23_a finding 5: it counted them taken, then lost them)
+                    self._queue[:0] = queued
+                raise
+            with self._lock:  # taken once gathered (or queued on the copy stream), never before
+                self.num_taken += len(queued)
+            return written
 
     def _gather(self, queued: list[tuple[BlockHash, int]]) -> int:
         if not queued:

@@ -261,10 +261,12 @@ def test_a_store_still_in_flight_is_held_for_a_look_below_and_its_load_waits_for
     w.tiers.close()
 
 
-def test_a_look_below_waits_for_a_flush_running_on_another_thread():
-    """The engine flushes outside the state lock; a prefetch hint's look below (under it, on a
-    manage thread) that found the queue already taken looked before that gather was stored."""
+@pytest.mark.parametrize("look", ["plan", "prefetch hint"])
+def test_a_look_below_waits_for_a_flush_running_on_another_thread(look):
+    """The engine flushes outside the state lock; a look below under it (a prefetch hint on a manage thread,
+    review_rev23_a finding 2) that found the queue already taken looked before that gather was stored."""
     w = World("deferred", offload=True)
+    w.kv.pool.release(w.taken[-2:])  # room for the prefetch
     started, go = threading.Event(), threading.Event()
     read = w.io.read
 
@@ -277,15 +279,17 @@ def test_a_look_below_waits_for_a_flush_running_on_another_thread():
     engine = threading.Thread(target=w.tiers.flush_write_downs, name="engine")
     engine.start()
     assert started.wait(10)
-    planned: list[list[str]] = []
-    manage = threading.Thread(target=lambda: planned.append(w.tiers.plan(w.held[2:])), name="manage")
+    got: list = []
+    fn = (lambda: w.tiers.plan(w.held[2:])) if look == "plan" else (lambda: w.tiers.prefetch_counted(w.held))
+    manage = threading.Thread(target=lambda: got.append(fn()), name="manage")
     manage.start()
     manage.join(0.3)
     assert manage.is_alive()  # waits for the engine's gather
     go.set()
     engine.join(10)
     manage.join(10)
-    assert planned == [["host", "host"]]  # (was []: the queue was empty, nothing stored yet)
+    # (was [] and (0, 2, 0): the queue read empty, nothing stored yet)
+    assert got == [["host", "host"] if look == "plan" else (2, 2, 2)]
     w.tiers.close()
 
 
@@ -311,4 +315,26 @@ def test_cuda_a_prefetch_right_after_the_engines_flush_loads_the_evicted_kv():
     _land_prefetch(w)
     assert w.on_device() == [True] * 4
     assert torch.equal(w.prefetched_kv(), evicted)
+    w.tiers.close()
+
+
+def test_a_failed_gather_leaves_its_victims_queued_and_the_forward_refused():
+    """review_rev23_a finding 5: a gather that raised counted its victims as taken and dropped them, so
+    `check_flushed` passed and the forward overwrote blocks never written down. Now they go back to the queue."""
+    w = World("deferred", offload=True)
+    mark = w.tiers.write_downs.mark()
+    read = w.io.read
+
+    def failing_read(ids, out):
+        raise RuntimeError("device read failed")
+    w.io.read = failing_read
+    with pytest.raises(RuntimeError, match="device read failed"):
+        w.tiers.flush_write_downs()
+    with pytest.raises(RuntimeError, match="2 evicted blocks were not written down"):
+        w.tiers.write_downs.check_flushed(mark)
+    assert w.tiers.num_write_downs_queued == 2
+    w.io.read = read
+    assert w.tiers.flush_write_downs() == 2
+    w.tiers.write_downs.check_flushed(mark)
+    assert w.stack.lookup(w.held[2:]) == ["host", "host"]
     w.tiers.close()
