@@ -108,7 +108,7 @@ class TierConnector(TierLoads):
         self.hints = hints
         self.protected_class = ranking.policy.protected_class
         self.layout = stack.layout
-        self.costs = TransferCosts(self.layout.nbytes, block_size)
+        self.costs = TransferCosts(self.layout.nbytes, block_size, clock=clock)
         for tier in stack.tiers:  # each tier's own nominal read bandwidth, where it reports one
             if tier.read_bps is not None:
                 self.costs.seed(tier.name, tier.read_bps)

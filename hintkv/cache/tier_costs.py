@@ -9,12 +9,19 @@ the tier connector: the simulator's tiers report the profile's links), else at a
 follow what the engine observes. A tier known only by its default is worth loading until one of its
 loads was observed (`worth_loading`): priced by a default above a recompute, it would never be tried,
 so never measured (a pool at the 1 GB/s default against an H200's ~25 us a token: review_scale22
-finding 4). A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned, and counts
-as an observation at the rate it would have had if it had arrived then (`observe_timeout`).
+finding 4). A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned (`observe_timeout`):
+a stall, not a rate, so no plan loads from its tier for as long as that load waited, doubled with each
+abandoned load in a row, until a load of it lands again. A tier whose every load times out then costs
+requests a timeout ever more rarely (review_sim22 finding 8: tried on every request, each waiting out the
+timeout), and one stall (a first load queued behind a long write-down copy) no longer prices a tier out
+for good: a timeout counted as a rate (7c71159) replaced an unmeasured tier's guess with bytes per
+second, and nothing loaded from it again to measure it, hints off (review_rev23_a finding 3).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_BANDWIDTH = {"host": 10e9, "disk": 1e9}  # bytes/s
@@ -23,6 +30,7 @@ EWMA_WEIGHT = 0.2  # weight of a new observation
 MIN_PREFILL_TOKENS = 64  # steps with fewer batched tokens are decode-bound: not a prefill sample
 TIMEOUT_FACTOR = 3.0
 MIN_TIMEOUT_S = 1.0
+MAX_STALLS = 20  # the hold-off doubles up to this many abandoned loads in a row (2^20 x a timeout: days)
 
 
 def _ewma(old: float, new: float) -> float:
@@ -36,6 +44,9 @@ class TransferCosts:
     bandwidth: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BANDWIDTH))
     prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN
     known: set[str] = field(default_factory=set)  # tiers whose bandwidth was reported or observed
+    clock: Callable[[], float] = time.monotonic  # the connector's (the simulator's runs in simulated time)
+    stalls: dict[str, int] = field(default_factory=dict)  # tier -> loads abandoned in a row
+    held_off: dict[str, float] = field(default_factory=dict)  # tier -> until when no plan loads from it
 
     def seed(self, tier: str, bytes_per_s: float) -> None:
         """`tier` reports `bytes_per_s` as its nominal read bandwidth (`Tier.read_bps`): the estimate starts there."""
@@ -52,17 +63,19 @@ class TransferCosts:
     def observe_load(self, tier: str, num_blocks: int, seconds: float) -> None:
         """`num_blocks` blocks (the slowest of them from `tier`) arrived in `seconds`."""
         if num_blocks > 0 and seconds > 0:
+            self.stalls.pop(tier, None)  # it delivers again
+            self.held_off.pop(tier, None)
             bw = num_blocks * self.block_bytes / seconds
             # the first observation of a tier known only by its default replaces the guess
             self.bandwidth[tier] = _ewma(self.bandwidth[tier], bw) if tier in self.known else bw
             self.known.add(tier)
 
     def observe_timeout(self, tier: str, num_blocks: int, seconds: float) -> None:
-        """A load of `num_blocks` blocks (the slowest from `tier`) was abandoned after `seconds`: the
-        tier delivers at most that rate, observed as such (review_sim22 finding 8: a tier known only
-        by its default whose every load timed out was tried forever, each request waiting out the
-        timeout before recomputing)."""
-        self.observe_load(tier, num_blocks, seconds)
+        """A load of `num_blocks` blocks (the slowest from `tier`) was abandoned after `seconds`: `tier`
+        is held off for `seconds`, doubled for each load abandoned in a row before it (the module doc)."""
+        k = self.stalls.get(tier, 0)
+        self.stalls[tier] = min(k + 1, MAX_STALLS)
+        self.held_off[tier] = self.clock() + max(seconds, MIN_TIMEOUT_S) * 2 ** k
 
     def load_s(self, tier: str) -> float:
         return self.block_bytes / self.bandwidth.get(tier, DEFAULT_BANDWIDTH["disk"])
@@ -72,7 +85,11 @@ class TransferCosts:
         return self.block_size * self.prefill_s_per_token
 
     def worth_loading(self, tier: str) -> bool:
-        """Cheaper to load from `tier` than to recompute; a tier known only by its default is tried."""
+        """Cheaper to load from `tier` than to recompute, and not held off after a stall; a tier known
+        only by its default is tried."""
+        until = self.held_off.get(tier)
+        if until is not None and self.clock() < until:
+            return False
         return tier not in self.known or self.load_s(tier) <= self.recompute_s()
 
     def regain_s(self, tier: str) -> float:

@@ -314,7 +314,7 @@ class TierLoads:
         order = [t.name for t in self.stack.tiers]
         if not load.batch.done():
             self.counters.num_load_timeouts += 1
-            if load.whole:  # the tier delivers at most this: learned, so a tier that always times out is dropped
+            if load.whole:  # a stall: its tier is held off a while (a tier that always times out, ever longer)
                 self.costs.observe_timeout(max(load.tiers, key=order.index), len(load.hashes),
                                            self.clock() - load.started)
         self.counters.num_load_failed += len(results) - n

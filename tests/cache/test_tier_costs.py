@@ -5,19 +5,24 @@ H200's recompute, was never loaded, so never measured). Real host tier and conne
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
+from hintkv.cache.hashing import hash_blocks, namespace_root
 from hintkv.cache.manager import KVCacheManager
 from hintkv.cache.policies import make_policy
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.cache.tier_costs import DEFAULT_BANDWIDTH, TransferCosts
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.host import HostTier
+from hintkv.tiers.mover import Mover
 from hintkv.tiers.stack import TierStack
 
 BLOCK = 2 << 20  # a Llama-3-8B block of 16 tokens
 TOKEN_S = 25e-6  # an H200's prefill a token: a block recomputes in 0.4 ms
+BS = 4
 
 
 def _h200_costs() -> TransferCosts:
@@ -65,12 +70,52 @@ def test_the_connector_starts_each_tier_at_the_bandwidth_it_reports(read_bps):
     assert conn.offload_mode == "deferred"  # the server's default (`DEFAULT_OFFLOAD_MODE`: review_scale22 finding 10)
 
 
-def test_a_timed_out_load_is_an_observation_of_its_tier():
-    """review_sim22 finding 8: a tier known only by its default whose loads always time out was
-    tried forever (a timeout was never measured); now the timeout prices it out."""
+def test_a_timed_out_load_holds_its_tier_off_ever_longer_until_one_lands():
+    """review_sim22 finding 8: a tier known only by its default whose loads always time out was tried on every
+    request, each waiting out the timeout; now each abandoned load holds the tier off for as long as it waited,
+    doubled per abandoned load in a row (review_rev23_a finding 3: not a rate, which priced it out for good)."""
+    now = [0.0]
     costs = _h200_costs()
+    costs.clock = lambda: now[0]
     assert costs.worth_loading("pool")  # known only by its default: tried
-    costs.observe_timeout("pool", 1000, 1.2)  # 1,000 blocks abandoned at a 1.2 s deadline
-    assert "pool" in costs.known
-    assert costs.bandwidth["pool"] == pytest.approx(1000 * BLOCK / 1.2)
-    assert not costs.worth_loading("pool")
+    for wait_s in (1.2, 2.4, 4.8):  # three abandoned loads in a row, each at a 1.2 s deadline
+        costs.observe_timeout("pool", 1000, 1.2)
+        now[0] += wait_s - 0.01
+        assert not costs.worth_loading("pool")
+        now[0] += 0.01
+        assert costs.worth_loading("pool")  # tried again once held off that long
+    assert "pool" not in costs.known  # a stall is no rate: still known only by its default
+    costs.observe_load("pool", 8, 8 * BLOCK / 20e9)  # one lands: measured, and the count starts over
+    costs.observe_timeout("pool", 1000, 1.2)
+    now[0] += 1.2
+    assert costs.worth_loading("pool") and costs.bandwidth["pool"] == pytest.approx(20e9)
+
+
+def test_a_tier_whose_first_load_stalled_is_tried_again_later():
+    """review_rev23_a finding 3 (rev23's test): the live server's tiers report no read bandwidth; a host tier
+    whose FIRST load waited behind a long job on its mover past the deadline was priced at 4 blocks per 1.5 s
+    (the timeout as a rate), so with hints off nothing loaded from it again, for good. Real host tier, mover,
+    stack and connector; the connector's clock injected."""
+    now = [100.0]
+    kv = KVCacheManager(16, BS, make_policy("lru"))
+    io = DeviceBlockIO([torch.randn(2, 16, BS, 1, 2) for _ in range(2)])
+    mover = Mover(num_workers=1)
+    host = HostTier(io.layout, 64 * io.layout.nbytes, mover=mover)
+    stack = TierStack([host])
+    conn = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=False, clock=lambda: now[0])
+    hashes = hash_blocks(namespace_root("t", "float32", BS, None), list(range(4 * BS)), BS)
+    assert all(f.result() for f in stack.store([(h, torch.randn(io.layout.shape)) for h in hashes]))
+    stack.flush()
+    assert conn.plan(hashes) == ["host"] * 4
+    go = threading.Event()
+    mover.run(None, lambda: go.wait(10), 0, 0)  # the mover busy (a long write-down copy's stand-in)
+    conn.start_load("r", hashes, kv.pool.allocate(4), ["host"] * 4)
+    now[0] += 1.5  # past the load's deadline (MIN_TIMEOUT_S = 1 s)
+    assert conn.load_ready("r")
+    assert conn.finish_load("r") == (0, [])  # abandoned: the blocks are recomputed (right)
+    assert conn.plan(hashes) == []  # held off for now
+    go.set()
+    stack.flush()  # the stall is over; the host reads at memory speed again
+    now[0] += 3600.0  # an hour later
+    assert conn.plan(hashes) == ["host"] * 4  # (was []: priced out for good, never measured again)
+    conn.close()

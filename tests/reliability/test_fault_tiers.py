@@ -90,7 +90,9 @@ def test_slow_tier_falls_back_to_recompute():
         stats = engine.tier_stats()
         assert stalled, "served only once the stalled transfers gave up: not while stalled"
         assert stats["num_load_timeouts"] >= 1  # abandoned at its deadline, then recomputed
-        assert engine.engine.tiers.costs.bandwidth["host"] < host_bps  # and learned from (review_sim22 8)
+        costs = engine.engine.tiers.costs
+        assert costs.stalls["host"] >= 1 and costs.bandwidth["host"] == host_bps  # held off a while, not priced
+        #                                                  out as a rate (review_sim22 8, review_rev23_a 3)
         for f in stalls:
             f.result()
         after = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
