@@ -11,7 +11,7 @@ loads was observed (`worth_loading`): priced by a default above a recompute, it 
 so never measured (a pool at the 1 GB/s default against an H200's ~25 us a token: review_scale22
 finding 4). A load slower than its recompute estimate by `TIMEOUT_FACTOR` is abandoned (`observe_timeout`):
 a stall, not a rate, so no plan loads from its tier for as long as that load waited, doubled with each
-abandoned load in a row, until a load of it lands again. A tier whose every load times out then costs
+stall in a row (the loads in flight through one stall count once), until a load of it lands again. A tier whose every load times out then costs
 requests a timeout ever more rarely (review_sim22 finding 8: tried on every request, each waiting out the
 timeout), and one stall (a first load queued behind a long write-down copy) no longer prices a tier out
 for good: a timeout counted as a rate (7c71159) replaced an unmeasured tier's guess with bytes per
@@ -47,6 +47,7 @@ class TransferCosts:
     clock: Callable[[], float] = time.monotonic  # the connector's (the simulator's runs in simulated time)
     stalls: dict[str, int] = field(default_factory=dict)  # tier -> loads abandoned in a row
     held_off: dict[str, float] = field(default_factory=dict)  # tier -> until when no plan loads from it
+    stalled_at: dict[str, float] = field(default_factory=dict)  # tier -> when its last stall was counted
 
     def seed(self, tier: str, bytes_per_s: float) -> None:
         """`tier` reports `bytes_per_s` as its nominal read bandwidth (`Tier.read_bps`): the estimate starts there."""
@@ -63,8 +64,8 @@ class TransferCosts:
     def observe_load(self, tier: str, num_blocks: int, seconds: float) -> None:
         """`num_blocks` blocks (the slowest of them from `tier`) arrived in `seconds`."""
         if num_blocks > 0 and seconds > 0:
-            self.stalls.pop(tier, None)  # it delivers again
-            self.held_off.pop(tier, None)
+            for d in (self.stalls, self.held_off, self.stalled_at):  # it delivers again
+                d.pop(tier, None)
             bw = num_blocks * self.block_bytes / seconds
             # the first observation of a tier known only by its default replaces the guess
             self.bandwidth[tier] = _ewma(self.bandwidth[tier], bw) if tier in self.known else bw
@@ -72,10 +73,16 @@ class TransferCosts:
 
     def observe_timeout(self, tier: str, num_blocks: int, seconds: float) -> None:
         """A load of `num_blocks` blocks (the slowest from `tier`) was abandoned after `seconds`: `tier`
-        is held off for `seconds`, doubled for each load abandoned in a row before it (the module doc)."""
+        is held off for `seconds`, doubled for each stall in a row before it (the module doc). A load that
+        started before the last stall was counted rode out that same stall: not another one (ten loads in
+        flight behind one 1.5 s stall held the tier off 1.5 s x 2^9; review_rev23_a finding 3, round 2)."""
+        now = self.clock()
+        if now - seconds < self.stalled_at.get(tier, float("-inf")):
+            return
         k = self.stalls.get(tier, 0)
         self.stalls[tier] = min(k + 1, MAX_STALLS)
-        self.held_off[tier] = self.clock() + max(seconds, MIN_TIMEOUT_S) * 2 ** k
+        self.stalled_at[tier] = now
+        self.held_off[tier] = now + max(seconds, MIN_TIMEOUT_S) * 2 ** k
 
     def load_s(self, tier: str) -> float:
         return self.block_bytes / self.bandwidth.get(tier, DEFAULT_BANDWIDTH["disk"])

@@ -78,7 +78,7 @@ def test_a_timed_out_load_holds_its_tier_off_ever_longer_until_one_lands():
     costs = _h200_costs()
     costs.clock = lambda: now[0]
     assert costs.worth_loading("pool")  # known only by its default: tried
-    for wait_s in (1.2, 2.4, 4.8):  # three abandoned loads in a row, each at a 1.2 s deadline
+    for wait_s in (1.2, 2.4, 4.8):  # three stalls in a row, each a load abandoned at a 1.2 s deadline
         costs.observe_timeout("pool", 1000, 1.2)
         now[0] += wait_s - 0.01
         assert not costs.worth_loading("pool")
@@ -118,4 +118,33 @@ def test_a_tier_whose_first_load_stalled_is_tried_again_later():
     stack.flush()  # the stall is over; the host reads at memory speed again
     now[0] += 3600.0  # an hour later
     assert conn.plan(hashes) == ["host"] * 4  # (was []: priced out for good, never measured again)
+    conn.close()
+
+
+def test_one_stall_over_many_loads_in_flight_holds_the_tier_off_once():
+    """review_rev23_a finding 3, round 2 (rev23's test): loads in flight together when one stall hit them are
+    abandoned one after another in `_land`; each counted as a further stall held the tier off 2^(N-1) timeouts
+    (ten loads behind one 1.5 s stall: 768 s, hints off)."""
+    loads = 10
+    now = [100.0]
+    kv = KVCacheManager(4 * loads, BS, make_policy("lru"))
+    io = DeviceBlockIO([torch.randn(2, 4 * loads, BS, 1, 2) for _ in range(2)])
+    mover = Mover(num_workers=1)
+    stack = TierStack([HostTier(io.layout, 64 * io.layout.nbytes, mover=mover)])
+    conn = TierConnector(kv.pool, BS, stack, io, kv.ranking, hints=False, clock=lambda: now[0])
+    hashes = hash_blocks(namespace_root("t", "float32", BS, None), list(range(4 * BS)), BS)
+    assert all(f.result() for f in stack.store([(h, torch.randn(io.layout.shape)) for h in hashes]))
+    stack.flush()
+    go = threading.Event()
+    mover.run(None, lambda: go.wait(10), 0, 0)  # one stall
+    for i in range(loads):  # the requests whose loads were in flight when it hit
+        conn.start_load(f"r{i}", hashes, kv.pool.allocate(4), ["host"] * 4)
+    now[0] += 1.5
+    for i in range(loads):
+        assert conn.finish_load(f"r{i}") == (0, [])
+    assert conn.costs.stalls["host"] == 1
+    go.set()
+    stack.flush()
+    now[0] += 60.0  # a minute after the one 1.5 s stall
+    assert conn.plan(hashes) == ["host"] * 4  # (was []: held off 1.5 s x 2^9)
     conn.close()
