@@ -28,6 +28,7 @@ from hintkv.cache.sam import SessionAwareManager
 from hintkv.cache.sessions import SessionRegistry
 from hintkv.cache.tier_connector import TierConnector
 from hintkv.cache.types import CacheEdit, SessionRef
+from hintkv.cache.write_downs import MAX_GATHER_TRIES
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.host import HostTier
 from hintkv.tiers.stack import TierStack
@@ -337,4 +338,24 @@ def test_a_failed_gather_leaves_its_victims_queued_and_the_forward_refused():
     assert w.tiers.flush_write_downs() == 2
     w.tiers.write_downs.check_flushed(mark)
     assert w.stack.lookup(w.held[2:]) == ["host", "host"]
+    w.tiers.close()
+
+
+def test_a_gather_that_keeps_failing_drops_its_victims_not_every_later_step():
+    """review_rev23_b finding 3: with the victims of a raising gather queued again, a gather that always raises
+    (a tier bug, a payload check) failed every step for good; after MAX_GATHER_TRIES in a row they are dropped
+    (lost KV, logged, counted) and the forward runs."""
+    w = World("deferred", offload=True)
+    mark = w.tiers.write_downs.mark()
+
+    def failing_read(ids, out):
+        raise RuntimeError("device read failed")
+    w.io.read = failing_read
+    for _ in range(MAX_GATHER_TRIES - 1):
+        with pytest.raises(RuntimeError, match="device read failed"):
+            w.tiers.flush_write_downs()
+    assert w.tiers.flush_write_downs() == 0  # the last try gives them up
+    w.tiers.write_downs.check_flushed(mark)
+    assert w.tiers.num_write_downs_queued == 0 and w.tiers.write_downs.num_dropped == 2
+    assert w.stack.lookup(w.held[2:]) == [None, None]
     w.tiers.close()
