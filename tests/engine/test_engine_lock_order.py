@@ -80,5 +80,7 @@ def test_no_lock_order_cycle_between_steps_edits_and_scrapes(tmp_path):
                  ("host", "stack"), ("engine.state", "write_downs.flush"), ("write_downs.flush", "host")]:
         assert edge in order.edges, order.explain()
     s = engine.tier_stats()
-    assert s["num_cascaded"] > 0 and s["num_loaded"] > 0, s
+    # blocks came up (a request's own load or a hint's prefetch: the same `_land` and `load_many`; since a look
+    # below waits for the engine's flush the hints' prefetches often bring them up first, num_loaded 0)
+    assert s["num_cascaded"] > 0 and s["num_loaded"] + s["num_prefetched"] > 0, s
     engine.close()
