@@ -18,6 +18,9 @@ constexpr int64_t SERIAL_MACS = int64_t(1) << 21;
 #if defined(__AVX512F__)
 constexpr bool FUSED = true;  // softmax_row16: the row max reduced only when it rises, the sum in 16 lanes
 inline float row_sum(const float* l16) { return _mm512_reduce_add_ps(_mm512_loadu_ps(l16)); }
+#elif defined(HK_AVX2)
+constexpr bool FUSED = true;  // softmax_row8: the same on 8 lanes
+inline float row_sum(const float* l8) { return hsum8(_mm256_loadu_ps(l8)); }
 #else
 constexpr bool FUSED = false;
 inline float row_sum(const float*) { return 0.f; }
@@ -55,7 +58,8 @@ struct AttnScratch {  // one thread's buffers for items of at most rmax rows
     std::vector<float> qb, ob, sb, mb, lb, l16;
     std::vector<int64_t> lastb;
     AttnScratch(int64_t rmax, int64_t D)
-        : qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax), l16(FUSED ? rmax * 16 : 0), lastb(rmax) {}
+        : qb(rmax * D), ob(rmax * D), sb(rmax * KT), mb(rmax), lb(rmax), l16(FUSED ? rmax * LANE_SUMS : 0),
+          lastb(rmax) {}
 };
 
 inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
@@ -65,7 +69,7 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     const int64_t R = (item.t1 - item.t0) * G;
     const float* kb = a.kt + a.koff[b * Hkv + h];
     const int64_t* tb = a.tp[b];
-    const bool fused = FUSED && !a.direct[b];  // softmax_row16 (AVX-512 builds, transposed-K items)
+    const bool fused = FUSED && !a.direct[b];  // softmax_row16 / softmax_row8 (vector builds, transposed-K items)
     float* qb = w.qb.data();
     float* ob = w.ob.data();
     float* sb = w.sb.data();
@@ -81,7 +85,7 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     std::fill(ob, ob + R * D, 0.f);
     std::fill(w.mb.begin(), w.mb.begin() + R, -std::numeric_limits<float>::infinity());
     std::fill(w.lb.begin(), w.lb.begin() + R, 0.f);
-    if (fused) std::fill(w.l16.begin(), w.l16.begin() + R * 16, 0.f);
+    if (fused) std::fill(w.l16.begin(), w.l16.begin() + R * LANE_SUMS, 0.f);
     const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
     for (int64_t k0 = 0; k0 < kend; k0 += KT) {
         const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
@@ -90,23 +94,30 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
             kr[j] = a.kd + ((tb[key / BS] * BS + key % BS) * Hkv + h) * D;
             vr[j] = kr[j] + a.half;
         }
+#if defined(HK_AVX2)
+        // the tile's V rows (scattered over the paged cache) fetched while the score tile runs: P V missed on
+        // their first lines (Zen 3, a 128-row item over 2,048 cached keys; twenty-third session, history/engine.md)
+        if (!a.direct[b])
+            for (int j = 0; j < nk; ++j)
+                for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(vr[j] + d, 0, 3);
+#endif
         int64_t r = 0;
         if (a.direct[b]) {
             score_direct(qb, R, D, kr, nk, sb);
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(HK_AVX2)
         } else if (fused) {  // scores and softmax in one pass over each group of rows
             const float* ktile = kb + k0 * D;
-            float* l16 = w.l16.data();
+            float* ls = w.l16.data();
             const int64_t* lb = w.lastb.data();
             for (; r + MR <= R; r += MR)
-                score_softmax_tile<MR>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r, l16 + r * 16,
-                                       ob + r * D);
+                score_softmax_tile<MR>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r,
+                                       ls + r * LANE_SUMS, ob + r * D);
             for (; r + 4 <= R; r += 4)
-                score_softmax_tile<4>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r, l16 + r * 16,
-                                      ob + r * D);
+                score_softmax_tile<4>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r,
+                                      ls + r * LANE_SUMS, ob + r * D);
             for (; r < R; ++r)
-                score_softmax_tile<1>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r, l16 + r * 16,
-                                      ob + r * D);
+                score_softmax_tile<1>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r,
+                                      ls + r * LANE_SUMS, ob + r * D);
 #endif
         } else {
             const float* ktile = kb + k0 * D;  // tile k0 / KT: [D][KT]
@@ -121,13 +132,14 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
                     for (int64_t d = 0; d < D; ++d) ob[r * D + d] *= alpha;
             }
         }
-        for (r = 0; r + 4 <= R; r += 4) pv_tile<4>(sb + r * KT, vr, nk, D, ob + r * D);
+        for (r = 0; r + PR <= R; r += PR) pv_tile<PR>(sb + r * KT, vr, nk, D, ob + r * D);
+        for (; r + 4 <= R; r += 4) pv_tile<4>(sb + r * KT, vr, nk, D, ob + r * D);
         for (; r < R; ++r) pv_tile<1>(sb + r * KT, vr, nk, D, ob + r * D);
     }
     for (int64_t t = item.t0; t < item.t1; ++t)
         for (int64_t g = 0; g < G; ++g) {
             const int64_t r = (t - item.t0) * G + g;
-            const float inv = 1.f / (fused ? row_sum(w.l16.data() + r * 16) : w.lb[r]);
+            const float inv = 1.f / (fused ? row_sum(w.l16.data() + r * LANE_SUMS) : w.lb[r]);
             float* dst = a.od + ((qp[b] + t) * a.Hq + h * G + g) * D;
             for (int64_t d = 0; d < D; ++d) dst[d] = ob[r * D + d] * inv;
         }

@@ -1,11 +1,18 @@
 // The attention kernel's tile micro-kernels (see csrc/cpu_kernels.cpp's header for the algorithm): scores of a
 // query tile against a key tile, P V into an output tile, and a row's online softmax; AVX-512, AVX2 + FMA or
-// plain loops. Built after csrc/cpu_kernels.cpp (its includes, HK_AVX2, exp16_core / exp16 / exp8), before csrc/cpu_attention.cpp.
+// plain loops. Built after csrc/cpu_kernels.cpp (its includes, HK_AVX2, exp16_core / exp16 / exp8_core / exp8), before csrc/cpu_attention.cpp.
 
 namespace {
 
 constexpr int KT = 32;        // keys per tile
+#if defined(HK_AVX2)
+constexpr int MR = 12;        // query rows per score micro-tile (AVX2: two 6-row blocks)
+constexpr int PR = 12;        // query rows per P V tile (AVX2: two 6-row blocks)
+#else
 constexpr int MR = 8;         // query rows per score micro-tile
+constexpr int PR = 4;         // query rows per P V tile
+#endif
+constexpr int LANE_SUMS = 16; // floats per row of the fused softmax's lane sums (AVX-512's 16; AVX2 uses 8)
 
 #if defined(HK_AVX2)
 
@@ -21,9 +28,11 @@ inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 
-// R <= 4 rows x 16 keys of S = Q Kt: 8 accumulators, two K vectors loaded per d and shared by the rows
+// R <= 6 rows x 16 keys of S = Q Kt: 2R accumulators (12 of AVX2's 16 registers at 6 rows, enough independent FMA
+// chains to cover two pipes of 4-cycle FMAs), two K vectors loaded per d and shared by the rows
 template <int R>
-inline void score_block8(const float* q, int64_t D, const float* kt, float* s) {
+inline void score_block(const float* q, int64_t D, const float* kt, float* s) {
+    static_assert(R <= 6, "2R accumulators + 2 K vectors + a broadcast within 16 registers");
     __m256 c[R][2];
     for (int i = 0; i < R; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; ++d) {
@@ -40,26 +49,24 @@ inline void score_block8(const float* q, int64_t D, const float* kt, float* s) {
     }
 }
 
-// R <= 2 rows x 32 output columns of O += P V: 8 accumulators, four V vectors loaded per key
+// R <= 6 rows x 16 output columns of O += P V: 2R accumulators (as score_block), two V vectors loaded per key
 template <int R>
-inline void pv_block8(const float* p, const float* const* v, int nk, int64_t d0, int64_t D, float* o) {
-    __m256 c[R][4];
+inline void pv_block(const float* p, const float* const* v, int nk, int64_t d0, int64_t D, float* o) {
+    static_assert(R <= 6, "2R accumulators + 2 V vectors + a broadcast within 16 registers");
+    __m256 c[R][2];
     for (int i = 0; i < R; ++i)
-        for (int u = 0; u < 4; ++u) c[i][u] = _mm256_loadu_ps(o + i * D + d0 + 8 * u);
+        for (int u = 0; u < 2; ++u) c[i][u] = _mm256_loadu_ps(o + i * D + d0 + 8 * u);
     for (int j = 0; j < nk; ++j) {
         const float* vr = v[j] + d0;
-        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), v2 = _mm256_loadu_ps(vr + 16),
-                     v3 = _mm256_loadu_ps(vr + 24);
+        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
         for (int i = 0; i < R; ++i) {
             const __m256 a = _mm256_broadcast_ss(p + i * KT + j);
             c[i][0] = _mm256_fmadd_ps(a, v0, c[i][0]);
             c[i][1] = _mm256_fmadd_ps(a, v1, c[i][1]);
-            c[i][2] = _mm256_fmadd_ps(a, v2, c[i][2]);
-            c[i][3] = _mm256_fmadd_ps(a, v3, c[i][3]);
         }
     }
     for (int i = 0; i < R; ++i)
-        for (int u = 0; u < 4; ++u) _mm256_storeu_ps(o + i * D + d0 + 8 * u, c[i][u]);
+        for (int u = 0; u < 2; ++u) _mm256_storeu_ps(o + i * D + d0 + 8 * u, c[i][u]);
 }
 #endif
 
@@ -94,8 +101,9 @@ inline void score_tile(const float* q, int64_t D, const float* kt, float* s) {
     static_assert(KT == 32, "two halves of 16 keys");
     for (int h = 0; h < KT; h += 16) {
         int i = 0;
-        for (; i + 4 <= M; i += 4) score_block8<4>(q + i * D, D, kt + h, s + i * KT + h);
-        for (; i < M; ++i) score_block8<1>(q + i * D, D, kt + h, s + i * KT + h);
+        for (; i + 6 <= M; i += 6) score_block<6>(q + i * D, D, kt + h, s + i * KT + h);
+        for (; i + 4 <= M; i += 4) score_block<4>(q + i * D, D, kt + h, s + i * KT + h);
+        for (; i < M; ++i) score_block<1>(q + i * D, D, kt + h, s + i * KT + h);
     }
 #else
     for (int i = 0; i < M; ++i) {
@@ -145,10 +153,11 @@ inline void pv_tile(const float* p, const float* const* v, int nk, int64_t D, fl
             for (int j = 0; j < nk; ++j) o[i * D + d0] += p[i * KT + j] * v[j][d0];
 #elif defined(HK_AVX2)
     int64_t d0 = 0;
-    for (; d0 + 32 <= D; d0 += 32) {
+    for (; d0 + 16 <= D; d0 += 16) {
         int i = 0;
-        for (; i + 2 <= M; i += 2) pv_block8<2>(p + i * KT, v, nk, d0, D, o + i * D);
-        for (; i < M; ++i) pv_block8<1>(p + i * KT, v, nk, d0, D, o + i * D);
+        for (; i + 6 <= M; i += 6) pv_block<6>(p + i * KT, v, nk, d0, D, o + i * D);
+        for (; i + 4 <= M; i += 4) pv_block<4>(p + i * KT, v, nk, d0, D, o + i * D);
+        for (; i < M; ++i) pv_block<1>(p + i * KT, v, nk, d0, D, o + i * D);
     }
     for (; d0 + 8 <= D; d0 += 8)
         for (int i = 0; i < M; ++i) {
@@ -234,11 +243,68 @@ inline void score_softmax_tile(const float* q, int64_t D, const float* kt, float
         if (last[i] < k0 + KT - 1) {  // the diagonal: some keys hidden
             _mm512_storeu_ps(si, c[i][0]);
             _mm512_storeu_ps(si + 16, c[i][1]);
-            softmax_row16(si, k0, last[i], m[i], l16 + i * 16, o + i * D, D);
+            softmax_row16(si, k0, last[i], m[i], l16 + i * LANE_SUMS, o + i * D, D);
         } else {
-            softmax16_regs(c[i][0], c[i][1], 0xffff, 0xffff, si, m[i], l16 + i * 16, o + i * D, D);
+            softmax16_regs(c[i][0], c[i][1], 0xffff, 0xffff, si, m[i], l16 + i * LANE_SUMS, o + i * D, D);
         }
     }
+}
+#endif
+
+#if defined(HK_AVX2)
+// softmax_row16 on 8 lanes (AVX2): row r's online softmax over one score tile s[KT] (keys k0 .. k0+KT-1, visible
+// while k <= last): the max's horizontal reduction and exp(m_old - m_new) only when a score exceeds the running max m
+// (the output row o[D] and the 8 lane sums l8 then rescaled), P = exp(s - m) (0 for hidden keys) stored to s and
+// added to l8; a row that sees the whole tile skips the masks. P is softmax_row's bits (exp8_core on s - m clamped
+// from below, as exp8 clamps); the sum is kept in 8 lanes (reduced once, after the last tile) instead of one float.
+inline void softmax_row8(float* s, int64_t k0, int64_t last, float& m, float* l8, float* o, int64_t D) {
+    static_assert(KT == 32, "four vectors per tile");
+    const int64_t vis = std::min<int64_t>(KT, std::max<int64_t>(0, last - k0 + 1));
+    if (vis == 0) {
+        std::fill(s, s + KT, 0.f);
+        return;
+    }
+    __m256 sv[4], vmask[4];
+    if (vis == KT) {
+        for (int u = 0; u < 4; ++u) sv[u] = _mm256_loadu_ps(s + 8 * u);
+    } else {  // hidden keys (j >= vis) read as -inf
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (int u = 0; u < 4; ++u) {
+            vmask[u] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(vis) - 8 * u), lane));
+            sv[u] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * u), vmask[u]);
+        }
+    }
+    const __m256 mx = _mm256_max_ps(_mm256_max_ps(sv[0], sv[1]), _mm256_max_ps(sv[2], sv[3]));
+    __m256 vm = _mm256_set1_ps(m);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(mx, vm, _CMP_GT_OQ))) {  // a new maximum
+        const float mn = hmax8(mx);
+        if (m != -INFINITY) {  // before the first visible tile o and l8 are zero: nothing to rescale
+            const __m256 alpha = _mm256_set1_ps(std::exp(m - mn));
+            for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), alpha));
+            _mm256_storeu_ps(l8, _mm256_mul_ps(_mm256_loadu_ps(l8), alpha));
+        }
+        m = mn;
+        vm = _mm256_set1_ps(mn);
+    }
+    const __m256 lo = _mm256_set1_ps(kExpMin);
+    __m256 e[4];
+    for (int u = 0; u < 4; ++u) {
+        e[u] = exp8_core(_mm256_max_ps(_mm256_sub_ps(sv[u], vm), lo));
+        if (vis < KT) e[u] = _mm256_and_ps(vmask[u], e[u]);
+        _mm256_storeu_ps(s + 8 * u, e[u]);
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(e[0], e[1]), _mm256_add_ps(e[2], e[3]));
+    _mm256_storeu_ps(l8, _mm256_add_ps(_mm256_loadu_ps(l8), sum));
+}
+
+// M query rows against one transposed key tile (keys k0 .. k0+KT-1): scored (score_tile), then each row through
+// softmax_row8; s[M][KT] becomes P, m / l8 / o as softmax_row8 leaves them (AVX-512: the one-pass tile above)
+template <int M>
+inline void score_softmax_tile(const float* q, int64_t D, const float* kt, float* s, int64_t k0, const int64_t* last,
+                               float* m, float* l8, float* o) {
+    score_tile<M>(q, D, kt, s);
+    for (int i = 0; i < M; ++i) softmax_row8(s + i * KT, k0, last[i], m[i], l8 + i * LANE_SUMS, o + i * D, D);
 }
 #endif
 

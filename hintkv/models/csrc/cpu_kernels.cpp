@@ -11,10 +11,11 @@
 //   (vLLM's CPU attention is the model): one work item is (sequence, KV head, a tile of queries),
 //   the GQA group folded into the tile's rows so a KV head is read once per tile; keys go in tiles
 //   of 32: scores by an 8-row x 32-key register tile over K transposed to [D, keys] (broadcast q,
-//   no horizontal sums), an online softmax per row, then P V into an output tile of rows x D. On AVX-512
-//   the softmax reduces a row's max only when a score exceeds it and keeps its sum as 16 lane sums
-//   (softmax_row16: 6% of a causal 2048-token layer's attention, seventeenth session); a row that sees a whole key
-//   tile takes its scores into the softmax straight from the score registers (score_softmax_tile, bit for bit the same).
+//   no horizontal sums), an online softmax per row, then P V into an output tile of rows x D. In vector builds
+//   the softmax reduces a row's max only when a score exceeds it and keeps its sum as lane sums (softmax_row16: 6% of a
+//   causal 2048-token layer's attention, seventeenth session; softmax_row8 on AVX2); on AVX-512 a row that sees a
+//   whole key tile takes its scores into the softmax straight from the score registers (score_softmax_tile, bit for
+//   bit the same).
 //   K of each (sequence, KV head) is gathered transposed from the paged cache once per call and
 //   shared by that sequence's query tiles; V rows are read where they lie. A sequence of at most
 //   DIRECT_ROWS rows (decodes, short verifies) skips the transpose: dot products over K's rows.
@@ -26,9 +27,9 @@
 //   vectorised and without an OpenMP region (greedy sampling's few rows)
 // simd() -> "avx512" | "avx2" | "scalar": the vector paths this build takes
 //
-// Vector code is AVX-512 (guarded by __AVX512F__), else AVX2 + FMA (HK_AVX2: 8 lanes, the score tile as 4 rows x
-// 16 keys, P V as 2 rows x 32 columns, so the accumulators fit AVX2's 16 registers), else a plain loop of the same
-// arithmetic. On the AVX2-only AMD EPYC (Zen, 2 GHz) the plain loops' compiler vectorisation ran a dummy:tiny
+// Vector code is AVX-512 (guarded by __AVX512F__), else AVX2 + FMA (HK_AVX2: 8 lanes, the score tile in blocks of
+// 6 rows x 16 keys, P V of 6 rows x 16 columns: 12 accumulators of AVX2's 16 registers), else a plain loop of the
+// same arithmetic. On the AVX2-only AMD EPYC (Zen, 2 GHz) the plain loops' compiler vectorisation ran a dummy:tiny
 // layer's attention at 29.7 / 463 ms (512 / 2048 tokens, one thread) against 12.1 / 190 ms for the AVX2 path, and
 // SiLU-mul at 2.3-3.4x its time. simd() says which paths the build took. exp is a Cephes-style polynomial
 // (relative error ~2e-7 on the range softmax uses).
@@ -81,10 +82,10 @@ inline __m512 exp16(__m512 x) {
     return exp16_core(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax)));
 }
 #elif defined(HK_AVX2)
-// exp16's polynomial (the same table), 8 lanes; 2^n built in the exponent bits (n in [-126, 127] after the clamp)
-inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
-    x = _mm256_min_ps(x, _mm256_set1_ps(kExpMax));
+// exp16's polynomial (the same table), 8 lanes, for x already in [-87.3, 88.3]; 2^n built in the exponent bits (n in
+// [-126, 127] there). exp8 clamps first; the online softmax (softmax_row8), whose argument s - max is <= 0, clamps
+// only from below and calls this: the same bits as exp8 there.
+inline __m256 exp8_core(__m256 x) {
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
@@ -94,6 +95,10 @@ inline __m256 exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+inline __m256 exp8(__m256 x) {
+    return exp8_core(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax)));
 }
 #endif
 
