@@ -106,6 +106,8 @@ class ChunkCostFit:
         if c is None:
             return hi
         a, b = c
+        if limit_s <= 0:
+            return lo
         # (b / 2) m^2 + (a + b context) m - limit_s <= 0
         lin = a + b * context
         m = limit_s / lin if b == 0 else (-lin + math.sqrt(lin * lin + 2 * b * limit_s)) / b

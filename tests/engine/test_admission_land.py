@@ -13,10 +13,13 @@ import pytest
 import torch
 
 from hintkv.cache.hashing import hash_blocks
+from hintkv.engine.admission import make_admission
 from hintkv.sim.costs import CostModel
 from hintkv.sim.profile import load_profile
 from hintkv.sim.tiers import sim_tiers
 from tests.engine.scheduler_helpers import BS, ROOT, run_step, sam_scheduler, session_seq
+from tests.engine.test_admission_cap import _step_of
+from tests.engine.test_admission_cap import price as cap_price
 
 BUDGET = 64
 A_S, B_S = 1e-5, 3e-8  # the price: a second a token, b a query-key pair (a 64-token chunk at 1.3K: 3.2 ms)
@@ -106,3 +109,16 @@ def test_the_loading_call_starts_computing_sooner():
         scene.run()
         starts[admission] = next(t for t, r, _ in scene.steps if "b" in r) - scene.steps[ARRIVES][0]
     assert starts["srpt-land"] < 0.5 * starts["srpt-drain"]
+
+
+def test_a_chunk_asked_after_the_step_filled_while_a_load_is_overdue_is_the_floor():
+    """review_rev23_b finding 4: a load overdue (`left` = 0) and tokens already in the step (priced at a x used)
+    gave `ChunkCostFit.largest` a negative limit, whose square root at a short context raised ValueError (math
+    domain error) out of the scheduler; the chunk is the floor instead."""
+    policy = make_admission("srpt-land")
+    policy.order_running([], 64)  # the step's budget: 64 (the fit's samples: chunks of 8+)
+    for c in range(0, 2000, 128):
+        policy.costs.observe(_step_of([(64, c)]), cap_price(64, c))
+    policy.attach_landings(lambda: 0.0)  # a load in flight, already overdue
+    # a 3000-token prompt's first chunk (context 0), asked with 51 tokens already in the step: 13 left
+    assert policy.chunk(3000, 13, used=51, done=0) == 64 // 8
