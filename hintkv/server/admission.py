@@ -52,11 +52,16 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
 def completion_prompt_ids(tokenizer: Any, req: CompletionRequest) -> list[int]:
     if isinstance(req.prompt, str):
         return tokenizer.encode(req.prompt)
-    vocab = tokenizer.vocab_size  # a call into the tokenizer: once, not once per id (709 us at 2048 ids)
-    if req.prompt and max(req.prompt) >= vocab:
-        bad = next(t for t in req.prompt if t >= vocab)
-        raise bad_request(f"Token id {bad} is outside the vocabulary (size {vocab}).", param="prompt")
+    check_in_vocabulary(tokenizer, req.prompt, "Token id {bad} is", param="prompt")
     return list(req.prompt)
+
+
+def check_in_vocabulary(tokenizer: Any, ids: list[int], what: str, *, param: str) -> None:
+    """A 400 naming the first of `ids` outside the tokenizer's vocabulary (`what` formats it)."""
+    vocab = tokenizer.vocab_size  # a call into the tokenizer: once, not once per id (709 us at 2048 ids)
+    if ids and max(ids) >= vocab:
+        bad = next(t for t in ids if t >= vocab)
+        raise bad_request(f"{what.format(bad=bad)} outside the vocabulary (size {vocab}).", param=param)
 
 
 def request_capacity(engine: EngineClient) -> int:
@@ -100,10 +105,7 @@ def generate_request(
             code="context_length_exceeded",
         )
     bias = req.bias_pairs()
-    if bias and bias[-1][0] >= engine.tokenizer.vocab_size:
-        bad = next(t for t, _ in bias if t >= engine.tokenizer.vocab_size)
-        raise bad_request(f"logit_bias names token id {bad}, outside the vocabulary (size "
-                          f"{engine.tokenizer.vocab_size}).", param="logit_bias")
+    check_in_vocabulary(engine.tokenizer, [t for t, _ in bias], "logit_bias names token id {bad},", param="logit_bias")
     if req.min_tokens is not None and req.min_tokens > output_limit:
         raise bad_request(f"min_tokens={req.min_tokens} is more than the {output_limit} output tokens this "
                           f"request may generate ({output_param}).", param="min_tokens")
