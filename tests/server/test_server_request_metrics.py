@@ -112,10 +112,14 @@ def test_stream_reports_the_servers_parts_around_the_engine(live_server):
     try:  # (a failed assert must not leave the module's engine thread blocked)
         assert held.wait(60)
         locked = lock.acquire()  # then the state lock (a hint edit's, a scrape's)
+        live_server.engine.call(lambda e: None)  # another job waits too (like the periodic integrity check)
         chunks: list = []
         client = threading.Thread(target=_stream_completion, args=(live_server, chunks))
         client.start()
-        assert wait_until(lambda: not live_server.engine._inbox.empty())  # the request is handed over
+        # the request is handed over: its stream queue is registered just before its job goes in
+        # (the inbox alone can hold the server's periodic integrity check, posted any time)
+        assert wait_until(lambda: live_server.engine._queues and not live_server.engine._inbox.empty())
+        time.sleep(0.05)  # the handler registers the queue, then marks `handed` and posts its job
         seen_queued = time.perf_counter()
         time.sleep(0.2)  # the engine thread stays busy a while longer (any time works: the bound is measured)
         release.set()
