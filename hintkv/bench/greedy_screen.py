@@ -6,7 +6,8 @@
 A random head (dummy:tiny's 49152 x 512 by default, rows * 0.05) and x ~ N(0, 1), one thread, process CPU time
 per call, the median of `--reps` calls interleaved across the three. "blocked" is this machine's build of
 `csrc/greedy_head.cpp` (16-row blocks where the CPU has AVX-512 VNNI); "row-major" is the same source built
-with -mno-avx512vnni (the AVX2 screen a CPU without VNNI runs: vpmaddubsw on rows); "logits" is
+with -mno-avx512vnni (the AVX2 screen a CPU without VNNI runs: vpmaddubsw on rows; on such a CPU "blocked" is
+that screen already, and there is no "row-major" column); "logits" is
 `linear.KERNELS[--logits]` + argmax, what the runner does above `greedy_head.max_rows()` rows: by default the
 runner's own float kernel on this CPU (`linear.float_kernel_name`: `onednn` on a non-Intel AVX-512 CPU, else
 `mkl`; HINTKV_CPU_GEMM picks another). Each row count's tokens are checked against a float64 argmax;
@@ -40,9 +41,11 @@ def rows_table(vocab: int, hidden: int, rows: list[int], reps: int, logits_kerne
     native = greedy_head.ops()
     if native is None or not native.has_screen():
         raise SystemExit("no greedy screen on this machine (C++ kernels off, or neither VNNI nor AVX2)")
+    # a CPU without VNNI (Zen 3) runs the row-major screen natively: the -mno-avx512vnni build is the same code
+    # again (a C++ build of minutes in every fresh CI run, for a column equal to "blocked")
     rowmajor = cpu_ext.load("hintkv_greedy_head_novnni", greedy_head._SOURCE,
                             ["screened_argmax", "has_screen", "blocked", "last_recomputed"],
-                            greedy_head._CFLAGS + ["-mno-avx512vnni"])
+                            greedy_head._CFLAGS + ["-mno-avx512vnni"]) if native.blocked() else None
     g = torch.Generator().manual_seed(0)
     w = torch.randn(vocab, hidden, generator=g) * 0.05
     prep = {True: greedy_head.quantise_rows(w, blocked=True), False: greedy_head.quantise_rows(w)}

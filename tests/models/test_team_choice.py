@@ -148,13 +148,14 @@ def test_runqueue_wait_reads_the_threads_wait_for_a_cpu():
     stays near 1/3: review_auto21 finding 2); the first call has nothing to compare with."""
     cpu = min(os.sched_getaffinity(0))
     saved = os.sched_getaffinity(0)
-    busy = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
-            for _ in range(2)]
+    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}}); print('on', flush=True)\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE) for _ in range(2)]
     try:
         os.sched_setaffinity(0, {cpu})
         wait = RunqueueWait()
         assert wait() is None
-        time.sleep(0.3)  # the busy process is up and spinning on the CPU
+        for b in busy:  # each is on the CPU and spinning (a fixed 0.3 s sleep assumed their start-up fits in it)
+            assert b.stdout.readline() == b"on\n"
         wait()
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
@@ -164,6 +165,7 @@ def test_runqueue_wait_reads_the_threads_wait_for_a_cpu():
         for b in busy:
             b.kill()
             b.wait()
+            b.stdout.close()
         os.sched_setaffinity(0, saved)
 
 
