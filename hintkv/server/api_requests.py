@@ -47,6 +47,15 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "guided_regex": (None,),
     "guided_choice": (None,),
     "guided_grammar": (None,),
+    "structured_outputs": (None,),  # vLLM >= 0.10.2's replacement for guided_*
+    "allowed_token_ids": (None,),  # vLLM's token filters
+    "bad_words": (None, []),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+    "include_stop_str_in_output": (None, False),  # vLLM's text options, at their defaults only
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
 }
 
 
@@ -111,9 +120,12 @@ class _SamplingRequest(_Open):
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        seen: dict[int, str] = {}
         for key in bias or {}:
             if not key.isascii() or not key.isdigit() or len(key) > 18:  # int() refuses > 4300 digits
                 raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+            if (first := seen.setdefault(int(key), key)) != key:  # "5" and "05": one bias would be lost
+                raise ValueError(f"logit_bias names token {int(key)} twice: {first!r}, {key!r}")
         return bias
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:

@@ -60,6 +60,7 @@ async def generate_text(
     arrival = times.arrival
     detok = IncrementalDetokenizer(engine.tokenizer)
     matcher = StopStringMatcher(stops)
+    min_tokens = req.sampling.min_tokens
     stream = engine.generate(req)
     num_output = 0
     done = False
@@ -71,10 +72,13 @@ async def generate_text(
             if out.new_token_ids and num_output == 0:
                 times.first_out = ServeTimes.now()
                 metrics.ttft.observe(times.first_out - arrival)
+            # the outputs up to min_tokens are free of stop strings (vLLM's rule: `StopStringMatcher`)
+            num_free = max(0, min(len(out.new_token_ids), min_tokens - num_output))
+            free = detok.step(out.new_token_ids[:num_free]) if num_free else ""
             num_output += len(out.new_token_ids)
             metrics.generation_tokens.inc(len(out.new_token_ids))
-            text = detok.step(out.new_token_ids) + (detok.flush() if out.finished else "")
-            text = matcher.feed(text)
+            text = detok.step(out.new_token_ids[num_free:]) + (detok.flush() if out.finished else "")
+            text = matcher.feed(text, free)
             if out.finished or matcher.stopped:
                 text += matcher.flush()
                 if text or out.new_token_ids:

@@ -4,6 +4,10 @@ Text arrives in pieces (one detokenized increment per engine step) and a stop st
 straddle pieces, so the matcher holds back the last `len(longest stop) - 1` characters until
 it knows they cannot begin a stop string. Invariant: whatever `feed` has returned never
 contains a stop string nor a prefix of one that a later piece could complete.
+
+`min_tokens` (vLLM's rule, its detokenizer's `stop_check_offset`): the text of the first
+`min_tokens` outputs is fed as `free`; a stop string must end past it (it may begin in its last
+characters, as vLLM's search window allows).
 """
 
 from __future__ import annotations
@@ -14,14 +18,19 @@ class StopStringMatcher:
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.pending = ""
+        self.free_end = 0  # `pending[:free_end]` is free text: no stop string may end inside it
         self.stopped = False
 
-    def feed(self, text: str) -> str:
-        """Add new text; return what can be sent now. After a match, `stopped` is True."""
+    def feed(self, text: str, free: str = "") -> str:
+        """Add `free` text (the first `min_tokens` outputs': never matched on its own), then `text`;
+        return what can be sent now. After a match, `stopped` is True."""
         if self.stopped:
             return ""
+        self.pending += free
+        self.free_end = len(self.pending)
         self.pending += text
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        cut = min((i for i in (self.pending.find(s, max(0, self.free_end - len(s) + 1)) for s in self.stops)
+                   if i >= 0), default=-1)
         if cut >= 0:
             out, self.pending, self.stopped = self.pending[:cut], "", True
             return out
@@ -30,6 +39,7 @@ class StopStringMatcher:
         keep = min(self.hold, len(self.pending))
         out = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(self.pending) - keep :]
+        self.free_end = max(0, self.free_end - len(out))
         return out
 
     def flush(self) -> str:

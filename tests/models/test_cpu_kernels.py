@@ -154,6 +154,11 @@ def test_kernel_rejects_inconsistent_metadata():
     with pytest.raises(RuntimeError, match="slot out of range"):
         k = torch.zeros(4, 1, 16)
         cpu_kernels.ops().attention(q, k, k, torch.tensor([0, 1, 2, 99]), cache, case.tables, [0, 4], [9], 0.25)
+    # a head_dim off the vector width: the fused softmax's row rescale would write past each row (review_rev24 A5)
+    case = PagedCase.build([(4, 9)], seed=3, d=12, hq=2, hkv=1, bs=4, nblocks=4)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        cpu_kernels.ops().attention(torch.cat(case.qs), none, none, none, torch.zeros(2, 4, 4, 1, 12), case.tables,
+                                    [0, 4], [9], 12 ** -0.5)
 
 
 @pytest.mark.parametrize("t", [1, 5, 37])

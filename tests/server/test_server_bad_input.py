@@ -59,6 +59,11 @@ BAD_REQUESTS = [
     (CHAT, {"messages": USER, "logit_bias": {"9" * 5000: 5}}, 400, "logit_bias", None),  # past int()'s digit limit
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"9" * 5000: 5}}, 400, "logit_bias", None),
     (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format", None),
+    (CHAT, {"messages": USER, "logit_bias": {"5": 1, "05": -100}}, 400, "logit_bias", None),  # one token twice
+    *[(CHAT, {"messages": USER, field: value}, 400, field, None) for field, value in (
+        ("structured_outputs", {"choice": ["yes", "no"]}), ("allowed_token_ids", [42]), ("bad_words", ["the"]),
+        ("prompt_logprobs", 2), ("use_beam_search", True), ("include_stop_str_in_output", True),
+        ("skip_special_tokens", False), ("truncate_prompt_tokens", 2))],  # vLLM's fields that change the output
     (COMPLETIONS, '{"prompt": "x",', 400, None, None),
     (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", None),
     (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", None),

@@ -55,3 +55,21 @@ def test_top_k_one_and_tiny_min_p_sample_the_greedy_token(client, live_server):
                                       temperature=1.5, seed=7,
                                       extra_body={"return_token_ids": True, "ignore_eos": True, **body})
         assert r.choices[0].model_extra["token_ids"] == plain, body
+
+
+def test_min_tokens_holds_back_a_stop_string(client, live_server):
+    """vLLM's rule: the text of the first min_tokens outputs is not searched for stop strings; one in
+    the text after them still ends the request (and is cut from it)."""
+    def complete(**body):
+        r = client.completions.create(model=live_server.engine.model_name, prompt=PROMPT, max_tokens=N,
+                                      temperature=0, extra_body={"ignore_eos": True, **body})
+        return r.choices[0].text, r.usage.completion_tokens, r.choices[0].finish_reason
+
+    text, _, _ = complete()
+    stop = text.strip()[:1]
+    assert stop  # greedy dummy:tiny text starts with a visible character
+    assert complete(stop=[stop])[1] < 3  # without min_tokens it ends the request at once
+    held_text, held_tokens, reason = complete(stop=[stop], min_tokens=3)
+    assert held_tokens >= 3 and stop in held_text  # the free outputs' text keeps its stop string
+    assert text.startswith(held_text)  # greedy: the same tokens, cut where a later stop string begins
+    assert text[len(held_text):].startswith(stop) if reason == "stop" else held_text == text

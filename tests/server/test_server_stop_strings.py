@@ -68,3 +68,15 @@ def test_held_text_is_released_at_the_end():
 def test_no_stops_sends_everything_at_once():
     matcher = StopStringMatcher([])
     assert matcher.feed("abc") == "abc" and matcher.flush() == ""
+
+
+def test_free_text_is_never_matched_alone_but_may_begin_a_stop():
+    """min_tokens: `free` text cannot hold a whole stop string; one that begins in its last characters
+    and ends in later text still matches (vLLM's search window)."""
+    m = StopStringMatcher(["ab", "x"])
+    assert m.feed("", free="x-ab-a") == "x-ab-"  # nothing matched; "a" may begin "ab"
+    assert not m.stopped
+    assert m.feed("b-x") == ""  # "ab" straddles the free text's end
+    assert m.stopped
+    m = StopStringMatcher(["ab"])
+    assert m.feed("", free="ab") == "a" and m.feed("zab") == "bz" and m.stopped

@@ -215,6 +215,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
     const int64_t NB = kv.size(1), BS = kv.size(2), Hkv = kv.size(3);
     TORCH_CHECK(kv.size(4) == D && Hq % Hkv == 0, "head shapes disagree");
+    // the fused softmax rescales an output row in whole vectors (16 floats on AVX-512, 8 on AVX2)
+    TORCH_CHECK(D % 16 == 0, "attention: head_dim must be a multiple of 16, got ", D);
     const int64_t G = Hq / Hkv, B = static_cast<int64_t>(ctx.size());
     check_qsl("attention", qsl, ctx.size(), tables.size(), T);
     const int64_t* qp = qsl.data();
