@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hintkv.engine.logits_shaping import shape_logits
+from hintkv.engine.logits_shaping import TokenTally, needs_tally, shape_logits
 from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq
 from hintkv.engine.sampler import sample
 from hintkv.engine.spec.verify import verify
@@ -145,7 +145,11 @@ class ModelRunner:
             rows_plain = [first[j] for j in plain]  # every row when no sequence has drafts: no copy
             plain_logits = logits if rows_plain == list(range(logits.shape[0])) else logits[rows_plain]
             params = [q.sampling for q in seqs]
-            plain_logits = shape_logits(plain_logits, params, [(q.token_ids, q.num_prompt_tokens) for q in seqs],
+            for q in seqs:
+                if q.token_tally is None and needs_tally(q.sampling):
+                    q.token_tally = TokenTally()
+            plain_logits = shape_logits(plain_logits, params,
+                                        [(q.token_ids, q.num_prompt_tokens, q.token_tally) for q in seqs],
                                         self.eos_token_ids)
             picked = sample(plain_logits, params, [q.generator for q in seqs])
             for j, tok in zip(plain, picked):

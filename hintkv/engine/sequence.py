@@ -1,7 +1,7 @@
 """A request's state inside the engine: its tokens, how far its KV is computed, its blocks.
 
 Plain data: the scheduler and the cache read and write it; no tensors (the sampling generator
-is carried for the model runner).
+and the penalties' token tally are carried for the model runner).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from hintkv.cache.block import Block
 from hintkv.cache.hashing import BlockHash
 from hintkv.engine.types import FinishReason, SamplingParams, SessionRef, TtftParts
 
-if TYPE_CHECKING:  # the scheduler side never needs torch; only the runner reads the generator
+if TYPE_CHECKING:  # the scheduler side never needs torch; only the runner reads the generator and tally
     import torch
+
+    from hintkv.engine.logits_shaping import TokenTally
 
 
 class SeqStatus(enum.Enum):
@@ -45,6 +47,7 @@ class Sequence:
     admitted_once: bool = False
     loading_counts_as_hit: bool = False  # the pending lower-tier load is this request's first hit
     generator: torch.Generator | None = None
+    token_tally: TokenTally | None = None  # the runner's penalty state (engine/logits_shaping.py)
     finish_reason: FinishReason | None = None
     num_sent_tokens: int = 0  # output tokens already returned to the caller
     # per-request metrics (scheduler clock): first / latest output token, peak blocks, drafts

@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
 )
 
-from hintkv.engine.logits_shaping import shape_logits, shape_row
+from hintkv.engine.logits_shaping import TokenTally, shape_logits, shape_row
 from hintkv.engine.sampler import probs, sample
 from hintkv.engine.types import SamplingParams
 
@@ -62,6 +62,28 @@ def test_frequency_and_presence_count_the_output_only():
     want[9] -= 1 * f + p
     shape_row(row, SamplingParams(frequency_penalty=f, presence_penalty=p), ids, 3, EOS)
     torch.testing.assert_close(row, want)
+
+
+def test_a_tally_kept_across_steps_shapes_each_row_as_a_fresh_read_of_the_history():
+    """The runner folds each step's new tokens into the sequence's TokenTally; every step's row is
+    bit for bit what reading the whole history gives, and a history that does not extend the folded
+    one (a new sequence's) is read afresh."""
+    p = SamplingParams(repetition_penalty=1.7, frequency_penalty=0.6, presence_penalty=-0.4)
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V + 3, (6,), generator=gen).tolist()  # ids past the vocabulary are skipped
+    tally = TokenTally()
+    for step in range(12):
+        row, fresh = _row(step), _row(step)
+        shape_row(row, p, ids, 6, EOS, tally)
+        shape_row(fresh, p, ids, 6, EOS)
+        torch.testing.assert_close(row, fresh, rtol=0, atol=0)
+        ids = ids + torch.randint(0, V, (step % 3 + 1,), generator=gen).tolist()  # 1-3 tokens a step (drafts)
+    assert tally.folded > 6
+    short = ids[:4]
+    row, fresh = _row(), _row()
+    shape_row(row, p, short, 3, EOS, tally)
+    shape_row(fresh, p, short, 3, EOS)
+    torch.testing.assert_close(row, fresh, rtol=0, atol=0)
 
 
 def test_rows_without_shaping_are_not_copied_and_shaped_rows_leave_the_input_alone():
