@@ -17,10 +17,14 @@ mode; on the quiet box of the twenty-first session's opening run its 512 prefill
 in two rounds of three. A longer OpenMP spin keeps the worker awake but takes the CPU from every other process
 under load (GOMP_SPINCOUNT=100,000 read prefill 512 2.4x slower at load 7-10, openmp_env.py); a keeper thread at
 SCHED_IDLE spins instead, on each of the engine's CPUs, only while a step runs: a thread that wakes (the worker too)
-preempts it at once, and a thread that stays runnable cedes it only SCHED_IDLE's weight (3 against 1024: ~0.3% of a
-busy CPU, in slices of ~3 ms). Served under load 6-22 its 512 TTFT read 1.65x plain's twice (cause not found;
-docs/benchmarks/history/engine.md, prefill7's section), where nothing halts and a keeper cannot help; on the quiet box
-of the lead's closing run (`bench engine --variants keeper`) it took the 512 prefill 1.33x and the cold TTFT 1.46x
+preempts it at once, and a thread of its own scheduling group that stays runnable cedes it only SCHED_IDLE's weight
+(3 against 1024: ~0.3% of a busy CPU, in slices of ~3 ms). Only of its own group: under autogroup
+(/proc/sys/kernel/sched_autogroup_enabled, every session its own group, as `bench engine` and a shell start a server)
+a spinning keeper takes a full group's share from every other session on its CPU, charged to the server's group
+(measured, twenty-fourth session: a SCHED_IDLE and a normal spinner on one CPU took 0.15 / 2.38 s of CPU in one session,
+2.06 / 2.06 s in two; docs/benchmarks/history/engine.md, the twenty-fourth session's cold section). Served under load
+6-22 its 512 TTFT read 1.65x plain's twice (prefill7's section; the keepers always on then: autogroup is a plausible
+cause), where nothing halts and a keeper cannot help; on the quiet box of the lead's closing run (`bench engine --variants keeper`) it took the 512 prefill 1.33x and the cold TTFT 1.46x
 faster. So `auto` does not hold the keepers while the engine's contention gate reads contended
 (models/team_choice.ContentionGate over the engine thread's RunqueueWait, with hysteresis; the one gate the engine
 owns and ticks once a step, which the decode team's chooser reads too). auto has been measured on quiet boxes only
