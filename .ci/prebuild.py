@@ -25,6 +25,7 @@ BUILDERS = [
     ("hintkv.models.cpu_kernels", "ops"),
     ("hintkv.models.greedy_head", "ops"),
     ("hintkv.models.gemv_cpu", "ops"),
+    ("hintkv.models.packed_gemm", "ops"),
     ("hintkv.engine.cpu_keeper", "_ops"),
     ("hintkv.engine.cpu_threads", "_ops"),
 ]

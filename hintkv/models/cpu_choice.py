@@ -1,7 +1,7 @@
 """The two per-process CPU kernel choices, each an HINTKV_* switch or `auto` decided from /proc/cpuinfo:
 
-    HINTKV_CPU_GEMM=mkl|onednn|auto      float32 rows past the few-row kernel (`linear.cpu_gemm`)
-    HINTKV_W8A8_PREFILL=int8|float|auto  w8a8 rows past gemv's (`int8.int8_gemm_rows_run_int8`)
+    HINTKV_CPU_GEMM=mkl|onednn|packed|auto  float32 rows past the few-row kernel (`linear.cpu_gemm`)
+    HINTKV_W8A8_PREFILL=int8|float|auto     w8a8 rows past gemv's (`int8.int8_gemm_rows_run_int8`)
 
 The `auto` decisions are pure functions of the cpuinfo text (and torch's vector capability), so tests run
 them on fixed snippets of other CPUs; the readers below feed them this machine's. `env_choice` is also the one
@@ -38,11 +38,17 @@ def cpu_flags(cpuinfo: str) -> set[str]:
 
 def float_gemm_for(cpuinfo: str, capability: str) -> str:
     """auto's float32 GEMM library: onednn on a non-Intel CPU with AVX-512 (MKL's sgemm runs its AVX2 code
-    there), else mkl (an Intel AMX machine, 13th session: MKL-packed 26.5 ms per dummy:tiny layer at 512
-    rows, F.linear 28.3, oneDNN 29.6). `capability`: torch.backends.cpu.get_cpu_capability()."""
-    non_intel_avx512 = ("GenuineIntel" not in cpuinfo and "avx512f" in cpu_flags(cpuinfo)
-                        and capability != "DEFAULT")
-    return "onednn" if non_intel_avx512 else "mkl"
+    there), packed (`packed_gemm.py`, ours) on a non-Intel CPU with AVX2 + FMA and no AVX-512 (Zen 3, 24th
+    session, one thread, in the engine: a cold 128-token prefill's GEMMs 0.74-0.81x MKL's time, 512 tokens
+    0.91-0.95x), else mkl (an Intel AMX machine, 13th session: MKL-packed 26.5 ms per dummy:tiny layer at 512
+    rows, F.linear 28.3, oneDNN 29.6; Intel AVX2 was not measured). `capability`:
+    torch.backends.cpu.get_cpu_capability()."""
+    flags = cpu_flags(cpuinfo)
+    if "GenuineIntel" in cpuinfo or capability == "DEFAULT":
+        return "mkl"
+    if "avx512f" in flags:
+        return "onednn"
+    return "packed" if {"avx2", "fma"} <= flags else "mkl"
 
 
 def int8_rows_for(flags: set[str]) -> bool:

@@ -53,7 +53,7 @@ import torch
 from hintkv.models import cpu_ext, cpu_kernels, gemv_cpu, int8, int8_cpu
 from hintkv.models.cpu_choice import env_choice
 from hintkv.models.int8 import GEMV_ROWS
-from hintkv.models.linear import MklPackedKernel, OneDnnKernel, W8A8FineKernel, W8A8Kernel
+from hintkv.models.linear import MklPackedKernel, OneDnnKernel, PackedKernel, W8A8FineKernel, W8A8Kernel
 from hintkv.models.team_choice import TeamChooser
 
 _CSRC = Path(__file__).parent / "csrc"
@@ -83,7 +83,8 @@ _HEADERS = """#include <torch/extension.h>
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _EMPTY = torch.empty(0)
 PER_LAYER = 26  # 2 norm weights + 4 linears x 6 tensors (csrc/decode_layers.cpp)
-_KIND = {MklPackedKernel: 0, OneDnnKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2}  # onednn: gemv at few rows, as mkl
+# onednn and packed: gemv at few rows, as mkl
+_KIND = {MklPackedKernel: 0, OneDnnKernel: 0, PackedKernel: 0, W8A8Kernel: 1, W8A8FineKernel: 2}
 
 
 @functools.cache

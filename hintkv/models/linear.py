@@ -18,6 +18,11 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                avx512 brgemm ran dummy:tiny's 128-2048-row GEMMs at
                                                99-104 GFLOP/s, MKL's at 63-85 (a prefill's four
                                                projections: 1.23-1.32x; docs/benchmarks/history/engine.md)
+    packed  CPU, float32, `cpu_gemm()` says    <= 12 rows as `mkl`; more rows: our GEMM on the weight packed
+            packed (auto: a non-Intel CPU      once at load (`packed_gemm.py`: 16-column panels, a 6 x 16
+            with AVX2 + FMA, no AVX-512)       AVX2 + FMA micro-kernel); on Zen 3, one thread, in the engine,
+                                               a cold prefill's GEMMs took 0.74-0.81x MKL's time at 128
+                                               tokens, 0.91-0.95x at 512 (docs/benchmarks/history/engine.md)
     w8a8    --quantization w8a8                int8 weight (per output channel scale, SmoothQuant-
                                                scaled from calibration), activations quantized per
                                                token in two levels at run time, one torch._int_mm
@@ -45,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hintkv.models import cpu_kernels, gemv_cpu, int8_cpu
+from hintkv.models import cpu_kernels, gemv_cpu, int8_cpu, packed_gemm
 from hintkv.models.cpu_choice import env_choice, float_gemm_for, read_cpuinfo, this_cpu_capability
 from hintkv.models.int8 import (
     GEMV_ROWS,
@@ -178,7 +183,35 @@ class OneDnnKernel(MklPackedKernel):
         return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.onednn_weight, self.bias, "none", [], "")
 
 
-CPU_GEMMS = ("mkl", "onednn")
+class PackedKernel(MklPackedKernel):
+    """CPU float32 where `cpu_gemm()` picks packed: few rows as `mkl` (gemv_cpu), more through our own GEMM on the
+    weight packed once at load into 16-column panels (`packed_gemm.py`: a 6 x 16 AVX2 + FMA micro-kernel, BLIS's
+    loops, the rows split over torch's OpenMP team; any thread count gives the same bits). Like `onednn`'s, the
+    packed copy is a second float32 weight, one for every row count, built at load (`warm`); the LM head's when a
+    step can give it more than 12 rows (`LlamaForCausalLM.warm_head`)."""
+
+    name = "packed"
+    num_packs = 0  # weights packed in this process (tests count them)
+
+    @staticmethod
+    def available(weight: torch.Tensor) -> bool:
+        return weight.device.type == "cpu" and weight.dtype == torch.float32 and packed_gemm.ops() is not None
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.packed_weight: torch.Tensor | None = None
+
+    def warm(self) -> None:
+        if self.packed_weight is None:
+            self.packed_weight = packed_gemm.pack(self.weight)
+            PackedKernel.num_packs += 1
+
+    def _many(self, x2: torch.Tensor) -> torch.Tensor:
+        self.warm()
+        return packed_gemm.gemm(x2, self.packed_weight, self.weight.shape[0], self.bias)
+
+
+CPU_GEMMS = ("mkl", "onednn", "packed")
 
 
 @functools.cache
@@ -194,7 +227,8 @@ def cpu_gemm() -> str:
 
 def float_kernel_name(weight: torch.Tensor) -> str:
     """The float kernel for a weight: `cpu_gemm()`'s CPU float32 kernel where it applies, else dense."""
-    for kind in (OneDnnKernel, MklPackedKernel) if cpu_gemm() == "onednn" else (MklPackedKernel,):
+    first = {"onednn": (OneDnnKernel,), "packed": (PackedKernel,)}.get(cpu_gemm(), ())
+    for kind in (*first, MklPackedKernel):
         if kind.available(weight):
             return kind.name
     return LinearKernel.name
@@ -302,7 +336,8 @@ class W8A8FineKernel(W8A8Kernel):
 
 
 KERNELS: dict[str, type[LinearKernel]] = {
-    k.name: k for k in (LinearKernel, MklPackedKernel, OneDnnKernel, W8A8Kernel, W8A8HeadKernel, W8A8FineKernel)}
+    k.name: k for k in (LinearKernel, MklPackedKernel, OneDnnKernel, PackedKernel, W8A8Kernel, W8A8HeadKernel,
+                        W8A8FineKernel)}
 
 
 def choose_kernel(weight: torch.Tensor, quantization: str | None, *, is_lm_head: bool = False) -> str:

@@ -14,6 +14,9 @@ ZEN4 = ("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processo
         "avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512_vnni\n")
 ZEN1 = ("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7551 32-Core Processor\nflags\t\t: fpu sse2 avx avx2 fma "
         "bmi2\n")
+ZEN3 = ("vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: fpu sse2 avx avx2 fma "
+        "bmi2 vaes vpclmulqdq\n")
+ZEN3_NO_FMA = ZEN3.replace(" fma ", " ")
 ALDER_LAKE = ("vendor_id\t: GenuineIntel\nmodel name\t: 12th Gen Intel(R) Core(TM) i7-12700\nflags\t\t: fpu sse2 "
               "avx avx2 fma avx_vnni\n")
 GRAVITON3 = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes sha1 sve i8mm bf16\n"
@@ -23,7 +26,9 @@ GRAVITON3 = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm a
     (SAPPHIRE_RAPIDS, "AVX512", "mkl", True),  # Intel: MKL's sgemm is its own AVX-512 (13th session's AMX runs)
     (ZEN4, "AVX512", "onednn", True),          # AMD AVX-512: MKL takes its AVX2 code, oneDNN its AVX-512
     (ZEN4, "DEFAULT", "mkl", True),            # torch told to run no vector code (ATEN_CPU_CAPABILITY=default)
-    (ZEN1, "AVX2", "mkl", False),              # no AVX-512; no VNNI: int8 prefill was 17-20x slower
+    (ZEN3, "AVX2", "packed", False),           # AMD AVX2 without AVX-512: our packed GEMM (24th session)
+    (ZEN1, "AVX2", "packed", False),           # no AVX-512; no VNNI: int8 prefill was 17-20x slower
+    (ZEN3_NO_FMA, "AVX2", "mkl", False),       # the micro-kernel needs FMA
     (ALDER_LAKE, "AVX2", "mkl", False),        # AVX-VNNI without AVX-512: not measured, float rows
     (GRAVITON3, "DEFAULT", "mkl", False),
     ("", "AVX512", "mkl", False),              # no /proc/cpuinfo

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from hintkv.bench.accuracy import compare, fixed_token_lists, greedy
 from hintkv.models import gemv_cpu, linear
-from hintkv.models.linear import KERNELS, Linear, MklPackedKernel, OneDnnKernel, choose_kernel
+from hintkv.models.linear import KERNELS, Linear, MklPackedKernel, OneDnnKernel, PackedKernel, choose_kernel
 from hintkv.models.loader import load_model
 
 
@@ -66,7 +66,7 @@ def test_three_dim_input_keeps_its_shape():
 
 
 @pytest.mark.parametrize("rows", [4, 40])  # few rows (gemv, MKL buckets) and many (F.linear, oneDNN's packed copy)
-@pytest.mark.parametrize("name", ["mkl", "onednn", "w8a8"])
+@pytest.mark.parametrize("name", ["mkl", "onednn", "packed", "w8a8"])
 def test_prepared_copy_follows_weight_changes(name, rows):
     """A packed or quantized copy is rebuilt when the weight is written: never a stale GEMM."""
     lin = _linear(64, 64, False)
@@ -107,7 +107,7 @@ def test_cpu_gemm_is_chosen_by_name_or_cpu(monkeypatch):
     """HINTKV_CPU_GEMM names the library; auto follows the CPU; a bad name is refused, not ignored."""
     w = torch.zeros(8, 8)
     try:
-        for want in ("mkl", "onednn"):
+        for want in linear.CPU_GEMMS:
             monkeypatch.setenv("HINTKV_CPU_GEMM", want)
             linear.cpu_gemm.cache_clear()
             assert linear.cpu_gemm() == want
@@ -191,7 +191,15 @@ def _prompt(lm, question: str) -> list[int]:
     return lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": question}]))
 
 
-def test_prepared_smollm2_decodes_like_plain_float32(smollm2_load):
+@pytest.fixture(scope="module")
+def plain_smollm2():
+    """The real SmolLM2 with every GEMM through F.linear: the reference of the prepared kernels' greedy tokens."""
+    plain = load_model(None, torch.float32, "cpu")
+    _all_dense(plain.model)
+    return plain
+
+
+def test_prepared_smollm2_decodes_like_plain_float32(smollm2_load, plain_smollm2):
     """Fused norms, in-place RoPE and packed GEMMs (`onednn`, each layer weight reordered once at load, not
     twice; the last layer's q projected for the sampled rows only) vs every GEMM through F.linear: same greedy
     tokens."""
@@ -206,10 +214,26 @@ def test_prepared_smollm2_decodes_like_plain_float32(smollm2_load):
         assert smollm2.model.layers[-1].self_attn.q_kv_kernels is not None
         assert all(m.kernel.onednn_weight is not None for m in layers)
     prompt = _prompt(smollm2, "Write a Python function that reverses a string.")
-    fast = greedy(smollm2.model, prompt, 24)
-    plain = load_model(None, torch.float32, "cpu")
-    _all_dense(plain.model)
-    assert greedy(plain.model, prompt, 24) == fast
+    assert greedy(plain_smollm2.model, prompt, 24) == greedy(smollm2.model, prompt, 24)
+
+
+def test_packed_smollm2_decodes_like_plain_float32(plain_smollm2):
+    """HINTKV_CPU_GEMM=packed (our packed GEMM past 12 rows, so every prefill GEMM of this 30+ token prompt; gemv
+    below) vs every GEMM through F.linear: same greedy tokens."""
+    if not PackedKernel.available(torch.zeros(1, 1)):
+        pytest.skip("no C++ build of packed_gemm here")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HINTKV_CPU_GEMM", "packed")
+        linear.cpu_gemm.cache_clear()
+        packs = PackedKernel.num_packs
+        lm = load_model(None, torch.float32, "cpu")
+    linear.cpu_gemm.cache_clear()
+    layers = [m for m in lm.model.modules() if isinstance(m, Linear)]
+    assert {m.kernel.name for m in layers} == {"packed"} and lm.model._lm_head_kernel.name == "packed"
+    assert PackedKernel.num_packs - packs == len(layers)  # each layer weight packed once, at load
+    prompt = _prompt(lm, "Write a Python function that reverses a string.")
+    assert len(prompt) > gemv_cpu.ROWS
+    assert greedy(plain_smollm2.model, prompt, 24) == greedy(lm.model, prompt, 24)
 
 
 def test_w8a8_smollm2_accuracy(smollm2):
