@@ -162,6 +162,22 @@ class CostModel:
             return 0.0
         return self.profile.step_overhead_ms + self.decode_ms(batch, context_sum // batch)
 
+    def decode_steps_ms(self, batch: int, context_sum: int, count: int) -> list[float]:
+        """`decode_step_ms(batch, context_sum + i * batch)` for i in range(count), the same floats: a
+        decode stretch's steps (`sim.stretch`), each one token further on. Past the grid's largest
+        context only the KV read grows, so there each step is one multiply-add (the per-step calls
+        were ~15% of a full-scale lru+host run under cProfile, twenty-fourth session)."""
+        if batch <= 0:
+            return [0.0] * count
+        first = context_sum // batch  # step i's mean context: (context_sum + i * batch) // batch = first + i
+        last = self._ctxs[-1]
+        slow = min(count, max(0, last + 1 - first))  # steps at or inside the grid: the general path
+        out = [self.decode_step_ms(batch, context_sum + i * batch) for i in range(slow)]
+        if slow < count:
+            over, base, kv = self.profile.step_overhead_ms, self.decode_ms(batch, last), self._kv_read_ms
+            out.extend(over + (base + batch * (kv * (first + i - last))) for i in range(slow, count))
+        return out
+
     # ---- copies --------------------------------------------------------------------------
     def transfer_ms(self, src: str, dst: str, nbytes: int) -> float:
         """A batched copy of `nbytes` over the `src->dst` link (latency once per batch)."""

@@ -10,7 +10,8 @@ update appends one token to each. `plan` finds how many such steps follow a fres
 (`k`, with each one's time), `finish` applies them at the last one's end:
 
     per step, in the order the real steps do it: the step counters, the host-tier integral, the
-    tier cost model's observation, the admission policy's `order_running` and `stepped`; per
+    tier cost model's observation, the admission policy's `order_running` and `stepped` (each
+    only where it does something: not the base policy's empty hooks, nor a sample too small); per
     sequence: k tokens, k computed, k sent, the last token's time
 
 so the report is identical field by field to stepping them one by one (`SimEngine(fast_decode=
@@ -24,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hintkv.cache import tier_costs
+from hintkv.engine.admission import AdmissionPolicy
 from hintkv.engine.outputs import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -88,19 +91,25 @@ def plan(eng: SimEngine, sched: SchedulerOutput, ms0: float, token: int) -> Stre
         return None
     due = sch.sam.next_due() if sch.sam is not None else math.inf
     ms = [ms0]
-    step_ms = eng.costs.decode_step_ms
-    batch, total = len(contexts), sum(contexts)
+    batch = len(contexts)
+    # step i's = costs.step_ms((), [c + i for c in contexts]), exactly
+    later = eng.costs.decode_steps_ms(batch, sum(contexts) + batch, k - 1)
     for i in range(1, k):
         t = times[i]
         if t >= due or (spm is not None and not spm.quiet(t)):
             break
-        m = step_ms(batch, total + i * batch)  # = costs.step_ms((), [c + i for c in contexts]), exactly
+        m = later[i - 1]
         end = t + max(0.0, m / 1e3)
         if end >= nxt:
             break
         ms.append(m)
         times.append(end)
     return Stretch(ms, times) if len(ms) >= 2 else None
+
+
+def _overrides(policy: AdmissionPolicy, hook: str) -> bool:
+    """True when `policy` has its own `hook` (the base class's does nothing)."""
+    return getattr(type(policy), hook) is not getattr(AdmissionPolicy, hook)
 
 
 def finish(eng: SimEngine, sched: SchedulerOutput, st: Stretch, token: int) -> None:
@@ -110,21 +119,29 @@ def finish(eng: SimEngine, sched: SchedulerOutput, st: Stretch, token: int) -> N
     k = len(st.ms)
     num_tokens = len(sched.scheduled)
     host = eng.host_blocks()
-    observe = sch.kv.tiers.costs.observe_prefill if sch.kv.tiers is not None else None
+    # calls that do nothing here are skipped: the base policy's hooks (fcfs), and the tier cost
+    # model's prefill sample below its size (a decode stretch's batch is its token count)
+    observe = (sch.kv.tiers.costs.observe_prefill
+               if sch.kv.tiers is not None and num_tokens >= tier_costs.MIN_PREFILL_TOKENS else None)
     budget = sch.max_num_batched_tokens
     admission = sch.admission
+    order = admission.order_running if _overrides(admission, "order_running") else None
+    stepped = admission.stepped if _overrides(admission, "stepped") else None
     step = sched
     for i in range(k):
         if i:  # step i was scheduled at times[i]
-            admission.order_running(sch.running, budget)
+            if order is not None:
+                order(sch.running, budget)
             stats.num_steps += 1
             stats.busy_s += st.ms[i] / 1e3
             stats.num_batched_tokens += num_tokens
-            step = SchedulerOutput(sched.scheduled, started=st.times[i])
+            if stepped is not None:
+                step = SchedulerOutput(sched.scheduled, started=st.times[i])
         end = st.times[i + 1]  # and ended then
         if host is not None:
             eng.track_host(end, host)
-        admission.stepped(step, end)
+        if stepped is not None:
+            stepped(step, end)
         if observe is not None:
             observe(num_tokens, st.ms[i] / 1e3)
     end = st.times[k]

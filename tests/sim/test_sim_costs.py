@@ -79,6 +79,24 @@ def test_a_decode_step_from_its_batch_and_context_sum_is_the_step_exactly():
         assert cm.decode_step_ms(0, 0) == cm.step_ms((), ()) == 0.0
 
 
+def test_a_decode_stretchs_steps_are_each_step_exactly():
+    """`decode_steps_ms` (a stretch's later steps at once) gives `decode_step_ms` of each step to the
+    last bit: inside the grid, past its largest context, and across it."""
+    import random
+
+    rnd = random.Random(11)
+    for name in ("h200-llama3-8b", "h200-llama3-70b"):
+        cm = CostModel(load_profile(name))
+        last = cm._ctxs[-1]
+        starts = [rnd.randrange(1, 400_000) for _ in range(100)] + [last - 5, last - 1, last, last + 1, 1]
+        for first in starts:
+            batch, count = rnd.randrange(1, 300), rnd.randrange(0, 64)
+            total = first * batch + rnd.randrange(batch)  # a mean context of `first`
+            want = [cm.decode_step_ms(batch, total + i * batch) for i in range(count)]
+            assert cm.decode_steps_ms(batch, total, count) == want, (name, first, batch, count)
+        assert cm.decode_steps_ms(0, 0, 3) == [0.0] * 3
+
+
 def test_profile_round_trips_through_json(tmp_path):
     p = load_profile("h200-llama3-70b")
     p.save(tmp_path / "p.json")
