@@ -74,7 +74,10 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # (history/sim.md, nineteenth session, scale4). srpt-resume (opt-in; hinted 0.7981 at 10 users, room2) loses in
 # the cluster: hinted 2.78269 s at 100 users on 1167111, 7.19224 at 1000 on e6de0b6 (twentieth session, scale5);
 # 7.17451 at 1000 on 02f484c, after cf8ca18 (+1.87% vs srpt-drain's 7.0432; twenty-first session, scale6).
-# --quick's: unmeasured
+# srpt-land (opt-in; chunks end by a load's landing) wins the hinted mean at 10, 100 and 1000 users (-0.46%, -0.78%,
+# -0.98%) but loses on the unhinted whole set (lru+host/srpt-land +0.23%) and its p99 at each scale (+0.3-0.7%):
+# not the default. srpt-cap (opt-in) wins both whole-set rows on 668c51f (hinted 0.79500 s, -1.05%; lru+host/srpt-cap
+# -0.86%) but was never run in the cluster (history/sim.md, twenty-fourth session, room7). --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
 
