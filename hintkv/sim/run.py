@@ -76,8 +76,9 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # 7.17451 at 1000 on 02f484c, after cf8ca18 (+1.87% vs srpt-drain's 7.0432; twenty-first session, scale6).
 # srpt-land (opt-in; chunks end by a load's landing) wins the hinted mean at 10, 100 and 1000 users (-0.46%, -0.78%,
 # -0.98%) but loses on the unhinted whole set (lru+host/srpt-land +0.23%) and its p99 at each scale (+0.3-0.7%):
-# not the default. srpt-cap (opt-in) wins both whole-set rows on 668c51f (hinted 0.79500 s, -1.05%; lru+host/srpt-cap
-# -0.86%) but was never run in the cluster (history/sim.md, twenty-fourth session, room7). --quick's: unmeasured
+# not the default. srpt-cap (opt-in) wins the hinted mean on 668c51f at 10, 100 and 1000 users (0.79500 s, -1.05%;
+# -0.31%; 6.64499, -5.64%) and lru+host/srpt-cap -0.86%, but its p99 at 100 users is +31.3% (57.08 -> 74.96 s) and
+# lru+pool/srpt-cap is unmeasured (history/sim.md, twenty-fourth session, room7). --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
 
