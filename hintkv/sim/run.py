@@ -78,7 +78,7 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # -0.98%) but loses on the unhinted whole set (lru+host/srpt-land +0.23%) and its p99 at each scale (+0.3-0.7%):
 # not the default. srpt-cap (opt-in) wins the hinted mean on 668c51f at 10, 100 and 1000 users (0.79500 s, -1.05%;
 # -0.31%; 6.64499, -5.64%) and lru+host/srpt-cap -0.86%, but its p99 at 100 users is +31.3% (57.08 -> 74.96 s) and
-# lru+pool/srpt-cap is unmeasured (history/sim.md, twenty-fourth session, room7). --quick's: unmeasured
+# lru+pool/srpt-cap at 1000 users +2.47% (history/sim.md, twenty-fourth session, room7). --quick's: unmeasured
 SCHEDULING = "srpt-drain"
 
 
