@@ -137,7 +137,8 @@ def test_stream_reports_the_servers_parts_around_the_engine(live_server):
     assert parts["inbox_s"] >= busy_s
     own = parts["http_s"] + parts["inbox_s"] + parts["wake_s"] + parts["stream_s"] + m["ttft_s"]
     assert parts["serve_s"] == pytest.approx(own, abs=1e-3)
-    assert parts["stream_s"] < m["inter_token_latency_s"]  # the first chunk's, not a later step's
+    # that stream_s ends at the first chunk that went out (not a later step's) is held without timing by
+    # test_serve_times_sent.py: a loop delay against a decode step depends on the load (review_rev24 B2)
 
 
 def test_a_whole_response_reports_the_servers_parts_too(live_server):
