@@ -99,8 +99,10 @@ def test_live_range_evict_of_a_compressed_context_frees_exactly_the_stale_blocks
     stale_from = 2 * BS + 3  # inside block 2: blocks 0-1 stay, 2-5 are stale
     root = AgentScript("cmp", (Call(a, 4, wait_s=0.1), Call(a[:2] + fresh, 4, stale_from=stale_from),
                                Call(a[:2] + fresh + b, 4)))
-    other = AgentScript("other", (Call(a[:3] + b, 4, wait_s=2.0), Call(a[:3] + b + fresh, 4)))  # shares blocks 0-2
-    # `other` starts first, so it holds blocks 0-2 (from its call's end) when `cmp` range-evicts
+    other = AgentScript("other", (Call(a[:3] + b, 4, wait_s=10.0), Call(a[:3] + b + fresh, 4)))  # shares blocks 0-2
+    # `other` starts first, so it holds blocks 0-2 (from its call's end) when `cmp` range-evicts: its tool
+    # wait outlasts `cmp`'s first call by seconds even on a loaded box (at 2.0 s a stalled call let `other`
+    # end first and free its blocks: one failure at load 13-30, review_rev24)
     workload = Workload("compressed", (User("u0", 1.0, (Task("cmp", "hand", root),)),
                                        User("u1", 0.0, (Task("other", "hand", other),))))
     args = ["--kv-cache-tokens", str(64 * BS), "--block-size", str(BS), "--eviction-policy", "sam"]
