@@ -208,7 +208,8 @@ class PackedKernel(MklPackedKernel):
 
     def _many(self, x2: torch.Tensor) -> torch.Tensor:
         self.warm()
-        return packed_gemm.gemm(x2, self.packed_weight, self.weight.shape[0], self.bias)
+        y = packed_gemm.gemm(x2, self.packed_weight, self.weight.shape[0], self.bias)
+        return y if y is not None else super()._many(x2)  # not its case (e.g. another dtype): as mkl
 
 
 CPU_GEMMS = ("mkl", "onednn", "packed")

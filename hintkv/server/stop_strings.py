@@ -18,7 +18,6 @@ class StopStringMatcher:
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.pending = ""
-        self.free_end = 0  # `pending[:free_end]` is free text: no stop string may end inside it
         self.stopped = False
 
     def feed(self, text: str, free: str = "") -> str:
@@ -26,10 +25,10 @@ class StopStringMatcher:
         return what can be sent now. After a match, `stopped` is True."""
         if self.stopped:
             return ""
-        self.pending += free
-        self.free_end = len(self.pending)
-        self.pending += text
-        cut = min((i for i in (self.pending.find(s, max(0, self.free_end - len(s) + 1)) for s in self.stops)
+        # no stop string ends inside what was searched before or is free (a match there was found or is none)
+        searched = len(self.pending) + len(free)
+        self.pending += free + text
+        cut = min((i for i in (self.pending.find(s, max(0, searched - len(s) + 1)) for s in self.stops)
                    if i >= 0), default=-1)
         if cut >= 0:
             out, self.pending, self.stopped = self.pending[:cut], "", True
@@ -39,7 +38,6 @@ class StopStringMatcher:
         keep = min(self.hold, len(self.pending))
         out = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(self.pending) - keep :]
-        self.free_end = max(0, self.free_end - len(out))
         return out
 
     def flush(self) -> str:
