@@ -103,6 +103,9 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_name = cfg.served_model_name or loaded.name
+        # the KV namespace: the served name and what the K/V values depend on (the weights, the
+        # kernels, the KV dtype), so a shared disk dir or pool never hands one engine another's KV
+        self._kv_model = f"{self.model_name}|{loaded.weights_id}|kv={cfg.kv_cache_dtype or 'auto'}"
         self.block_size = cfg.block_size
         self.num_blocks = self._num_blocks()
         self.max_model_len = cfg.max_model_len or min(loaded.config.max_position_embeddings, 32768)
@@ -214,7 +217,7 @@ class LLMEngine:
         gen = None
         if req.sampling.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(req.sampling.seed)
-        root = namespace_root(self.model_name, self._dtype_name, self.block_size, req.cache_salt)
+        root = namespace_root(self._kv_model, self._dtype_name, self.block_size, req.cache_salt)
         return Sequence(req.request_id, list(req.prompt_token_ids), len(req.prompt_token_ids),
                         req.sampling, root, session=req.session, generator=gen)
 

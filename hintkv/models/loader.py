@@ -10,6 +10,7 @@ spec:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hashlib import blake2b
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     spec: str | None = None  # what `load_model` was asked for (None: the default model)
     quantization: str | None = None  # the kernels `load_model` prepared
+    weights_id: str = ""  # what the K/V values depend on besides the tokens (`weights_id`)
 
 
 def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -44,7 +46,23 @@ def load_model(spec: str | None, dtype: torch.dtype = torch.float32, device: str
     calibration = calibration_token_lists(loaded.tokenizer) if quantization == "w8a8" else None
     loaded.model.prepare(quantization, calibration)
     loaded.spec, loaded.quantization = spec or DEFAULT_MODEL, quantization
+    loaded.weights_id = weights_id(loaded.model, quantization)
     return loaded
+
+
+def weights_id(model: torch.nn.Module, quantization: str | None, sample: int = 1024) -> str:
+    """A fingerprint of the numbers a K/V value depends on: every parameter's name, shape, dtype and
+    `sample` values strided over it, and the quantization. The KV namespace (`namespace_root`) takes
+    it with the served name, so two engines that share a disk dir or a pool under one served name
+    but with other weights (another checkpoint, a dummy of another seed) or other kernels (w8a8)
+    never load each other's blocks."""
+    h = blake2b(f"q={quantization or 'none'}".encode(), digest_size=8)
+    for name, p in model.named_parameters():
+        flat = p.detach().reshape(-1)
+        picked = flat[::max(1, flat.numel() // sample)][:sample]
+        h.update(f"|{name}|{tuple(p.shape)}|{p.dtype}|".encode())
+        h.update(picked.float().cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _load(spec: str | None, dtype: torch.dtype, device: str | torch.device, seed: int) -> LoadedModel:
