@@ -70,9 +70,12 @@ def completion_hint(
                 "/v1/chat/completions (a completion prompt has neither)",
                 f"agent_hint.context_management.edits[{index}].target",
             )
-    # A completion has no messages: a bare session_control alias is a management request.
+    # A completion's prompt stands for the messages: a session_control alias with no prompt is a
+    # management request; with one it is served, then applied (as chat's with messages).
+    prompt = raw.get("prompt")
+    has_prompt = prompt not in (None, "", []) and prompt != [[]] and prompt != [""]
     return RequestHint(
-        hint, session_ref(hint, tenant, None), resolved_edits(hint), is_management_request(hint, 0)
+        hint, session_ref(hint, tenant, None), resolved_edits(hint), is_management_request(hint, int(has_prompt))
     )
 
 

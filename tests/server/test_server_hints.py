@@ -228,6 +228,22 @@ def test_session_control_alias_and_cache_control_ttl(live_server):
     assert _session(live_server, sid).json()["state"] == "suspended"
 
 
+def test_a_completion_with_a_prompt_and_an_alias_generates_then_applies_it(live_server):
+    """A completion's prompt stands for chat's messages: with one, a session_control alias is served,
+    then applied; without one it is a management request (review rev25 A8)."""
+    sid = _sid("cmpl-alias")
+    hinted = {"agent_hint": {"session_id": sid, "parent_session_id": sid, "session_control": {"type": "pause"}}}
+    out = _client(live_server).completions.create(
+        model=live_server.engine.model_name, prompt=list(range(5, 60)), max_tokens=3, temperature=0,
+        extra_body={"ignore_eos": True, **hinted})
+    assert out.usage.completion_tokens == 3
+    assert out.model_extra["agent_hint_result"]["edits"][0]["action"] == "offloaded"
+    assert _session(live_server, sid).json()["state"] == "suspended"
+    r = httpx.post(live_server.v1 + "/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": live_server.engine.model_name, "prompt": "", **hinted}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0, r.text
+
+
 def test_header_identity_fallback(live_server):
     sid, parent = _sid("hdr"), _sid("hdr-root")
     headers = {"Authorization": f"Bearer {API_KEY}", "x-session-id": sid,
