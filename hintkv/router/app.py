@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI, Request
@@ -50,6 +51,12 @@ def _error(status: int, message: str, param: str | None = None, type_: str =
            "invalid_request_error", headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param,
                                    "code": None}}, status_code=status, headers=headers)
+
+
+def _sse_error(message: str) -> bytes:
+    """An OpenAI-shaped error event and the stream's end, for a stream the router must cut short."""
+    err = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+    return f"\n\ndata: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
 
 
 class Identity:
@@ -129,6 +136,9 @@ class Router:
         self.num_requests += 1
         stream = body.get("stream") is True
         tried: set[str] = set()
+        # read before `choose`: for a session the table does not know (a restarted router, one that
+        # fell out of the table) `choose` places it, and its trail would name that one instance
+        targets = self.placement.fanout_targets(who.key) if who.evicts else None
         while True:
             b = self.placement.choose(who.key, who.parent_key, tried)
             if b is None:
@@ -150,10 +160,14 @@ class Router:
                 b.inflight -= 1
                 b.num_errors += 1
                 return _error(504, f"backend {b.url} timed out", type_="server_error")
+            except httpx.HTTPError as e:  # anything else httpx raises: the backend's fault, not ours
+                b.inflight -= 1
+                b.num_errors += 1
+                return _error(502, f"backend {b.url} failed: {type(e).__name__}", type_="server_error")
             b.status_counts[resp.status_code] = b.status_counts.get(resp.status_code, 0) + 1
             break
         if who.evicts and resp.status_code == 200:
-            await self._fan_out(body, path, headers, b, self.placement.fanout_targets(who.key))
+            await self._fan_out(body, path, headers, b, targets)
             if who.ends_session and who.is_root:
                 self.placement.forget(who.key)
         out_headers = {"x-hintkv-backend": b.url}
@@ -162,6 +176,9 @@ class Router:
                 try:
                     async for chunk in resp.aiter_raw():
                         yield chunk
+                except httpx.HTTPError as e:  # the backend died mid-stream: say so, in the stream
+                    self.backends.mark_down(b, type(e).__name__)
+                    yield _sse_error(f"backend {b.url} failed mid-stream: {type(e).__name__}")
                 finally:
                     await resp.aclose()
                     b.inflight -= 1
@@ -241,13 +258,15 @@ def build_router_app(urls: list[str], **options) -> FastAPI:
     async def models(request: Request) -> Response:
         return await router.get_from(router.placement.least_loaded(), "/v1/models", request)
 
-    @app.get("/v1/sessions/{session_id}")
+    @app.get("/v1/sessions/{session_id:path}")  # as the instance's route: an id may hold a "/"
     async def session(session_id: str, request: Request) -> Response:
-        who = Identity({}, {**request.headers, SESSION_HEADER: session_id})
+        # the instance takes the namespace as ?cache_salt=: the placement key needs it too
+        who = Identity({"cache_salt": request.query_params.get("cache_salt")},
+                       {**request.headers, SESSION_HEADER: session_id})
         b = router.placement.lookup(who.key) if who.key else None
         if b is None or not b.up:
             return _error(404, f"no instance holds session {session_id!r}", param="session_id")
-        return await router.get_from(b, f"/v1/sessions/{session_id}", request)
+        return await router.get_from(b, f"/v1/sessions/{quote(session_id, safe='/')}", request)
 
     @app.get("/health")
     async def health() -> Response:

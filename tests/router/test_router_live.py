@@ -110,6 +110,42 @@ def test_evict_reaches_every_instance(cluster):
         assert described["state"] == "ended", (s.base_url, described)
 
 
+def test_evict_through_a_restarted_router_reaches_the_sessions_instance(cluster):
+    """A router that restarted knows no session: an evict must reach every instance, not only the one
+    its placement picks for the unknown session (review rev25 A4)."""
+    router, servers, _ = cluster
+    r = complete(router, tokens(77, 3 * BLOCK), "after-restart")
+    assert r.status_code == 200, r.text
+    home = r.headers["x-hintkv-backend"]
+    others = [s.base_url for s in servers if s.base_url != home]
+    # the home instance listed last: a least-loaded tie picks another one first
+    fresh = BackgroundServer(build_router_app(others + [home], health_interval_s=0.2,
+                                              connect_timeout_s=1.0)).start()
+    try:
+        e = httpx.post(f"{fresh.base_url}/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": "", "agent_hint": {
+                "session_id": "after-restart", "parent_session_id": "after-restart",
+                "context_management": {"manage_request": True,
+                                       "edits": [{"type": "evict", "target": "session"}]}}})
+        assert e.status_code == 200, e.text
+        assert e.headers["x-hintkv-backend"] != home  # the case: the evict landed elsewhere first
+        described = httpx.get(f"{home}/v1/sessions/after-restart", timeout=10).json()
+        assert described["state"] == "ended", described
+    finally:
+        fresh.stop()
+
+
+def test_the_router_describes_a_salted_session_and_an_id_with_a_slash(cluster):
+    """GET /v1/sessions/{id} through the router finds the session in its namespace (?cache_salt=, as
+    the instance takes it) and takes ids holding a "/" (review rev25 A9)."""
+    router, _, _ = cluster
+    for sid, salt in (("salted", "ns1"), ("team/worker-1", None)):
+        extra = {"cache_salt": salt} if salt else {}
+        assert complete(router, tokens(91, 2 * BLOCK), sid, **extra).status_code == 200
+        r = httpx.get(f"{router.base_url}/v1/sessions/{sid}", params=extra, timeout=10)
+        assert r.status_code == 200 and r.json()["session_id"] == sid, r.text
+
+
 def test_bad_bodies_are_4xx_in_the_openai_shape(cluster):
     router, _, _ = cluster
     r = httpx.post(f"{router.base_url}/v1/completions", content=b"{not json",
