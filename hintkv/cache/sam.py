@@ -174,11 +174,15 @@ class SessionAwareManager:
             return EditOutcome("none", reason="unknown_session")
         if edit.action == "evict":
             return self._evict(key, edit.token_start)
+        # a range edit acts on the session's KV from its first stale token's block on; only a
+        # whole-session offload suspends the session (a range one leaves it as it is)
+        part = s.held if edit.token_start is None else s.held[edit.token_start // self.kv.block_size:]
         if edit.action == "offload":
-            self.sessions.suspend(key)
-            return self._offload(s.held)
+            if edit.token_start is None:
+                self.sessions.suspend(key)
+            return self._offload(part)
         self.sessions.prefetch(key, self.clock())
-        return self._prefetch(s.held)
+        return self._prefetch(part)
 
     def _offload(self, held: list[BlockHash]) -> EditOutcome:
         tiers = self.kv.tiers

@@ -119,7 +119,15 @@ class SessionControl(_HintModel):
 
     def edits(self) -> list[Edit]:
         edit_type = SESSION_CONTROL_EDIT_TYPES[self.type]
-        return [] if edit_type is None else [Edit(type=edit_type, target="session")]
+        if edit_type is None:
+            return []
+        return [(CompactEdit if self.type == "compact" else Edit)(type=edit_type, target="session")]
+
+
+class CompactEdit(Edit):
+    """`session_control: compact`'s evict: the session's own context is stale (the agent compacted
+    it), so its claim on its KV goes, but the session goes on and its sub-agents are not ended (a
+    root's plain evict, `stop`, ends its whole tree). Made only by the alias, never from the wire."""
 
 
 class AgentHint(_HintModel):

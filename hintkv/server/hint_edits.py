@@ -25,6 +25,7 @@ from typing import Any
 from hintkv.engine.client import EngineClient
 from hintkv.engine.types import CacheEdit, EditOutcome
 from hintkv.protocol import AgentHintResult, Edit, EditResult, TierCount
+from hintkv.protocol.agent_hint import CompactEdit
 from hintkv.protocol.ranges import Render, range_starts, stale_token_start
 from hintkv.server.edit_notes import edit_notes
 from hintkv.server.hints import RequestHint
@@ -52,37 +53,44 @@ def plan_edits(
 ) -> tuple[list[PlannedEdit], list[CacheEdit]]:
     """Resolve edits to CacheEdits (may render the window: call it off the event loop)."""
     planned = [PlannedEdit(e) for e in edits]
-    cache_edits: list[CacheEdit] = []
     groups: dict[str, list[PlannedEdit]] = {}
     for p in planned:
         if p.edit.is_range:
             groups.setdefault(p.edit.type, []).append(p)
-        else:
-            p.cache_index = len(cache_edits)
-            cache_edits.append(CacheEdit(p.edit.type))
+    starts: dict[str, int] = {}  # range action -> its stale range's first token
     for action, group in groups.items():
         try:
             token_starts = [p.edit.start for p in group if p.edit.target == "tokens"]
             if token_starts:  # /v1/completions: the positions are given (no window to render)
-                start = min(token_starts)
+                starts[action] = min(token_starts)
             elif render is None:
                 raise ValueError("this endpoint has no messages or tools to render")
             else:
-                start = stale_token_start(render, messages, tools, *range_starts([p.edit for p in group]))
+                starts[action] = stale_token_start(render, messages, tools, *range_starts([p.edit for p in group]))
         except Exception as exc:  # noqa: BLE001  (unapplicable hint: report it, serve the request)
             for p in group:
                 p.notes.append(f"could not find the stale tokens: {exc}")
+    # the cache edits in the order the edits came: a range group's at its first edit's place
+    cache_edits: list[CacheEdit] = []
+    for p in planned:
+        if not p.edit.is_range:
+            p.cache_index = len(cache_edits)
+            # compact's evict drops the session's own claim from its first token (`CompactEdit`)
+            cache_edits.append(CacheEdit(p.edit.type, token_start=0 if isinstance(p.edit, CompactEdit) else None))
             continue
-        head = group[0]
-        for p in group:
-            p.cache_index, p.token_start = len(cache_edits), start
-            if p is not head:
-                p.reports = False
-                p.notes.append(
-                    f"applied together with the {head.edit.target} {action} edit "
-                    f"[{head.edit.start}, {head.edit.end}) as one stale range"
+        group = groups[p.edit.type]
+        if p is not group[0] or p.edit.type not in starts:
+            continue
+        start = starts[p.edit.type]
+        for q in group:
+            q.cache_index, q.token_start = len(cache_edits), start
+            if q is not p:
+                q.reports = False
+                q.notes.append(
+                    f"applied together with the {p.edit.target} {p.edit.type} edit "
+                    f"[{p.edit.start}, {p.edit.end}) as one stale range"
                 )
-        cache_edits.append(CacheEdit(action, token_start=start))
+        cache_edits.append(CacheEdit(p.edit.type, token_start=start))
     return planned, cache_edits
 
 

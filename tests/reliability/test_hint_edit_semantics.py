@@ -1,0 +1,135 @@
+"""What each Agent Hint edit does to a session's KV, through a live server with a host tier (eager
+offload): a range offload moves only the stale range and does not suspend the session (review rev25
+A1), `compact` drops the root's own claim and keeps its suspended sub-agent's offloaded KV (A2), the
+edits of one request apply in the order sent (A3), a forked sub-agent's evict keeps its parent's
+shared prefix, offload -> prefetch -> resume hits the whole prefix with the same greedy output."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from faults import API_KEY, HEADERS, body, greedy, prompts, wait_until
+
+from hintkv.config import EngineConfig
+from hintkv.engine.async_llm import AsyncLLM
+from hintkv.server import build_app
+from hintkv.server.background import BackgroundServer
+
+PROMPTS = prompts(4, length=64, seed=5)
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = AsyncLLM.from_config(EngineConfig(
+        model="dummy:tiny", dtype="float32", device="cpu", kv_cache_tokens=1024,
+        max_model_len=512, max_num_seqs=4, debug_integrity=True,
+        host_cache_memory="8MiB", offload_mode="eager"))
+    try:
+        with BackgroundServer(build_app(engine, [API_KEY])) as srv, \
+                httpx.Client(base_url=srv.base_url, timeout=120) as client:
+            yield engine, client
+    finally:
+        asyncio.run(engine.shutdown())
+
+
+def _manage(client, session, edits, parent=None):
+    return client.post("/v1/completions", headers=HEADERS, json={"prompt": "", "agent_hint": {
+        "session_id": session, "parent_session_id": parent or session,
+        "context_management": {"manage_request": True, "edits": edits}}})
+
+
+def _session(client, session):
+    return client.get(f"/v1/sessions/{session}", headers=HEADERS).json()
+
+
+def test_range_offload_moves_only_the_stale_range(served):
+    """agent-hint.md section 2: a range edit applies its action to `that part of the session's KV`
+    (from the first stale token on). An offload with a tokens range [32, 70) must leave the
+    session's first 2 blocks (tokens 0-31) on the device and the session not suspended."""
+    engine, client = served
+    greedy(client, PROMPTS[0], session="r1")
+    before = _session(client, "r1")
+    assert before["held_tokens"] >= 64
+    r = _manage(client, "r1", [{"type": "offload", "target": "tokens", "start": 32, "end": 70}])
+    assert r.status_code == 200, r.text
+    edit = r.json()["agent_hint_result"]["edits"][0]
+    assert edit["token_start"] == 32
+    moved = -edit["tiers"]["device"]["tokens"]
+    after = _session(client, "r1")
+    assert after["state"] != "suspended", after  # a range offload is not a session suspend
+    assert moved <= before["held_tokens"] - 32, (edit, before)  # only the stale part moves
+
+
+def test_a_roots_evict_keeps_a_suspended_sub_agents_offloaded_kv(served):
+    """agent-hint.md: evict drops THIS session's claim; a suspended (offloaded) resumable sub-agent
+    keeps its KV for later. An evict of the parent session (also what session_control `compact`
+    maps to) must not throw away the child's offloaded blocks."""
+    engine, client = served
+    greedy(client, PROMPTS[1], session="root-a")
+    r = client.post("/v1/completions", headers=HEADERS, json={
+        **body(PROMPTS[2]), "agent_hint": {"session_id": "root-a_sub_1", "parent_session_id": "root-a"}})
+    assert r.status_code == 200, r.text
+    assert _manage(client, "root-a_sub_1", [{"type": "offload", "target": "session"}],
+                   parent="root-a").status_code == 200
+    greedy(client, PROMPTS[0], session="stepper4")  # a step: the eager offload lands on the host
+    child = _session(client, "root-a_sub_1")
+    assert child["state"] == "suspended" and child["tokens_per_tier"]["host"] >= 64, child
+    removed = engine.engine.tier_stats()["tiers"]["host"]["removed"]
+    r = client.post("/v1/completions", headers=HEADERS, json={"prompt": "", "agent_hint": {
+        "session_id": "root-a", "parent_session_id": "root-a", "session_control": {"type": "compact"}}})
+    assert r.status_code == 200, r.text
+    after = _session(client, "root-a_sub_1")
+    gone = engine.engine.tier_stats()["tiers"]["host"]["removed"] - removed
+    assert after["state"] == "suspended" and gone == 0, (after, f"{gone} host blocks removed")
+
+
+def test_edits_of_one_request_apply_in_order(served):
+    """docs/protocol.md: "The edits are applied, in order". A stale-range evict followed by a
+    session prefetch must prefetch only what the evict left; plan_edits runs every session edit
+    before any range edit, so the prefetch loads the stale blocks back first."""
+    engine, client = served
+    greedy(client, PROMPTS[3], session="ordered")
+    assert _manage(client, "ordered", [{"type": "offload", "target": "session"}]).status_code == 200
+    greedy(client, PROMPTS[0], session="stepper")  # eager offload drops device copies at a step
+    assert wait_until(lambda: _session(client, "ordered")["tokens_per_tier"].get("device", 0) == 0)
+    r = _manage(client, "ordered", [{"type": "evict", "target": "tokens", "start": 0, "end": 64},
+                                    {"type": "prefetch", "target": "session"}])
+    assert r.status_code == 200, r.text
+    evict, prefetch = r.json()["agent_hint_result"]["edits"]
+    assert evict["action"] == "evicted"
+    assert prefetch["tiers"].get("device", {}).get("blocks", 0) == 0, prefetch  # nothing left to load
+
+
+def test_a_forked_sub_agents_evict_keeps_its_parents_shared_prefix(served):
+    engine, client = served
+    parent = prompts(1, length=64, seed=40)[0]
+    greedy(client, parent, session="fork-p")
+    r = client.post("/v1/completions", headers=HEADERS, json={
+        **body(parent + prompts(1, length=32, seed=41)[0]),
+        "agent_hint": {"session_id": "fork-p_sub_1", "parent_session_id": "fork-p"}})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48, r.text
+    assert _manage(client, "fork-p", [{"type": "offload", "target": "session"}]).status_code == 200
+    e = _manage(client, "fork-p_sub_1", [{"type": "evict", "target": "session"}], parent="fork-p")
+    assert e.status_code == 200, e.text
+    greedy(client, PROMPTS[0], session="stepper2")
+    p = _session(client, "fork-p")
+    assert p["state"] == "suspended" and sum(p["tokens_per_tier"].values()) == p["held_tokens"], p
+
+
+def test_offload_prefetch_resume_hits_the_whole_prefix(served):
+    engine, client = served
+    p = prompts(1, length=80, seed=60)[0]
+    ref = greedy(client, p)  # no session: the reference output (same tenant: it shares blocks)
+    out = greedy(client, p, session="resume")
+    assert _manage(client, "resume", [{"type": "offload", "target": "session"}]).status_code == 200
+    greedy(client, PROMPTS[1], session="stepper3")
+    assert wait_until(lambda: _session(client, "resume")["tokens_per_tier"].get("device", 0) == 0)
+    pre = _manage(client, "resume", [{"type": "prefetch", "target": "session"}])
+    assert pre.status_code == 200 and pre.json()["agent_hint_result"]["edits"][0]["action"] == "prefetched"
+    r = client.post("/v1/completions", headers=HEADERS, json={
+        **body(p + out), "agent_hint": {"session_id": "resume", "parent_session_id": "resume"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 80, r.json()["usage"]
+    assert out == ref
