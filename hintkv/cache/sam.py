@@ -172,6 +172,8 @@ class SessionAwareManager:
         s = self.sessions.sessions.get(key)
         if s is None:
             return EditOutcome("none", reason="unknown_session")
+        if ref.ttl_s and edit.action != "evict":  # a management request's cache_control, as an arrival's
+            self.sessions.set_ttl(key, ref.ttl_s, self.clock())
         if edit.action == "evict":
             return self._evict(key, edit.token_start)
         # a range edit acts on the session's KV from its first stale token's block on; only a

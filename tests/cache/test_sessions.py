@@ -78,6 +78,21 @@ def test_state_machine_and_tree():
     h.check()
 
 
+def test_a_management_requests_cache_control_protects_the_session():
+    """cache_control on a management request (a prefetch before a resume) protects the session as
+    an arrival's does (review rev25 A7); an evict takes none."""
+    h = Harness(64)
+    h.run(ref("a"), SYSTEM + [50, 51, 52, 53])
+    a = h.sessions.get("t", "a")
+    assert a.protect_until == 0.0
+    h.sam.apply(SessionRef("t", "a", "a", ttl_s=600.0), CacheEdit("prefetch"))
+    assert a.protect_until > time.monotonic() + 500
+    h.run(ref("b"), SYSTEM + [60, 61, 62, 63])
+    h.sam.apply(SessionRef("t", "b", "b", ttl_s=600.0), CacheEdit("evict"))
+    assert h.sessions.get("t", "b").protect_until == 0.0
+    h.check()
+
+
 def test_evict_is_idempotent_and_unknown_sessions_are_noops():
     h = Harness(32)
     assert h.sam.apply(ref("ghost"), CacheEdit("evict")).action == "none"

@@ -234,7 +234,7 @@ def test_a_completion_with_a_prompt_and_an_alias_generates_then_applies_it(live_
     sid = _sid("cmpl-alias")
     hinted = {"agent_hint": {"session_id": sid, "parent_session_id": sid, "session_control": {"type": "pause"}}}
     out = _client(live_server).completions.create(
-        model=live_server.engine.model_name, prompt=list(range(5, 60)), max_tokens=3, temperature=0,
+        model=live_server.engine.model_name, prompt=list(range(7000, 7055)), max_tokens=3, temperature=0,
         extra_body={"ignore_eos": True, **hinted})
     assert out.usage.completion_tokens == 3
     assert out.model_extra["agent_hint_result"]["edits"][0]["action"] == "offloaded"
