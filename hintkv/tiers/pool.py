@@ -220,6 +220,7 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
                     "keepalive_calls": c.num_keepalive_calls,
                     "keepalive_keys": c.num_keepalive_keys, "unavailable": c.num_unavailable,
                     "released": c.num_released, "release_leased": c.num_release_leased,
+                    "lost": c.num_lost,
                     "available": int(not self.breaker.is_open),
                     "breaker_opened": self.breaker.num_opened,
                     "breaker_recovered": self.breaker.num_recovered}
@@ -240,8 +241,10 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
             return e.last_access if e is not None else -1
 
     def check_integrity(self) -> None:
-        """Waits for queued I/O; then the index is within capacity and, if the pool is up,
-        every block this instance stored is really there."""
+        """Waits for queued I/O; then the index is within capacity, and the blocks this instance
+        stored that the pool no longer has (a master restarted between two calls, so no call
+        failed and the breaker never re-checked) are forgotten, so the next write-through puts
+        them again (`num_lost`): the pool is another process, its losses are not ours to assert."""
         self.flush()
         with self._lock:
             assert len(self._entries) <= self.capacity_blocks, (
@@ -258,8 +261,15 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
                 there = self._call(self.backend.exists, [self.pool_key(k) for k in owned])
             except Unavailable:
                 return
-            missing = sum(1 for ok in there if not ok)
-            assert missing == 0, f"pool: {missing} stored blocks are not in the pool"
+            lost = [k for k, ok in zip(owned, there) if not ok]
+            if lost:
+                log.warning("pool: %d blocks this instance stored are gone from the pool (restarted?): "
+                            "forgotten, written again at their next write-through", len(lost))
+                with self._lock:
+                    for k in lost:
+                        if (e := self._entries.get(k)) is not None and e.owned and e.ready:
+                            self._pop(k)
+                            self.counters.num_lost += 1
 
     # -- eviction ---------------------------------------------------------------------------
     def _tick(self) -> int:

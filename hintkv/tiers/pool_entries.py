@@ -50,3 +50,4 @@ class PoolCounters:
     peak_bytes: int = 0  # the most `bytes_used` has been
     num_released: int = 0  # ended sessions' blocks removed from the pool
     num_release_leased: int = 0  # release attempts refused: another instance kept it alive
+    num_lost: int = 0  # blocks this instance stored that the pool lost (a master restarted): forgotten

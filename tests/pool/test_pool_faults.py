@@ -118,3 +118,37 @@ def test_a_hung_master_times_out_opens_the_breaker_and_comes_back(fresh_master):
         tier.check_integrity()
     finally:
         tier.close()
+
+
+def test_a_master_restarted_between_calls_loses_nothing_for_good(fresh_master):
+    """The master restarts (empty store) while the instance is idle: no call fails, the breaker never
+    opens, and the index still says it stored the session's blocks. The integrity check (the server
+    runs it every 10 s) forgets what the pool lost, the session's next turn writes it through again,
+    and another instance then finds the session's prefix in the pool (review rev25 A10)."""
+    m = fresh_master
+
+    def pooled():
+        return tiny_engine(pool="mooncake", pool_size="4MiB", pool_master=m.rpc_address,
+                           pool_metadata=m.metadata_url, pool_timeout_s=0.5, host_cache_memory="1MiB",
+                           pool_write_through=True)
+
+    a = pooled()
+    tokens = prompt(1, 4 * BLOCK)
+    try:
+        generate(a, tokens, sid="s1")
+        a.tiers.stack.flush()
+        assert a.tier_stats()["pool"]["puts"] >= 4
+        m.stop(kill=True)
+        m.start()
+        a.tiers.check_integrity()  # repairs the index: it does not assert the pool's loss
+        assert a.tier_stats()["pool"]["lost"] >= 4
+        generate(a, tokens + prompt(2, 8), sid="s1")  # the session's next turn, written through
+        a.tiers.stack.flush()
+        b = pooled()
+        try:
+            _, cached = generate(b, tokens + prompt(3, 8), sid="s1")
+            assert cached >= 4 * BLOCK, f"B found {cached} tokens of the session in the pool"
+        finally:
+            b.close()
+    finally:
+        a.close()
