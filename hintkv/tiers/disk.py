@@ -116,8 +116,10 @@ class DiskTier(HandDown, IndexedTier):
             raise ValueError(f"key length must be 1..{MAX_KEY_LEN}, got {len(key)}")
 
     def check_integrity(self) -> None:
-        """Waits for in-flight I/O, then checks the index against the directory's files."""
+        """Waits for in-flight I/O, then checks the index against the directory's files (a
+        directory that vanished is made again first: `_recreate`)."""
         self.flush()
+        self._recreate()
         with self._lock:
             self._check_entries()
             assert all(e.ready for e in self._entries.values()), "disk: a write never finished"
@@ -163,7 +165,12 @@ class DiskTier(HandDown, IndexedTier):
         header = encode_header(key, self._fingerprint, self.layout.nbytes, self._mac(key, payload))
         temp = self.directory / _temp_name(key.hex())
         try:
-            create_exclusive(temp, [header, payload])
+            try:
+                create_exclusive(temp, [header, payload])
+            except FileNotFoundError:  # the directory vanished (a cleanup, a lost mount): again
+                if not self._recreate():
+                    raise
+                create_exclusive(temp, [header, payload])
             os.replace(temp, self._path(key))
             return True
         except OSError as e:
@@ -246,6 +253,25 @@ class DiskTier(HandDown, IndexedTier):
             self._stats.num_corrupt += 1
             if self._entries.get(key) is entry:
                 self._drop(key, evicted=False)
+
+    def _recreate(self) -> bool:
+        """If the directory is gone (an operator's cleanup, a lost mount, a tmp reaper), make it
+        again with this deployment's secret and forget the blocks whose files went with it, so the
+        tier keeps working instead of failing every put until a restart. Whether it was made."""
+        with self._lock:
+            if self.directory.exists():
+                return False
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._write_secret()
+            except OSError as e:
+                self._io_error("make the directory again", e)
+                return False
+            gone = [k for k, e in self._entries.items() if e.ready and not self._path(k).exists()]
+            for k in gone:
+                self._drop(k, evicted=False)
+            log.warning("disk tier: %s had vanished: made again, %d blocks forgotten", self.directory, len(gone))
+            return True
 
     def _io_error(self, what: str, e: OSError) -> None:
         log.warning("disk tier: cannot %s in %s: %s", what, self.directory, e)

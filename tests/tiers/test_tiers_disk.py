@@ -198,3 +198,30 @@ def test_unwritable_directory_fails_puts_without_crashing(layout, key, payload, 
         tmp_path.chmod(0o700)
     disk.check_integrity()
     disk.close()
+
+
+@pytest.mark.parametrize("first", ["put", "check"])
+def test_a_vanished_directory_is_made_again_and_the_tier_goes_on(layout, key, payload, empty, tmp_path, first):
+    """The directory is removed under a running tier (an operator's cleanup, a lost mount): the
+    blocks in it are forgotten (misses, never wrong bytes), the next put or integrity check makes it
+    again with the same secret, and the tier stores and serves blocks again (review rev25 A11)."""
+    import shutil
+
+    d = tmp_path / "kv"
+    disk = DiskTier(layout, d, _capacity(layout, 4), reuse=True)
+    assert all(f.result() for f in disk.put([(key(0), payload(0)), (key(1), payload(1))]))
+    shutil.rmtree(d)
+    if first == "put":
+        assert disk.put([(key(2), payload(2))])[0].result() is True
+    disk.check_integrity()  # no vanished files left in the index, nothing asserted
+    assert disk.put([(key(3), payload(3))])[0].result() is True
+    dst = empty()
+    assert disk.get(key(3), dst).result() is True and torch.equal(dst, payload(3))
+    assert disk.get(key(0), empty()).result() is False
+    assert (d / SECRET_FILE).exists()
+    disk.check_integrity()
+    disk.close()
+    again = DiskTier(layout, d, _capacity(layout, 4), reuse=True)  # the same secret: adopted on restart
+    dst = empty()
+    assert again.get(key(3), dst).result() is True and torch.equal(dst, payload(3))
+    again.close()
