@@ -142,8 +142,15 @@ def test_a_master_restarted_between_calls_loses_nothing_for_good(fresh_master):
         m.start()
         a.tiers.check_integrity()  # repairs the index: it does not assert the pool's loss
         assert a.tier_stats()["pool"]["lost"] >= 4
-        generate(a, tokens + prompt(2, 8), sid="s1")  # the session's next turn, written through
-        a.tiers.stack.flush()
+        # the session's next turns, written through; until the client has mounted its segment on
+        # the new master again, a put fails (insufficient space) and is tried at the next turn
+        puts, deadline, turn = a.tier_stats()["pool"]["puts"], time.monotonic() + 60, 0
+        while a.tier_stats()["pool"]["puts"] < puts + 4 and time.monotonic() < deadline:
+            turn += 1
+            generate(a, tokens + prompt(10 + turn, 8), sid="s1")
+            a.tiers.stack.flush()
+            time.sleep(0.2)
+        assert a.tier_stats()["pool"]["puts"] >= puts + 4
         b = pooled()
         try:
             _, cached = generate(b, tokens + prompt(3, 8), sid="s1")
