@@ -101,6 +101,7 @@ class Router:
     def __init__(self, urls: list[str], max_inflight: int = 8, health_interval_s: float = 1.0,
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 600.0) -> None:
         self.backends = Backends(urls, interval_s=health_interval_s)
+        self.backends.on_up = self._pay_owed
         self.placement = Placement(self.backends, max_inflight)
         self.timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
         self._client: httpx.AsyncClient | None = None
@@ -197,22 +198,41 @@ class Router:
 
     async def _fan_out(self, body: dict, path: str, headers: dict, served: Backend,
                        targets: set[str] | None) -> None:
-        """The evict to the other healthy instances in `targets` (None: all of them)."""
-        others = [o for o in self.backends.healthy()
+        """The evict to the other instances in `targets` (None: all of them): now to those up, and
+        owed to those down (a busy instance is marked down after slow health checks, not dead),
+        sent when a health check finds them up again (`_pay_owed`)."""
+        wanted = [o for o in self.backends.backends.values()
                   if o is not served and (targets is None or o.url in targets)]
-        if not others:
+        if not wanted:
             return
         payload = management_copy(body, path)
-
-        async def one(o: Backend) -> None:
-            try:
-                r = await self.client().post(f"{o.url}{path}", json=payload, headers=headers)
-                o.status_counts[r.status_code] = o.status_counts.get(r.status_code, 0) + 1
-            except httpx.HTTPError as e:
-                self.backends.mark_down(o, type(e).__name__)
-
+        for o in wanted:
+            if not o.up:
+                o.owed.append((path, payload, headers))
+        others = [o for o in wanted if o.up]
         self.num_fanout += len(others)
-        await asyncio.gather(*(one(o) for o in others))
+        sent = await asyncio.gather(*(self._send_evict(o, path, payload, headers) for o in others))
+        for o, ok in zip(others, sent):
+            if not ok:
+                o.owed.append((path, payload, headers))
+
+    async def _send_evict(self, o: Backend, path: str, payload: dict, headers: dict) -> bool:
+        try:
+            r = await self.client().post(f"{o.url}{path}", json=payload, headers=headers)
+            o.status_counts[r.status_code] = o.status_counts.get(r.status_code, 0) + 1
+            return True
+        except httpx.HTTPError as e:
+            self.backends.mark_down(o, type(e).__name__)
+            return False
+
+    async def _pay_owed(self, b: Backend) -> None:
+        """Send `b` the evicts it missed while down, in order; stop at the first that fails."""
+        while b.owed and b.up:
+            owed = b.owed.popleft()
+            self.num_fanout += 1
+            if not await self._send_evict(b, *owed):
+                b.owed.appendleft(owed)
+                break
 
     async def get_from(self, b: Backend | None, path: str, request: Request) -> Response:
         if b is None:
@@ -236,7 +256,8 @@ class Router:
                               "least_loaded": p.num_least_loaded, "moved": p.num_moved},
                 "backends": {b.url: {"up": b.up, "inflight": b.inflight,
                                      "sessions": b.num_sessions, "requests": b.num_requests,
-                                     "errors": b.num_errors, "failovers": b.num_failovers}
+                                     "errors": b.num_errors, "failovers": b.num_failovers,
+                                     "owed_evicts": len(b.owed)}
                              for b in self.backends.backends.values()}}
 
 

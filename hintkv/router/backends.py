@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
 
 log = logging.getLogger(__name__)
+
+MAX_OWED = 1024  # evicts kept per down backend (the oldest go first: the idle expiry ends those)
 
 
 @dataclass(slots=True)
@@ -29,6 +33,8 @@ class Backend:
     num_failed_checks: int = 0  # consecutive failed health checks (not counting refusals)
     num_sessions: int = 0  # sessions placed on it now
     status_counts: dict[int, int] = field(default_factory=dict)  # replies by HTTP status
+    # evicts it missed while down (path, body, headers), sent when a health check finds it up again
+    owed: deque = field(default_factory=lambda: deque(maxlen=MAX_OWED))
 
 
 class Backends:
@@ -42,6 +48,7 @@ class Backends:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.down_after = down_after  # consecutive slow / failed checks before a backend is down
+        self.on_up: Callable[[Backend], Awaitable[None]] | None = None  # a backend is up again
         self._task: asyncio.Task | None = None
 
     def __getitem__(self, url: str) -> Backend:
@@ -68,9 +75,12 @@ class Backends:
             except httpx.HTTPError:  # slow or erroring: down after a few in a row
                 ok = False
             if ok:
-                if not b.up:
+                was_up = b.up
+                if not was_up:
                     log.info("router: backend %s is up again", b.url)
                 b.up, b.num_failed_checks = True, 0
+                if (not was_up or b.owed) and self.on_up is not None:
+                    await self.on_up(b)
                 return
             b.num_health_failures += 1
             b.num_failed_checks += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 
 import httpx
 import pytest
@@ -131,6 +132,39 @@ def test_evict_through_a_restarted_router_reaches_the_sessions_instance(cluster)
         assert e.headers["x-hintkv-backend"] != home  # the case: the evict landed elsewhere first
         described = httpx.get(f"{home}/v1/sessions/after-restart", timeout=10).json()
         assert described["state"] == "ended", described
+    finally:
+        fresh.stop()
+
+
+def test_an_evict_missed_by_an_instance_marked_down_is_sent_when_it_is_up_again(cluster):
+    """An instance marked down (3 slow health checks: busy, not dead) misses an evict's fan-out; the
+    router owes it the evict and sends it when a health check finds it up (review rev25 A4)."""
+    router, servers, _ = cluster
+    urls = [s.base_url for s in servers]
+    fresh = BackgroundServer(build_router_app(urls, health_interval_s=0.2, connect_timeout_s=1.0)).start()
+    try:
+        r = httpx.post(f"{fresh.base_url}/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": tokens(78, 3 * BLOCK), "max_tokens": 2, "agent_hint": {
+                "session_id": "owed", "parent_session_id": "owed"}})
+        assert r.status_code == 200, r.text
+        home = r.headers["x-hintkv-backend"]
+        state = fresh.app.state.router
+        state.backends[home].up = False  # as after slow health checks; the next good one brings it back
+        state.backends[home].num_failed_checks = 3
+        e = httpx.post(f"{fresh.base_url}/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": "", "agent_hint": {
+                "session_id": "owed", "parent_session_id": "owed",
+                "context_management": {"manage_request": True,
+                                       "edits": [{"type": "evict", "target": "session"}]}}})
+        assert e.status_code == 200 and e.headers["x-hintkv-backend"] != home, e.text
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            described = httpx.get(f"{home}/v1/sessions/owed", timeout=10).json()
+            if described["state"] == "ended":
+                break
+            time.sleep(0.1)
+        assert described["state"] == "ended", described
+        assert httpx.get(f"{fresh.base_url}/router/state", timeout=10).json()["backends"][home]["owed_evicts"] == 0
     finally:
         fresh.stop()
 
