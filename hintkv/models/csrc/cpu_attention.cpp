@@ -75,11 +75,12 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     float* sb = w.sb.data();
     const float* kr[KT];
     const float* vr[KT];
+    const float qscale = static_cast<float>(a.scale) * (fused ? kFusedUnit : 1.f);
     for (int64_t t = item.t0; t < item.t1; ++t)
         for (int64_t g = 0; g < G; ++g) {
             const int64_t r = (t - item.t0) * G + g;
             const float* src = a.qd + (qp[b] + t) * a.qs0 + (h * G + g) * a.qs1;
-            for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * static_cast<float>(a.scale);
+            for (int64_t d = 0; d < D; ++d) qb[r * D + d] = src[d] * qscale;
             w.lastb[r] = S - n + t;
         }
     std::fill(ob, ob + R * D, 0.f);
@@ -112,6 +113,11 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
             for (; r + MR <= R; r += MR)
                 score_softmax_tile<MR>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r,
                                        ls + r * LANE_SUMS, ob + r * D);
+#if defined(HK_AVX2)
+            for (; r + 6 <= R; r += 6)  // the 6-row blocks' rate for a partial tile's rows (AVX2)
+                score_softmax_tile<6>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r,
+                                      ls + r * LANE_SUMS, ob + r * D);
+#endif
             for (; r + 4 <= R; r += 4)
                 score_softmax_tile<4>(qb + r * D, D, ktile, sb + r * KT, k0, lb + r, w.mb.data() + r,
                                       ls + r * LANE_SUMS, ob + r * D);
@@ -133,6 +139,9 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
             }
         }
         for (r = 0; r + PR <= R; r += PR) pv_tile<PR>(sb + r * KT, vr, nk, D, ob + r * D);
+#if defined(HK_AVX2)
+        for (; r + 6 <= R; r += 6) pv_tile<6>(sb + r * KT, vr, nk, D, ob + r * D);
+#endif
         for (; r + 4 <= R; r += 4) pv_tile<4>(sb + r * KT, vr, nk, D, ob + r * D);
         for (; r < R; ++r) pv_tile<1>(sb + r * KT, vr, nk, D, ob + r * D);
     }
@@ -148,8 +157,18 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
 // The rules attention() and the decode team (csrc/decode_team.cpp) share, written once here:
 // a sequence of n new rows (x its GQA group G) at most DIRECT_ROWS reads K untransposed (the team's whole case),
 inline bool is_direct(int64_t n, int64_t G) { return n * G <= DIRECT_ROWS; }
-// query tokens per work item (a query tile of at most TILE_ROWS rows: a direct sequence's rows fit one),
-inline int64_t tile_tokens(int64_t G) { return std::max<int64_t>(1, TILE_ROWS / G); }
+// query tokens per work item (a query tile of at most TILE_ROWS rows: a direct sequence's rows fit one; on AVX2,
+// whose score and P V blocks take 6 rows, the most tokens whose rows are a multiple of 6, if that keeps >= 48 rows:
+// G = 4 takes 15 tokens (60 rows) where 16 (64) left every tile a 4-row block at about half the 6-row blocks' rate
+// per row, Zen 3, perf),
+inline int64_t tile_tokens(int64_t G) {
+    const int64_t most = std::max<int64_t>(1, TILE_ROWS / G);
+#if defined(HK_AVX2)
+    for (int64_t t = most; t * G >= 48; --t)
+        if ((t * G) % 6 == 0) return t;
+#endif
+    return most;
+}
 // and the step's query offsets: B+1 entries from 0 to T, one block table a sequence (B of them).
 // `what` names the caller in the error.
 void check_qsl(const char* what, const std::vector<int64_t>& qsl, size_t B, size_t ntables, int64_t T) {
@@ -272,7 +291,19 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
             float* kb = kt + koff[i];
             for (int64_t s0 = 0; s0 < S; s0 += BS) {
                 const int64_t blk = tp[b][s0 / BS], n = std::min(BS, S - s0);
-                for (int64_t j = 0; j < n; ++j) {
+                int64_t j = 0;
+#if defined(HK_AVX2)
+                if (s0 + BS < S)  // the next block's rows (anywhere in the paged cache) on their way
+                    for (int64_t i = 0, nxt = tp[b][s0 / BS + 1]; i < BS; ++i)
+                        for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(kd + ((nxt * BS + i) * Hkv + h) * D + d);
+                if (BS % 8 == 0)  // 8 keys (one block's, inside one key tile) at a time, 8 x 8 in registers
+                    for (; j + 8 <= n; j += 8) {
+                        const int64_t key = s0 + j;
+                        transpose8_rows(kd + ((blk * BS + j) * Hkv + h) * D, Hkv * D, D,
+                                        kb + (key / KT) * D * KT + key % KT);
+                    }
+#endif
+                for (; j < n; ++j) {
                     const float* src = kd + ((blk * BS + j) * Hkv + h) * D;
                     const int64_t key = s0 + j;
                     float* kdst = kb + (key / KT) * D * KT + key % KT;

@@ -13,6 +13,11 @@ constexpr int MR = 8;         // query rows per score micro-tile
 constexpr int PR = 4;         // query rows per P V tile
 #endif
 constexpr int LANE_SUMS = 16; // floats per row of the fused softmax's lane sums (AVX-512's 16; AVX2 uses 8)
+#if defined(HK_AVX2)
+constexpr float kFusedUnit = kLog2e;  // the fused softmax's scores in log2 units (softmax_row8: exp2_8, no multiply)
+#else
+constexpr float kFusedUnit = 1.f;
+#endif
 
 #if defined(HK_AVX2)
 
@@ -26,6 +31,30 @@ inline float hmax8(__m256 v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
     return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+// K rows src, src + rs, ..., src + 7 rs (D floats each) into 8 columns of a transposed key tile: dst[d * KT + j] =
+// src[j * rs + d], 8 x 8 blocks transposed in registers (the scalar loop's 64 strided stores per block took ~3% of a
+// 128-over-2,048 attention call, Zen 3)
+inline void transpose8_rows(const float* src, int64_t rs, int64_t D, float* dst) {
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 r[8], t[8], u[8];
+        for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src + j * rs + d);
+        for (int j = 0; j < 8; j += 2) {
+            t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+            t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+        }
+        for (int j = 0; j < 8; j += 4) {
+            u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+            u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+            u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+            u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+        }
+        for (int k = 0; k < 4; ++k) {
+            _mm256_storeu_ps(dst + (d + k) * KT, _mm256_permute2f128_ps(u[k], u[k + 4], 0x20));
+            _mm256_storeu_ps(dst + (d + k + 4) * KT, _mm256_permute2f128_ps(u[k], u[k + 4], 0x31));
+        }
+    }
 }
 
 // R <= 6 rows x 16 keys of S = Q Kt: 2R accumulators (12 of AVX2's 16 registers at 6 rows, enough independent FMA
@@ -252,11 +281,11 @@ inline void score_softmax_tile(const float* q, int64_t D, const float* kt, float
 #endif
 
 #if defined(HK_AVX2)
-// softmax_row16 on 8 lanes (AVX2): row r's online softmax over one score tile s[KT] (keys k0 .. k0+KT-1, visible
-// while k <= last): the max's horizontal reduction and exp(m_old - m_new) only when a score exceeds the running max m
-// (the output row o[D] and the 8 lane sums l8 then rescaled), P = exp(s - m) (0 for hidden keys) stored to s and
-// added to l8; a row that sees the whole tile skips the masks. P is softmax_row's bits (exp8_core on s - m clamped
-// from below, as exp8 clamps); the sum is kept in 8 lanes (reduced once, after the last tile) instead of one float.
+// softmax_row16 on 8 lanes (AVX2), in log2 units: row r's online softmax over one score tile s[KT] (keys k0 ..
+// k0+KT-1, visible while k <= last; scores of queries scaled by log2 e as well, kFusedUnit): the max's horizontal
+// reduction and 2^(m_old - m_new) only when a score exceeds the running max m (the output row o[D] and the 8 lane
+// sums l8 then rescaled), P = 2^(s - m) (exp2_8 on s - m clamped at -125; 0 for hidden keys) stored to s and added to
+// l8; a row that sees the whole tile skips the masks. The sum is kept in 8 lanes (reduced once, after the last tile).
 inline void softmax_row8(float* s, int64_t k0, int64_t last, float& m, float* l8, float* o, int64_t D) {
     static_assert(KT == 32, "four vectors per tile");
     const int64_t vis = std::min<int64_t>(KT, std::max<int64_t>(0, last - k0 + 1));
@@ -280,17 +309,17 @@ inline void softmax_row8(float* s, int64_t k0, int64_t last, float& m, float* l8
     if (_mm256_movemask_ps(_mm256_cmp_ps(mx, vm, _CMP_GT_OQ))) {  // a new maximum
         const float mn = hmax8(mx);
         if (m != -INFINITY) {  // before the first visible tile o and l8 are zero: nothing to rescale
-            const __m256 alpha = _mm256_set1_ps(std::exp(m - mn));
+            const __m256 alpha = _mm256_set1_ps(std::exp2(m - mn));
             for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), alpha));
             _mm256_storeu_ps(l8, _mm256_mul_ps(_mm256_loadu_ps(l8), alpha));
         }
         m = mn;
         vm = _mm256_set1_ps(mn);
     }
-    const __m256 lo = _mm256_set1_ps(kExpMin);
+    const __m256 lo = _mm256_set1_ps(kExp2Min);
     __m256 e[4];
     for (int u = 0; u < 4; ++u) {
-        e[u] = exp8_core(_mm256_max_ps(_mm256_sub_ps(sv[u], vm), lo));
+        e[u] = exp2_8(_mm256_max_ps(_mm256_sub_ps(sv[u], vm), lo));
         if (vis < KT) e[u] = _mm256_and_ps(vmask[u], e[u]);
         _mm256_storeu_ps(s + 8 * u, e[u]);
     }
