@@ -98,6 +98,37 @@ def test_kernel_follows_a_maximum_that_rises_in_later_key_tiles(threads):
         torch.testing.assert_close(got[case.qsl[i]:case.qsl[i + 1]], ref, atol=2e-5, rtol=0)
 
 
+def test_kernel_on_the_cached_step_shape(monkeypatch):
+    """The bench's cached step (#11): 128 new tokens over 2,048 (1,920 cached), 8 / 2 heads, D 64, blocks of 16 in
+    shuffled order, plus a length-1 context, q and k / v as strided views of one qkv buffer, as the model passes them.
+    On AVX2 the GQA group's query tiles take 15 tokens (60 rows: whole 6-row blocks) and the last one 8 (32 rows:
+    12 + 12 + 6 + 1 + 1), whose first rows see none of the last key tile's keys; the fused softmax runs in log2
+    units with exp2_8. Held to float64 and to the PyTorch path (SDPA) at atol 2e-5, one thread equal to two."""
+    steps = [(128, 2048), (1, 1)]
+    nblocks = sum(-(-c // 16) for _, c in steps) + 3
+    case = PagedCase.build(steps, seed=11, d=64, hq=8, hkv=2, bs=16, nblocks=nblocks)
+    caches = [torch.zeros(2, nblocks, 16, 2, 64) for _ in range(2)]
+    for c in caches:
+        case.fill(c)
+    qkv = torch.cat([torch.cat(case.qs), torch.cat(case.ks), torch.cat(case.vs)], dim=1)  # [T, 8 + 2 + 2, 64]
+    meta, threads = case.metadata(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = cpu_kernels.attention(qkv[:, :8], qkv[:, 8:10], qkv[:, 10:], caches[0], meta, 0.125)
+        torch.set_num_threads(1)
+        one = cpu_kernels.attention(qkv[:, :8], None, None, caches[0], meta, 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    monkeypatch.setenv("HINTKV_CPU_KERNELS", "0")
+    torch_path = case.attend(caches[1])
+    assert torch.equal(caches[0], caches[1])
+    torch.testing.assert_close(two, torch_path, atol=2e-5, rtol=0)
+    for i, _ in enumerate(steps):
+        ref = dense_reference(case.qs[i], case.full_k[i], case.full_v[i], 0.125, torch.float64)
+        torch.testing.assert_close(two[case.qsl[i]:case.qsl[i + 1]], ref, atol=2e-5, rtol=0)
+
+
 @pytest.mark.skipif(not cpu_kernels.enabled(), reason="HINTKV_CPU_KERNELS=0: greedy rows use torch")
 def test_argmax_is_torchs():
     """Greedy sampling's argmax: the first maximum, a NaN counts as the maximum (torch's rule), -0.0 ties

@@ -90,10 +90,13 @@ inline void attend_item(const AttnStep& a, const Item& item, AttnScratch& w) {
     const int64_t kend = S - n + item.t1;  // keys the tile's last row sees
     for (int64_t k0 = 0; k0 < kend; k0 += KT) {
         const int nk = static_cast<int>(std::min<int64_t>(KT, kend - k0));
-        for (int j = 0; j < nk; ++j) {
-            const int64_t key = k0 + j;
-            kr[j] = a.kd + ((tb[key / BS] * BS + key % BS) * Hkv + h) * D;
-            vr[j] = kr[j] + a.half;
+        for (int j = 0; j < nk;) {  // the tile's rows block by block: one division per block, not per key
+            const int64_t key = k0 + j, off = key % BS;
+            const float* row = a.kd + ((tb[key / BS] * BS + off) * Hkv + h) * D;
+            for (int64_t i = off; i < BS && j < nk; ++i, ++j, row += Hkv * D) {
+                kr[j] = row;
+                vr[j] = row + a.half;
+            }
         }
 #if defined(HK_AVX2)
         // the tile's V rows (scattered over the paged cache) fetched while the score tile runs: P V missed on
