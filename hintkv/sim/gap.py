@@ -13,6 +13,8 @@ against its own bound on the run's OWN access order (Belady at the bound tier's 
 
 `top10_share` is the share of the run's summed positive excess that its worst 10% of calls
 carry, `over_1s` the calls whose excess is over a second: whether the gap is a tail or spread.
+`worst_calls` (`hintkv sim --worst-calls N`, off by default) names the calls that carry it: each
+run's N largest excesses, one row a call with its parts, in seconds (not per call of the run).
 """
 
 from __future__ import annotations
@@ -52,4 +54,23 @@ def gap_rows(costs: CostModel, results: dict, own_hits: dict[str, tuple[int, ...
                      **{k: sum(g[k] for g in gaps) / n for k in PARTS},
                      "top10_share": sum(x for x in excess[:max(1, n // 10)] if x > 0) / positive if positive else 0.0,
                      "over_1s": sum(x > 1.0 for x in excess)})
+    return rows
+
+
+def worst_calls(costs: CostModel, results: dict, own_hits: dict[str, tuple[int, ...]], budget: int,
+                count: int) -> list[dict]:
+    """Per run, its `count` calls with the largest excess over their own bound, worst first: who
+    (session, call index, send time), the prompt and its uncached tokens at the first admission, and
+    the excess in its parts (s; they sum to `excess_s`)."""
+    rows = []
+    for name, r in results.items():
+        hits = own_hits.get(name)
+        if hits is None or count <= 0:
+            continue
+        calls = [c for c in r.calls if c.ttft_s is not None and c.ttft_parts and c.access >= 0]
+        gaps = sorted(((call_gap(costs, c, hits[c.access], budget), c) for c in calls),
+                      key=lambda gc: -gc[0]["excess_s"])
+        rows += [{"run": name, "session": c.session_id, "call": c.index, "sent_s": c.sent_s,
+                  "prompt": c.prompt_tokens, "uncached": c.prompt_tokens - c.cached_tokens, "ttft_s": c.ttft_s,
+                  **g} for g, c in gaps[:count]]
     return rows

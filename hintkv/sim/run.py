@@ -40,7 +40,7 @@ from hintkv.sim.bound import alone_rows
 from hintkv.sim.contended import contended_bounds
 from hintkv.sim.costs import CostModel
 from hintkv.sim.engine import PromptDoesNotFit
-from hintkv.sim.gap import gap_rows
+from hintkv.sim.gap import gap_rows, worst_calls
 from hintkv.sim.goals import goals, separation
 from hintkv.sim.ideal import zero_serving_task_s
 from hintkv.sim.oracles import OracleBook
@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the built workload in DIR, keyed by the traces' bytes, the knobs, the loaders' "
                         "source and the tokenizer; a damaged file is built again with a warning; DIR keeps its "
                         f"{KEEP} newest files (sim/workload_cache.py; a pickle: a directory you own)")
+    p.add_argument("--worst-calls", type=int, default=0, metavar="N",
+                   help="print each run's N calls with the largest excess over their own TTFT bound, with its "
+                        "parts (sim/gap.py; off by default)")
     p.add_argument("--no-fast-decode", action="store_true",
                    help="step every decode (no decode stretches as one event: the same report, slower)")
     args = p.parse_args(argv)
@@ -297,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nthe gap to the bound per call (mean s per call; each run against its own access order's "
               f"{book.bound_tier} hits: excess = ttft - bound = hits + beside + queue + load + blocked; sim/gap.py)")
         print_table(gap, list(gap[0]))
+    worst = worst_calls(costs, results, book.own_hits, budget, args.worst_calls)
+    if worst:
+        print(f"\nthe {args.worst_calls} calls of each run with the largest excess over their own bound (s, this "
+              "call's: excess = hits + beside + queue + load + blocked)")
+        print_table(worst, list(worst[0]))
     g = goals(results, oracles, args.users, bound_task_s, bounds)
     if (tb := g["ttft_reduction_vs_lru_host"]["bound"]) is not None and tb["alone_srpt_ttft_s"] is not None:
         within, within_alone = ("within" if tb[k] else "BEYOND" for k in ("target_within", "target_within_alone_srpt"))
@@ -324,6 +332,6 @@ def main(argv: list[str] | None = None) -> int:
                "workload_from_cache": from_cache,
                "results": {r["config"]: {k: v for k, v in r.items() if k != "config"} for r in rows},
                "oracles": oracles, "oracle_schedules": oracle_schedules, "plots": plots, "scheduling": args.scheduling_policy, "hinted_offload_mode": args.hinted_offload_mode,
-               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "ttft_gap": gap, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
+               "load_timing": args.load_timing, "ttft_breakdown": breakdown, "ttft_alone": alone, "ttft_bounds": bounds, "ttft_gap": gap, "ttft_worst_calls": worst, "queue_why": why, "load_waits": waits, "hints_vs_same_scheduler": separation(results, args.scheduling_policy),
                "zero_serving_task_s": bound_task_s, "goals": g})
     return 0

@@ -7,7 +7,7 @@ import pytest
 
 from hintkv.replay import belady
 from hintkv.sim.bound import bound_at_hits_s, prefill_alone_s
-from hintkv.sim.gap import PARTS, gap_rows
+from hintkv.sim.gap import PARTS, gap_rows, worst_calls
 from hintkv.sim.oracles import OracleBook
 from hintkv.sim.simulate import CONFIGS, HOST_FACTOR, simulate
 from hintkv.sim.workload import build_workload
@@ -60,3 +60,15 @@ def test_the_excess_over_the_bound_is_its_parts_and_the_bound_is_the_runs_own(tr
         assert sum(row[k] for k in PARTS) == pytest.approx(row["excess_s"], abs=1e-9)
         assert 0 <= row["top10_share"] <= 1 and row["over_1s"] >= 0
     assert rows["lru"]["hits_s"] > 0  # the device-only run misses hits the host capacity gives
+
+    worst = worst_calls(costs, runs, book.own_hits, budget, 3)
+    assert worst_calls(costs, runs, book.own_hits, budget, 0) == []  # off by default
+    for n, r in runs.items():
+        mine = [w for w in worst if w["run"] == n]
+        excess = sorted((c.ttft_s - prefill_alone_s(costs, c.prompt_tokens, own[n][c.access], budget)
+                         for c in r.calls), reverse=True)
+        assert [w["excess_s"] for w in mine] == pytest.approx(excess[:3], abs=1e-12)  # the worst, worst first
+        for w in mine:
+            call = next(c for c in r.calls if (c.session_id, c.index) == (w["session"], w["call"]))
+            assert w["ttft_s"] == call.ttft_s and w["uncached"] == call.prompt_tokens - call.cached_tokens
+            assert sum(w[k] for k in PARTS) == pytest.approx(w["excess_s"], abs=1e-9)
