@@ -96,7 +96,9 @@ class EngineConfig:
         "away on its tool; hints and a lower tier only) | srpt-cap (srpt-drain whose unfinished chunk's step costs at most 3 "
         "budget-sized chunks on an empty context, priced from the engine's own steps; another unfinished chunk "
         "waits rather than lengthen it) | srpt-land (srpt-drain whose unfinished chunk ends by the expected landing of "
-        "a load in flight, so the call it brings up computes in the next step). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
+        "a load in flight, so the call it brings up computes in the next step) | srpt-swap (srpt-drain plus "
+        "prefill-judged's swaps: the best waiting call without room swaps running decodes out to a lower tier when "
+        "that saves it more than it costs them). Not cache-aware-serial: an offline-replay study policy (bench policy_study)"
     )
     load_timing: str = _opt(
         "next-step", "when a request whose prefix a lower tier holds computes: next-step (the first step "

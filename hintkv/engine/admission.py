@@ -360,3 +360,4 @@ from hintkv.engine import admission_srpt  # noqa: E402,F401  (registers srpt, sr
 from hintkv.engine import admission_resume  # noqa: E402,F401  (registers srpt-resume)
 from hintkv.engine import admission_cap  # noqa: E402,F401  (registers srpt-cap)
 from hintkv.engine import admission_land  # noqa: E402,F401  (registers srpt-land)
+from hintkv.engine import admission_srpt_swap  # noqa: E402,F401  (registers srpt-swap)

@@ -135,14 +135,15 @@ class StepClock:
         return self.t
 
 
-def swap_scenario(token_s: float, *first_seqs) -> tuple[Scheduler, dict[str, int], dict[str, int]]:
+def swap_scenario(token_s: float, *first_seqs, admission: str = "prefill-judged"
+                  ) -> tuple[Scheduler, dict[str, int], dict[str, int]]:
     """A decode `a` holds 6 of the device's 8 blocks (to its end); after 6 steps `b` arrives,
     needing 4: a swap gives it the room at once. Decode steps are measured on the scheduler's
     clock (1 ms), a prefill token is `token_s`; (scheduler, step of the first token, of the end)."""
     kv = tiered_kv(8, 4)
     kv.tiers.costs.prefill_s_per_token = token_s
     clock = StepClock()
-    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, admission="prefill-judged", clock=clock)
+    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64, admission=admission, clock=clock)
     for seq in first_seqs or (make_seq("a", list(range(100, 112)), max_tokens=12),):
         sched.add_request(seq)
     first: dict[str, int] = {}

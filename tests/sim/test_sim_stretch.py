@@ -97,7 +97,7 @@ def _admission_state(policy) -> tuple:
             None if costs is None else tuple(getattr(costs, f) for f in costs.__slots__))
 
 
-@pytest.mark.parametrize("scheduling", ["short-first", "prefill-judged"])
+@pytest.mark.parametrize("scheduling", ["short-first", "prefill-judged", "srpt-swap"])
 def test_every_state_a_stretch_passes_through_is_the_stepped_one(costs, scheduling, monkeypatch):
     """At every clock event of the stretched run the engine is where stepping each decode has it
     at that time (a commit, an allocation or a policy step skipped inside a stretch shows here
