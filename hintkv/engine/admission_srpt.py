@@ -1,6 +1,6 @@
 """`srpt`, `srpt-alone`, `srpt-room` and `srpt-drain`: `short-first` whose deadlines age `AGING` (4)
 times slower, nearer shortest-remaining-prefill-first (opt-in: `--scheduling-policy srpt`), and the
-variants below (`srpt-drain` is the simulator's hinted default).
+variants below (`srpt-drain` was the simulator's hinted default until `srpt-swap`, engine/admission_srpt_swap.py).
 
 `short-first` keys a prefill by a deadline in steps, `first seen + tokens to compute / budget`:
 a long prompt that arrived a few steps before a short one overtakes it once its deadline passes,
@@ -26,7 +26,7 @@ once (`room`). Its deadlines age `AGING` = 64 times slower: the steps the deadli
 decode-only steps (tens of ms against seconds for a long prefill's), so at 4 the long prefill's
 deadline has passed the newcomer's key long before its work is done and nothing is lent.
 
-`srpt-drain` (the simulator's hinted default): under `srpt-room` every call that waits beyond the
+`srpt-drain` (`srpt-swap`'s base): under `srpt-room` every call that waits beyond the
 step in flight waits for room (10-task full-scale slice: in every step that left a call waiting,
 the admission had refused each waiting call for room), and the room is held by decodes that run
 one token per step beside a long prefill's 2-4 s chunks (median 179 output tokens, p90 717: minutes

@@ -1,5 +1,6 @@
-"""`srpt-swap` (opt-in): `srpt-drain` whose best waiting call without room may swap running decodes
-out to the host tier, when `prefill-judged`'s judge says the swap saves it more than it costs them.
+"""`srpt-swap` (the simulator's hinted default, `sim/run.py`): `srpt-drain` whose best waiting call
+without room may swap running decodes out to the host tier, when `prefill-judged`'s judge says the
+swap saves it more than it costs them.
 
 `srpt-drain` (engine/admission_srpt.py) frees room for a refused call only by holding a longer
 prefill out of the steps that carry decodes, so that they end sooner; a call whose room is held by

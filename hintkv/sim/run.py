@@ -78,8 +78,11 @@ ENGINE_OFFLOAD_MODE = EngineConfig.__dataclass_fields__["offload_mode"].default 
 # -0.98%) but loses on the unhinted whole set (lru+host/srpt-land +0.23%) and its p99 at each scale (+0.3-0.7%):
 # not the default. srpt-cap (opt-in) wins the hinted mean on 668c51f at 10, 100 and 1000 users (0.79500 s, -1.05%;
 # -0.31%; 6.64499, -5.64%) and lru+host/srpt-cap -0.86%, but its p99 at 100 users is +31.3% (57.08 -> 74.96 s) and
-# lru+pool/srpt-cap at 1000 users +2.47% (history/sim.md, twenty-fourth session, room7). --quick's: unmeasured
-SCHEDULING = "srpt-drain"
+# lru+pool/srpt-cap at 1000 users +2.47% (history/sim.md, twenty-fourth session, room7). srpt-swap (srpt-drain plus
+# prefill-judged's swaps) wins everywhere measured, hinted and unhinted, mean and p99: 10 users 0.78895 s (-1.81%;
+# lru+host/srpt-swap -0.45%), 100 users 2.51342 (-2.04%; lru+pool -2.78%), 1000 users 6.41969 (-8.84%; lru+pool
+# -8.96%) (history/sim.md, twenty-fifth session, room8): the default. --quick's: unmeasured
+SCHEDULING = "srpt-swap"
 
 
 def resolve(name: str, scheduling: str) -> SimConfig:

@@ -82,7 +82,7 @@ def test_sim_command_prints_table_then_goals_json(traces, capsys):
     assert out[1].startswith("config")
     last = json.loads(out[-1])
     sched = last["scheduling"]
-    assert sched == "srpt-drain"  # the hinted runs' scheduler; lru runs keep fcfs, plus lru under it
+    assert sched == "srpt-swap"  # the hinted runs' scheduler; lru runs keep fcfs, plus lru under it
     assert set(last["results"]) == set(ONE_INSTANCE_CONFIGS) | {f"lru/{sched}", f"lru+host/{sched}"}
     assert last["results"]["lru"]["scheduling"] == "fcfs" and last["results"]["sam+hints"]["scheduling"] == sched
     assert set(last["hints_vs_same_scheduler"]) == {f"sam+hints+host_vs_lru/{sched}", f"sam+hints+host_vs_lru+host/{sched}"}
