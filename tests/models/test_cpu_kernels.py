@@ -102,8 +102,9 @@ def test_kernel_on_the_cached_step_shape(monkeypatch):
     """The bench's cached step (#11): 128 new tokens over 2,048 (1,920 cached), 8 / 2 heads, D 64, blocks of 16 in
     shuffled order, plus a length-1 context, q and k / v as strided views of one qkv buffer, as the model passes them.
     On AVX2 the GQA group's query tiles take 15 tokens (60 rows: whole 6-row blocks) and the last one 8 (32 rows:
-    12 + 12 + 6 + 1 + 1), whose first rows see none of the last key tile's keys; the fused softmax runs in log2
-    units with exp2_8. Held to float64 and to the PyTorch path (SDPA) at atol 2e-5, one thread equal to two."""
+    12 + 12 + 6 + 1 + 1); in the third tile (tokens 30-44, keys up to 1,964) tokens 30 and 31 see none of the last
+    key tile's keys (1,952-1,964); the fused softmax runs in log2 units with exp2_8. Held to float64 and to the
+    PyTorch path (SDPA) at atol 2e-5, one thread equal to two."""
     steps = [(128, 2048), (1, 1)]
     nblocks = sum(-(-c // 16) for _, c in steps) + 3
     case = PagedCase.build(steps, seed=11, d=64, hq=8, hkv=2, bs=16, nblocks=nblocks)
