@@ -201,7 +201,7 @@ class DecodeLayers:
                 else:
                     inv = _EMPTY if k.inv_smooth is None else k.inv_smooth
                     tensors += [k.weight, bias.float(), inv, k.blocked[0], k.w_scale, k.blocked[1]]
-                    levels.append(k.levels)
+                    levels.append(k.gemv_levels)  # 1 on the int16 kernel's depth-2 weight
             codes += kinds + levels
         return tensors, codes
 

@@ -3,7 +3,8 @@
     smoothing(absmax, w)        -> SmoothQuant's per-input-channel scale s [K]
     quantize_weight(w, smooth)  -> int8 [K, N] view (what torch._int_mm's fast path takes), scale [N]
     quantize_rows(x, levels)    -> int8 [levels*M, K], scale [levels*M, 1]   (symmetric, per token)
-    block_weight(w_t)           -> the weight in gemv's 16-channel blocks, its u8 offset per channel
+    block_weight(w_t, depth)    -> the weight in gemv's 16-channel blocks, its u8 offset per channel
+    gemv_kernel()               -> "i8" or "i16": the few-row kernel W8A8's layers run on this machine
     int8_linear(x, ...)         -> float y [M, N]
 
 `levels=2` quantizes each row twice: q1 = round(x / s1), then the residual x - s1 q1 the same way.
@@ -17,6 +18,10 @@ two-level activations 0.0024; see docs/benchmarks/history/engine.md).
 On a CPU the quantize and the rescale are one fused call each (`int8_cpu.py`, same arithmetic;
 eager ops when it cannot be built), and a step of a few rows is one call (`gemv`) that reads the
 weight once for both levels of every row.
+
+On AVX2 without VNNI the layers' few-row steps run `gemv_kernel()` "i16" instead: each row quantized once to 14 bits
+(|q| <= 8191) against the int8 weight widened to int16 (`csrc/int16_gemv.cpp` says why: half the multiply work of the
+two int8 levels there).
 
 SmoothQuant (`smooth`, per input channel, from `calibration.py`): W' = W diag(s), x' = x / s moves
 activation outliers into the weight, where per-channel scales absorb them.
@@ -74,39 +79,72 @@ def quantize_rows(x: torch.Tensor, levels: int = LEVELS) -> tuple[torch.Tensor, 
     return torch.cat(qs).to(torch.int8), torch.cat(scales)
 
 
-def block_weight(w_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_weight(w_t: torch.Tensor, depth: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """`int8_cpu.gemv`'s layout of an int8 `w_t` [K, N]: 16-channel blocks [ceil(N/16), ceil(K/64) * 16, 16, 4]
     (zero padded: K to 64, AMX's tile depth), and w_comp [N] int32 = 128 sum_k w[n, k] (the VNNI path's
     u8-activation offset). Weights must lie in [-127, 127]: the AVX2 loop multiplies |a| by sign(a) w, and
-    sign(-1) x -128 does not fit an int8 (every quantizer here clamps to +-127)."""
+    sign(-1) x -128 does not fit an int8 (every quantizer here clamps to +-127).
+    `depth=2`: the int16 kernel's layout (`gemv_kernel()` "i16"), [ceil(N/16), ceil(K/2), 16, 2] (K padded to even:
+    per k pair, 16 channels' two int8 each), w_comp zeros (no offset); gemv then takes one 14-bit row per token."""
+    if depth not in (2, 4):
+        raise ValueError(f"block_weight's depth is 4 (int8 quads) or 2 (int16 pairs), not {depth}")
     if w_t.numel() and int(w_t.min()) < -127:
         raise ValueError("int8 gemv weights must lie in [-127, 127] (-128 breaks the AVX2 sign trick)")
     w = w_t.t()
-    (n, k), pad_n, pad_k = w.shape, -w.shape[0] % 16, -w.shape[1] % 64
+    (n, k), pad_n, pad_k = w.shape, -w.shape[0] % 16, -w.shape[1] % (64 if depth == 4 else 2)
     wp = F.pad(w, (0, pad_k, 0, pad_n))
-    blocks = wp.reshape((n + pad_n) // 16, 16, (k + pad_k) // 4, 4).permute(0, 2, 1, 3).contiguous()
+    blocks = wp.reshape((n + pad_n) // 16, 16, (k + pad_k) // depth, depth).permute(0, 2, 1, 3).contiguous()
+    if depth == 2:
+        return blocks, torch.zeros(n, dtype=torch.int32)
     return blocks, w.sum(dim=1, dtype=torch.int32).mul_(128)
+
+
+def gemv_levels(blocked: tuple[torch.Tensor, torch.Tensor], levels: int) -> int:
+    """The activation rows a token takes in gemv on this blocked weight: one 14-bit row on a depth-2 weight (the
+    int16 kernel), else `levels` int8 rows."""
+    return 1 if blocked[0].shape[-1] == 2 else levels
+
+
+GEMV_KERNELS = ("i8", "i16")
+
+
+@functools.cache
+def gemv_kernel() -> str:
+    """The few-row kernel of W8A8's layer projections (w8a8, w8a8-fine; the head keeps "i8"): "i8", gemv's int8 loop
+    on `LEVELS` activation levels (AMX, VNNI or AVX2's vpmaddubsw), or "i16", `csrc/int16_gemv.cpp` (one 14-bit row
+    a token, vpmaddwd on the weight widened to int16). HINTKV_INT8_GEMV=i8|i16 overrides; auto: i16 where gemv's loop
+    is AVX2 (no VNNI: there i16 does half the multiply work; Zen 3, one thread, SmolLM2's shapes: 8 tokens 2.2-2.3x,
+    1 token 1.65x), i8 elsewhere (VNNI's dpbusd does 64 int8 products an instruction). Decided once per process."""
+    want = env_choice("HINTKV_INT8_GEMV", GEMV_KERNELS)
+    if want != "auto":
+        return want
+    fused = int8_cpu.ops()
+    return "i16" if fused is not None and fused.has_fast_gemv() and fused.gemv_isa() == "avx2" else "i8"
 
 
 def gemv_path() -> str:
     """The GEMM a decode / verify step's int8 rows (<= GEMV_ROWS) run on this machine: "amx" (gemv on
-    AMX tiles), "vnni" (gemv's AVX512-VNNI loop), "avx2" (its AVX2 loop: vpmaddubsw, CPUs without VNNI)
-    or "int_mm" (torch._int_mm: no extension, or neither). w8a8's decode speed depends on it (bench
-    engine records it with its figures)."""
+    AMX tiles), "vnni" (gemv's AVX512-VNNI loop), "avx2" (its AVX2 loop: vpmaddubsw, CPUs without VNNI),
+    "<that>-i16" (the layers on `gemv_kernel()` "i16", the head on that path; auto: "avx2-i16") or "int_mm"
+    (torch._int_mm: no extension, or neither). w8a8's decode speed depends on it (bench engine records it with its figures)."""
     fused = int8_cpu.ops()
     if fused is None or not fused.has_fast_gemv():
         return "int_mm"
-    return "amx" if AMX and fused.has_amx() else fused.gemv_isa()
+    head = "amx" if AMX and fused.has_amx() else fused.gemv_isa()
+    return f"{head}-i16" if gemv_kernel() == "i16" else head
 
 
 def fine_int8_rows() -> int:
     """Up to how many rows `W8A8FineKernel` (down_proj: two int8 levels of its weight, 2N channels) runs gemv;
-    more rows run its float weight. On AVX2 (no VNNI) an int8 multiply-add costs what a float one does and the
+    more rows run its float weight. The int16 kernel (`gemv_kernel()` "i16") halves the AVX2 loop's multiply work and
+    takes one row a token: every few-row step (GEMV_ROWS tokens) then stays in int8. Before it: On AVX2 (no VNNI) an int8 multiply-add costs what a float one does and the
     fine weight doubles them: down_proj at one thread, CPU us, fine / float: 1 row 309-371 / 352-539, 2 rows
     487-521 / 691, 3 rows 724 / 513, 8 rows 1818-1860 / 776-1197. AMX and VNNI keep every few-row step in int8.
     So on AVX2, w8a8 is not batch-invariant across this edge: a sequence's down_proj output in a step of 1-2 rows
     (two-level int8) differs slightly from the same row in a step of 3+ (its float weight), and a speculative
     verify (k + 1 >= 3 rows) runs the float weight; float32 serving is unaffected (w8a8 promises a tolerance)."""
+    if gemv_kernel() == "i16":
+        return GEMV_ROWS
     return 2 if gemv_path() == "avx2" else GEMV_ROWS // LEVELS
 
 
@@ -128,11 +166,13 @@ def int8_gemm_rows_run_int8() -> bool:
 def int8_linear(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, inv_smooth: torch.Tensor | None,
                 levels: int = LEVELS, blocked: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """float32 y [M, N] ~= x [M, K] @ W^T for an int8 `w_t` [K, N] from `quantize_weight`; with
-    `blocked` (`block_weight(w_t)`), steps of up to GEMV_ROWS int8 rows run `int8_cpu.gemv`."""
+    `blocked` (`block_weight(w_t, depth)`), steps of up to GEMV_ROWS activation rows (`gemv_levels` a token) run
+    `int8_cpu.gemv`; more rows quantize to `levels` int8 rows."""
     fused = None if x.is_cuda else int8_cpu.ops()
-    if fused is not None and blocked is not None and x.shape[0] * levels <= GEMV_ROWS and fused.has_fast_gemv():
+    rows = None if blocked is None else gemv_levels(blocked, levels)
+    if fused is not None and rows is not None and x.shape[0] * rows <= GEMV_ROWS and fused.has_fast_gemv():
         return fused.gemv(x.float(), _EMPTY if inv_smooth is None else inv_smooth, blocked[0], w_scale,
-                          blocked[1], levels, AMX)
+                          blocked[1], rows, AMX)
     if fused is not None:  # the same arithmetic in two calls instead of ~20 (`int8_cpu.py`)
         xq, x_scale = fused.quantize_rows(x.float(), _EMPTY if inv_smooth is None else inv_smooth, levels)
         if x.shape[0] == 1 and levels == 2:

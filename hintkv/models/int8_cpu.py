@@ -10,6 +10,8 @@ half to even, residual x - q s), so they give the eager path's int8 values:
     quantize_rows(x [M, K] f32, inv_smooth [K] f32 or empty, levels) -> q int8 [levels*M, K], s f32 [levels*M, 1]
     rescale(acc [levels*M, N] i32, s [levels*M, 1] f32, w_scale [N] f32, levels) -> y f32 [M, N]
     gemv(x [M, K] f32, inv_smooth, wb, w_scale [N], w_comp, levels, amx) -> y f32 [M, N]
+        (a depth-2 `wb`, [Nb, Kp, 16, 2], levels 1: `csrc/int16_gemv.cpp`, x quantized once to 14 bits a row)
+    pair_dots(q [M, K] int16, wb depth 2, N) -> int64 [M, N]: that kernel's exact integer sums (tests)
     has_fast_gemv() -> bool: gemv runs on AVX512-VNNI or AVX2 (else a plain loop: int8.py then keeps _int_mm)
     gemv_isa() -> str: gemv's loop without AMX in this build: "vnni", "avx2" (vpmaddubsw) or "plain"
     has_amx() -> bool: gemv's `amx=True` runs on AMX tiles (built with AMX-INT8 and Linux granted the tiles)
@@ -26,7 +28,8 @@ level (two calls) and its kernel ran the SmolLM2-sized LM head (49152 x 512) at 
 Where the CPU has AMX (Sapphire Rapids on), `gemv` multiplies tiles instead: one `tdpbssd` is a
 16-row x 16-channel x 64-deep int8 product, the whole of a 2-level batch of 8 in one instruction
 per 64 k and 16 channels (dpbusd: one row, 4 deep); the VNNI loop stays for CPUs without it.
-The C++ source is `csrc/int8_cpu.cpp` (quantize, rescale, top-k) then `csrc/int8_gemv.cpp` (the few-row GEMM and
+The C++ source is `csrc/int8_cpu.cpp` (quantize, rescale, top-k), `csrc/int16_gemv.cpp` (the int16 kernel for AVX2
+without VNNI, `int8.gemv_kernel()`), then `csrc/int8_gemv.cpp` (the few-row GEMM and
 `team_address()`: the entry points `csrc/decode_team.cpp` calls for W8A8's linears), built as one extension.
 
 `ops()` builds them through `cpu_ext.load` (cached; None, after one warning, when it cannot be
@@ -41,7 +44,8 @@ from types import ModuleType
 from hintkv.models import cpu_ext
 
 _SOURCE = "".join((Path(__file__).parent / "csrc" / name).read_text()
-                  for name in ("int8_cpu.cpp", "int8_team.h", "int8_gemv.cpp"))  # the header: decode_team's table
+                  for name in ("int8_cpu.cpp", "int8_team.h", "int16_gemv.cpp", "int8_gemv.cpp"))  # the header:
+# decode_team's table; int16_gemv.cpp: the depth-2 kernel gemv and the team entries dispatch to
 
 # -march=native: the extension is built on the machine that runs it (cached per machine); the
 # vector paths are guarded by the compiler's __AVX2__ / __AVX512VNNI__, a plain loop otherwise.
@@ -56,4 +60,4 @@ def ops() -> ModuleType | None:
     """The built extension (quantize_rows, ..., topk_indices, gemv_address, team_address), or None when it cannot be built (warned once)."""
     return cpu_ext.load("hintkv_int8_cpu", _SOURCE, ["quantize_rows", "rescale", "gemv", "has_fast_gemv", "gemv_isa",
                                                     "has_amx", "gemv_calls", "topk_indices", "gemv_address",
-                                                    "team_address"], _CFLAGS)
+                                                    "team_address", "pair_dots"], _CFLAGS)

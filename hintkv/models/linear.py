@@ -29,11 +29,13 @@ whose `forward` calls a kernel chosen once, after the weights are loaded, by `pr
                                                (int8 x int8 -> int32); <= 16 int8 rows (decode,
                                                verify): one few-row call, `int8_cpu.gemv`, on AMX
                                                tiles where the CPU has them, else AVX512-VNNI, else
-                                               AVX2 (vpmaddubsw); more rows on a CPU without VNNI
+                                               AVX2: `int8.gemv_kernel()` "i16" (one 14-bit row a
+                                               token, vpmaddwd); more rows on a CPU without VNNI
                                                or AMX: the float weight (`int8_gemm_rows_run_int8`)
-    w8a8-head  the LM head under w8a8          w8a8, then each row's top 16 logits recomputed in float
+    w8a8-head  the LM head under w8a8          w8a8 (one int8 level, the int8 loop), then each row's top 16
+                                               logits recomputed in float
     w8a8-fine  down_proj under w8a8            two int8 levels of the weight in few-row steps (gemv;
-                                               AVX2: <= 2 rows, `int8.fine_int8_rows`), the float
+                                               `int8.fine_int8_rows`), the float
                                                weight (`mkl` / `onednn`, as `cpu_gemm()`) in more rows
 
 A kernel remembers the (data_ptr, version) of the weight it was prepared from and re-prepares
@@ -57,6 +59,8 @@ from hintkv.models.int8 import (
     LEVELS,
     block_weight,
     fine_int8_rows,
+    gemv_kernel,
+    gemv_levels,
     int8_gemm_rows_run_int8,
     int8_linear,
     quantize_weight,
@@ -242,12 +246,18 @@ class W8A8Kernel(LinearKernel):
     name = "w8a8"
     levels = LEVELS
 
+    def gemv_depth(self) -> int:
+        """The few-row kernel's weight layout: 2 (int16 pairs) where `gemv_kernel()` is "i16", else 4 (int8 quads)."""
+        return 2 if gemv_kernel() == "i16" else 4
+
     def prepare(self) -> None:
         smooth = None if self.act_absmax is None else smoothing(self.act_absmax, self.weight)
         self.inv_smooth = None if smooth is None else (1.0 / smooth).to(self.weight.device)
         self.w_int8_t, self.w_scale = quantize_weight(self.weight, smooth)
         # the few-row kernel's copy (CPU): another int8 weight's memory, a quarter of the float one
-        self.blocked = None if self.weight.is_cuda else block_weight(self.w_int8_t)
+        self.blocked = None if self.weight.is_cuda else block_weight(self.w_int8_t, self.gemv_depth())
+        # activation rows a token takes in gemv (`int8.gemv_levels`: one 14-bit row on the int16 kernel)
+        self.gemv_levels = self.levels if self.blocked is None else gemv_levels(self.blocked, self.levels)
         # past gemv's rows on a CPU without a fast int8 GEMM: the float weight (`int8_gemm_rows_run_int8`)
         self.float_kernel = (None if self.weight.is_cuda or int8_gemm_rows_run_int8()
                              else KERNELS[float_kernel_name(self.weight)](self.weight, self.bias))
@@ -258,7 +268,7 @@ class W8A8Kernel(LinearKernel):
 
     def in_float(self, x2: torch.Tensor) -> bool:
         """This 2-D x runs the float weight: a CPU without a fast int8 GEMM, more int8 rows than gemv's."""
-        return self.float_kernel is not None and x2.shape[0] * self.levels > GEMV_ROWS
+        return self.float_kernel is not None and x2.shape[0] * self.gemv_levels > GEMV_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -284,6 +294,11 @@ class W8A8HeadKernel(W8A8Kernel):
     name = "w8a8-head"
     RESCORE = 16
     levels = 1  # the rescoring makes the top logits exact; a second level would double the GEMM
+
+    def gemv_depth(self) -> int:
+        """4 always: one int8 level costs the AVX2 loop the multiply work of one int16 row, and `greedy_head` reads
+        these blocks as the VNNI build's int8 copy."""
+        return 4
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
@@ -320,8 +335,9 @@ class W8A8FineKernel(W8A8Kernel):
         q2_t, s2 = quantize_weight(w - q1_t.t().float() * s1[:, None])
         self.w_int8_t, self.w_scale = torch.cat((q1_t, q2_t), dim=1), torch.cat((s1, s2))
         fast = not self.weight.is_cuda and int8_cpu.ops() is not None and int8_cpu.ops().has_fast_gemv()
-        self.blocked = block_weight(self.w_int8_t) if fast else None
-        self.int8_rows = fine_int8_rows() if fast else 0  # more rows: the float weight (AVX2: > 2)
+        self.blocked = block_weight(self.w_int8_t, self.gemv_depth()) if fast else None
+        self.gemv_levels = self.levels if self.blocked is None else gemv_levels(self.blocked, self.levels)
+        self.int8_rows = fine_int8_rows() if fast else 0  # more rows: the float weight (AVX2's int8 loop: > 2)
         self.float_kernel = KERNELS[float_kernel_name(self.weight)](self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

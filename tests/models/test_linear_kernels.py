@@ -126,14 +126,17 @@ def test_cpu_gemm_is_chosen_by_name_or_cpu(monkeypatch):
         linear.cpu_gemm.cache_clear()
 
 
-# the row counts each side of `in_float`'s edge: w8a8 quantizes 2 levels per row, 16 int8 rows in gemv
-@pytest.mark.parametrize(("name", "int8_rows"), [("w8a8", 8), ("w8a8-head", 16)])
-def test_w8a8_prefill_rows_take_the_float_weight_where_int8_gemm_is_slow(name, int8_rows, monkeypatch):
+# the row counts each side of `in_float`'s edge: w8a8 quantizes 2 levels per row, 16 int8 rows in gemv (one 14-bit
+# row per token on the int16 kernel, `int8.gemv_kernel()`)
+@pytest.mark.parametrize("name", ["w8a8", "w8a8-head"])
+def test_w8a8_prefill_rows_take_the_float_weight_where_int8_gemm_is_slow(name, monkeypatch):
     """HINTKV_W8A8_PREFILL=float (auto on a CPU without VNNI / AMX, where torch._int_mm ran w8a8's prefill
-    17-20x slower than float32): past gemv's 16 int8 rows (w8a8: 8 rows of 2 levels; the head: 16 of 1) the
-    float weight runs (float32's result), up to them int8; =int8 keeps every row in int8; a bad value is refused."""
+    17-20x slower than float32): past gemv's 16 activation rows (w8a8: 8 rows of 2 int8 levels, or 16 on the int16
+    kernel; the head: 16 of 1) the float weight runs (float32's result), up to them int8; =int8 keeps every row in
+    int8; a bad value is refused."""
     from hintkv.models import int8
 
+    int8_rows = 8 if name == "w8a8" and int8.gemv_kernel() == "i8" else 16
     lin = _linear(96, 80, False)
     xs = {rows: torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
           for rows in (4, int8_rows, int8_rows + 1, 40)}

@@ -36,7 +36,7 @@ struct TeamLinear {
     const torch::Tensor* t = nullptr;
     bool int8 = false;  // false: the float weight (code 0, or w8a8-fine past fine_rows rows, as decode_layers.cpp)
     bool fine = false;  // w8a8-fine: 2N stacked channels, the second N added to the first
-    int64_t levels = 1, K = 0, Kq = 0, N = 0;
+    int64_t levels = 1, K = 0, Kq = 0, N = 0, depth = 4;  // depth: the blocked weight's (4 int8 quads, 2 int16 pairs)
     std::vector<int8_t> q;
     std::vector<int32_t> a;
     std::vector<float> s;
@@ -174,12 +174,14 @@ TeamLinear team_linear(const torch::Tensor* t, int64_t code, int64_t levels, int
     TORCH_CHECK(inv.numel() == 0 || (inv.scalar_type() == torch::kFloat32 && inv.is_contiguous() && inv.numel() == k),
                 "decode_team: ", what, " inv_smooth must be float32 [", k, "]");
     TORCH_CHECK(wb.dim() == 4 && wb.scalar_type() == torch::kInt8 && wb.is_contiguous() && wb.size(2) == 16 &&
-                wb.size(3) == 4 && wb.size(1) * 4 >= k && wb.size(0) * 16 >= lin.N,
-                "decode_team: ", what, " blocked int8 weight must be contiguous [>= N/16, >= K/4, 16, 4]");
+                (wb.size(3) == 4 || (wb.size(3) == 2 && levels == 1)) && wb.size(1) * wb.size(3) >= k &&
+                wb.size(0) * 16 >= lin.N, "decode_team: ", what, " blocked int8 weight must be contiguous [>= N/16, ",
+                ">= K/4, 16, 4], or [>= N/16, >= K/2, 16, 2] with one level");
     TORCH_CHECK(wsc.scalar_type() == torch::kFloat32 && wsc.is_contiguous() && wsc.numel() == lin.N &&
                 comp.scalar_type() == torch::kInt32 && comp.is_contiguous() && comp.numel() >= lin.N,
                 "decode_team: ", what, " w_scale / w_comp must be float32 [N] / int32 [>= N]");
     lin.Kq = wb.size(1);
+    lin.depth = wb.size(3);
     lin.q.resize(levels * T * k);
     lin.a.resize(levels * T * lin.Kq);
     lin.s.resize(levels * T);
@@ -190,7 +192,7 @@ TeamLinear team_linear(const torch::Tensor* t, int64_t code, int64_t levels, int
 void prepare(TeamLinear& lin, const Int8Team* team, const float* x, int64_t T) {
     if (!lin.int8) return;
     const float* inv = lin.t[2].numel() ? lin.t[2].data_ptr<float>() : nullptr;
-    team->prepare(x, inv, T, lin.K, lin.levels, lin.Kq, lin.q.data(), lin.a.data(), lin.s.data());
+    team->prepare(x, inv, T, lin.K, lin.levels, lin.Kq, lin.depth, lin.q.data(), lin.a.data(), lin.s.data());
 }
 
 // y[:, c0:c1) (+ b) = x W[c0:c1)^T: the float weight (gemv_rows) or the prepared int8 rows; w8a8-fine adds its
@@ -203,11 +205,12 @@ void linear_cols(const TeamLinear& lin, const Int8Team* team, const float* x, in
     const int8_t* wb = t[3].data_ptr<int8_t>();
     const float* wsc = t[4].data_ptr<float>();
     const int32_t* comp = t[5].data_ptr<int32_t>();
-    team->blocks(lin.a.data(), T, lin.levels, lin.Kq, wb, lin.s.data(), comp, wsc, lin.N, y + c0, ldy, c0, c1);
+    team->blocks(lin.a.data(), T, lin.levels, lin.Kq, lin.depth, wb, lin.s.data(), comp, wsc, lin.N, y + c0, ldy, c0,
+                 c1);
     if (lin.fine) {
         const int64_t n = lin.N / 2, w = c1 - c0;
-        team->blocks(lin.a.data(), T, lin.levels, lin.Kq, wb, lin.s.data(), comp, wsc, lin.N, second, w, n + c0,
-                     n + c1);
+        team->blocks(lin.a.data(), T, lin.levels, lin.Kq, lin.depth, wb, lin.s.data(), comp, wsc, lin.N, second, w,
+                     n + c0, n + c1);
         for (int64_t i = 0; i < T; ++i)
             for (int64_t c = 0; c < w; ++c) y[i * ldy + c0 + c] += second[i * w + c];
     }

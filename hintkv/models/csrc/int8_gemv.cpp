@@ -380,8 +380,13 @@ static void block_range(const int32_t* a, int64_t M, int64_t levels, int64_t Kq,
 torch::Tensor gemv(torch::Tensor x, torch::Tensor inv_smooth, torch::Tensor wb, torch::Tensor w_scale,
                    torch::Tensor w_comp, int64_t levels, bool amx) {
     check_x(x, inv_smooth);
+    if (wb.dim() == 4 && wb.size(3) == 2) {  // depth 2: int16_gemv.cpp's kernel, one 14-bit level a row
+        TORCH_CHECK(levels == 1, "a depth-2 weight takes levels = 1 (one 14-bit row per token)");
+        gemv_path_calls[1].fetch_add(1, std::memory_order_relaxed);
+        return gemv_pairs(x.contiguous(), inv_smooth.contiguous(), wb, w_scale);
+    }
     TORCH_CHECK(wb.dim() == 4 && wb.scalar_type() == torch::kInt8 && wb.is_contiguous() && wb.size(2) == 16 &&
-                wb.size(3) == 4 && wb.size(1) * 4 >= x.size(1), "wb must be contiguous int8 [Nb, Kq, 16, 4]");
+                wb.size(3) == 4 && wb.size(1) * 4 >= x.size(1), "wb must be contiguous int8 [Nb, Kq, 16, 4] or [Nb, Kp, 16, 2]");
     const int64_t N = w_scale.numel();
     TORCH_CHECK(w_comp.scalar_type() == torch::kInt32 && w_comp.numel() >= N && wb.size(0) * 16 >= N,
                 "w_comp must be int32 [>= N]");
@@ -425,12 +430,20 @@ int64_t gemv_address() { return reinterpret_cast<int64_t>(&gemv); }
 
 // For decode_team.cpp (another build: it calls these through the table's address). team_prepare quantizes x [M, K]
 // (times inv_smooth, or null) as gemv does and lays out its loop rows: q [levels*M, K], a [levels*M, Kq], s
-// [levels*M]; block_range then computes y's channels [n0, n1) on the calling thread, the same bits as gemv's (no AMX:
-// integer sums are exact, so AMX's would be the same values).
+// [levels*M]; team_blocks then computes y's channels [n0, n1) on the calling thread, the same bits as gemv's (no AMX:
+// integer sums are exact, so AMX's would be the same values). depth 2 (a [Nb, Kp, 16, 2] weight, levels 1): the
+// int16 kernel's rows a [M, Kp] (q unused) and pair_range.
 static void team_prepare(const float* x, const float* inv_smooth, int64_t M, int64_t K, int64_t levels, int64_t Kq,
-                         int8_t* q, int32_t* a, float* s) {
+                         int64_t depth, int8_t* q, int32_t* a, float* s) {
+    if (depth == 2) return quantize_pairs(x, inv_smooth, M, K, Kq, a, s);
     quantize_range(x, inv_smooth, M, K, levels, q, s, 0, M);
     loop_rows(q, levels * M, K, Kq, a);
 }
-static const Int8Team kInt8Team{INT8_TEAM_ABI, team_prepare, block_range};
+static void team_blocks(const int32_t* a, int64_t M, int64_t levels, int64_t Kq, int64_t depth, const int8_t* wp,
+                        const float* s, const int32_t* cp, const float* wsp, int64_t N, float* y, int64_t ldy,
+                        int64_t n0, int64_t n1) {
+    if (depth == 2) return pair_range(a, M, Kq, wp, s, wsp, N, y, ldy, n0, n1);
+    block_range(a, M, levels, Kq, wp, s, cp, wsp, N, y, ldy, n0, n1);
+}
+static const Int8Team kInt8Team{INT8_TEAM_ABI, team_prepare, team_blocks};
 int64_t team_address() { return kFastGemv ? reinterpret_cast<int64_t>(&kInt8Team) : 0; }
