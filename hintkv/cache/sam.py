@@ -172,7 +172,7 @@ class SessionAwareManager:
         s = self.sessions.sessions.get(key)
         if s is None:
             return EditOutcome("none", reason="unknown_session")
-        if ref.ttl_s and edit.action != "evict":  # a management request's cache_control, as an arrival's
+        if ref.ttl_s and edit.action == "prefetch":  # a management request's cache_control, as an arrival's
             self.sessions.set_ttl(key, ref.ttl_s, self.clock())
         if edit.action == "evict":
             return self._evict(key, edit.token_start)

@@ -260,7 +260,8 @@ class SessionRegistry:
         s = self.sessions.get(key)
         if s is not None and s.state is not SessionState.ENDED:
             s.state = SessionState.SUSPENDED
-            s.prefetched_until = 0.0
+            # an explicit offload beats cache_control's TTL ("a soft protection, never a hard lock")
+            s.prefetched_until = s.protect_until = 0.0
             self._changed(s)
         return s
 

@@ -40,6 +40,7 @@ from hintkv.router.backends import Backend, Backends
 
 log = logging.getLogger(__name__)
 
+EVICT_TIMEOUT_S = 3.0  # an evict's budget (agent-hint.md: 3.0 s for a session evict)
 SESSION_HEADER = "x-session-id"
 PARENT_SESSION_HEADER = "x-parent-session-id"
 _FORWARD_HEADERS = ("authorization", SESSION_HEADER, PARENT_SESSION_HEADER, "content-type")
@@ -56,7 +57,7 @@ def _error(status: int, message: str, param: str | None = None, type_: str =
 def _sse_error(message: str) -> bytes:
     """An OpenAI-shaped error event and the stream's end, for a stream the router must cut short."""
     err = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
-    return f"\n\ndata: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+    return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
 
 
 class Identity:
@@ -102,6 +103,7 @@ class Router:
                  connect_timeout_s: float = 2.0, request_timeout_s: float = 600.0) -> None:
         self.backends = Backends(urls, interval_s=health_interval_s)
         self.backends.on_up = self._pay_owed
+        self._paying: dict[str, asyncio.Task] = {}  # backends being sent their owed evicts
         self.placement = Placement(self.backends, max_inflight)
         self.timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
         self._client: httpx.AsyncClient | None = None
@@ -174,11 +176,18 @@ class Router:
         out_headers = {"x-hintkv-backend": b.url}
         if stream and resp.headers.get("content-type", "").startswith("text/event-stream"):
             async def relay():
+                torn = b""  # bytes after the last whole event: sent once their event is whole
                 try:
                     async for chunk in resp.aiter_raw():
-                        yield chunk
+                        torn += chunk
+                        end = torn.rfind(b"\n\n") + 2
+                        if end >= 2:
+                            yield torn[:end]
+                            torn = torn[end:]
+                    if torn:
+                        yield torn
                 except httpx.HTTPError as e:  # the backend died mid-stream: say so, in the stream
-                    self.backends.mark_down(b, type(e).__name__)
+                    self.backends.mark_down(b, type(e).__name__)  # (a torn last event is dropped)
                     yield _sse_error(f"backend {b.url} failed mid-stream: {type(e).__name__}")
                 finally:
                     await resp.aclose()
@@ -218,15 +227,24 @@ class Router:
 
     async def _send_evict(self, o: Backend, path: str, payload: dict, headers: dict) -> bool:
         try:
-            r = await self.client().post(f"{o.url}{path}", json=payload, headers=headers)
+            r = await self.client().post(f"{o.url}{path}", json=payload, headers=headers,
+                                         timeout=EVICT_TIMEOUT_S)
             o.status_counts[r.status_code] = o.status_counts.get(r.status_code, 0) + 1
             return True
         except httpx.HTTPError as e:
             self.backends.mark_down(o, type(e).__name__)
             return False
 
-    async def _pay_owed(self, b: Backend) -> None:
-        """Send `b` the evicts it missed while down, in order; stop at the first that fails."""
+    def _pay_owed(self, b: Backend) -> None:
+        """Start sending `b` the evicts it missed while down (one task per backend at a time)."""
+        if b.url in self._paying:
+            return
+        task = asyncio.get_running_loop().create_task(self._pay(b))
+        self._paying[b.url] = task
+        task.add_done_callback(lambda _: self._paying.pop(b.url, None))
+
+    async def _pay(self, b: Backend) -> None:
+        """The owed evicts, in order; stops at the first that fails (the next check starts again)."""
         while b.owed and b.up:
             owed = b.owed.popleft()
             self.num_fanout += 1

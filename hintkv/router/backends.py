@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -48,7 +48,7 @@ class Backends:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.down_after = down_after  # consecutive slow / failed checks before a backend is down
-        self.on_up: Callable[[Backend], Awaitable[None]] | None = None  # a backend is up again
+        self.on_up: Callable[[Backend], None] | None = None  # a backend is up again
         self._task: asyncio.Task | None = None
 
     def __getitem__(self, url: str) -> Backend:
@@ -80,7 +80,7 @@ class Backends:
                     log.info("router: backend %s is up again", b.url)
                 b.up, b.num_failed_checks = True, 0
                 if (not was_up or b.owed) and self.on_up is not None:
-                    await self.on_up(b)
+                    self.on_up(b)  # starts its own task: a slow instance never holds up the checks
                 return
             b.num_health_failures += 1
             b.num_failed_checks += 1

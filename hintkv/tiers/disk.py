@@ -98,8 +98,10 @@ class DiskTier(HandDown, IndexedTier):
         self.directory = Path(directory)
         self._fingerprint = layout.fingerprint()
         self._secret = secrets.token_bytes(SECRET_LEN)  # replaced by the directory's, below
+        self._parent_dev: int | None = None  # the parent's filesystem: `_recreate` only on it
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._parent_dev = self.directory.parent.stat().st_dev
             kept = self._read_secret() if reuse else None
             if kept is not None:
                 self._secret = kept
@@ -255,21 +257,26 @@ class DiskTier(HandDown, IndexedTier):
                 self._drop(key, evicted=False)
 
     def _recreate(self) -> bool:
-        """If the directory is gone (an operator's cleanup, a lost mount, a tmp reaper), make it
-        again with this deployment's secret and forget the blocks whose files went with it, so the
-        tier keeps working instead of failing every put until a restart. Whether it was made."""
+        """If the directory is gone (an operator's cleanup, a tmp reaper): forget the blocks whose
+        files went with it and, if its parent is still on the filesystem it was on at the start,
+        make it again with this deployment's secret, so the tier goes on instead of failing every
+        put until a restart. Whether it was made."""
         with self._lock:
             if self.directory.exists():
                 return False
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._write_secret()
-            except OSError as e:
-                self._io_error("make the directory again", e)
-                return False
-            gone = [k for k, e in self._entries.items() if e.ready and not self._path(k).exists()]
+            gone = [k for k, e in self._entries.items() if e.ready]
             for k in gone:
                 self._drop(k, evicted=False)
+            try:
+                # only where it was: a parent that is gone, or now on another filesystem (its mount
+                # was lost), would put the cache on whatever lies below (the root filesystem)
+                if self._parent_dev is None or self.directory.parent.stat().st_dev != self._parent_dev:
+                    raise OSError(f"{self.directory.parent} is not on the filesystem it was on at the start")
+                self.directory.mkdir()
+                self._write_secret()
+            except OSError as e:
+                self._io_error("make the vanished directory again", e)
+                return False
             log.warning("disk tier: %s had vanished: made again, %d blocks forgotten", self.directory, len(gone))
             return True
 

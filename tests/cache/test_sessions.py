@@ -80,7 +80,8 @@ def test_state_machine_and_tree():
 
 def test_a_management_requests_cache_control_protects_the_session():
     """cache_control on a management request (a prefetch before a resume) protects the session as
-    an arrival's does (review rev25 A7); an evict takes none."""
+    an arrival's does (review rev25 A7); an evict or an offload takes none, and an offload ends the
+    protection (B1)."""
     h = Harness(64)
     h.run(ref("a"), SYSTEM + [50, 51, 52, 53])
     a = h.sessions.get("t", "a")
@@ -90,6 +91,8 @@ def test_a_management_requests_cache_control_protects_the_session():
     h.run(ref("b"), SYSTEM + [60, 61, 62, 63])
     h.sam.apply(SessionRef("t", "b", "b", ttl_s=600.0), CacheEdit("evict"))
     assert h.sessions.get("t", "b").protect_until == 0.0
+    h.sam.apply(SessionRef("t", "a", "a", ttl_s=600.0), CacheEdit("offload"))  # an offload beats the TTL
+    assert a.protect_until == 0.0
     h.check()
 
 

@@ -1,15 +1,21 @@
-"""The router's stream relay when its backend dies mid-stream: the client gets an OpenAI-shaped
-error event and `[DONE]` (not a cut connection), and the backend is marked down (review rev25 A6).
-The backend is a plain TCP server that answers /health and, for a completion, sends the stream's
-headers and one event, then closes the connection without the chunked stream's end."""
+"""The router with backends that fail: plain TCP servers that answer /health and then, for a POST,
+either die mid-stream or never answer.
+
+- A backend that dies mid-stream: the client gets an OpenAI-shaped error event and `[DONE]` (not a
+  cut connection), a torn last event is dropped rather than relayed (the SDK would choke on it),
+  and the backend is marked down (review rev25 A6, B4).
+- An owed evict to a backend that hangs does not stop the other backends' health checks (B7)."""
 
 from __future__ import annotations
 
 import json
 import socket
 import threading
+import time
 
 import httpx
+import openai
+import pytest
 
 from hintkv.router import build_router_app
 from hintkv.server.background import BackgroundServer
@@ -18,10 +24,14 @@ _EVENT = b'data: {"id": "c", "object": "text_completion", "choices": []}\n\n'
 
 
 class DyingBackend:
-    def __init__(self) -> None:
+    """`event`: what it sends of the stream before it dies; `hang`: it never answers a POST."""
+
+    def __init__(self, event: bytes = _EVENT, hang: bool = False) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.event, self.hang = event, hang
         self.completions = 0
+        self.held: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -30,20 +40,26 @@ class DyingBackend:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            request = conn.recv(65536)
+            if request.startswith(b"GET"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: 2\r\nconnection: close\r\n\r\n{}")
+                conn.close()
+                continue
+            self.completions += 1
+            if self.hang:
+                self.held.append(conn)  # never answered: a busy instance
+                continue
             with conn:
-                request = conn.recv(65536)
-                if request.startswith(b"GET"):
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                 b"content-length: 2\r\nconnection: close\r\n\r\n{}")
-                    continue
-                self.completions += 1
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"transfer-encoding: chunked\r\n\r\n"
-                             + f"{len(_EVENT):x}\r\n".encode() + _EVENT + b"\r\n")
+                             + f"{len(self.event):x}\r\n".encode() + self.event + b"\r\n")
                 # closed here: no terminating chunk, as a process killed mid-stream leaves it
 
     def close(self) -> None:
         self.sock.close()
+        for c in self.held:
+            c.close()
 
 
 def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event():
@@ -64,3 +80,42 @@ def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event():
     finally:
         router.stop()
         backend.close()
+
+
+def test_a_backend_dying_inside_an_event_gives_the_sdk_the_error_not_a_torn_event():
+    backend = DyingBackend(event=b'data: {"id": "c", "object": "text_completion", "choi')
+    router = BackgroundServer(build_router_app([backend.url], health_interval_s=60.0,
+                                               connect_timeout_s=1.0)).start()
+    try:
+        client = openai.OpenAI(base_url=router.base_url + "/v1", api_key="x", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIError) as raised:
+            list(client.completions.create(model="m", prompt="hi", stream=True))
+        assert backend.url in str(raised.value)
+    finally:
+        router.stop()
+        backend.close()
+
+
+def test_an_owed_evict_that_hangs_does_not_stop_the_other_backends_health_checks():
+    busy, other = DyingBackend(hang=True), DyingBackend()
+    app = build_router_app([busy.url, other.url], health_interval_s=0.2, connect_timeout_s=1.0)
+    router = BackgroundServer(app).start()
+    r = app.state.router
+    try:
+        assert httpx.get(f"{router.base_url}/health", timeout=10).status_code == 200  # starts the checks
+        b = r.backends[busy.url]
+        b.up = False  # marked down by slow checks, with an evict owed
+        b.owed.append(("/v1/completions", {"prompt": "", "agent_hint": {
+            "session_id": "s", "parent_session_id": "s", "session_control": {"type": "stop"}}}, {}))
+        deadline = time.monotonic() + 10
+        while busy.completions == 0 and time.monotonic() < deadline:  # the owed evict went out, and hangs
+            time.sleep(0.05)
+        assert busy.completions == 1
+        other.close()  # the other instance dies: nothing listens on its port any more
+        deadline = time.monotonic() + 10
+        while r.backends[other.url].up and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not r.backends[other.url].up, "no health check ran while an owed evict hung"
+    finally:
+        router.stop()
+        busy.close()

@@ -225,3 +225,20 @@ def test_a_vanished_directory_is_made_again_and_the_tier_goes_on(layout, key, pa
     dst = empty()
     assert again.get(key(3), dst).result() is True and torch.equal(dst, payload(3))
     again.close()
+
+
+def test_a_vanished_directory_whose_parent_moved_filesystems_is_not_made_again(layout, key, payload, tmp_path):
+    """A lost mount leaves the parent on another filesystem: the tier forgets its blocks and stays off
+    rather than fill whatever lies below (review rev25 B3). The parent's device is faked by the
+    recorded one: the same check a real unmount trips."""
+    import shutil
+
+    d = tmp_path / "kv"
+    disk = DiskTier(layout, d, _capacity(layout, 4))
+    assert disk.put([(key(0), payload(0))])[0].result() is True
+    disk._parent_dev = -1  # as if tmp_path had been another filesystem's mount point at the start
+    shutil.rmtree(d)
+    assert disk.put([(key(1), payload(1))])[0].result() is False
+    assert not d.exists() and disk.stats().num_io_errors >= 1
+    disk.check_integrity()  # the vanished blocks are forgotten: nothing left to assert about
+    disk.close()
