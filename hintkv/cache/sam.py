@@ -182,22 +182,24 @@ class SessionAwareManager:
         if edit.action == "offload":
             if edit.token_start is None:
                 self.sessions.suspend(key)
-            return self._offload(part)
+            return self._offload(part, write_now=edit.token_start is not None)
         self.sessions.prefetch(key, self.clock())
         return self._prefetch(part)
 
-    def _offload(self, held: list[BlockHash]) -> EditOutcome:
+    def _offload(self, held: list[BlockHash], write_now: bool = False) -> EditOutcome:
         tiers = self.kv.tiers
         if tiers is None:
             n = self._device_blocks(held)
             return EditOutcome("offloaded", {"device": (0, 0)}, num_held=len(held), num_on_device=n)
-        written, below, n = tiers.offload_counted(held)
+        written, below, n = tiers.offload_counted(held, write_now)
         bs = self.kv.block_size
         top = tiers.stack.tiers[0].name
         return EditOutcome("offloaded", {"device": (-(written + below), -(written + below) * bs),
                                          top: (written, written * bs)},
                            lower_tier=top, num_held=len(held), num_on_device=n, num_below=below,
-                           num_scheduled=written)
+                           num_scheduled=written,
+                           offload_mode="lazy" if write_now and tiers.offload_mode == "deferred"
+                           else tiers.offload_mode)
 
     def _prefetch(self, held: list[BlockHash]) -> EditOutcome:
         tiers = self.kv.tiers

@@ -182,16 +182,17 @@ class TierConnector(TierLoads):
         written, below, _ = self.offload_counted(hashes)
         return written, below
 
-    def offload_counted(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
+    def offload_counted(self, hashes: list[BlockHash], write_now: bool = False) -> tuple[int, int, int]:
         """`offload`, also returning the blocks of `hashes` on the device: (written, already
         below, on device), from ONE walk of the session's blocks (SAM's offload hint walked them
-        twice: 28% of a full-scale hinted simulation, py-spy)."""
+        twice: 28% of a full-scale hinted simulation, py-spy). `write_now`: deferred mode writes
+        them now, as lazy does (a range offload: deferred's demotion is the whole session's)."""
         # C-level passes (`compress`, `map`): a full-scale session holds thousands of blocks
         found = self.pool.lookup_many(hashes)
         on_device = list(compress(hashes, found))  # (a Block is always truthy)
         where = self.stack.lookup(on_device)
         n = len(on_device)
-        if self.offload_mode == "deferred":
+        if self.offload_mode == "deferred" and not write_now:
             return 0, n - where.count(None), n
         missing = list(map(not_, where))  # not below yet (tier names are non-empty)
         fresh = list(compress(on_device, missing))

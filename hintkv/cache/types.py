@@ -75,6 +75,7 @@ class EditOutcome:
     num_scheduled: int = 0  # moves started: offload writes, prefetch loads
     num_not_freed: int = 0  # evict: released blocks still used by running requests (or gone)
     detail: str | None = None  # reason engine_error: the error
+    offload_mode: str | None = None  # offloaded: eager | lazy | deferred (what happens to the device copies)
 
 
 @dataclass(slots=True)

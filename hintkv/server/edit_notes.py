@@ -24,9 +24,13 @@ def edit_notes(o: EditOutcome) -> list[str]:
         if o.lower_tier is None:
             return [(f"no lower tier configured: {o.num_on_device} device blocks of this session "
                      "are now first in line for eviction (kept until room is needed)")]
+        then = {"eager": "their device copies are dropped once the writes land (blocks a running request uses "
+                         "stay)",
+                "lazy": "their device copies stay cached, first in line when room is needed",
+                "deferred": "the session is first in line for eviction; its blocks are written down when "
+                            "evicted"}.get(o.offload_mode or "eager")
         return [(f"scheduled: {o.num_scheduled} device blocks are being written to {o.lower_tier} "
-                 f"and {o.num_below} already sit below; their device copies are dropped once the "
-                 "writes land (blocks a running request uses stay)")]
+                 f"and {o.num_below} already sit below; {then}")]
     if o.action == "prefetched":
         if o.lower_tier is None:
             return [(f"{o.num_on_device} of the session's {o.num_held} blocks are in device memory "
