@@ -7,8 +7,9 @@ one flipped near-tie moved top-1 by 0.0034, so 0.96 and 0.97 could not be told a
 - `w8a8_accuracy`: top-1 next-token agreement, KL and perplexity of `--quantization w8a8` against
   float32, through the prefill kernels (each text as one chunk) and through the few-row kernels of
   decode and verify steps (the text in steps of `decode_step()` tokens: DECODE_STEP = 8 rows of the
-  few-row GEMM, cut to `int8.fine_int8_rows()` where down_proj's two-level int8 kernel stops there (AVX2
-  without VNNI: 2 rows; above them it runs its float weight), so the steps run the same linear kernels
+  few-row GEMM, cut to `int8.fine_int8_rows()` where down_proj's two-level int8 kernel stops there (AVX2's int8
+  loop, HINTKV_INT8_GEMV=i8: 2 rows; above them it runs its float weight; the int16 kernel, auto on AVX2 without
+  VNNI, keeps 16), so the steps run the same linear kernels
   as a one-token step; attention runs another float kernel over several rows, which moved KL and
   perplexity by ~0.2% against 1-token steps, top-1 not). Top-1 (prefill and `decode_*`) is the argmax of
   the logits, i.e. of the int8 head (`W8A8HeadKernel`, its top 16 rescored): what 1-row, 13+-row and
