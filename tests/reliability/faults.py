@@ -5,12 +5,33 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from contextlib import contextmanager
 
 import httpx
+
+from hintkv.config import EngineConfig
+from hintkv.engine.async_llm import AsyncLLM
+from hintkv.server import build_app
+from hintkv.server.background import BackgroundServer
 
 API_KEY = "reliability-key"
 HEADERS = {"authorization": f"Bearer {API_KEY}"}
 MAX_TOKENS = 6
+
+
+@contextmanager
+def serving(**options):
+    """A live server on dummy:tiny (integrity checked after every step) and a client of it;
+    `options`: EngineConfig fields over the small defaults (tiers, KV size, ...)."""
+    engine = AsyncLLM.from_config(EngineConfig(**{
+        "model": "dummy:tiny", "dtype": "float32", "device": "cpu", "kv_cache_tokens": 512,
+        "max_model_len": 256, "max_num_seqs": 4, "debug_integrity": True, **options}))
+    try:
+        with BackgroundServer(build_app(engine, [API_KEY])) as srv, \
+                httpx.Client(base_url=srv.base_url, timeout=120) as client:
+            yield engine, client
+    finally:
+        asyncio.run(engine.shutdown())
 
 
 def prompts(n: int, length: int = 40, seed: int = 1) -> list[list[int]]:

@@ -6,37 +6,19 @@ use, integrity, no internal error, no temporary file)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
-from contextlib import contextmanager
 
 import httpx
-from faults import API_KEY, assert_nothing_leaked, greedy, manage, prompts, wait_until
+from faults import assert_nothing_leaked, greedy, manage, prompts, serving, wait_until
 
-from hintkv.config import EngineConfig
 from hintkv.engine.async_llm import AsyncLLM
-from hintkv.server import build_app
-from hintkv.server.background import BackgroundServer
 
 PROMPTS = prompts(6, length=64, seed=11)  # 4 blocks of 16 tokens each (dummy:tiny: 128 KiB/block)
 # a stalled transfer thread waits for the test to let it go (after the requests were served), or
 # this long: far past any load's deadline (tier_costs.MIN_TIMEOUT_S = 1 s). Not a bound on time:
 # a server that waited for the stalled tier instead of recomputing serves only after it, and fails
 STALL_MAX_S = 120.0
-
-
-@contextmanager
-def _serving(**tiers):
-    engine = AsyncLLM.from_config(EngineConfig(
-        model="dummy:tiny", dtype="float32", device="cpu", kv_cache_tokens=512,
-        max_model_len=256, max_num_seqs=4, debug_integrity=True, **tiers))
-    try:
-        with BackgroundServer(build_app(engine, [API_KEY])) as srv, \
-                httpx.Client(base_url=srv.base_url, timeout=120) as client:
-            yield engine, client
-    finally:
-        asyncio.run(engine.shutdown())
 
 
 def _offload_all(engine: AsyncLLM, client: httpx.Client) -> None:
@@ -49,10 +31,10 @@ def _offload_all(engine: AsyncLLM, client: httpx.Client) -> None:
 
 def test_host_tier_full_cascades_or_recomputes(tmp_path):
     disk = str(tmp_path / "kv")
-    with _serving() as (_, client):
+    with serving() as (_, client):
         reference = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
     # the host holds 4 of the 24 offloaded blocks, the disk 8: most are evicted or dropped
-    with _serving(host_cache_memory="512KiB", disk_cache_dir=disk, disk_cache_size="1MiB",
+    with serving(host_cache_memory="512KiB", disk_cache_dir=disk, disk_cache_size="1MiB",
                   offload_mode="lazy") as (engine, client):  # written down at the hint (the default defers)
         first = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
         _offload_all(engine, client)
@@ -71,10 +53,10 @@ def test_host_tier_full_cascades_or_recomputes(tmp_path):
 
 
 def test_slow_tier_falls_back_to_recompute():
-    with _serving() as (_, client):
+    with serving() as (_, client):
         reference = [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)]
     # eager offload: the device copies go, so the resumes must load (and meet the stall)
-    with _serving(host_cache_memory="8MiB", offload_mode="eager") as (engine, client):
+    with serving(host_cache_memory="8MiB", offload_mode="eager") as (engine, client):
         assert [greedy(client, p, session=f"s{i}") for i, p in enumerate(PROMPTS)] == reference
         _offload_all(engine, client)
         assert engine.tier_stats()["tiers"]["host"]["num_blocks"] >= 4 * len(PROMPTS)

@@ -6,32 +6,17 @@ shared prefix, offload -> prefetch -> resume hits the whole prefix with the same
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
 import pytest
-from faults import API_KEY, HEADERS, body, greedy, prompts, wait_until
-
-from hintkv.config import EngineConfig
-from hintkv.engine.async_llm import AsyncLLM
-from hintkv.server import build_app
-from hintkv.server.background import BackgroundServer
+from faults import HEADERS, body, greedy, prompts, serving, wait_until
 
 PROMPTS = prompts(4, length=64, seed=5)
 
 
 @pytest.fixture(scope="module")
 def served():
-    engine = AsyncLLM.from_config(EngineConfig(
-        model="dummy:tiny", dtype="float32", device="cpu", kv_cache_tokens=1024,
-        max_model_len=512, max_num_seqs=4, debug_integrity=True,
-        host_cache_memory="8MiB", offload_mode="eager"))
-    try:
-        with BackgroundServer(build_app(engine, [API_KEY])) as srv, \
-                httpx.Client(base_url=srv.base_url, timeout=120) as client:
-            yield engine, client
-    finally:
-        asyncio.run(engine.shutdown())
+    with serving(kv_cache_tokens=1024, max_model_len=512, host_cache_memory="8MiB",
+                 offload_mode="eager") as both:
+        yield both
 
 
 def _manage(client, session, edits, parent=None):
