@@ -199,7 +199,7 @@ class SessionAwareManager:
                            lower_tier=top, num_held=len(held), num_on_device=n, num_below=below,
                            num_scheduled=written,
                            offload_mode="lazy" if write_now and tiers.offload_mode == "deferred"
-                           else tiers.offload_mode)
+                           else tiers.offload_mode, range_edit=write_now)
 
     def _prefetch(self, held: list[BlockHash]) -> EditOutcome:
         tiers = self.kv.tiers

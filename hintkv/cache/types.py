@@ -76,6 +76,7 @@ class EditOutcome:
     num_not_freed: int = 0  # evict: released blocks still used by running requests (or gone)
     detail: str | None = None  # reason engine_error: the error
     offload_mode: str | None = None  # offloaded: eager | lazy | deferred (what happens to the device copies)
+    range_edit: bool = False  # a range's edit (the session's state and rank left as they were)
 
 
 @dataclass(slots=True)

@@ -231,6 +231,10 @@ class Router:
                                          timeout=EVICT_TIMEOUT_S)
             o.status_counts[r.status_code] = o.status_counts.get(r.status_code, 0) + 1
             return True
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+            # slow, not dead (an evict is idempotent: it is owed again); whether it is up is the
+            # health checks' call, else its sessions would move away from their KV
+            return False
         except httpx.HTTPError as e:
             self.backends.mark_down(o, type(e).__name__)
             return False

@@ -26,7 +26,8 @@ def edit_notes(o: EditOutcome) -> list[str]:
                      "are now first in line for eviction (kept until room is needed)")]
         then = {"eager": "their device copies are dropped once the writes land (blocks a running request uses "
                          "stay)",
-                "lazy": "their device copies stay cached, first in line when room is needed",
+                "lazy": "their device copies stay cached"
+                        + ("" if o.range_edit else ", first in line when room is needed"),
                 "deferred": "the session is first in line for eviction; its blocks are written down when "
                             "evicted"}.get(o.offload_mode or "eager")
         return [(f"scheduled: {o.num_scheduled} device blocks are being written to {o.lower_tier} "

@@ -99,9 +99,12 @@ class DiskTier(HandDown, IndexedTier):
         self._fingerprint = layout.fingerprint()
         self._secret = secrets.token_bytes(SECRET_LEN)  # replaced by the directory's, below
         self._parent_dev: int | None = None  # the parent's filesystem: `_recreate` only on it
+        self._dir_dev: int | None = None  # the directory's: when it changes, the mount was lost
+        self._off = False  # the directory left its filesystem: no more writes (until a restart)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._parent_dev = self.directory.parent.stat().st_dev
+            self._dir_dev = self.directory.stat().st_dev  # (a mount point's own filesystem)
             kept = self._read_secret() if reuse else None
             if kept is not None:
                 self._secret = kept
@@ -166,6 +169,9 @@ class DiskTier(HandDown, IndexedTier):
         payload = _as_bytes(data.contiguous())
         header = encode_header(key, self._fingerprint, self.layout.nbytes, self._mac(key, payload))
         temp = self.directory / _temp_name(key.hex())
+        self._recreate()  # a vanished directory is made again; one that left its filesystem: off
+        if self._off:
+            return False
         try:
             try:
                 create_exclusive(temp, [header, payload])
@@ -257,16 +263,32 @@ class DiskTier(HandDown, IndexedTier):
                 self._drop(key, evicted=False)
 
     def _recreate(self) -> bool:
-        """If the directory is gone (an operator's cleanup, a tmp reaper): forget the blocks whose
-        files went with it and, if its parent is still on the filesystem it was on at the start,
-        make it again with this deployment's secret, so the tier goes on instead of failing every
-        put until a restart. Whether it was made."""
+        """If the directory is gone (an operator's cleanup, a tmp reaper) or is no longer on its
+        filesystem (a lost mount: the mount point, now a directory of whatever lies below): forget
+        the blocks whose files went with it and, if its parent is still on the filesystem it was
+        on at the start, make it again with this deployment's secret, so the tier goes on instead
+        of failing every put until a restart. Whether it was made."""
+        def moved() -> bool | None:  # None: gone
+            try:
+                return self._dir_dev is not None and self.directory.stat().st_dev != self._dir_dev
+            except FileNotFoundError:
+                return None
+            except OSError:
+                return False
+
+        if self._off or moved() is False:  # the common case: one stat, no lock
+            return False
         with self._lock:
-            if self.directory.exists():
+            now = moved()
+            if now is False or self._off:
                 return False
             gone = [k for k, e in self._entries.items() if e.ready]
             for k in gone:
                 self._drop(k, evicted=False)
+            if now:  # never write the cache onto another filesystem: the tier stays off
+                self._off = True
+                self._io_error("use the directory", OSError(f"{self.directory} is no longer on its filesystem"))
+                return False
             try:
                 # only where it was: a parent that is gone, or now on another filesystem (its mount
                 # was lost), would put the cache on whatever lies below (the root filesystem)
@@ -274,6 +296,7 @@ class DiskTier(HandDown, IndexedTier):
                     raise OSError(f"{self.directory.parent} is not on the filesystem it was on at the start")
                 self.directory.mkdir()
                 self._write_secret()
+                self._dir_dev = self.directory.stat().st_dev
             except OSError as e:
                 self._io_error("make the vanished directory again", e)
                 return False

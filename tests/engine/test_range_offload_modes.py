@@ -27,5 +27,6 @@ def test_a_range_offload_writes_the_range_down_in_every_mode(mode):
                                      else {"device": 4 * BLOCK, "host": 0}), d
         [note] = edit_notes(out)
         assert ("dropped once the writes land" in note) == (mode == "eager"), note
+        assert "first in line" not in note, note  # a range is not demoted (review rev25 B10)
     finally:
         e.close()

@@ -1,10 +1,11 @@
 """The router with backends that fail: plain TCP servers that answer /health and then, for a POST,
-either die mid-stream or never answer.
+die mid-stream, never answer, or answer at once.
 
 - A backend that dies mid-stream: the client gets an OpenAI-shaped error event and `[DONE]` (not a
   cut connection), a torn last event is dropped rather than relayed (the SDK would choke on it),
   and the backend is marked down (review rev25 A6, B4).
-- An owed evict to a backend that hangs does not stop the other backends' health checks (B7)."""
+- An owed evict to a backend that hangs does not stop the other backends' health checks (B7), and
+  an evict that times out leaves the backend up (slow is not dead: its sessions stay) and owed (B9)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ _EVENT = b'data: {"id": "c", "object": "text_completion", "choices": []}\n\n'
 class DyingBackend:
     """`event`: what it sends of the stream before it dies; `hang`: it never answers a POST."""
 
-    def __init__(self, event: bytes = _EVENT, hang: bool = False) -> None:
+    def __init__(self, event: bytes = _EVENT, hang: bool = False, answer: bool = False) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.event, self.hang = event, hang
+        self.event, self.hang, self.answer = event, hang, answer
         self.completions = 0
         self.held: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
@@ -49,6 +50,11 @@ class DyingBackend:
             self.completions += 1
             if self.hang:
                 self.held.append(conn)  # never answered: a busy instance
+                continue
+            if self.answer:  # a management request's plain reply
+                with conn:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: 2\r\nconnection: close\r\n\r\n{}")
                 continue
             with conn:
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -118,4 +124,23 @@ def test_an_owed_evict_that_hangs_does_not_stop_the_other_backends_health_checks
         assert not r.backends[other.url].up, "no health check ran while an owed evict hung"
     finally:
         router.stop()
+        busy.close()
+
+
+def test_an_evict_that_times_out_leaves_the_backend_up_and_owes_it():
+    home, busy = DyingBackend(answer=True), DyingBackend(hang=True)
+    app = build_router_app([home.url, busy.url], health_interval_s=60.0, connect_timeout_s=1.0)
+    router = BackgroundServer(app).start()
+    r = app.state.router
+    try:
+        e = httpx.post(f"{router.base_url}/v1/completions", timeout=60, json={"prompt": "", "agent_hint": {
+            "session_id": "s", "parent_session_id": "s",
+            "context_management": {"manage_request": True, "edits": [{"type": "evict", "target": "session"}]}}})
+        assert e.status_code == 200 and e.headers["x-hintkv-backend"] == home.url, e.text
+        assert busy.completions == 1  # the fan-out reached it, and it never answered
+        b = r.backends[busy.url]
+        assert b.up and len(b.owed) == 1, b
+    finally:
+        router.stop()
+        home.close()
         busy.close()

@@ -242,3 +242,17 @@ def test_a_vanished_directory_whose_parent_moved_filesystems_is_not_made_again(l
     assert not d.exists() and disk.stats().num_io_errors >= 1
     disk.check_integrity()  # the vanished blocks are forgotten: nothing left to assert about
     disk.close()
+
+
+def test_a_directory_that_left_its_filesystem_turns_the_tier_off(layout, key, payload, empty, tmp_path):
+    """The cache directory is a mount point and the mount is lost: the directory is still there,
+    now on the filesystem below. The tier forgets its blocks and writes nothing more there
+    (review rev25 B8). The lost mount is faked by the recorded device: the check a real one trips."""
+    disk = DiskTier(layout, tmp_path / "kv", _capacity(layout, 4))
+    assert disk.put([(key(0), payload(0))])[0].result() is True
+    disk._dir_dev = -1  # as if the directory had been another filesystem's mount point at the start
+    assert disk.put([(key(1), payload(1))])[0].result() is False
+    assert disk.get(key(0), empty()).result() is False
+    assert not list((tmp_path / "kv").glob(f"{key(1).hex()}*"))
+    disk.check_integrity()
+    disk.close()
