@@ -21,6 +21,9 @@ from typing import Any
 import httpx
 
 
+BUNCHED_GAP_S = 0.0002  # chunks closer than this came in one read: no engine steps that fast
+
+
 @dataclass(slots=True)
 class CompletionTiming:
     """When one streamed completion's pieces arrived, in seconds after the request was sent."""
@@ -44,8 +47,14 @@ class CompletionTiming:
 
     @property
     def decode_tok_per_s(self) -> float | None:
-        """Tokens after the first, over the time from the first chunk to the last."""
+        """Tokens after the first, over the time from the first chunk to the last; None for a stream
+        whose chunks came bunched (most gaps under BUNCHED_GAP_S: a read that took several at once,
+        the client held up while they queued), whose span says nothing of the decode (one such
+        round read 293,261 tok/s against its neighbours' ~100)."""
         if len(self.chunk_times) < 2:
+            return None
+        gaps = self.inter_token_s
+        if sum(g < BUNCHED_GAP_S for g in gaps) * 2 > len(gaps):
             return None
         span = self.chunk_times[-1] - self.chunk_times[0]
         return (self.num_tokens - 1) / span if span > 0 else None

@@ -122,6 +122,15 @@ def test_completion_timing_ttft_and_decode_rate():
     assert t.decode_tok_per_s == pytest.approx(3 / 0.4)
 
 
+def test_a_stream_read_in_one_bunch_is_no_decode_rate():
+    """Chunks that came in one read (the client held up while they queued) span microseconds: not
+    a rate (one bench round read 293,261 tok/s so); a few bunched chunks among paced ones are."""
+    bunched = _timing(0.0, [0.9 + i * 1e-5 for i in range(32)])
+    assert bunched.decode_tok_per_s is None
+    paced = _timing(0.0, [0.5 + 0.01 * i for i in range(30)] + [0.79 + 1e-5, 0.79 + 2e-5])
+    assert paced.decode_tok_per_s == pytest.approx(31 / (paced.chunk_times[-1] - 0.5))
+
+
 def test_batch_decode_window_counts_only_where_all_streams_decode():
     # two streams in lockstep, 10 tokens each, one every 0.1 s after a 1 s prefill
     chunks = [1.0 + 0.1 * i for i in range(10)]
