@@ -110,6 +110,7 @@ class Router:
         self._checks: asyncio.Task | None = None
         self.num_requests = 0
         self.num_fanout = 0  # evicts sent to other instances
+        self.num_owed_dropped = 0  # owed evicts an instance could not take before the session's next request
 
     def client(self) -> httpx.AsyncClient:
         """Made on first use, inside the serving loop (also starts the health checks)."""
@@ -148,6 +149,8 @@ class Router:
                 return _error(503, "no backend instance is up", type_="server_error",
                               headers={"Retry-After": "1"})
             tried.add(b.url)
+            if b.owed and who.key is not None:
+                await self._pay_before(b, who.key)
             b.inflight += 1
             b.num_requests += 1
             try:
@@ -170,7 +173,7 @@ class Router:
             b.status_counts[resp.status_code] = b.status_counts.get(resp.status_code, 0) + 1
             break
         if who.evicts and resp.status_code == 200:
-            await self._fan_out(body, path, headers, b, targets)
+            await self._fan_out(body, path, headers, b, targets, who.key)
             if who.ends_session and who.is_root:
                 self.placement.forget(who.key)
         out_headers = {"x-hintkv-backend": b.url}
@@ -206,7 +209,7 @@ class Router:
                         media_type=resp.headers.get("content-type"))
 
     async def _fan_out(self, body: dict, path: str, headers: dict, served: Backend,
-                       targets: set[str] | None) -> None:
+                       targets: set[str] | None, key: str | None) -> None:
         """The evict to the other instances in `targets` (None: all of them): now to those up, and
         owed to those down (a busy instance is marked down after slow health checks, not dead),
         sent when a health check finds them up again (`_pay_owed`)."""
@@ -215,15 +218,16 @@ class Router:
         if not wanted:
             return
         payload = management_copy(body, path)
+        owed = (key, path, payload, headers)
         for o in wanted:
             if not o.up:
-                o.owed.append((path, payload, headers))
+                o.owed.append(owed)
         others = [o for o in wanted if o.up]
         self.num_fanout += len(others)
         sent = await asyncio.gather(*(self._send_evict(o, path, payload, headers) for o in others))
         for o, ok in zip(others, sent):
             if not ok:
-                o.owed.append((path, payload, headers))
+                o.owed.append(owed)
 
     async def _send_evict(self, o: Backend, path: str, payload: dict, headers: dict) -> bool:
         try:
@@ -252,9 +256,24 @@ class Router:
         while b.owed and b.up:
             owed = b.owed.popleft()
             self.num_fanout += 1
-            if not await self._send_evict(b, *owed):
+            if not await self._send_evict(b, *owed[1:]):
                 b.owed.appendleft(owed)
                 break
+
+    async def _pay_before(self, b: Backend, key: str) -> None:
+        """A session's owed evicts reach `b` before its next request there, in order ("actions of one
+        session are sent in order"); one that cannot be sent now is dropped, not kept: sent later,
+        it would act on the state the new request builds (end a live session, cut its new context)."""
+        mine = [o for o in b.owed if o[0] == key]
+        for owed in mine:
+            b.owed.remove(owed)
+        for i, owed in enumerate(mine):
+            self.num_fanout += 1
+            if not await self._send_evict(b, *owed[1:]):
+                log.warning("router: %d owed evicts of a session dropped: %s did not take them before "
+                            "the session's next request", len(mine) - i, b.url)
+                self.num_owed_dropped += len(mine) - i
+                return
 
     async def get_from(self, b: Backend | None, path: str, request: Request) -> Response:
         if b is None:
@@ -273,7 +292,7 @@ class Router:
 
     def state(self) -> dict[str, Any]:
         p = self.placement
-        return {"requests": self.num_requests, "fanout": self.num_fanout,
+        return {"requests": self.num_requests, "fanout": self.num_fanout, "owed_dropped": self.num_owed_dropped,
                 "placement": {"affinity": p.num_affinity, "parent": p.num_parent,
                               "least_loaded": p.num_least_loaded, "moved": p.num_moved},
                 "backends": {b.url: {"up": b.up, "inflight": b.inflight,

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from hintkv.router import build_router_app
+from hintkv.router.app import Identity
 from hintkv.server.background import BackgroundServer
 
 _EVENT = b'data: {"id": "c", "object": "text_completion", "choices": []}\n\n'
@@ -32,6 +33,7 @@ class DyingBackend:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.event, self.hang, self.answer = event, hang, answer
         self.completions = 0
+        self.posts: list[dict] = []  # the POST bodies, in the order they came
         self.held: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -48,6 +50,12 @@ class DyingBackend:
                 conn.close()
                 continue
             self.completions += 1
+            head, _, raw = request.partition(b"\r\n\r\n")
+            length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), b"0"))
+            while len(raw) < length:
+                raw += conn.recv(65536)
+            self.posts.append(json.loads(raw) if raw else {})
             if self.hang:
                 self.held.append(conn)  # never answered: a busy instance
                 continue
@@ -111,7 +119,7 @@ def test_an_owed_evict_that_hangs_does_not_stop_the_other_backends_health_checks
         assert httpx.get(f"{router.base_url}/health", timeout=10).status_code == 200  # starts the checks
         b = r.backends[busy.url]
         b.up = False  # marked down by slow checks, with an evict owed
-        b.owed.append(("/v1/completions", {"prompt": "", "agent_hint": {
+        b.owed.append((None, "/v1/completions", {"prompt": "", "agent_hint": {
             "session_id": "s", "parent_session_id": "s", "session_control": {"type": "stop"}}}, {}))
         deadline = time.monotonic() + 10
         while busy.completions == 0 and time.monotonic() < deadline:  # the owed evict went out, and hangs
@@ -144,3 +152,31 @@ def test_an_evict_that_times_out_leaves_the_backend_up_and_owes_it():
         router.stop()
         home.close()
         busy.close()
+
+
+def test_a_sessions_owed_evicts_reach_an_instance_before_its_next_request_there():
+    """Actions of one session are sent in order: an evict owed to an instance goes out before the
+    session's next request to it (sent after, it would end or cut what that request builds); another
+    session's owed evict stays owed."""
+    b = DyingBackend(answer=True)
+    app = build_router_app([b.url], health_interval_s=60.0, connect_timeout_s=1.0)
+    router = BackgroundServer(app).start()
+    r = app.state.router
+
+    def hint(sid, **more):
+        return {"agent_hint": {"session_id": sid, "parent_session_id": sid, **more}}
+
+    evict = {"context_management": {"manage_request": True, "edits": [{"type": "evict", "target": "session"}]}}
+    r.backends.on_up = None  # only the request's own path pays here (the health checks' payer: tests above)
+    try:
+        for sid in ("s", "t"):
+            r.backends[b.url].owed.append((Identity(hint(sid), {}).key, "/v1/completions",
+                                           {"prompt": "", **hint(sid, **evict)}, {}))
+        reply = httpx.post(f"{router.base_url}/v1/completions", timeout=30, json={"prompt": "hi", **hint("s")})
+        assert reply.status_code == 200, reply.text
+        assert [p.get("prompt") for p in b.posts] == ["", "hi"], b.posts
+        assert b.posts[0]["agent_hint"]["session_id"] == "s"
+        assert [o[0] for o in r.backends[b.url].owed] == [Identity(hint("t"), {}).key]
+    finally:
+        router.stop()
+        b.close()
