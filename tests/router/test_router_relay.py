@@ -89,8 +89,10 @@ def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event():
         assert events[-1] == "[DONE]", events
         error = json.loads(events[-2])["error"]
         assert error["type"] == "server_error" and backend.url in error["message"], error
+        # marked down (counted as an error); not `up is False`: this backend answers /health, so the
+        # router's first health check, which races the request, may have brought it back up already
         state = httpx.get(f"{router.base_url}/router/state", timeout=10).json()["backends"][backend.url]
-        assert state["up"] is False and state["errors"] == 1, state
+        assert state["errors"] == 1, state
     finally:
         router.stop()
         backend.close()
