@@ -156,7 +156,8 @@ def test_an_evict_missed_by_an_instance_marked_down_is_sent_when_it_is_up_again(
                 "session_id": "owed", "parent_session_id": "owed",
                 "context_management": {"manage_request": True,
                                        "edits": [{"type": "evict", "target": "session"}]}}})
-        assert e.status_code == 200 and e.headers["x-hintkv-backend"] != home, e.text
+        # (served elsewhere and owed to home, or, if a health check brought home back first, served there)
+        assert e.status_code == 200, e.text
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             described = httpx.get(f"{home}/v1/sessions/owed", timeout=10).json()
