@@ -183,8 +183,10 @@ class Router:
                 try:
                     async for chunk in resp.aiter_raw():
                         torn += chunk
-                        end = torn.rfind(b"\n\n") + 2
-                        if end >= 2:
+                        # an event ends at a blank line: "\n\n" (hintkv, vLLM) or "\r\n\r\n"
+                        lf, crlf = torn.rfind(b"\n\n"), torn.rfind(b"\r\n\r\n")
+                        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+                        if end:
                             yield torn[:end]
                             torn = torn[end:]
                     if torn:

@@ -76,8 +76,9 @@ class DyingBackend:
             c.close()
 
 
-def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event():
-    backend = DyingBackend()
+@pytest.mark.parametrize("blank", [b"\n\n", b"\r\n\r\n"], ids=["lf", "crlf"])
+def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event(blank):
+    backend = DyingBackend(event=_EVENT.replace(b"\n\n", blank))
     router = BackgroundServer(build_router_app([backend.url], health_interval_s=60.0,
                                                connect_timeout_s=1.0)).start()
     try:
@@ -87,6 +88,7 @@ def test_a_backend_dying_mid_stream_ends_the_stream_with_an_error_event():
             events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
         assert backend.completions == 1
         assert events[-1] == "[DONE]", events
+        assert json.loads(events[0])["id"] == "c", events  # the whole event before the cut came through
         error = json.loads(events[-2])["error"]
         assert error["type"] == "server_error" and backend.url in error["message"], error
         # marked down (counted as an error); not `up is False`: this backend answers /health, so the
