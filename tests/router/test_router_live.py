@@ -111,6 +111,14 @@ def test_evict_reaches_every_instance(cluster):
         assert described["state"] == "ended", (s.base_url, described)
 
 
+def _evict(router, sid):
+    """A management request that evicts session `sid`, through `router`."""
+    return httpx.post(f"{router.base_url}/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "", "agent_hint": {
+            "session_id": sid, "parent_session_id": sid,
+            "context_management": {"manage_request": True, "edits": [{"type": "evict", "target": "session"}]}}})
+
+
 def test_evict_through_a_restarted_router_reaches_the_sessions_instance(cluster):
     """A router that restarted knows no session: an evict must reach every instance, not only the one
     its placement picks for the unknown session (review rev25 A4)."""
@@ -123,11 +131,7 @@ def test_evict_through_a_restarted_router_reaches_the_sessions_instance(cluster)
     fresh = BackgroundServer(build_router_app(others + [home], health_interval_s=0.2,
                                               connect_timeout_s=1.0)).start()
     try:
-        e = httpx.post(f"{fresh.base_url}/v1/completions", timeout=60, json={
-            "model": MODEL, "prompt": "", "agent_hint": {
-                "session_id": "after-restart", "parent_session_id": "after-restart",
-                "context_management": {"manage_request": True,
-                                       "edits": [{"type": "evict", "target": "session"}]}}})
+        e = _evict(fresh, "after-restart")
         assert e.status_code == 200, e.text
         assert e.headers["x-hintkv-backend"] != home  # the case: the evict landed elsewhere first
         described = httpx.get(f"{home}/v1/sessions/after-restart", timeout=10).json()
@@ -151,11 +155,7 @@ def test_an_evict_missed_by_an_instance_marked_down_is_sent_when_it_is_up_again(
         state = fresh.app.state.router
         state.backends[home].up = False  # as after slow health checks; the next good one brings it back
         state.backends[home].num_failed_checks = 3
-        e = httpx.post(f"{fresh.base_url}/v1/completions", timeout=60, json={
-            "model": MODEL, "prompt": "", "agent_hint": {
-                "session_id": "owed", "parent_session_id": "owed",
-                "context_management": {"manage_request": True,
-                                       "edits": [{"type": "evict", "target": "session"}]}}})
+        e = _evict(fresh, "owed")
         # (served elsewhere and owed to home, or, if a health check brought home back first, served there)
         assert e.status_code == 200, e.text
         deadline = time.monotonic() + 30
