@@ -1,6 +1,7 @@
 """The TTFT bound with the prefills that must overlap: one instance computes one step at a time.
 
-    contended_bound_s(costs, calls, hits, budget)   # mean s per call: SRPT over the calls' work, or their floors alone
+    contended_bound_s(costs, calls, hits, budget)   # mean s per call: per busy period, SRPT over the calls' work or their floors alone
+    chunk_floors_ms(costs, prompt_tokens, cached, budget)  # (alone, work): a call's floors over every chunking
     contended_bounds(costs, results, book, budget)  # the report's: the hinted run's arrivals
     alone_srpt_s(costs, calls, hits, budget)        # SRPT over each call's prefill alone: NOT a bound
 
@@ -14,17 +15,25 @@ schedule, batched or not (L. Schrage, Operations Research 16(3), 1968; processor
 call's first token comes no earlier than its work's completion there, so the mean of
 `completion - sent` bounds the mean TTFT of any scheduler on this run's arrivals at these hits.
 
-A call's least work: its uncached tokens' cold compute at the cheapest per-token rate a step
-reaches (`CostModel.least_cold_rate_ms` up to the budget: a step costs `cold_ms` of ALL its tokens,
-so batching small prefills can share a step's flat, launch-bound cost, but no step computes a token
-for less than that rate), plus `least_attn_ms`. Decodes, loads and the step overhead are left out
-(they only add).
+A call's work (`chunk_floors_ms`, twenty-sixth session): the least share of the steps its chunks
+run in, over every chunking. A step of T tokens costs at least cold(T) plus each chunk's attention;
+a chunk of n tokens takes n x cold(T) / T of the cold part, at least n x the least cold rate of a
+step of n to budget tokens (`CostModel.least_cold_rate_ms(budget, n)`). So only chunks under the
+cheapest size (512 tokens on the h200 profiles) share a launch-bound cost; a chunk above it pays
+its own cold rate however many tokens are batched beside it (`cold` is convex there). The
+attention is priced with the same chunk sizes (a line under the per-token attention, module
+`chunk_floors_ms`). The older work, `prefill_work_ms` (every token at the least cold rate, every
+chunk at the least attention rate: two chunk sizes no chunking has at once), is a floor too, and
+the larger of the two is taken. Decodes, loads and the step overhead are left out (they only add).
 
-The SRPT mean prices every token at the cheapest batched rate, which no call reaches alone. So
-the bound is the larger of it and the mean of the calls' `least_alone_ms`: a step holding a chunk
-of n tokens costs at least `cold(n)` plus its attention (`cold` never decreases with the step's
-tokens), so a call's TTFT is at least its cheapest chunking's cost as if alone. Not the engine's
-budget-filling chunks (`sim.bound`): `cold` is convex, so an even split can cost less.
+The SRPT flows still price short calls at a batched rate that no call reaches alone. A call's
+floor alone (`chunk_floors_ms`' alone: cold(n) for each chunk instead of its share) holds for
+each call: a step holding a chunk of n tokens costs at least `cold(n)` plus its attention. The
+bound is per busy period of the SRPT server (the calls that overlap), the larger of the period's
+SRPT flows and its calls' floors alone: a set of calls has at least the SRPT flows of that set
+alone, and at least its floors, so a sum over disjoint sets of either is a floor (before: the
+larger of the two means over all calls, 0.75581 s on the whole set's srpt-swap arrivals at 10
+users; per period with these floors 0.76677).
 
 With several instances, each one's calls (by the run's placement, `CallRecord.instance`) are
 served on their own. At the oracle's hits it is a bound for the policies that reach them call by
@@ -44,8 +53,11 @@ batching prefills (and cheaper chunkings) could still take.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
+
+import numpy as np
 
 from hintkv.sim.bound import prefill_alone_s
 from hintkv.sim.costs import CostModel
@@ -107,6 +119,110 @@ def prefill_work_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: i
     return rate_ms * new + least_attn_ms(costs, prompt_tokens, cached, budget)
 
 
+GRID = 64  # chunk sizes at which `_RateTable` reads a cold rate (bounded by its ends between them)
+BLOCK = 256  # tokens one step of `_overshoot_ms` covers
+
+
+class _RateTable:
+    """A floor on `rate(n) - k x n / 2` over 1 <= n <= top (`chunk_floors_ms`): on each interval
+    [a, b] of a grid of chunk sizes (every GRID tokens and every bend of `cold`), `rate` is above
+    the lesser of its ends (it is monotone there) and `k x n / 2` below `k x b / 2` (k >= 0)."""
+
+    def __init__(self, rate, budget: int, bends: Sequence[float]) -> None:
+        self.rate = rate
+        xs = sorted({1, budget, *range(GRID, budget, GRID), *(int(x) for x in bends if 1 < x < budget)})
+        ys = [rate(x) for x in xs]
+        self.xs = np.array(xs[1:], dtype=float)  # each interval's right end
+        self.lo = np.minimum(ys[:-1], ys[1:])
+        self._x = xs
+
+    def least(self, top: int, k: float) -> float:
+        i = bisect_right(self._x, top) - 1  # intervals wholly at or below `top`: the first i
+        out = self.rate(top) - k * top / 2  # (top 1: the only size)
+        if i > 0:
+            out = min(out, float(np.min(self.lo[:i] - k * self.xs[:i] / 2)))
+        if self._x[i] < top:  # the part of the next interval up to `top`
+            out = min(out, self.rate(self._x[i]) - k * top / 2)
+        return out
+
+
+def _overshoot_ms(line, rho, brk, d: int, end: int, budget: int) -> float:
+    """An upper bound on sum over chunks of n x (line(s) - rho(s))+, s a chunk's start, over every
+    split of [d, end) into chunks of at most `budget` tokens: a token t pays at most the largest
+    excess over the starts its chunk could have, [max(d, t - budget + 1), t]. `rho` and `line` are
+    linear between the bends `brk`, so the excess's largest value on a span is at a bend or an end."""
+    g = np.arange(d, end, BLOCK, dtype=float)
+    g = np.append(g, float(end))
+    k, a = line
+    ex = a + k * g - rho(g)
+    cell = np.maximum(ex[:-1], ex[1:])  # cell j: [g_j, g_j+1]
+    inner = [b for b in brk if d < b < end]
+    if inner:
+        bx = np.array(inner, dtype=float)
+        np.maximum.at(cell, ((bx - d) // BLOCK).astype(int), a + k * bx - rho(bx))
+    if cell.max() <= 0:
+        return 0.0
+    w = -(-(budget - 1) // BLOCK)  # cells back to the earliest start of a chunk holding a token of this one
+    padded = np.concatenate([np.full(w, -np.inf), cell])
+    window = np.lib.stride_tricks.sliding_window_view(padded, w + 1).max(axis=1)
+    tokens = np.diff(g)
+    return float(np.sum(tokens * np.maximum(window, 0.0)))
+
+
+def chunk_floors_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: int,
+                    tables: tuple[_RateTable, _RateTable] | None = None) -> tuple[float, float]:
+    """Floors on a call's prefill over EVERY chunking (chunks of at most `budget` tokens), each
+    chunk priced as `CostModel.step_ms` prices it inside any step: (alone, work).
+
+    `alone`: a step holding a chunk of n tokens at a prefix s costs at least cold(n) + attn(n, s)
+    (the call's TTFT is at least the sum over its chunks). `work`: the call's share of those steps,
+    n x cold(T) / T + attn(n, s) for a step of T tokens, at least n x the least cold rate of a step of
+    n to `budget` tokens (`least_cold_rate_ms(budget, n)`; the shares of a step's calls sum to at
+    most its cost). Unlike `least_alone_ms` and `prefill_work_ms`, the attention is priced with the
+    chunk sizes that the cold part is priced at:
+
+    attn(n, s) >= n x rho(s), rho(s) = attn(m, s) / m for m = min(budget, uncached) >= n (a token's
+    attention never costs more in a larger chunk: tested on the profiles). For any line
+    a + k x s, sum over chunks of n x rho(s) >= sum n (a + k s) - the overshoot where the line is
+    above rho (`_overshoot_ms`), and over chunks tiling [d, d + U), sum n x s = d U + (U^2 - sum n^2) / 2.
+    So a chunking costs at least sum over chunks of (f(n) - k n^2 / 2) + a U + k (d U + U^2 / 2)
+    - overshoot, and sum f(n) - k n^2 / 2 >= U x the least of f(n) / n - k n / 2 (`_RateTable`).
+    Each line gives a floor; the lines are rho's own segments over [d, end], as they are and lowered
+    under rho, and the flat one at rho(d). Each result is also at least the older floor (`least_alone_ms`,
+    `prefill_work_ms`). The chunking tests check both against every split on a token grid."""
+    d = min(cached, prompt_tokens - 1)
+    new = prompt_tokens - d
+    m = min(budget, new)
+    alone_t, work_t = tables or rate_tables(costs, budget)
+    brk = costs.attn_breaks()
+    pts = np.array(sorted({d, prompt_tokens, *(b for b in brk if d < b < prompt_tokens)}), dtype=float)
+    ys = np.array([costs.attn_ms(m, int(x)) / m for x in pts])
+
+    def rho(x):  # linear between the bends, so interpolation through them is exact
+        return np.interp(x, pts, ys)
+
+    lines = {(0.0, float(ys[0]))}
+    for i in range(len(pts) - 1):
+        k = max(0.0, (ys[i + 1] - ys[i]) / (pts[i + 1] - pts[i]))
+        lines.add((k, float(ys[i] - k * pts[i])))
+        lines.add((k, float(np.min(ys - k * pts))))
+    alone = work = 0.0
+    for k, a in lines:
+        attn = a * new + k * (d * new + new * new / 2) - _overshoot_ms((k, a), rho, brk, d, prompt_tokens, budget)
+        alone = max(alone, new * alone_t.least(m, k) + attn)
+        work = max(work, new * work_t.least(m, k) + attn)
+    return (float(max(alone, least_alone_ms(costs, prompt_tokens, cached, budget))),
+            float(max(work, prefill_work_ms(costs, prompt_tokens, cached, budget, costs.least_cold_rate_ms(budget)))))
+
+
+def rate_tables(costs: CostModel, budget: int) -> tuple[_RateTable, _RateTable]:
+    """`chunk_floors_ms`'s cold rates by chunk size: alone (cold(n) / n) and in a shared step
+    (the least cold rate of a step of n to `budget` tokens)."""
+    bends = costs._cold_x
+    return (_RateTable(lambda n: costs.cold_ms(n) / n, budget, bends),
+            _RateTable(lambda n: costs.least_cold_rate_ms(budget, n), budget, bends))
+
+
 def srpt_flow_s(jobs: Sequence[tuple[float, float]]) -> list[float]:
     """Flow times (completion - release) of (release_s, work_s) jobs on one server, shortest
     remaining work first with preemption, in the jobs' order."""
@@ -131,21 +247,42 @@ def srpt_flow_s(jobs: Sequence[tuple[float, float]]) -> list[float]:
     return flow
 
 
+def busy_periods(jobs: Sequence[tuple[float, float, float]]) -> list[list[tuple[float, float, float]]]:
+    """(release_s, work_s, ...) jobs sorted by release, grouped into the busy periods of one server
+    that works whenever a job is there: a period ends when the work released so far is done."""
+    out: list[list] = []
+    end = -float("inf")
+    for j in jobs:
+        if not out or j[0] >= end:
+            out.append([])
+            end = j[0]
+        out[-1].append(j)
+        end = max(end, j[0]) + j[1]
+    return out
+
+
 def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], budget: int) -> float | None:
-    """The larger of: the mean over `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`)
-    of their SRPT flow time on their instance, and the mean of their `least_alone_ms`; each call at
-    `hits[call.access]` cached tokens (module doc)."""
+    """A floor on the mean TTFT of `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`),
+    each at `hits[call.access]` cached tokens (module doc): per instance, per busy period of the
+    server over the calls' work (`chunk_floors_ms`' work), the larger of the period's SRPT flow
+    times and the sum of its calls' floors alone. Any subset's flow times are at least its SRPT
+    flows (the others only take the server away) and at least its floors, so a sum over disjoint
+    groups of the larger of the two is a floor; over busy periods the SRPT flows add up to the
+    whole instance's."""
     calls = [c for c in calls if c.access >= 0]
     if not calls:
         return None
-    rate = costs.least_cold_rate_ms(budget)
-    per: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    tables = rate_tables(costs, budget)
+    per: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
     for c in calls:
-        work = prefill_work_ms(costs, c.prompt_tokens, hits[c.access], budget, rate) / 1e3
-        per[c.instance].append((c.sent_s, work))
-    srpt = sum(sum(srpt_flow_s(jobs)) for jobs in per.values()) / len(calls)
-    alone = sum(least_alone_ms(costs, c.prompt_tokens, hits[c.access], budget) for c in calls) / 1e3 / len(calls)
-    return max(srpt, alone)
+        alone, work = chunk_floors_ms(costs, c.prompt_tokens, hits[c.access], budget, tables)
+        per[c.instance].append((c.sent_s, work / 1e3, alone / 1e3))
+    total = 0.0
+    for jobs in per.values():
+        jobs.sort()
+        for period in busy_periods(jobs):
+            total += max(sum(srpt_flow_s([(r, w) for r, w, _ in period])), sum(a for _, _, a in period))
+    return total / len(calls)
 
 
 def alone_srpt_s(costs: CostModel, calls: Sequence, hits: Sequence[int], budget: int) -> float | None:

@@ -93,10 +93,16 @@ class CostModel:
     # The least per-token rates (`sim.contended`'s floors). Each cost is piecewise linear in the
     # chunk's size (flat or zero-anchored below the first measured size, linear above the last), so
     # its per-token rate is monotone between the measured sizes: the least is at one of them or an end.
-    def least_cold_rate_ms(self, upto: int) -> float:
-        """The least `cold_ms(n) / n` over 1 <= n <= upto."""
-        xs = {1, upto, *(int(x) for x in self._cold_x if 1 <= x <= upto)}
+    def least_cold_rate_ms(self, upto: int, least: int = 1) -> float:
+        """The least `cold_ms(n) / n` over least <= n <= upto (a step of at least `least` tokens
+        and at most `upto`: what a chunk of `least` tokens in a batched step pays a token at best)."""
+        xs = {least, upto, *(int(x) for x in self._cold_x if least <= x <= upto)}
         return min(self.cold_ms(n) / n for n in xs)
+
+    def attn_breaks(self) -> list[int]:
+        """The cached-prefix lengths where `attn_ms(n, cached)` bends, for every n (0 and the
+        measured ones): between them it is linear in `cached`, and beyond the last one too."""
+        return sorted({0, *(int(c) for n in self._attn_n for c in self._attn[n][0])})
 
     def least_attn_rate_ms(self, cached: int, largest: int) -> float:
         """The least `attn_ms(n, cached) / n` over 1 <= n <= largest: a chunk's attention per query

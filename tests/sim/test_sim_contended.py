@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hintkv.sim.bound import prefill_alone_s
-from hintkv.sim.contended import (alone_srpt_s, contended_bound_s, contended_bounds, least_alone_ms,
-                                  least_attn_ms, prefill_work_ms, srpt_flow_s)
+from hintkv.sim.contended import (alone_srpt_s, busy_periods, chunk_floors_ms, contended_bound_s, contended_bounds,
+                                  least_alone_ms, least_attn_ms, prefill_work_ms, srpt_flow_s)
 from hintkv.sim.costs import CostModel
 from hintkv.sim.oracles import OracleBook
 from hintkv.sim.profile import load_profile
@@ -89,8 +89,12 @@ def test_the_bound_is_under_a_split_that_beats_the_prefill_alone(costs):
     assert floor - attn < costs.cold_ms(557) + 14 * costs.cold_ms(556)  # 15 chunks
     assert floor - attn < 11 * costs.cold_ms(491) + 6 * costs.cold_ms(490)  # 17 chunks
     assert work < floor < even < greedy
+    # the chunk floors price the attention at the chunk sizes the cold part is priced at: above
+    # both older floors, under the even split
+    alone, shared = chunk_floors_ms(costs, prompt, cached, budget)
+    assert floor < alone < even and work < shared <= alone
     call = SimpleNamespace(access=0, sent_s=0.0, prompt_tokens=prompt, instance=0)
-    assert contended_bound_s(costs, [call], [cached], budget) == pytest.approx(floor / 1e3)
+    assert contended_bound_s(costs, [call], [cached], budget) == pytest.approx(alone / 1e3)
 
 
 PROFILES = ("h200-llama3-8b", "h200-llama3-70b")
@@ -147,6 +151,67 @@ def test_drawn_chunkings_pay_at_least_the_bounds(h200, cached, new, budget):
         lambda n, c: h200.step_ms([(n, c)]), cached, new, budget, 256) + 1e-9
 
 
+def test_a_tokens_attention_never_costs_more_in_a_larger_chunk(h200):
+    """`chunk_floors_ms` prices every chunk of at most m tokens at the m-token chunk's attention a
+    token: it needs attn(n, s) / n not to rise with n, at every prefix."""
+    sizes = sorted({1, 2, 64, 127, 128, 129, 300, 511, 512, 513, 1000, 2047, 2048, 2049, 4096, 8192, 32768})
+    for s in (1, 500, 2047, 2048, 5000, 8192, 20_000, 32_768, 60_000, 100_000, 300_000, 700_000):
+        rates = [h200.attn_ms(n, s) / n for n in sizes]
+        assert all(a >= b - 1e-12 for a, b in zip(rates, rates[1:])), s
+
+
+def _work_ms(costs: CostModel, budget: int):
+    """A chunk's least share of a batched step (`chunk_floors_ms`' work)."""
+    return lambda n, c: n * costs.least_cold_rate_ms(budget, n) + costs.attn_ms(n, c)
+
+
+@pytest.mark.parametrize("cached,new,budget", [(4000, 12000, 8192), (7000, 3000, 2048), (30_000, 5000, 4096),
+                                               (28_000, 12_000, 8192), (0, 5000, 2048), (9000, 9000, 4096),
+                                               (90_000, 8192 + 149, 8192), (30_000, 700, 8192),
+                                               (200_000, 6000, 2048), (0, 40_000, 8192), (1000, 30_000, 8192),
+                                               (100_000, 300, 8192), (150_000, 20_000, 8192)])
+def test_no_chunking_costs_less_than_the_chunk_floors(h200, cached, new, budget):
+    """Every split into chunks of at most the budget on a 64-token grid costs at least
+    `chunk_floors_ms`' alone floor alone, and takes at least its work floor of batched steps; both
+    floors are at least the older ones (and the cold first prompts, the review's case, above them)."""
+    alone, work = chunk_floors_ms(h200, cached + new, cached, budget)
+    assert alone <= _least_chunking(lambda n, c: h200.step_ms([(n, c)]), cached, new, budget, 64) + 1e-9
+    assert work <= _least_chunking(_work_ms(h200, budget), cached, new, budget, 64) + 1e-9
+    assert least_alone_ms(h200, cached + new, cached, budget) <= alone
+    assert prefill_work_ms(h200, cached + new, cached, budget, h200.least_cold_rate_ms(budget)) <= work <= alone
+
+
+@settings(max_examples=25, deadline=None)
+@given(cached=st.integers(0, 160).map(lambda u: 256 * u), new=st.integers(1, 20_000),
+       budget=st.integers(1, 32).map(lambda u: 256 * u))
+def test_drawn_chunkings_cost_at_least_the_chunk_floors(h200, cached, new, budget):
+    alone, work = chunk_floors_ms(h200, cached + new, cached, budget)
+    assert alone <= _least_chunking(lambda n, c: h200.step_ms([(n, c)]), cached, new, budget, 256) + 1e-9
+    assert work <= _least_chunking(_work_ms(h200, budget), cached, new, budget, 256) + 1e-9
+
+
+def test_busy_periods_split_where_the_server_would_idle():
+    jobs = [(0.0, 1.0, 0), (0.5, 1.0, 0), (1.9, 0.5, 0), (2.5, 1.0, 0), (10.0, 1.0, 0)]  # 2.0, 2.5: done
+    assert busy_periods(jobs) == [jobs[:3], jobs[3:4], jobs[4:]]
+    assert busy_periods([]) == []
+
+
+def test_the_bound_takes_the_larger_part_per_busy_period(costs):
+    """Five 200-token cold calls sent together: SRPT over their batched work (4.88 ms each, the
+    least cold rate) is above their floors alone (9.0 ms each) and under one step with all five;
+    a lone call 100 s later adds its floor alone, not its work (the old bound took the larger of
+    the two means over all calls)."""
+    burst = [_call(0.0, 200, i) for i in range(5)]
+    alone, work = chunk_floors_ms(costs, 200, 0, 8192)
+    assert work == pytest.approx(200 * costs.least_cold_rate_ms(8192)) and alone == pytest.approx(costs.cold_ms(200))
+    srpt = work * (1 + 2 + 3 + 4 + 5)
+    assert 5 * alone < srpt < 5 * costs.step_ms([(200, 0)] * 5)
+    assert contended_bound_s(costs, burst, [0] * 5, 8192) == pytest.approx(srpt / 5 / 1e3)
+    both = contended_bound_s(costs, [*burst, _call(100.0, 200, 5)], [0] * 6, 8192)
+    assert both == pytest.approx((srpt + alone) / 6 / 1e3)
+    assert both > max(srpt + work, 6 * alone) / 6 / 1e3
+
+
 @pytest.fixture(scope="module")
 def runs(traces, costs):
     # 8 users at once with think times / 1000 and a 256-token budget: prefills overlap
@@ -173,6 +238,8 @@ def test_no_run_is_under_its_contended_compulsory_bound(runs, costs):
                    for c in r.calls) / 1e3 / len(r.calls)
         alone = sum(prefill_alone_s(costs, c.prompt_tokens, hits[c.access], budget) for c in r.calls) / len(r.calls)
         assert work < alone < bound <= r.mean_ttft_s, n
+        for c in r.calls:  # and each call's first token comes after its floor alone
+            assert chunk_floors_ms(costs, c.prompt_tokens, hits[c.access], budget)[0] / 1e3 <= c.ttft_s + 1e-9, n
 
 
 def test_the_report_takes_the_hinted_runs_arrivals(runs, costs):
