@@ -16,7 +16,8 @@ Semantics every backend keeps (the contract tests in tests/pool run all of them)
     This is how an instance hands back an ended session's blocks without taking them from a
     live session on another instance.
   - `keep_alive(keys)`: tell the store these keys are in use (refresh leases, touch LRU order);
-    returns how many were found. One call per batch: this is what makes keep-alive cheap.
+    per key True if it was there (the tier forgets a block it stored that the pool lost). One
+    call per batch: this is what makes keep-alive cheap.
   - `used_bytes()`: bytes the store holds in all (None if it cannot tell).
 A call that cannot reach the store raises `BackendError` (the caller's circuit breaker counts
 it); a miss is not an error.
@@ -52,7 +53,7 @@ class PoolBackend(ABC):
     def release(self, keys: list[str]) -> list[bool | None]: ...
 
     @abstractmethod
-    def keep_alive(self, keys: list[str]) -> int: ...
+    def keep_alive(self, keys: list[str]) -> list[bool]: ...
 
     def used_bytes(self) -> int | None:
         return None

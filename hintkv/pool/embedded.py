@@ -119,17 +119,17 @@ class EmbeddedBackend(PoolBackend):
             out.append(self.remove([key])[0])
         return out
 
-    def keep_alive(self, keys: list[str]) -> int:
+    def keep_alive(self, keys: list[str]) -> list[bool]:
         if self.directory is None:
             with self._lock:
-                return sum(map(self._blobs.__contains__, keys))
-        found = 0
+                return list(map(self._blobs.__contains__, keys))
+        found = []
         for key in keys:
             try:
                 os.utime(self._path(key))
-                found += 1
+                found.append(True)
             except FileNotFoundError:
-                pass
+                found.append(False)
             except OSError as e:
                 raise BackendError(f"cannot touch {key}: {e}") from e
         return found

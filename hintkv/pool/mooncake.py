@@ -129,14 +129,14 @@ class MooncakeBackend(PoolBackend):
             raise BackendError(f"remove failed: {sorted(set(codes))}")
         return [None if c == HAS_LEASE else c == 0 for c in codes]
 
-    def keep_alive(self, keys: list[str]) -> int:
+    def keep_alive(self, keys: list[str]) -> list[bool]:
         if not keys:
-            return 0
+            return []
         try:
             found = self._store.batch_get_replica_desc(keys)
         except Exception as e:  # the binding raises on RPC failure
             raise BackendError(f"keep-alive failed: {e}") from e
-        return sum(1 for k in keys if found.get(k))
+        return [bool(found.get(k)) for k in keys]
 
     def close(self) -> None:
         if self._closed:

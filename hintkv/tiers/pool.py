@@ -261,15 +261,8 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
                 there = self._call(self.backend.exists, [self.pool_key(k) for k in owned])
             except Unavailable:
                 return
-            lost = [k for k, ok in zip(owned, there) if not ok]
-            if lost:
-                log.warning("pool: %d blocks this instance stored are gone from the pool (restarted?): "
-                            "forgotten, written again at their next write-through", len(lost))
-                with self._lock:
-                    for k in lost:
-                        if (e := self._entries.get(k)) is not None and e.owned and e.ready:
-                            self._pop(k)
-                            self.counters.num_lost += 1
+            with self._lock:
+                self._forget_lost((k for k, ok in zip(owned, there) if not ok), "the integrity check")
 
     # -- eviction ---------------------------------------------------------------------------
     def _tick(self) -> int:

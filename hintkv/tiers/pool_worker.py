@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Iterable
 from itertools import chain
 
 import torch
@@ -155,10 +156,13 @@ class PoolWorker:
             keys = (ops[0][1] if len(ops) == 1
                     else list(dict.fromkeys(chain.from_iterable(op[1] for op in ops))))
             try:
-                self._call(self.backend.keep_alive, keys)
+                found = self._call(self.backend.keep_alive, keys)
                 with self._lock:
                     self.counters.num_keepalive_calls += 1
                     self.counters.num_keepalive_keys += len(keys)
+                    head = len(self._key_head)  # a pool key is the head, then the block's hash in hex
+                    self._forget_lost([bytes.fromhex(pk[head:]) for pk, ok in zip(keys, found) if not ok],
+                                      "keep-alive")
             except Unavailable:
                 pass
             self._release([])  # retry what was leased elsewhere
@@ -236,13 +240,15 @@ class PoolWorker:
         blobs = [torch.empty(self.frame_nbytes, dtype=torch.uint8) for _ in gets]
         try:
             got = self._call(self.backend.get, [self.pool_key(k) for k, _, _ in gets], blobs)
+            reached = True
         except Unavailable:
-            got = [False] * len(gets)
+            got, reached = [False] * len(gets), False
         results = [ok and self._unframe(k, blob, dst)
                    for (k, dst, _), ok, blob in zip(gets, got, blobs)]
         with self._lock:
             self.counters.num_get_calls += 1
-            for (key, _, _), ok in zip(gets, results):
+            gone = []  # the blocks the pool did not have
+            for (key, _, _), ok, there in zip(gets, results, got):
                 entry = self._entries.get(key)
                 if ok:
                     self._stats.num_hits += 1
@@ -256,9 +262,27 @@ class PoolWorker:
                 else:
                     self._stats.num_misses += 1
                     if entry is not None and entry.ready and not self.breaker.is_open:
-                        self._pop(key)  # gone from the pool (evicted there, restarted)
+                        if reached and not there and entry.owned:  # gone from the pool (restarted)
+                            gone.append(key)
+                        else:  # evicted there, a torn or foreign blob: forgotten, so written again
+                            self._pop(key)
+            self._forget_lost(gone, "a read")
         for (_, _, fut), ok in zip(gets, results):
             fut.set_result(ok)
+
+    def _forget_lost(self, keys: Iterable[bytes], found_by: str) -> None:
+        """Forget the blocks this instance stored that a call found gone from the pool (a master restarted
+        between calls: none failed, so the breaker never re-checked), so their next write-through puts them
+        again (`num_lost`). Only stored (ready) entries: a put still queued is not lost. Under the tier lock."""
+        lost = 0
+        for key in keys:
+            if (e := self._entries.get(key)) is not None and e.owned and e.ready:
+                self._pop(key)
+                lost += 1
+        if lost:
+            self.counters.num_lost += lost
+            log.warning("pool: %s found %d blocks this instance stored gone from the pool (restarted?): "
+                        "forgotten, written again at their next write-through", found_by, lost)
 
     def _resync(self) -> None:
         """After an outage: forget known blocks the pool no longer has."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from hintkv.pool.breaker import CircuitBreaker
 from tests.engine.tier_engine_helpers import BLOCK, generate, prompt, tiny_engine
 
@@ -120,17 +122,23 @@ def test_a_hung_master_times_out_opens_the_breaker_and_comes_back(fresh_master):
         tier.close()
 
 
-def test_a_master_restarted_between_calls_loses_nothing_for_good(fresh_master):
+@pytest.mark.parametrize("repair", ["integrity_check", "keep_alive"])
+def test_a_master_restarted_between_calls_loses_nothing_for_good(fresh_master, repair):
     """The master restarts (empty store) while the instance is idle: no call fails, the breaker never
-    opens, and the index still says it stored the session's blocks. The integrity check (the server
-    runs it every 10 s) forgets what the pool lost, the session's next turn writes it through again,
-    and another instance then finds the session's prefix in the pool (review rev25 A10)."""
+    opens, and the index still says it stored the session's blocks. What finds the loss forgets it:
+    the integrity check (the server runs it every 10 s; review rev25 A10) or, with no check at all
+    (`--integrity-check-interval 0`, or a turn inside the 10 s), the session's own keep-alive, which
+    the engine sends every second (review rev25 B6). The session's next turn writes the blocks
+    through again, and another instance then finds the session's prefix in the pool."""
     m = fresh_master
 
     def pooled():
         return tiny_engine(pool="mooncake", pool_size="4MiB", pool_master=m.rpc_address,
                            pool_metadata=m.metadata_url, pool_timeout_s=0.5, host_cache_memory="1MiB",
                            pool_write_through=True)
+
+    def lost(engine):
+        return engine.tier_stats()["pool"]["lost"]
 
     a = pooled()
     tokens = prompt(1, 4 * BLOCK)
@@ -143,19 +151,19 @@ def test_a_master_restarted_between_calls_loses_nothing_for_good(fresh_master):
         # the integrity check repairs the index (it does not assert the pool's loss) once the client
         # reaches the new master (until then its exists call is unavailable: nothing to repair from)
         deadline = time.monotonic() + 60
-        while a.tier_stats()["pool"]["lost"] < 4 and time.monotonic() < deadline:
+        while repair == "integrity_check" and lost(a) < 4 and time.monotonic() < deadline:
             a.tiers.check_integrity()
             time.sleep(0.2)
-        assert a.tier_stats()["pool"]["lost"] >= 4
         # the session's next turns, written through; until the client has mounted its segment on
         # the new master again, a put fails (insufficient space) and is tried at the next turn
         puts, deadline, turn = a.tier_stats()["pool"]["puts"], time.monotonic() + 60, 0
-        while a.tier_stats()["pool"]["puts"] < puts + 4 and time.monotonic() < deadline:
+        while (a.tier_stats()["pool"]["puts"] < puts + 4 or lost(a) < 4) and time.monotonic() < deadline:
             turn += 1
-            generate(a, tokens + prompt(10 + turn, 8), sid="s1")
+            generate(a, tokens + prompt(10 + turn, 8), sid="s1", check=repair == "integrity_check")
             a.tiers.stack.flush()
             time.sleep(0.2)
         assert a.tier_stats()["pool"]["puts"] >= puts + 4
+        assert lost(a) >= 4
         b = pooled()
         try:
             _, cached = generate(b, tokens + prompt(3, 8), sid="s1")
