@@ -3,8 +3,9 @@
     CpuKeeper.build(device_type, bound, gate) -> CpuKeeper | None   None: off (0), not a CPU engine, no extension,
                                                       or a keeper that could not take SCHED_IDLE / its CPU
     keeper.step()                                     a context manager around one forward: spin during it and
-                                                      LINGER_S after the last holder's (engines of a process share);
-                                                      under auto, only while the engine's gate reads free
+                                                      linger_s() after the last holder's (engines of a process
+                                                      share); under auto, only while the engine's gate reads free
+    linger_s()                                        HINTKV_CPU_KEEPER_LINGER_MS, else LINGER_S (2 ms)
     with keepers_off(): LLMEngine(...)                an engine without keepers (measured in process CPU time)
 
 Why (twenty-first session, prefill7): this machine is a VM whose idle vCPU halts at once (the kernel's
@@ -31,6 +32,13 @@ owns and ticks once a step, which the decode team's chooser reads too). auto has
 (the lead's closing runs, load 0.7-1.7), not yet under the load where prefill7 saw the 1.65x loss (review_lead22
 finding 7); the gate's first reading comes one check period after the engine's first step.
 
+The linger (twenty-sixth session, pf): vLLM never lets its CPUs idle around a request (its OpenMP threads spin
+libgomp's 300,000, its worker polls 1 s after a request), and the bench's cold sample comes ~3-8 ms after the cached
+one's response, past a 2 ms linger, so its first step may start on halted vCPUs. `HINTKV_CPU_KEEPER_LINGER_MS`
+(`bench engine --variants linger`: 1000, vLLM's poll) keeps them spinning longer. A lingering keeper spins only on a
+CPU nothing else wants: when any other thread took 30% of a 5 ms window from it, it sleeps until the next step
+(csrc/keeper.cpp), so a loaded box loses at most a window or two per step's end, whatever the linger.
+
 The keepers are started once per process (csrc/keeper.cpp): one per OpenMP thread of the engine, pinned one per CPU
 when the engine's CPUs are known (bound, or a process allowed exactly that many CPUs), else left to the OS.
 """
@@ -49,6 +57,21 @@ log = logging.getLogger(__name__)
 
 started = False  # this process's keeper set is running (one set a process: csrc/keeper.cpp)
 LINGER_S = 0.002  # spin this long after a step: the gap to the next step of a running batch (its schedule, update)
+
+
+def linger_s() -> float:
+    """HINTKV_CPU_KEEPER_LINGER_MS: how long the keepers spin after the last step (ms; unset: LINGER_S). A lingering
+    keeper yields its CPU for good once anything else runs there (csrc/keeper.cpp), so only idle CPUs spin."""
+    text = os.environ.get("HINTKV_CPU_KEEPER_LINGER_MS", "").strip()
+    if not text:
+        return LINGER_S
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 10_000:
+        raise ValueError(f"HINTKV_CPU_KEEPER_LINGER_MS must be a number of ms in 0-10000, not {text!r}")
+    return ms / 1000
 
 
 def _ops():
@@ -100,6 +123,7 @@ class CpuKeeper:
         self.cpus = cpus
         self.gate = gate  # auto: the engine's gate (it ticks it), no hold while contended; None: every step holds
         self.num_gated = 0  # steps run without the keepers for contention
+        self.linger_ns = int(linger_s() * 1e9)
         self.tids = ops.keeper_start(cpus, policy)  # raises when a keeper could not take the policy or its CPU
         global started
         started = True
@@ -138,9 +162,10 @@ class CpuKeeper:
         try:
             yield
         finally:
-            self._ops.keeper_leave(int(LINGER_S * 1e9))
+            self._ops.keeper_leave(self.linger_ns)
 
-    def stats(self) -> tuple[int, int, int]:
-        """(spin rounds of 64 pauses, futex sleeps, steps holding them now) of every keeper so far."""
-        spins, sleeps, holders = self._ops.keeper_stats()
-        return spins, sleeps, holders
+    def stats(self) -> tuple[int, int, int, int]:
+        """(spin rounds of 64 pauses, futex sleeps, steps holding them now, lingers cut short because another
+        thread ran on the keeper's CPU) of every keeper so far."""
+        spins, sleeps, holders, yields = self._ops.keeper_stats()
+        return spins, sleeps, holders, yields

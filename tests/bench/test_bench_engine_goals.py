@@ -213,7 +213,7 @@ def test_the_team_variants_differ_from_plain_hintkv_by_the_decode_team_switch_al
     assert server_switches(plain)["HINTKV_DECODE_TEAM"] is None
     assert server_switches(regions)["HINTKV_DECODE_TEAM"] == "0"
     assert server_switches(alone)["HINTKV_DECODE_TEAM"] == "1"  # the caller's export, recorded, not read as default
-    assert set(server_switches(plain)) == {"HINTKV_CPU_KEEPER", "HINTKV_DECODE_TEAM"}
+    assert set(server_switches(plain)) == {"HINTKV_CPU_KEEPER", "HINTKV_CPU_KEEPER_LINGER_MS", "HINTKV_DECODE_TEAM"}
 
 
 def test_the_keeper_variant_differs_from_plain_hintkv_by_the_keeper_switch_alone(monkeypatch):
@@ -231,6 +231,23 @@ def test_the_keeper_variant_differs_from_plain_hintkv_by_the_keeper_switch_alone
     assert "HINTKV_CPU_KEEPER" not in plain.environ() and "HINTKV_CPU_KEEPER" not in team.environ()
     assert team.environ()["HINTKV_DECODE_TEAM"] == "1"
     assert keeper.argv == plain.argv
+
+
+def test_the_linger_variant_differs_from_plain_hintkv_by_the_keepers_linger_alone(monkeypatch):
+    """`--variants linger`: its server's keepers linger 1 s (vLLM's poll after a request), every other hintkv server
+    runs without the caller's exported linger, and the keepers' own switch stays the default for both."""
+    import argparse
+
+    from hintkv.bench.engine_servers import hintkv_spec
+
+    monkeypatch.setenv("HINTKV_CPU_KEEPER_LINGER_MS", "7")
+    monkeypatch.delenv("HINTKV_CPU_KEEPER", raising=False)
+    w = Workload.for_run(True)
+    args = argparse.Namespace(dtype="float32", device="cpu", variants="linger")
+    plain, linger = (hintkv_spec("dummy:tiny", args, w, v) for v in (None, "linger"))
+    assert linger.environ()["HINTKV_CPU_KEEPER_LINGER_MS"] == "1000"
+    assert "HINTKV_CPU_KEEPER_LINGER_MS" not in plain.environ()
+    assert "HINTKV_CPU_KEEPER" not in linger.environ() and linger.argv == plain.argv
 
 
 @pytest.mark.parametrize("variant", ["team", "team-auto", "regions"])
@@ -257,7 +274,7 @@ def test_a_server_without_engine_ttfts_keeps_no_null_engine_samples_in_the_json(
     assert peer.samples["engine_ms_prefill_512"] == [None, None]  # the figures themselves keep them (reports)
 
 
-@pytest.mark.parametrize("variant", ["keeper", "no-keeper"])
+@pytest.mark.parametrize("variant", ["keeper", "no-keeper", "linger"])
 def test_the_keeper_variants_are_refused_off_the_cpu(variant):
     """On a GPU the keepers are never built: either row would be plain hintkv under the variant's name
     (review_keeper21 finding 10, review_lead22 finding 5)."""

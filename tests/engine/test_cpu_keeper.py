@@ -127,6 +127,57 @@ def test_keepers_are_idle_priority_on_their_cpus_and_spin_only_while_held(monkey
         CpuKeeper(cpu_keeper._ops(), keeper.cpus + [-1])
 
 
+def test_the_linger_is_read_from_the_environment_and_bad_values_refused(monkeypatch):
+    monkeypatch.delenv("HINTKV_CPU_KEEPER_LINGER_MS", raising=False)
+    assert cpu_keeper.linger_s() == cpu_keeper.LINGER_S
+    monkeypatch.setenv("HINTKV_CPU_KEEPER_LINGER_MS", "1000")
+    assert cpu_keeper.linger_s() == 1.0
+    for bad in ("-1", "soon", "20000", "nan"):
+        monkeypatch.setenv("HINTKV_CPU_KEEPER_LINGER_MS", bad)
+        with pytest.raises(ValueError, match="HINTKV_CPU_KEEPER_LINGER_MS"):
+            cpu_keeper.linger_s()
+
+
+@needs_ext
+def test_a_lingering_keeper_yields_its_cpu_to_any_other_thread_and_stops_spinning():
+    """After the last step the keepers linger (here 10 s) only on CPUs nothing else wants: a busy process on each
+    keeper's CPU (this session's, where a SCHED_IDLE keeper gets ~0.3% against it; another session's would leave it
+    ~half) ends every keeper's linger (a yield each), and they spin no more until the next step. In a fresh process,
+    whose keeper set is its own."""
+    code = textwrap.dedent("""
+        import os, subprocess, sys, time
+        os.environ["HINTKV_CPU_KEEPER"] = "1"
+        os.environ["HINTKV_CPU_KEEPER_LINGER_MS"] = "10000"
+        from hintkv.engine.cpu_keeper import CpuKeeper
+        keeper = CpuKeeper.build("cpu")
+        assert keeper is not None
+        n = len(keeper.tids)
+        with keeper.step():
+            pass
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n + 1)]
+        try:
+            end = time.monotonic() + 60
+            while keeper.stats()[3] < n:
+                assert time.monotonic() < end, f"no yield: {keeper.stats()}"
+                time.sleep(0.01)
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+        spins = keeper.stats()[0]
+        time.sleep(0.2)  # the linger's 10 s are not over: yielded keepers sleep until the next step
+        assert keeper.stats()[0] == spins and keeper.stats()[3] == n, keeper.stats()
+        with keeper.step():
+            end = time.monotonic() + 60
+            while keeper.stats()[0] == spins:  # the next step holds them again
+                assert time.monotonic() < end, "no spin in the next step"
+                time.sleep(0.01)
+        print("yielded")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "yielded" in out.stdout, out.stderr[-2000:]
+
+
 def _greedy(engine: LLMEngine) -> list[int]:
     engine.add_request(GenerateRequest("r", list(range(100, 400)), SamplingParams(temperature=0, max_tokens=6,
                                                                                   ignore_eos=True)))

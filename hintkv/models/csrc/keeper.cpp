@@ -7,8 +7,12 @@
 //   with others raises. If a thread cannot switch its policy or CPU, every thread of the set exits without spinning
 //   and the call raises (a later call may try again).
 // keeper_enter() / keeper_leave(linger_ns): a step holds the keepers between the two (holders counted: engines of
-//   one process share the set); when the last holder leaves they spin linger_ns more, then sleep.
-// keeper_stats() -> [spin rounds, futex sleeps, holders]: what the keepers did (tests).
+//   one process share the set); when the last holder leaves they spin linger_ns more, then sleep. While lingering
+//   (no step holds them) a keeper spins only on a CPU nobody else wants: over each kWindowNs of the linger it must
+//   have run at least kMinShare of the time, else it sleeps until the next enter() (a yield). Any thread that runs
+//   on its CPU (another session's above all: under autogroup a SCHED_IDLE keeper shares its CPU with another
+//   session's thread as evenly as a normal thread would) ends its linger within a window or two.
+// keeper_stats() -> [spin rounds, futex sleeps, holders, yields]: what the keepers did (tests).
 //
 // A keeper never holds a lock and touches no tensor: it spins while the deadline lies ahead, checking the clock every
 // 64 pauses, then sleeps on the futex word every enter() bumps. SCHED_IDLE has weight 3 against a normal thread's
@@ -35,7 +39,7 @@ struct Keeper {
     std::atomic<int64_t> until{0};    // CLOCK_MONOTONIC ns to spin until
     std::atomic<int32_t> word{0};     // futex word: bumped by every enter()
     std::atomic<int32_t> sleepers{0};
-    std::atomic<int64_t> spins{0}, sleeps{0};
+    std::atomic<int64_t> spins{0}, sleeps{0}, yields{0};
     std::atomic<int32_t> ready{0};    // threads past their set-up
     std::atomic<bool> failed{false};  // a set-up failed: every thread of the set exits
     std::vector<int64_t> cpus, tids;  // sized before any thread starts: threads write their own slot
@@ -47,6 +51,15 @@ Keeper* keeper = nullptr;  // the started set, never stopped: its threads sleep 
 int64_t now_ns() {
     timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+constexpr int64_t kWindowNs = 5000000;  // a lingering keeper's share is read over 5 ms
+constexpr double kMinShare = 0.7;        // a competitor's slice (~3 ms) in a window takes it under
+
+int64_t thread_cpu_ns() {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
@@ -67,14 +80,32 @@ void run(Keeper* k, size_t i, int policy) {
     }
     k->errs[i] = err;
     k->ready.fetch_add(1, std::memory_order_release);
+    bool lingering = false;  // spinning after the last holder left: the window below is read
+    int64_t window_wall = 0, window_cpu = 0;
     for (;;) {
         const int32_t w = k->word.load(std::memory_order_acquire);
         if (err != 0 || k->failed.load(std::memory_order_acquire)) return;  // never spin at the wrong priority
-        if (now_ns() < k->until.load(std::memory_order_acquire)) {
+        const int64_t until = k->until.load(std::memory_order_acquire), t = now_ns();
+        bool yield = false;
+        if (t < until && until != INT64_MAX) {
+            if (!lingering) {
+                lingering = true;
+                window_wall = t, window_cpu = thread_cpu_ns();
+            } else if (t - window_wall >= kWindowNs) {
+                const int64_t cpu = thread_cpu_ns();
+                yield = static_cast<double>(cpu - window_cpu) < kMinShare * static_cast<double>(t - window_wall);
+                window_wall = t, window_cpu = cpu;
+            }
+        } else {
+            lingering = false;
+        }
+        if (t < until && !yield) {
             for (int j = 0; j < 64; ++j) __builtin_ia32_pause();
             k->spins.fetch_add(1, std::memory_order_relaxed);
             continue;
         }
+        lingering = false;
+        if (yield) k->yields.fetch_add(1, std::memory_order_relaxed);
         k->sleepers.fetch_add(1);
         k->sleeps.fetch_add(1, std::memory_order_relaxed);
         // returns at once if enter() (or a failed start) bumped the word since we read it
@@ -136,7 +167,7 @@ void keeper_leave(int64_t linger_ns) {
 }
 
 std::vector<int64_t> keeper_stats() {
-    if (keeper == nullptr) return {0, 0, 0};
+    if (keeper == nullptr) return {0, 0, 0, 0};
     std::lock_guard<std::mutex> g(keeper->lock);
-    return {keeper->spins.load(), keeper->sleeps.load(), keeper->holders};
+    return {keeper->spins.load(), keeper->sleeps.load(), keeper->holders, keeper->yields.load()};
 }
