@@ -6,6 +6,7 @@ we use rotate-half RoPE, so the permutation is undone here ("reverse_permute" in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import mmap
@@ -41,9 +42,20 @@ _LAYER_NAMES = {
 
 
 def _reader(path: str | Path) -> Any:
+    """The file's `GGUFReader`. The last one parsed is kept: parsing the metadata (the vocabulary's ~150K strings,
+    one numpy view each) takes 5-10 s of Python, and a process often loads one file twice (a reference and a
+    candidate model; test modules one after another). A file whose size or mtime changed is parsed again. Its
+    tensors are read-only memmaps, which every user copies (`gguf_state_dict`)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return _parsed_reader(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_reader(path: str, size: int, mtime_ns: int) -> Any:
     import gguf  # heavy-ish import, only for GGUF specs
 
-    return gguf.GGUFReader(str(path))
+    return gguf.GGUFReader(path)
 
 
 def _meta(reader: Any) -> dict[str, Any]:
