@@ -1,13 +1,13 @@
-"""The greedy LM head's screen alone: the blocked VNNI screen vs the row-major one vs logits + argmax.
+"""The greedy LM head's screen alone: this machine's screen (VNNI or AVX2) vs the AVX2 one vs logits + argmax.
 
     python -m hintkv.bench.greedy_screen [--rows 1,8,12,16] [--reps 9] [--vocab 49152] [--hidden 512]
                                          [--logits onednn|mkl]
 
 A random head (dummy:tiny's 49152 x 512 by default, rows * 0.05) and x ~ N(0, 1), one thread, process CPU time
 per call, the median of `--reps` calls interleaved across the three. "blocked" is this machine's build of
-`csrc/greedy_head.cpp` (16-row blocks where the CPU has AVX-512 VNNI); "row-major" is the same source built
-with -mno-avx512vnni (the AVX2 screen a CPU without VNNI runs: vpmaddubsw on rows; on such a CPU "blocked" is
-that screen already, and there is no "row-major" column); "logits" is
+`csrc/greedy_head.cpp` (16-row blocks: dpbusd where the CPU has AVX-512 VNNI, else AVX2's vpmaddubsw); "avx2" is
+the same source built with -mno-avx512f (the AVX2 screen a CPU without VNNI runs; on such a CPU "blocked" is that
+screen already, and there is no "avx2" column); "logits" is
 `linear.KERNELS[--logits]` + argmax, what the runner does above `greedy_head.max_rows()` rows: by default the
 runner's own float kernel on this CPU (`linear.float_kernel_name`: `onednn` on a non-Intel AVX-512 CPU, else
 `mkl`; HINTKV_CPU_GEMM picks another). Each row count's tokens are checked against a float64 argmax;
@@ -41,23 +41,23 @@ def rows_table(vocab: int, hidden: int, rows: list[int], reps: int, logits_kerne
     native = greedy_head.ops()
     if native is None or not native.has_screen():
         raise SystemExit("no greedy screen on this machine (C++ kernels off, or neither VNNI nor AVX2)")
-    # a CPU without VNNI (Zen 3) runs the row-major screen natively: the -mno-avx512vnni build is the same code
-    # again (a C++ build of minutes in every fresh CI run, for a column equal to "blocked")
-    rowmajor = cpu_ext.load("hintkv_greedy_head_novnni", greedy_head._SOURCE,
-                            ["screened_argmax", "has_screen", "blocked", "last_recomputed"],
-                            greedy_head._CFLAGS + ["-mno-avx512vnni"]) if native.blocked() else None
+    # a CPU without VNNI (Zen 3) runs the AVX2 screen natively: the -mno-avx512f build is the same code again (a C++
+    # build of minutes in every fresh CI run, for a column equal to "blocked")
+    avx2 = cpu_ext.load("hintkv_greedy_head_novnni", greedy_head._SOURCE,
+                        ["screened_argmax", "has_screen", "blocked", "isa", "last_recomputed"],
+                        greedy_head._CFLAGS + ["-mno-avx512f"]) if native.isa() == "vnni" else None
     g = torch.Generator().manual_seed(0)
     w = torch.randn(vocab, hidden, generator=g) * 0.05
-    prep = {True: greedy_head.quantise_rows(w, blocked=True), False: greedy_head.quantise_rows(w)}
+    prep = greedy_head.quantise_rows(w, blocked=True)
     logits = KERNELS[logits_kernel or float_kernel_name(w)](w, None)
     out = []
     for m in rows:
         x = torch.randn(m, hidden, generator=g)
         want = (x.double() @ w.double().T).argmax(-1).tolist()
         cases: dict[str, Callable[[], object]] = {"logits": lambda: logits(x).argmax(-1).tolist()}
-        if rowmajor is not None and rowmajor.has_screen() and not rowmajor.blocked():
-            cases["row-major"] = lambda: rowmajor.screened_argmax(x, *prep[False], w)
-        cases["blocked"] = lambda: native.screened_argmax(x, *prep[native.blocked()], w)
+        if avx2 is not None and avx2.isa() == "avx2":
+            cases["avx2"] = lambda: avx2.screened_argmax(x, *prep, w)
+        cases["blocked"] = lambda: native.screened_argmax(x, *prep, w)
         for name, fn in cases.items():  # warm-up; the screens must give the float64 argmax
             got = fn()
             if name != "logits" and got != want:
@@ -70,8 +70,8 @@ def rows_table(vocab: int, hidden: int, rows: list[int], reps: int, logits_kerne
         med = {name: statistics.median(v) for name, v in times.items()}
         row: dict[str, object] = {"rows": m, **{f"{name} ms": round(v, 2) for name, v in med.items()},
                                   "recomputed": recomputed}
-        if "row-major" in med:
-            row["row-major/blocked"] = round(med["row-major"] / med["blocked"], 2)
+        if "avx2" in med:
+            row["avx2/blocked"] = round(med["avx2"] / med["blocked"], 2)
         row["logits/blocked"] = round(med["logits"] / med["blocked"], 2)
         out.append(row)
     return out
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     table = rows_table(args.vocab, args.hidden, [int(r) for r in args.rows.split(",")], args.reps, args.logits)
     kernel = args.logits or float_kernel_name(torch.zeros(args.vocab, args.hidden))
     print(f"greedy head {args.vocab} x {args.hidden}: one thread, CPU time per call (ms), median of {args.reps}; "
-          f"blocked build: {greedy_head.ops().blocked()}; logits: {kernel} + argmax; "
+          f"screen: {greedy_head.ops().isa()}; logits: {kernel} + argmax; "
           f"max_rows(): {greedy_head.max_rows()}")
     print_table(table, list(table[0]))
     return 0

@@ -4,7 +4,7 @@ A greedy step needs one token per row, not the logits. On a CPU the LM head is t
 decode step and it is bound by the bytes it reads (dummy:tiny: 49152 x 512 float32 = 100 MB, ~37% of a
 one-row step's CPU time); vLLM reads all of it. Here an int8 copy (per-row scale, a quarter of the
 bytes) and x quantised per row give approximate logits through integer dot products (AVX-512 VNNI, or
-AVX2's vpmaddubsw where a CPU has no VNNI, e.g. AMD Zen 1)
+AVX2's vpmaddubsw where a CPU has no VNNI, e.g. AMD Zen 1 and 3; both read the copy in 16-row blocks)
 with a proved error bound, and only the rows whose bound reaches the best lower bound are recomputed
 in float32 (`csrc/greedy_head.cpp` says how):
 
@@ -17,11 +17,11 @@ torch.argmax of the logits (rare; both are the real argmax up to float rounding)
 
     GreedyHead(weight, head).serves(rows, quantized) -> bool    THE decision: does a greedy step of `rows` rows
                                         take the screen (CPU float32 weight first, env, kernels, row counts, w8a8 build)
-    max_rows() -> int    MAX_ROWS_BLOCKED (64) in the VNNI build, else MAX_ROWS (12)
+    max_rows() -> int    MAX_ROWS_BLOCKED (64) in the VNNI build, else MAX_ROWS (12: the AVX2 build)
     GreedyHead(weight, head)(hidden, quantized) -> list[int] | None    None: not served (the caller computes logits)
     GreedyHead(weight, head).prepare(quantized) -> bool    build the int8 copy now if `serves` lets any step in
     GreedyHead(weight, head).ready() -> bool    the int8 copy of the current weight is built
-    screens_w8a8() -> bool    the build's part of `serves` under w8a8: the VNNI (blocked) build, the one measured
+    screens_w8a8() -> bool    the build's part of `serves` under w8a8: the VNNI build, the one measured
 
 Under w8a8 the int8 copy is the head kernel's own (`head`, an unsmoothed `linear.W8A8HeadKernel`: `int8.quantize_weight`
 + `int8.block_weight` of the same weight, byte for byte), not a third one; only err_r and the row sums are derived.
@@ -54,7 +54,8 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs
 # an AVX2 CPU; this Zen 4's -mno-avx512vnni build (`bench.greedy_screen`'s row-major column, sixteenth session,
 # load 6-7) beat onednn logits at 13-16 rows (10.47 vs 11.50, 12.19 vs 13.59 ms) and MKL's at 13-48, and lost to
 # onednn from 24 (18.29 vs 16.52).
-MAX_ROWS = 12  # the row-major screen (AVX2 build); also the most rows a w8a8 step gives the screen (measured range)
+MAX_ROWS = 12  # the AVX2 build (its blocked screen NOT re-measured past 12 rows); also the most rows a w8a8 step gives
+# the screen (measured range)
 # The blocked screen (VNNI build) against the runner's logits + cpu_kernels.argmax on this CPU (`onednn` on Zen 4),
 # 49152 x 512 head, random rows, one thread, CPU ms, median of 9 interleaved, logits/screen. Commit 5cac9c7 (load
 # 11-12): 13 rows 10.43/5.90, 16 11.67/5.86, 24 15.26/8.28, 32 20.06/11.49, 48 26.91/16.90, 64 34.25/21.30: 1.6-2.0x
@@ -68,25 +69,29 @@ MAX_ROWS_BLOCKED = 64
 # Under w8a8 the head is an int8 GEMM whose top 16 logits of each row are recomputed in float (`linear.W8A8HeadKernel`);
 # the screen gives the float argmax itself. w8a8 dummy:tiny decode step, one process, the two interleaved (5 rounds x
 # 16 steps, one thread, CPU ms, median; sixteenth session, load 8-9): rows 1: head 4.93, screen 5.48; 2: 6.83 vs 5.54;
-# 4: 8.20 vs 7.30; 8: 11.75 vs 10.53. From 2 rows the screen is cheaper; at one row the int8 head stays.
+# 4: 8.20 vs 7.30; 8: 11.75 vs 10.53. From 2 rows the screen is cheaper; at one row the int8 head stays. AVX2 (Zen 3,
+# twenty-sixth session, the blocked AVX2 screen, dummy:tiny b8, one thread, load 4-5): the w8a8 step with the screen
+# 21.82 ms vs 21.91 with the int8 head (A/B in one process), the head's share 5.54 vs 5.24 (its gemv 4.4 + top-k,
+# rescoring and argmax): on AVX2 both are an int8 pass of the same multiply work, so there w8a8 keeps the head.
 W8A8_MIN_ROWS = 2
 
 
 def ops() -> ModuleType | None:
-    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen", "blocked",
+    return cpu_ext.load("hintkv_greedy_head", _SOURCE, ["screened_argmax", "has_screen", "blocked", "isa",
                                                               "last_recomputed"], _CFLAGS)
 
 
 def max_rows() -> int:
     """The most rows this build's screen answers; above it the caller computes the logits."""
-    return MAX_ROWS_BLOCKED if ops() is not None and ops().blocked() else MAX_ROWS
+    return MAX_ROWS_BLOCKED if ops() is not None and ops().isa() == "vnni" else MAX_ROWS
 
 
 def screens_w8a8() -> bool:
-    """Whether w8a8 greedy steps of W8A8_MIN_ROWS..MAX_ROWS (12) rows take the screen on this build: the VNNI (blocked)
-    build, the one measured cheaper than the int8 head; an AVX2-only build keeps the head. Only `GreedyHead.serves`
-    asks it, after the weight's device and the kernels (a CUDA model never builds this extension)."""
-    return bool(ops().blocked())
+    """Whether w8a8 greedy steps of W8A8_MIN_ROWS..MAX_ROWS (12) rows take the screen on this build: the VNNI build, the
+    one measured cheaper than the int8 head; the AVX2 build keeps the head (there both are int8 passes of the same
+    multiply work: W8A8_MIN_ROWS' note). Only `GreedyHead.serves` asks it, after the weight's device and the kernels
+    (a CUDA model never builds this extension)."""
+    return ops().isa() == "vnni"
 
 
 def quantise_rows(w: torch.Tensor, blocked: bool = False,
@@ -94,7 +99,7 @@ def quantise_rows(w: torch.Tensor, blocked: bool = False,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(int8 copy, per-row scale, per-row error bound err_r, int32 row sums) of a float32 weight [V, H]: the
     screen's arguments after x. The int8 weight is `int8.quantize_weight`'s (one rule for every int8 copy); the copy
-    is its rows [V, H], or with `blocked` (`ops().blocked()`: the VNNI build) `int8.block_weight`'s 16-row blocks
+    is its rows [V, H], or with `blocked` (`ops().blocked()`: both screens read it) `int8.block_weight`'s 16-row blocks
     [ceil(V/16), ceil(H/64) * 16, 16, 4]. `int8_weight`: (int8 [H, V], scale [V], copy in that layout) already made
     of this `w` by those two functions (a w8a8 head kernel's), taken as they are: no new int8 copy."""
     w = w.detach().float()

@@ -85,24 +85,47 @@ def test_the_screen_recomputes_few_rows():
     assert 8 <= rows < 0.01 * v * 8, rows
 
 
-@pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies() or not greedy_head.ops().blocked(),
-                    reason="the native build is already the row-major (AVX2) one, which the tests above run")
-def test_the_avx2_build_and_the_blocked_one_recompute_the_same_rows():
-    """A VNNI machine never builds the AVX2 screen (CPUs without VNNI, e.g. AMD Zen 1): build it here without
-    VNNI. Both compute a and b in the same order, so they recompute the same rows and give the same tokens."""
+@pytest.mark.skipif(not GreedyHead(torch.zeros(2, 64)).applies() or greedy_head.ops().isa() != "vnni",
+                    reason="the native build is already the AVX2 one, which the tests above run")
+def test_the_avx2_build_and_the_vnni_one_recompute_the_same_rows():
+    """A VNNI machine never builds the AVX2 screen (CPUs without VNNI, e.g. AMD Zen 1 and 3): build it here without
+    AVX-512. Both read the same blocked copy and compute a and b in the same order, so they recompute the same rows
+    and give the same tokens."""
     from hintkv.models import cpu_ext
 
     avx2 = cpu_ext.load("hintkv_greedy_head_novnni", greedy_head._SOURCE,
-                        ["screened_argmax", "has_screen", "blocked", "last_recomputed"],
-                        greedy_head._CFLAGS + ["-mno-avx512vnni"])
-    assert avx2 is not None and avx2.has_screen() and not avx2.blocked()
+                        ["screened_argmax", "has_screen", "blocked", "isa", "last_recomputed"],
+                        greedy_head._CFLAGS + ["-mno-avx512f"])
+    assert avx2 is not None and avx2.has_screen() and avx2.blocked() and avx2.isa() == "avx2"
     native = greedy_head.ops()
     gen = torch.Generator().manual_seed(12)
     for v, h, n in [(3001, 200, 8), (4099, 80, 1), (17, 64, 12), (1, 1, 3), (5000, 512, 5)]:
         w = torch.randn(v, h, generator=gen) * 0.05
         x = torch.randn(n, h, generator=gen) * 3
-        rows = avx2.screened_argmax(x, *greedy_head.quantise_rows(w), w)
+        copy = greedy_head.quantise_rows(w, blocked=True)
+        rows = avx2.screened_argmax(x, *copy, w)
         rows_count = avx2.last_recomputed()
-        blocks = native.screened_argmax(x, *greedy_head.quantise_rows(w, blocked=True), w)
+        blocks = native.screened_argmax(x, *copy, w)
         assert rows == blocks == exact(x, w), (v, h, n)
         assert rows_count == native.last_recomputed(), (v, h, n)
+
+
+def test_one_thread_and_two_give_the_same_tokens_and_recompute_the_same_rows():
+    """Pass 1 splits the blocks over threads and merges each x row's lo; pass 2 splits x rows. Ragged shapes: V not a
+    multiple of 16 nor of a thread's 64-block chunk, H not a multiple of 64 (the copy's zero padding), 1-12 x rows
+    (every pass shape: 4-row passes and a 1-3-row rest)."""
+    gen = torch.Generator().manual_seed(21)
+    threads = torch.get_num_threads()
+    try:
+        for v, h, n in [(4099, 80, 1), (3001, 200, 7), (2063, 17, 12), (5000, 512, 8), (33, 64, 6)]:
+            w = torch.randn(v, h, generator=gen) * 0.05
+            x = torch.randn(n, h, generator=gen)
+            copy = greedy_head.quantise_rows(w, blocked=greedy_head.ops().blocked())
+            got = []
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                got.append((greedy_head.ops().screened_argmax(x, *copy, w), greedy_head.ops().last_recomputed()))
+            assert got[0] == got[1], (v, h, n)
+            assert got[0][0] == exact(x, w), (v, h, n)
+    finally:
+        torch.set_num_threads(threads)

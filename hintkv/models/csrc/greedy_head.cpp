@@ -1,12 +1,13 @@
 // Greedy decoding's LM head on a CPU (greedy_head.py): each row's argmax of x W^T, reading W's int8 copy.
 //
 // screened_argmax(x [N, H] f32, wq, scale [V], err [V], wsum [V] i32, w [V, H] f32) -> N ints
-//   wq: the int8 copy in the layout blocked() names (greedy_head.quantise_rows makes it): the VNNI build reads
-//   16-row blocks [ceil(V/16), Hq, 16, 4] (int8.block_weight's, zero padded), the AVX2 build rows [V, H]
+//   wq: the int8 copy in 16-row blocks [ceil(V/16), Hq, 16, 4] (int8.block_weight's, zero padded; greedy_head
+//   .quantise_rows makes it), read by both builds
 //   1. x's rows quantised per row: x ~ sx xq (|xq| <= 127), dx = |x - sx xq|_1 (exact, in double)
 //   2. approximate logits a_r = sx scale_r (xq . wq_r): integer dot products (AVX-512 VNNI: 64
-//      multiply-adds per instruction on u8 = xq + 128, minus 128 wsum_r), so the step reads a quarter
-//      of the float weight's bytes and is bound by them, not by arithmetic
+//      multiply-adds per instruction on u8 = xq + 128, minus 128 wsum_r; AVX2: vpmaddubsw, 32 an instruction,
+//      then vpmaddwd to widen), so the step reads a quarter of the float weight's bytes (AVX2's is bound by its
+//      arithmetic at 8 rows: the int8 gemv's work per product)
 //   3. |x . w_r - a_r| <= |x|_1 err_r + dx 127 scale_r =: b_r (err_r: the row's largest rounding error
 //      plus float summation's margin); lo = max_r (a_r - b_r) is below the argmax's value, so the
 //      argmax is among the rows with a_r + b_r >= lo, which get exact float32 dot products
@@ -14,7 +15,7 @@
 //   computes the logits): a row of x not finite, or a bound that is not finite in float (|x|_1 past float's range)
 // last_recomputed() -> int: rows the calling thread's last screened_argmax recomputed in float (all x rows together)
 // has_screen() -> bool: whether this build has the screen (AVX-512 VNNI, or AVX2's vpmaddubsw on |x| and sign(x) q,
-// e.g. AMD Zen 1; else greedy_head.py computes the logits).
+// e.g. AMD Zen 1 and 3; else greedy_head.py computes the logits). isa() says which ("vnni", "avx2", "").
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <vector>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -45,42 +47,6 @@ constexpr int kOffset = 128;  // x's int8 values go in as u8 = xq + 128 (dpbusd 
 constexpr int kOffset = 0;  // AVX2 keeps them signed
 #endif
 
-#if defined(HINTKV_SCREEN) && !defined(HINTKV_VNNI)
-// The same sums on AVX2, x kept signed (u holds xq as int8, kOffset 0): vpmaddubsw multiplies |x| (u8) by
-// sign(x) q (s8) into int16 pair sums, exact since 2 x 127 x 127 < 2^15, vpmaddwd by 1 widens them to int32.
-template <int R, int M>
-inline void dots_u8s8(const uint8_t* u, int64_t Hp, const int8_t* q, int64_t H, int32_t* out, int64_t ldo) {
-    const int8_t* x = reinterpret_cast<const int8_t*>(u);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i c[R][M];
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < M; ++i) c[r][i] = _mm256_setzero_si256();
-    int64_t d = 0;
-    for (; d + 32 <= H; d += 32) {
-        __m256i xv[M], xa[M];
-        for (int i = 0; i < M; ++i) {
-            xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * Hp + d));
-            xa[i] = _mm256_abs_epi8(xv[i]);
-        }
-        for (int r = 0; r < R; ++r) {
-            if (d % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + (r + PREFETCH_ROWS) * H + d), _MM_HINT_T0);
-            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * H + d));
-            for (int i = 0; i < M; ++i)
-                c[r][i] = _mm256_add_epi32(c[r][i], _mm256_madd_epi16(_mm256_maddubs_epi16(xa[i], _mm256_sign_epi8(wv, xv[i])), ones));
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < M; ++i) {
-            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(c[r][i]), _mm256_extracti128_si256(c[r][i], 1));
-            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-            int32_t v = _mm_cvtsi128_si32(s);
-            for (int64_t e = d; e < H; ++e) v += int32_t(x[i * Hp + e]) * q[r * H + e];
-            out[r * ldo + i] = v;
-        }
-}
-#endif
-
 inline float float_dot(const float* x, const float* w, int64_t H) {
     int64_t d = 0;
     float sum = 0.f;
@@ -100,6 +66,15 @@ inline float float_dot(const float* x, const float* w, int64_t H) {
 }
 
 thread_local int64_t recomputed_rows = 0;
+#if defined(HINTKV_SCREEN)
+thread_local std::vector<int64_t> scratch_rows;  // one x row's candidates (pass 2), per thread
+
+constexpr int64_t kAhead = 4;  // candidate rows fetched ahead of their dot product
+inline void fetch_row(const float* w, int64_t H) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(w) / 64, last = (reinterpret_cast<uintptr_t>(w + H) - 1) / 64;
+    for (uintptr_t line = first; line <= last; ++line) _mm_prefetch(reinterpret_cast<const char*>(line * 64), _MM_HINT_T0);
+}
+#endif
 
 template <typename T>
 T* scratch(std::vector<T>& buf, int64_t n) {
@@ -119,17 +94,19 @@ bool has_screen() {
 #endif
 }
 
-#if defined(HINTKV_VNNI)
+#if defined(HINTKV_SCREEN)
 namespace {
 
 struct Screen {
-    const uint8_t* u;                   // x's rows as u8, row stride 4 Hq (read 4 at a time through memcpy)
+    const uint8_t* u;                   // x's rows (u8 xq + kOffset), row stride 4 Hq (read 4 at a time: memcpy)
     const int8_t* wb;                   // the blocked copy [Vb][Hq][16][4]
     const float *sp, *ep, *sx, *l1, *dx;
     const int32_t* wsp;
     int64_t N, V, Hq, ld;               // ld = Vb * 16
     float* hi;                          // [N][ld]: a_r + b_r (-inf past V)
 };
+
+#if defined(HINTKV_VNNI)
 
 // blocks [v0, v0 + B) (16 rows each, [Hq][16][4] int8: block_weight's layout) against G x rows: each block's 16
 // dot products per x row land in one register (the row-major screen reduced every (row, x row) pair's register
@@ -193,6 +170,102 @@ void screen_all(const Screen& sc, float* lo_out) {
     });
 }
 
+#else
+// AVX2 (no VNNI): the same blocks, x signed (kOffset 0). vpmaddubsw multiplies |x| (u8) by sign(x) q (s8) into int16
+// pair sums, exact since 2 x 127 x 127 < 2^15, and vpmaddwd by 1 widens them to int32 quad sums: a block's 16 dot
+// products per x row in two registers (channels 0-7, 8-15), no horizontal sums (the row-major screen this replaced
+// reduced each (row, x row) pair's register horizontally). A pass takes at most 4 x rows (8 accumulators of 16 ymm
+// registers); a group's further rows take further passes over the same block, then in L1. The int8 gemv's AVX2 loop
+// does the same work per product (int8_gemv.cpp).
+template <int P>
+inline void block_pass(const uint8_t* u, int64_t Hq, const int8_t* wb, __m256i (*out)[2]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[P][2];  // local (registers); `out` only at the end
+    for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_si256();
+    for (int64_t kq = 0; kq < Hq; ++kq) {
+        const int8_t* line = wb + kq * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(line + 512), _MM_HINT_T0);  // across the next block's start
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32));
+        for (int p = 0; p < P; ++p) {
+            int32_t quad;  // x's 4 bytes; memcpy, not an int32_t* into the u8 buffer (strict aliasing)
+            std::memcpy(&quad, u + (p * Hq + kq) * 4, sizeof quad);
+            const __m256i av = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(av);
+            acc[p][0] = _mm256_add_epi32(acc[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, av)), ones));
+            acc[p][1] = _mm256_add_epi32(acc[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, av)), ones));
+        }
+    }
+    for (int p = 0; p < P; ++p) out[p][0] = acc[p][0], out[p][1] = acc[p][1];
+}
+
+// hi and lo for x rows [g0, g0 + P) from their dots with block v: the VNNI screen's arithmetic, 8 rows of V a time
+template <int P>
+inline void block_bounds(const Screen& sc, int64_t v, int g0, const __m256i (*acc)[2], __m256* lo) {
+    const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int h = 0; h < 2; ++h) {
+        const int64_t r = v * 16 + h * 8;
+        const int count = static_cast<int>(std::clamp<int64_t>(sc.V - r, 0, 8));
+        const __m256i livei = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 live = _mm256_castsi256_ps(livei);
+        const __m256 s = _mm256_maskload_ps(sc.sp + r, livei), e = _mm256_maskload_ps(sc.ep + r, livei);
+        for (int p = 0; p < P; ++p) {
+            const int g = g0 + p;
+            const __m256 dot = _mm256_cvtepi32_ps(acc[p][h]);
+            const __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.sx[g]), s), dot);
+            const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.dx[g] * 127.f), s), _mm256_set1_ps(1.f + 1e-6f));
+            const __m256 bnd = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(sc.l1[g]), e), t);
+            lo[g] = _mm256_blendv_ps(lo[g], _mm256_max_ps(lo[g], _mm256_sub_ps(a, bnd)), live);
+            _mm256_storeu_ps(sc.hi + g * sc.ld + r, _mm256_blendv_ps(ninf, _mm256_add_ps(a, bnd), live));
+        }
+    }
+}
+
+// block v against the group's G x rows: passes of 4 rows, then the rest
+template <int G>
+inline void screen_block(const Screen& sc, int64_t v, __m256* lo) {
+    const int8_t* wb = sc.wb + v * sc.Hq * 64;
+    __m256i acc[4][2];
+    for (int g0 = 0; g0 + 4 <= G; g0 += 4) {
+        block_pass<4>(sc.u + g0 * sc.Hq * 4, sc.Hq, wb, acc);
+        block_bounds<4>(sc, v, g0, acc, lo);
+    }
+    constexpr int rest = G % 4;
+    if constexpr (rest > 0) {
+        block_pass<rest>(sc.u + (G - rest) * sc.Hq * 4, sc.Hq, wb, acc);
+        block_bounds<rest>(sc, v, G - rest, acc, lo);
+    }
+}
+
+template <int G>
+void screen_all(const Screen& sc, float* lo_out) {
+    const int64_t Vb = (sc.V + 15) / 16;
+    std::mutex merge;
+    at::parallel_for(0, Vb, 64, [&](int64_t v0, int64_t v1) {
+        __m256 lo[G];
+        for (int g = 0; g < G; ++g) lo[g] = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t v = v0; v < v1; ++v) screen_block<G>(sc, v, lo);
+        std::lock_guard<std::mutex> hold(merge);
+        for (int g = 0; g < G; ++g) {
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(lo[g]), _mm256_extractf128_ps(lo[g], 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ss(m, _mm_movehdup_ps(m));
+            lo_out[g] = std::max(lo_out[g], _mm_cvtss_f32(m));
+        }
+    });
+}
+#endif
+
+// bit i: rows r0 + i of 16 whose hi is not below lo (NaN either way counts: the caller masks the padding)
+inline uint32_t candidates(const float* hi, float lo) {
+#if defined(HINTKV_VNNI)
+    return _mm512_cmp_ps_mask(_mm512_loadu_ps(hi), _mm512_set1_ps(lo), _CMP_NLT_UQ);
+#else
+    const __m256 lov = _mm256_set1_ps(lo);
+    const uint32_t low = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(hi), lov, _CMP_NLT_UQ));
+    return low | uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(hi + 8), lov, _CMP_NLT_UQ))) << 8;
+#endif
+}
+
 // G x rows at a time (the blocks are read once per group), up to 12
 void screen_rows(Screen sc, float* lo) {
     const int64_t N = sc.N, ld = sc.ld;
@@ -221,13 +294,24 @@ void screen_rows(Screen sc, float* lo) {
 }  // namespace
 #endif
 
-// blocked() -> bool: the screen reads the int8 copy in 16-row blocks (`int8.block_weight`'s [ceil(V/16), Hq, 16, 4],
-// the VNNI build) rather than as rows [V, H] (the AVX2 build)
+// blocked() -> bool: the screen reads the int8 copy in 16-row blocks (`int8.block_weight`'s [ceil(V/16), Hq, 16, 4]):
+// every build that has the screen (VNNI and AVX2)
 bool blocked() {
-#if defined(HINTKV_VNNI)
+#if defined(HINTKV_SCREEN)
     return true;
 #else
     return false;
+#endif
+}
+
+// isa() -> str: the screen's integer dot products: "vnni" (dpbusd), "avx2" (vpmaddubsw) or "" (no screen)
+std::string isa() {
+#if defined(HINTKV_VNNI)
+    return "vnni";
+#elif defined(HINTKV_SCREEN)
+    return "avx2";
+#else
+    return "";
 #endif
 }
 
@@ -241,19 +325,9 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     const int64_t N = x.size(0), H = x.size(1), V = w.size(0);
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && V > 0 && w.size(1) == H,
                 "w must be contiguous float32 [V, H]");
-#if defined(HINTKV_VNNI)
     TORCH_CHECK(wq.dim() == 4 && wq.scalar_type() == torch::kInt8 && wq.is_contiguous() && wq.size(0) == (V + 15) / 16 &&
                 wq.size(2) == 16 && wq.size(3) == 4 && wq.size(1) * 4 >= H, "wq must be contiguous int8 [ceil(V/16), Hq, 16, 4]");
     const int64_t Hp = wq.size(1) * 4;
-#else
-    TORCH_CHECK(wq.dim() == 2 && wq.scalar_type() == torch::kInt8 && wq.is_contiguous() && wq.size(0) == V &&
-                wq.size(1) == H, "wq must be contiguous int8 [V, H]");
-    const int64_t Hp = (H + 63) / 64 * 64;
-#endif
-    TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && err.scalar_type() == torch::kFloat32 &&
-                wsum.scalar_type() == torch::kInt32 && scale.is_contiguous() && err.is_contiguous() &&
-                wsum.is_contiguous() && scale.numel() == V && err.numel() == V && wsum.numel() == V,
-                "scale, err must be contiguous float32 [V], wsum int32 [V]");
     const float* xp = x.data_ptr<float>();
     const int8_t* qp = wq.data_ptr<int8_t>();
     const float* sp = scale.data_ptr<float>();
@@ -284,7 +358,6 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     }
     std::atomic<int64_t> recomputed{0};
     std::vector<int64_t> best(N);
-#if defined(HINTKV_VNNI)
     // pass 1: every row's bounds from the blocked copy (the weight's padding is 0, so u's padding adds nothing);
     // pass 2: per x row, the rows with a_r + b_r >= lo, in increasing r, get float dots
     const int64_t ld = (V + 15) / 16 * 16;
@@ -300,68 +373,28 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
                 best[n] = -1;
                 continue;
             }
-            const __m512 lov = _mm512_set1_ps(lo[n]);
-            float top = -std::numeric_limits<float>::infinity();
-            int64_t arg = -1, count = 0;
-            for (int64_t r0 = 0; r0 < ld; r0 += 16) {  // increasing r, strict >: the first maximum, like torch.argmax
+            std::vector<int64_t>& rows = scratch_rows;
+            rows.clear();
+            for (int64_t r0 = 0; r0 < ld; r0 += 16) {  // increasing r
                 // rows >= V are padding (hi -inf, but a NaN lo would take them): never candidates
-                const __mmask16 live = V - r0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (V - r0)) - 1);
-                for (__mmask16 m = _mm512_mask_cmp_ps_mask(live, _mm512_loadu_ps(hn + r0), lov, _CMP_NLT_UQ); m;
-                     m &= m - 1) {
-                    const int64_t r = r0 + __builtin_ctz(m);
-                    const float e = float_dot(xp + n * H, wp + r * H, H);
-                    if (arg < 0 || e > top) top = e, arg = r;
-                    ++count;
-                }
+                const uint32_t live = V - r0 >= 16 ? 0xffffu : (1u << (V - r0)) - 1;
+                for (uint32_t m = candidates(hn + r0, lo[n]) & live; m; m &= m - 1) rows.push_back(r0 + __builtin_ctz(m));
             }
-            recomputed += count;
-            best[n] = arg;
-        }
-    });
-#else
-    static thread_local std::vector<int32_t> dbuf;
-    int32_t* dots = scratch(dbuf, N * V);  // dots[r * N + n]: u_n . q_r
-    // x signed (kOffset 0): the padding past H adds nothing
-    at::parallel_for(0, V, 2048, [&](int64_t r0, int64_t r1) {
-        int64_t r = r0;
-        for (; r + 8 <= r1; r += 8) {
-            int64_t n = 0;
-            for (; n + 2 <= N; n += 2) {  // 16 ymm registers: 4 x 2 accumulators (8 x 2 would spill)
-                dots_u8s8<4, 2>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
-                dots_u8s8<4, 2>(u + n * Hp, Hp, qp + (r + 4) * H, H, dots + (r + 4) * N + n, N);
-            }
-            for (; n < N; ++n) dots_u8s8<8, 1>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
-        }
-        for (; r < r1; ++r)
-            for (int64_t n = 0; n < N; ++n) dots_u8s8<1, 1>(u + n * Hp, Hp, qp + r * H, H, dots + r * N + n, N);
-    });
-    at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
-        for (int64_t n = n0; n < n1; ++n) {
-            auto bounds = [&](int64_t r, float& a, float& b) {
-                const int64_t dot = int64_t(dots[r * N + n]) - kOffset * int64_t(wsp[r]);
-                a = sx[n] * sp[r] * static_cast<float>(dot);
-                b = l1[n] * ep[r] + dx[n] * 127.f * sp[r] * (1.f + 1e-6f);
-            };
-            float lo = -std::numeric_limits<float>::infinity(), a, b;  // lo: below the argmax's exact value
-            for (int64_t r = 0; r < V; ++r) bounds(r, a, b), lo = std::max(lo, a - b);
-            if (!std::isfinite(lo)) {  // a bound overflowed float: no screen (best -1 -> the logits)
-                best[n] = -1;
-                continue;
-            }
+            // the candidates' float rows are scattered over the weight (hundreds of 2 KiB rows at 8 x rows on
+            // dummy:tiny): each is fetched kAhead candidates before its dot product instead of at its first miss
+            const int64_t count = static_cast<int64_t>(rows.size());
+            for (int64_t i = 0; i < std::min(kAhead, count); ++i) fetch_row(wp + rows[i] * H, H);
             float top = -std::numeric_limits<float>::infinity();
-            int64_t arg = -1, count = 0;
-            for (int64_t r = 0; r < V; ++r) {  // increasing r, strict >: the first maximum, like torch.argmax
-                bounds(r, a, b);
-                if (a + b < lo) continue;
-                const float e = float_dot(xp + n * H, wp + r * H, H);
-                if (arg < 0 || e > top) top = e, arg = r;
-                ++count;
+            int64_t arg = -1;
+            for (int64_t i = 0; i < count; ++i) {  // strict >: the first maximum, like torch.argmax
+                if (i + kAhead < count) fetch_row(wp + rows[i + kAhead] * H, H);
+                const float e = float_dot(xp + n * H, wp + rows[i] * H, H);
+                if (arg < 0 || e > top) top = e, arg = rows[i];
             }
             recomputed += count;
             best[n] = arg;
         }
     });
-#endif
     recomputed_rows = recomputed.load();
     for (const int64_t b : best)
         if (b < 0 || b >= V) return {};  // no candidate (a NaN bound): the caller computes the logits
