@@ -115,6 +115,12 @@ def _kind(kernel) -> int | None:
     return None
 
 
+def _rows_a_token(kernel) -> int:
+    """The int8 activation rows a token takes in a W8A8 kernel's gemv: one on the int16 kernel's depth-2 weight
+    (`int8.gemv_levels`), else its levels."""
+    return 1 if kernel.gemv_depth() == 2 else kernel.levels
+
+
 def _team_table(int8_ops: ModuleType) -> int:
     """int8_cpu's Int8Team table's address (csrc/int8_team.h), or 0 when that build has no team loop or its table's abi
     is not the one this build reads (a stale cached build): the team then stays off for int8 linears, with a warning,
@@ -138,7 +144,10 @@ class DecodeLayers:
         self.linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                          layer.mlp.down_proj) for layer in model.layers]
         self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
-        self.max_rows = GEMV_ROWS // int8.LEVELS if self.int8 else gemv_cpu.ROWS
+        # gemv takes GEMV_ROWS int8 rows: a token is one row on the int16 kernel's weight (`gemv_kernel()` "i16"), else
+        # its levels (two), so a w8a8 step of up to 16 tokens (i16) or 8 (i8) is fused
+        self.max_rows = (GEMV_ROWS // max(_rows_a_token(m.kernel) for group in self.linears for m in group
+                                          if _KIND.get(type(m.kernel)) != 0) if self.int8 else gemv_cpu.ROWS)
         # int8_cpu's build may be missing (no compiler for it): int8.py then runs the eager ops, and build() returns
         # None on its kernels (_kind), so reading the addresses must not fail first
         int8_ops = int8_cpu.ops() if self.int8 else None

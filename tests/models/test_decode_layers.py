@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import hintkv
-from hintkv.models import cpu_kernels, decode_layers, gemv_cpu
+from hintkv.models import cpu_kernels, decode_layers, gemv_cpu, int8
 from hintkv.models.attention import AttentionMetadata
 from hintkv.models.compile import Regions
 from hintkv.models.decode_layers import DecodeLayers
@@ -75,7 +75,7 @@ def _step(model: LlamaForCausalLM, q_lens: list[int], ctx: list[int], seed: int)
 def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, team, bias, q_lens, ctx):
     model = _model(quantization, bias=bias)
     fused = model._decode_layers
-    assert isinstance(fused, DecodeLayers) and fused.max_rows == (8 if quantization else gemv_cpu.ROWS)
+    assert isinstance(fused, DecodeLayers) and fused.max_rows == (_w8a8_rows() if quantization else gemv_cpu.ROWS)
     fused.team = team
     fused._ops = spy = _OpsSpy(fused._ops)
     ids, pos, meta, kv = _step(model, q_lens, ctx, seed=len(q_lens))
@@ -91,6 +91,30 @@ def test_fused_layers_equal_the_per_op_layers_bit_for_bit(quantization, team, bi
     assert torch.equal(got[0], h) and torch.equal(got[1], residual)
     assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
     assert spy.calls == [("decode_team", True)] if team else [("decode_layers", True)]
+
+
+def _w8a8_rows() -> int:
+    """The most tokens a fused w8a8 step takes: gemv's 16 int8 rows, one a token on the int16 kernel, else two."""
+    return int8.GEMV_ROWS // (1 if int8.gemv_kernel() == "i16" else int8.LEVELS)
+
+
+@pytest.mark.skipif(_w8a8_rows() < 16, reason="the int8 loop (two rows a token): the fused call takes 8 tokens")
+@pytest.mark.parametrize("team", [True, False])
+def test_a_sixteen_token_w8a8_step_is_fused_on_the_int16_kernel(team):
+    """On the int16 kernel a token is one gemv row, so a 16-sequence decode (and down_proj in int8, fine_int8_rows 16)
+    runs in the fused call, bit for bit the per-op layers; 17 tokens are not its case."""
+    model = _model("w8a8", bias=True)
+    fused = model._decode_layers
+    assert fused.max_rows == 16
+    fused.team = team
+    fused.chooser = None
+    fused._ops = spy = _OpsSpy(fused._ops)
+    ctx = [5, 130, 16, 17, 64, 1, 33, 200, 300, 2, 45, 80, 9, 128, 250, 7]
+    got, want, kv, kv_ref = _fused_vs_per_op(model, [1] * 16, ctx, seed=16)
+    assert got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref))
+    assert spy.calls == [("decode_team", True)] if team else [("decode_layers", True)]
+    assert _fused_vs_per_op(model, [1] * 17, ctx + [40], seed=17)[0] is None
 
 
 class _OpsSpy:
