@@ -70,9 +70,10 @@ MAX_ROWS_BLOCKED = 64
 # the screen gives the float argmax itself. w8a8 dummy:tiny decode step, one process, the two interleaved (5 rounds x
 # 16 steps, one thread, CPU ms, median; sixteenth session, load 8-9): rows 1: head 4.93, screen 5.48; 2: 6.83 vs 5.54;
 # 4: 8.20 vs 7.30; 8: 11.75 vs 10.53. From 2 rows the screen is cheaper; at one row the int8 head stays. AVX2 (Zen 3,
-# twenty-sixth session, the blocked AVX2 screen, dummy:tiny b8, one thread, load 4-5): the w8a8 step with the screen
-# 21.82 ms vs 21.91 with the int8 head (A/B in one process), the head's share 5.54 vs 5.24 (its gemv 4.4 + top-k,
-# rescoring and argmax): on AVX2 both are an int8 pass of the same multiply work, so there w8a8 keeps the head.
+# twenty-sixth session, the blocked AVX2 screen, dummy:tiny, two w8a8 engines in one process, one thread, CPU ms,
+# median of 7 rounds, load 4.9): the head's part of a step (the int8 head + its argmax vs the screen) b8 6.14 vs 5.66
+# (per round 0.94-1.38x), b4 3.56 vs 3.40; whole steps b8 19.07 vs 19.24, b4 11.13 vs 10.98. Both are an int8 pass of
+# the same multiply work there; a gain of ~2.5% of a step, inside the steps' noise: w8a8 keeps the head on AVX2.
 W8A8_MIN_ROWS = 2
 
 
