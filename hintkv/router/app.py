@@ -136,7 +136,8 @@ class Router:
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
         who = Identity(body, request.headers)
-        headers = {k: v for k in _FORWARD_HEADERS if (v := request.headers.get(k)) is not None}
+        # the raw bytes: a value with a byte >= 0x80 (read as latin-1) goes on as sent; httpx would refuse its str
+        headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() in _FORWARD_HEADERS]
         self.num_requests += 1
         stream = body.get("stream") is True
         tried: set[str] = set()
@@ -210,7 +211,7 @@ class Router:
         return Response(content, status_code=resp.status_code, headers=out_headers,
                         media_type=resp.headers.get("content-type"))
 
-    async def _fan_out(self, body: dict, path: str, headers: dict, served: Backend,
+    async def _fan_out(self, body: dict, path: str, headers: list[tuple[bytes, bytes]], served: Backend,
                        targets: set[str] | None, key: str | None) -> None:
         """The evict to the other instances in `targets` (None: all of them): now to those up, and
         owed to those down (a busy instance is marked down after slow health checks, not dead),
@@ -231,7 +232,8 @@ class Router:
             if not ok:
                 o.owed.append(owed)
 
-    async def _send_evict(self, o: Backend, path: str, payload: dict, headers: dict) -> bool:
+    async def _send_evict(self, o: Backend, path: str, payload: dict,
+                          headers: list[tuple[bytes, bytes]]) -> bool:
         try:
             r = await self.client().post(f"{o.url}{path}", json=payload, headers=headers,
                                          timeout=EVICT_TIMEOUT_S)
@@ -281,7 +283,8 @@ class Router:
         if b is None:
             return _error(503, "no backend instance is up", type_="server_error",
                           headers={"Retry-After": "1"})
-        headers = {k: v for k in _FORWARD_HEADERS if (v := request.headers.get(k)) is not None}
+        # the raw bytes: a value with a byte >= 0x80 (read as latin-1) goes on as sent; httpx would refuse its str
+        headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() in _FORWARD_HEADERS]
         try:
             r = await self.client().get(f"{b.url}{path}", headers=headers,
                                         params=dict(request.query_params))

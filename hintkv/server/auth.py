@@ -31,7 +31,9 @@ def authenticate(request: Request, api_keys: tuple[str, ...]) -> str | None:
     token = bearer_token(request)
     if not api_keys:
         return token
-    if token is None or not any(hmac.compare_digest(token, key) for key in api_keys):
+    # bytes, not str: compare_digest refuses str with non-ASCII characters (a header byte >= 0x80 read as latin-1)
+    sent = None if token is None else token.encode("utf-8", "surrogateescape")
+    if sent is None or not any(hmac.compare_digest(sent, key.encode("utf-8", "surrogateescape")) for key in api_keys):
         raise APIError(
             401,
             "Invalid or missing API key: send 'Authorization: Bearer <key>'.",
