@@ -178,9 +178,13 @@ class DecodeLayers:
                 or model.dtype != torch.float32 or cfg.head_dim % 16 or not cpu_kernels.enabled()
                 or gemv_cpu.ops() is None):
             return None
-        fused = cls(model)
-        if any(_kind(m.kernel) is None for group in fused.linears for m in group) or ops() is None:
+        # every kernel must be a case first: __init__ asks the int8 ones for their depth (a "dense" float kernel, as
+        # torch without MKL gets, is none of them: review rev26 B3)
+        kernels = [m.kernel for layer in model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                                 layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        if any(_kind(k) is None for k in kernels) or ops() is None:
             return None
+        fused = cls(model)
         fused._ops = ops()
         return fused
 
