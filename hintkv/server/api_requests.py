@@ -32,6 +32,7 @@ PositiveInt = Annotated[StrictInt, Field(ge=1)]
 Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]  # OpenAI's presence / frequency range
 Bias = Annotated[StrictFloat, Field(ge=-100, le=100)]  # OpenAI's logit_bias range
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+MAX_STOP_STRINGS = 64  # vLLM takes any number, OpenAI 4; agent frameworks send a handful
 
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # Known OpenAI fields we do not implement, with the values that leave them off: any other
@@ -115,6 +116,8 @@ class _SamplingRequest(_Open):
         stops = [stop] if isinstance(stop, str) else stop or []
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
+        if len(stops) > MAX_STOP_STRINGS:  # each output piece is searched for every one on the event loop (rev26 A2)
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")
         return stop
 
     @field_validator("logit_bias")
@@ -156,6 +159,17 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: StrictStr | dict[str, Any] | None = None
     max_completion_tokens: PositiveInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _supported_tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        """'auto' (the default) and 'none' only: a forced call ('required', a named function) would change the
+        output and is not implemented, so it is refused, not ignored (review rev26 A3)."""
+        if choice is None or choice in ("auto", "none"):
+            return choice
+        if choice == "required" or isinstance(choice, dict):
+            raise ValueError("only tool_choice 'auto' and 'none' are supported (a forced tool call is not)")
+        raise ValueError(f"tool_choice must be 'auto' or 'none', got {choice!r}")
 
     @property
     def output_limit(self) -> int | None:

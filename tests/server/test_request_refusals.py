@@ -1,0 +1,47 @@
+"""Request fields refused, not ignored or run unbounded (review rev26 A2, A3; each failed on d9b7ee5)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_testing import API_KEY
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def _chat(live_server, **extra):
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 8,
+            "temperature": 0, **extra}
+    return httpx.post(live_server.v1 + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_choice_is_refused_not_ignored(live_server, choice):
+    """README: fields that would change the output and are not implemented are a 400. A forced tool
+    choice (OpenAI: the model MUST call a tool / this tool) is not implemented: the reply is plain text."""
+    r = _chat(live_server, tools=TOOLS, tool_choice=choice)
+    assert r.status_code == 400, r.json()["choices"][0]
+    assert r.json()["error"]["param"] == "tool_choice"
+
+
+def test_an_invalid_tool_choice_is_a_400(live_server):
+    r = _chat(live_server, tools=TOOLS, tool_choice="sometimes")
+    assert r.status_code == 400, r.text[:300]
+
+
+def test_a_named_tool_choice_without_tools_is_a_400(live_server):
+    r = _chat(live_server, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert r.status_code == 400, r.text[:300]
+
+
+def test_a_request_cannot_send_tens_of_thousands_of_stop_strings(live_server):
+    """Each output token searches every stop string on the event loop: 65,536 stops of 100 characters
+    (6.8 MB, under the 8 MiB body cap) cost ~25 ms of loop time per token (measured: /health p50
+    6.6 s while one such 200-token request ran). OpenAI allows 4 stop strings."""
+    stops = ["%06d" % i + "x" * 94 for i in range(65536)]
+    r = _chat(live_server, stop=stops, max_tokens=1)
+    assert r.status_code == 400, r.text[:300]
+
