@@ -37,6 +37,9 @@ from fastapi.responses import (
 
 from hintkv.router.affinity import Placement
 from hintkv.router.backends import Backend, Backends
+from hintkv.server.body import read_limited
+from hintkv.server.errors import APIError
+from hintkv.server.limits import MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,10 @@ class Router:
             await self._client.aclose()
 
     async def forward(self, request: Request, path: str) -> Response:
-        raw = await request.body()
+        try:  # the instances' own cap, read before the whole body is in memory (review rev26 A13)
+            raw = await read_limited(request, MAX_BODY_BYTES)
+        except APIError as e:
+            return _error(e.status_code, e.message)
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
