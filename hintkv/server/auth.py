@@ -61,3 +61,9 @@ def tenant_of(api_key: str | None, cache_salt: str | None) -> str:
         return identity
     digest = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return f"{identity}/salt-{digest}"
+
+
+def caller_of(tenant: str) -> str:
+    """The caller's identity in a tenant string (`tenant_of`'s part before its salt): what the load gate's rate and
+    concurrency limits count, since a salt is a KV namespace the client picks freely per request (review rev26 A15)."""
+    return tenant.partition("/")[0]

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from hintkv.protocol import AgentHintResult
 from hintkv.server.admission import check_model, check_supported, generate_request
 from hintkv.server.api_requests import _SamplingRequest
+from hintkv.server.auth import caller_of
 from hintkv.server.body import parse_body
 from hintkv.server.errors import APIError
 from hintkv.server.generation import Finished, TextDelta, collect_text, generate_text
@@ -133,7 +134,7 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
         state.metrics.manage_latency.observe(time.perf_counter() - arrival)
         return call.management_response(request_id, engine.model_name, result)
     call.check_prompt()
-    ticket = _admit(state, tenant, arrival)
+    ticket = _admit(state, caller_of(tenant), arrival)
     try:
         loop = asyncio.get_running_loop()
         if call.tokenizes:
