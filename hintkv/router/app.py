@@ -184,6 +184,8 @@ class Router:
             if who.ends_session and who.is_root:
                 self.placement.forget(who.key)
         out_headers = {"x-hintkv-backend": b.url}
+        if (retry_after := resp.headers.get("retry-after")) is not None:  # an overloaded instance's 429 / 503
+            out_headers["Retry-After"] = retry_after  # (review rev26 A16)
         if stream and resp.headers.get("content-type", "").startswith("text/event-stream"):
             async def relay():
                 torn = b""  # bytes after the last whole event: sent once their event is whole
