@@ -57,6 +57,11 @@ class AsyncLLM:
         self._thread = threading.Thread(target=self._loop, name="hintkv-engine", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """The engine thread still runs: once it is gone every request would wait forever (/health says so)."""
+        return self._thread.is_alive()
+
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> AsyncLLM:
         return cls(LLMEngine(cfg))

@@ -21,8 +21,9 @@ async def list_models(request: Request) -> Response:
 
 
 @router.get("/health")
-async def health() -> Response:
-    return Response(status_code=200)
+async def health(request: Request) -> Response:
+    # 503 once the engine thread is gone (review rev26 A14): requests would hang, so a router must route around it
+    return Response(status_code=200 if server_state(request).engine.alive else 503)
 
 
 @router.get("/metrics", dependencies=[Depends(require_metrics_access)])
