@@ -52,15 +52,15 @@ def _parsed(path: str | Path) -> tuple[dict[str, Any], list[Any]]:
     `gguf_state_dict`); both only read. The last file parsed is kept: `GGUFReader` parsing the metadata (the
     vocabulary's ~150K strings, one numpy view each) takes 5-10 s of Python, and a process often loads one file
     twice (a reference and a candidate model; test modules one after another). Only these two are kept, not the
-    reader: ~86 MB kept against ~170 MB with the reader's per-string views. A file whose size or mtime changed is
-    parsed again."""
+    reader: ~86 MB kept against ~170 MB with the reader's per-string views. A file whose inode, size, mtime or ctime
+    changed is parsed again (a file replaced under the same name, size and mtime has another inode or ctime)."""
     p = Path(path).resolve()
     st = p.stat()
-    return _parsed_file(str(p), st.st_size, st.st_mtime_ns)
+    return _parsed_file(str(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=1)
-def _parsed_file(path: str, size: int, mtime_ns: int) -> tuple[dict[str, Any], list[Any]]:
+def _parsed_file(path: str, ino: int, size: int, mtime_ns: int, ctime_ns: int) -> tuple[dict[str, Any], list[Any]]:
     reader = _reader(path)
     return _meta(reader), list(reader.tensors)
 
