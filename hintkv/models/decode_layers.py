@@ -115,6 +115,12 @@ def _kind(kernel) -> int | None:
     return None
 
 
+def _linears(model) -> list[tuple]:
+    """Each layer's four projections, in csrc/decode_layers.cpp's order."""
+    return [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            for layer in model.layers]
+
+
 def _rows_a_token(kernel) -> int:
     """The int8 activation rows a token takes in a W8A8 kernel's gemv: one on the int16 kernel's depth-2 weight
     (`int8.gemv_levels`), else its levels."""
@@ -141,8 +147,7 @@ class DecodeLayers:
         # held weakly: the model holds this call (`_decode_layers`), and a strong reference back made the model a
         # reference cycle, so a dropped engine's weights (~300 MB of dummy:tiny's) waited for a full collection
         self._model = weakref.ref(model)
-        self.linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                         layer.mlp.down_proj) for layer in model.layers]
+        self.linears = _linears(model)
         self.int8 = any(_KIND.get(type(m.kernel)) != 0 for group in self.linears for m in group)
         # gemv takes GEMV_ROWS int8 rows: a token is one row on the int16 kernel's weight (`gemv_kernel()` "i16"), else
         # its levels (two), so a w8a8 step of up to 16 tokens (i16) or 8 (i8) is fused
@@ -180,9 +185,7 @@ class DecodeLayers:
             return None
         # every kernel must be a case first: __init__ asks the int8 ones for their depth (a "dense" float kernel, as
         # torch without MKL gets, is none of them: review rev26 B3)
-        kernels = [m.kernel for layer in model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                                 layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        if any(_kind(k) is None for k in kernels) or ops() is None:
+        if any(_kind(m.kernel) is None for group in _linears(model) for m in group) or ops() is None:
             return None
         fused = cls(model)
         fused._ops = ops()
