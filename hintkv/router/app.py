@@ -12,8 +12,10 @@ was sent to the client: the session moves, and the new instance loads its prefix
 pool. A request that carries an evict (an `evict` edit or `session_control` stop/compact) goes to
 the session's instance, and the same evict, as a management request, to every other healthy
 instance the session or one of its sub-agents was ever placed on (`Placement.fanout_targets`;
-elsewhere it is unknown), so no instance keeps KV of an ended session. Bad bodies are 400s in the OpenAI error
-shape; no instance up is a 503 with Retry-After.
+elsewhere it is unknown), so no instance keeps KV of an ended session. A client that leaves before its
+reply (streamed or not) closes the router's connection to the instance, which aborts the generation; its
+evicts still reach every instance (the instance applies them for a departed client too). Bad bodies are
+400s in the OpenAI error shape; no instance up is a 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from hintkv.router.backends import Backend, Backends
 from hintkv.server.body import read_limited
 from hintkv.server.errors import APIError
 from hintkv.server.limits import MAX_BODY_BYTES
+from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +166,12 @@ class Router:
             try:
                 req = self.client().build_request("POST", f"{b.url}{path}", content=raw,
                                                   headers=headers)
-                resp = await self.client().send(req, stream=True)
+                # a client that leaves meanwhile: the send is cancelled, httpx closes the connection,
+                # and the instance sees its client gone and aborts (review rev26 A1)
+                resp = await cancel_on_disconnect(request, self.client().send(req, stream=True))
+            except ClientDisconnected:
+                b.inflight -= 1
+                return await self._client_gone(who, body, path, headers, b, targets)
             except _RETRYABLE as e:
                 b.inflight -= 1
                 self.backends.mark_down(b, type(e).__name__)
@@ -180,9 +188,7 @@ class Router:
             b.status_counts[resp.status_code] = b.status_counts.get(resp.status_code, 0) + 1
             break
         if who.evicts and resp.status_code == 200:
-            await self._fan_out(body, path, headers, b, targets, who.key)
-            if who.ends_session and who.is_root:
-                self.placement.forget(who.key)
+            await self._evict_elsewhere(who, body, path, headers, b, targets)
         out_headers = {"x-hintkv-backend": b.url}
         if (retry_after := resp.headers.get("retry-after")) is not None:  # an overloaded instance's 429 / 503
             out_headers["Retry-After"] = retry_after  # (review rev26 A16)
@@ -208,16 +214,35 @@ class Router:
                     b.inflight -= 1
             return StreamingResponse(relay(), status_code=resp.status_code,
                                      media_type="text/event-stream", headers=out_headers)
-        try:
-            content = await resp.aread()
+        try:  # a non-streamed reply comes whole at the generation's end: the client may leave first
+            content = await cancel_on_disconnect(request, resp.aread())
+        except ClientDisconnected:
+            content = None
         except httpx.HTTPError as e:
             self.backends.mark_down(b, type(e).__name__)
             return _error(502, f"backend {b.url} failed mid-reply", type_="server_error")
         finally:
-            await resp.aclose()
+            await resp.aclose()  # closes the connection of an unread reply: the instance aborts
             b.inflight -= 1
+        if content is None:
+            return await self._client_gone(who, body, path, headers, b, targets)
         return Response(content, status_code=resp.status_code, headers=out_headers,
                         media_type=resp.headers.get("content-type"))
+
+    async def _evict_elsewhere(self, who: Identity, body: dict, path: str, headers: list[tuple[bytes, bytes]],
+                               served: Backend, targets: set[str] | None) -> None:
+        """A request's evict has reached `served`: the same to the session's other instances."""
+        await self._fan_out(body, path, headers, served, targets, who.key)
+        if who.ends_session and who.is_root:
+            self.placement.forget(who.key)
+
+    async def _client_gone(self, who: Identity, body: dict, path: str, headers: list[tuple[bytes, bytes]],
+                           served: Backend, targets: set[str] | None) -> Response:
+        """The client left before its reply; the instance aborts the generation but still applies the
+        request's evicts (a stop or evict turn ends the session either way): so do the others."""
+        if who.evicts:
+            await self._evict_elsewhere(who, body, path, headers, served, targets)
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     async def _fan_out(self, body: dict, path: str, headers: list[tuple[bytes, bytes]], served: Backend,
                        targets: set[str] | None, key: str | None) -> None:
