@@ -189,7 +189,10 @@ def chunk_floors_ms(costs: CostModel, prompt_tokens: int, cached: int, budget: i
     - overshoot, and sum f(n) - k n^2 / 2 >= U x the least of f(n) / n - k n / 2 (`_RateTable`).
     Each line gives a floor; the lines are rho's own segments over [d, end], as they are and lowered
     under rho, and the flat one at rho(d). Each result is also at least the older floor (`least_alone_ms`,
-    `prefill_work_ms`). The chunking tests check both against every split on a token grid."""
+    `prefill_work_ms`). The chunking tests check both against every split on a token grid.
+    ValueError on a profile without the premises above (`CostModel.non_monotone`)."""
+    if costs.non_monotone:
+        raise ValueError(f"no chunking floor on profile {costs.profile.name!r}: {costs.non_monotone}")
     d = min(cached, prompt_tokens - 1)
     new = prompt_tokens - d
     m = min(budget, new)
@@ -268,9 +271,9 @@ def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], bu
     times and the sum of its calls' floors alone. Any subset's flow times are at least its SRPT
     flows (the others only take the server away) and at least its floors, so a sum over disjoint
     groups of the larger of the two is a floor; over busy periods the SRPT flows add up to the
-    whole instance's."""
+    whole instance's. None on a profile whose costs the floors cannot take (`CostModel.non_monotone`)."""
     calls = [c for c in calls if c.access >= 0]
-    if not calls:
+    if not calls or costs.non_monotone:
         return None
     tables = rate_tables(costs, budget)
     per: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
@@ -309,7 +312,7 @@ def contended_bounds(costs: CostModel, results: dict, book, budget: int) -> dict
     if run is None:
         return {}
     calls = results[run].calls
-    return {"contended_run": run,
+    return {"contended_run": run, "contended_none_why": costs.non_monotone,
             "contended_s": contended_bound_s(costs, calls, book.own_hits[run], budget),
             "contended_compulsory_s": contended_bound_s(costs, calls, book.own_compulsory[run], budget),
             "alone_srpt_s": alone_srpt_s(costs, calls, book.own_hits[run], budget)}

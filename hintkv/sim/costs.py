@@ -69,6 +69,38 @@ class CostModel:
             self._attn[n] = (cs, [(row[c] - self.cold_ms(n)) / n for c in cs])
         self._attn_n = sorted(self._attn)
         self._decode_grid(profile.decode_points)
+        self.non_monotone = self._floor_premise()
+
+    def _floor_premise(self) -> str | None:
+        """Why `sim.contended`'s floors do not hold on this profile, or None where they do. They
+        take a step of more tokens to cost no less (`cold` non-decreasing), `cold` convex (an even
+        split is the cheapest chunking's cold part), the step's extra parts non-negative, and a
+        token's attention to a prefix never dearer in a larger chunk. The built-in profiles have
+        them; a profile measured in wall time on a loaded box need not (sim/calibrate.py: a 16-token
+        prefill at 572 ms vs 262 ms for 128). Exact, not sampled: `cold` is linear between its
+        points, and each row's per-token attention too, so each check is one at every point."""
+        ys, xs = self._cold_y, self._cold_x
+        slopes = [0.0] + [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)]
+        for i in range(1, len(slopes)):
+            if slopes[i] < slopes[i - 1] - 1e-12:
+                what = "falls" if slopes[i] < 0 else "is not convex"
+                return f"cold prefill {what} from {xs[i - 1]} to {xs[i]} tokens ({ys[i - 1]:.4g} -> {ys[i]:.4g} ms)"
+        if self.profile.step_overhead_ms < 0:
+            return f"step_overhead_ms {self.profile.step_overhead_ms} < 0"
+        for n in self._attn_n:
+            if min(self._attn[n][1]) < 0:
+                return f"a {n}-token chunk's attention to a cached prefix is negative (below its cold prefill)"
+        ns = self._attn_n
+        for n0, n1 in zip(ns, ns[1:]):
+            # both rows are linear from (0, 0) to their first point, between their points and past
+            # the last, so every point of either and the slope past the last decide for every prefix
+            cs = sorted({*self._attn[n0][0], *self._attn[n1][0]})
+            gap = [self._attn_at(n0, c) / n0 - self._attn_at(n1, c) / n1 for c in (*cs, cs[-1] + 1)]
+            worst = min(range(len(cs)), key=lambda i: gap[i])
+            if gap[worst] < -1e-12 or gap[-1] < gap[-2] - 1e-12:
+                at = f"a {cs[worst]}-token prefix" if gap[worst] < -1e-12 else f"a prefix past {cs[-1]} tokens"
+                return f"a token's attention to {at} costs more in a {n1}-token chunk than in a {n0}-token one"
+        return None
 
     # ---- prefill -------------------------------------------------------------------------
     def cold_ms(self, new: int) -> float:

@@ -294,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     if bounds:
         print(f"TTFT bound (each call's own prefill alone): {bounds['bound_s']:.4f} s at {bounds['oracle']}'s "
               f"hits, {bounds['compulsory_s']:.4f} s at compulsory misses")
-    if "contended_s" in bounds:
+    if bounds.get("contended_none_why"):
+        print(f"no TTFT bound with the prefills that must overlap on this profile: {bounds['contended_none_why']}")
+    elif "contended_s" in bounds:
         print(f"TTFT bound with the prefills that must overlap ({bounds['contended_run']}'s arrivals, shortest "
               f"remaining work first on each instance; sim/contended.py): {bounds['contended_s']:.4f} s at "
               f"{bounds['oracle']}'s hits, {bounds['contended_compulsory_s']:.4f} s at compulsory misses")

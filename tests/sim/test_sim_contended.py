@@ -246,7 +246,7 @@ def test_the_report_takes_the_hinted_runs_arrivals(runs, costs):
     res, book, budget = runs
     got = contended_bounds(costs, res, book, budget)
     hinted = res["sam+hints+host"].calls
-    assert got == {"contended_run": "sam+hints+host",
+    assert got == {"contended_run": "sam+hints+host", "contended_none_why": None,
                    "contended_s": contended_bound_s(costs, hinted, book.own_hits["sam+hints+host"], budget),
                    "contended_compulsory_s": contended_bound_s(costs, hinted, book.own_compulsory["sam+hints+host"],
                                                                budget),
