@@ -264,21 +264,27 @@ def busy_periods(jobs: Sequence[tuple[float, float, float]]) -> list[list[tuple[
     return out
 
 
-def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], budget: int) -> float | None:
+def contended_bound_s(costs: CostModel, calls: Sequence, hits: Sequence[int], budget: int,
+                      memo: dict | None = None) -> float | None:
     """A floor on the mean TTFT of `calls` (with `sent_s`, `prompt_tokens`, `access`, `instance`),
     each at `hits[call.access]` cached tokens (module doc): per instance, per busy period of the
     server over the calls' work (`chunk_floors_ms`' work), the larger of the period's SRPT flow
     times and the sum of its calls' floors alone. Any subset's flow times are at least its SRPT
     flows (the others only take the server away) and at least its floors, so a sum over disjoint
     groups of the larger of the two is a floor; over busy periods the SRPT flows add up to the
-    whole instance's. None on a profile whose costs the floors cannot take (`CostModel.non_monotone`)."""
+    whole instance's. None on a profile whose costs the floors cannot take (`CostModel.non_monotone`).
+    `memo`: (prompt tokens, hits) -> floors, to share between calls on several runs' arrivals."""
     calls = [c for c in calls if c.access >= 0]
     if not calls or costs.non_monotone:
         return None
     tables = rate_tables(costs, budget)
+    memo = {} if memo is None else memo
     per: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
     for c in calls:
-        alone, work = chunk_floors_ms(costs, c.prompt_tokens, hits[c.access], budget, tables)
+        key = (c.prompt_tokens, hits[c.access])
+        if key not in memo:
+            memo[key] = chunk_floors_ms(costs, *key, budget, tables)
+        alone, work = memo[key]
         per[c.instance].append((c.sent_s, work / 1e3, alone / 1e3))
     total = 0.0
     for jobs in per.values():
@@ -307,12 +313,16 @@ def contended_bounds(costs: CostModel, results: dict, book, budget: int) -> dict
     """The report's contended bounds (JSON `ttft_bounds`): on the hinted run's own arrivals and
     access order, at the bound tier's Belady hits (`contended_s`) and at compulsory misses
     (`contended_compulsory_s`), and `alone_srpt_s` at the bound tier's hits (not a bound);
-    {} when the hinted run or the bound tier's oracle did not run."""
+    {} when the hinted run or the bound tier's oracle did not run. `bound_over_arrivals`: the
+    compulsory one on each run's own arrivals and access order (the agents are closed-loop: each
+    schedule sends at its own times; a run is never under its own), run name -> s."""
     run = next((n for n in HINTED if n in results and n in book.own_hits), None)
     if run is None:
         return {}
-    calls = results[run].calls
+    calls, memo = results[run].calls, {}
     return {"contended_run": run, "contended_none_why": costs.non_monotone,
-            "contended_s": contended_bound_s(costs, calls, book.own_hits[run], budget),
-            "contended_compulsory_s": contended_bound_s(costs, calls, book.own_compulsory[run], budget),
-            "alone_srpt_s": alone_srpt_s(costs, calls, book.own_hits[run], budget)}
+            "contended_s": contended_bound_s(costs, calls, book.own_hits[run], budget, memo),
+            "contended_compulsory_s": contended_bound_s(costs, calls, book.own_compulsory[run], budget, memo),
+            "alone_srpt_s": alone_srpt_s(costs, calls, book.own_hits[run], budget),
+            "bound_over_arrivals": {n: contended_bound_s(costs, results[n].calls, hits, budget, memo)
+                                    for n, hits in book.own_compulsory.items() if n in results}}

@@ -300,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"TTFT bound with the prefills that must overlap ({bounds['contended_run']}'s arrivals, shortest "
               f"remaining work first on each instance; sim/contended.py): {bounds['contended_s']:.4f} s at "
               f"{bounds['oracle']}'s hits, {bounds['contended_compulsory_s']:.4f} s at compulsory misses")
+        print("the same at compulsory misses on each run's own arrivals: " + ", ".join(
+            f"{n} {s:.4f} s" for n, s in bounds["bound_over_arrivals"].items()))
     gap = gap_rows(costs, results, book.own_hits, budget)
     if gap:
         print(f"\nthe gap to the bound per call (mean s per call; each run against its own access order's "

@@ -250,7 +250,11 @@ def test_the_report_takes_the_hinted_runs_arrivals(runs, costs):
                    "contended_s": contended_bound_s(costs, hinted, book.own_hits["sam+hints+host"], budget),
                    "contended_compulsory_s": contended_bound_s(costs, hinted, book.own_compulsory["sam+hints+host"],
                                                                budget),
-                   "alone_srpt_s": alone_srpt_s(costs, hinted, book.own_hits["sam+hints+host"], budget)}
+                   "alone_srpt_s": alone_srpt_s(costs, hinted, book.own_hits["sam+hints+host"], budget),
+                   "bound_over_arrivals": {n: contended_bound_s(costs, r.calls, book.own_compulsory[n], budget)
+                                           for n, r in res.items()}}
+    assert len(got["bound_over_arrivals"]) == len(res) > 1  # every run's own arrivals, none under its own
+    assert all(got["bound_over_arrivals"][n] <= r.mean_ttft_s for n, r in res.items())
     assert got["contended_s"] <= got["contended_compulsory_s"]  # more hits, less work
     assert contended_bounds(costs, {"lru+host": res["lru+host"]}, book, budget) == {}
 
