@@ -8,7 +8,8 @@
   default), so benchmark numbers do not depend on numpy being importable.
 - `print_table(rows, columns)`, `goal(...)`, `emit_json(obj)`: the output convention. A benchmark
   prints a readable table, then its very last stdout line is one compact JSON object carrying a
-  `goals` object whose entries are built by `goal()` from measured values, never typed in.
+  `goals` object whose entries are built by `goal()` from measured values, never typed in;
+  `unless_errored` voids a goal over live runs that errored on more than a small share of calls.
 - `add_common_args(parser)` / `repeats(args, full, quick)`: the `--quick` convention. `--quick`
   is a reduced run (under about 2 minutes) with fewer sizes and fewer repeats; both modes use the
   same code path.
@@ -103,6 +104,21 @@ def goal_at_most(target: float, measured: float | None, reach: Any = NO_REACH) -
     least any policy could measure, as for `goal_at_least`."""
     g = goal(target, measured, measured is not None and measured <= target)
     return g if reach is NO_REACH else {**g, "reachable": None if reach is None else reach <= target}
+
+
+MAX_ERROR_SHARE = 0.01  # a live run with more of its calls errored than this meets no goal
+
+
+def unless_errored(g: dict[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`g`, a goal read from live runs' rows (`calls`, `errors`), with `met: false` and a `reason`
+    when one of `runs` (name -> row) errored on more than MAX_ERROR_SHARE of its calls. An errored
+    call is a miss and has no TTFT, so a run's hit rate and TTFT read over the calls that answered
+    would flatter it: a run whose slow calls time out would be scored on its fast ones."""
+    bad = [f"{name}: {row['errors']} of {row['calls']} calls errored" for name, row in runs.items()
+           if row.get("calls") and row.get("errors", 0) > MAX_ERROR_SHARE * row["calls"]]
+    if not bad:
+        return g
+    return {**g, "met": False, "reason": "; ".join(bad) + f" (more than {MAX_ERROR_SHARE:.0%})"}
 
 
 def format_cell(value: Any) -> str:

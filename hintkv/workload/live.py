@@ -57,7 +57,8 @@ class LiveResult:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(c.prompt_tokens or 0 for c in self.calls if c.ok)
+        """Every call's, an errored one's too (the count it sent): an errored call is a miss."""
+        return sum(c.prompt_tokens or 0 for c in self.calls)
 
     @property
     def cached_tokens(self) -> int:

@@ -198,3 +198,80 @@ def test_free_port_keeps_to_the_range_it_is_given(monkeypatch):
     assert lo not in ports and len(set(ports)) == 3
     assert all(lo < p <= lo + 3 for p in ports)
     assert common.free_port() in range(lo, lo + 4)  # wraps around the range once it is through
+
+
+# ---------------------------------------------------------------- goals over runs with errored calls
+# (review rev26 A4: hit rate and TTFT read the calls that answered; a run whose slow calls failed read "met")
+
+
+def _calls(slow_fail: bool) -> list:
+    """Ten calls of 1000 prompt tokens: five fast with hits, five slow cold ones (errored if `slow_fail`)."""
+    from hintkv.workload.records import CallRecord
+
+    out = []
+    for i in range(10):
+        fast = i < 5
+        c = CallRecord("t", f"s{i}", 0, 0.0, ttft_s=0.1 if fast else 2.0, e2e_s=3.0, prompt_tokens=1000,
+                       cached_tokens=800 if fast else 0, completion_tokens=10)
+        if not fast and slow_fail:
+            c.ttft_s, c.e2e_s, c.prompt_tokens, c.cached_tokens, c.error = None, None, None, None, "ReadTimeout"
+        out.append(c)
+    return out
+
+
+def test_a_hinted_run_whose_slow_calls_failed_meets_no_sessions_goal():
+    from hintkv.bench.sessions import compute_goals, run_row
+    from hintkv.workload.replay import ReplayResult
+    from hintkv.workload.working_set import WorkingSet
+
+    ws = WorkingSet(tokens=1000, at_s=0.0, num_live=1, unshared_tokens=1000, num_sessions=10, num_calls=10,
+                    prompt_tokens=10_000, ideal_hit_tokens=5000, ideal_hit_rate=0.5, max_request_tokens=1000,
+                    nominal_duration_s=10.0)
+    base = run_row(ReplayResult(hints=False, wall_s=1.0, calls=_calls(slow_fail=False)), {}, ws)
+    hinted = run_row(ReplayResult(hints=True, wall_s=1.0, calls=_calls(slow_fail=True)), {}, ws)
+    assert hinted["errors"] == 5  # half the hinted run's calls never got an answer
+    goals = compute_goals(base, hinted)
+    for g in goals.values():  # over the five that answered it would read 2.0x hits and -90% TTFT: "met"
+        assert not g["met"] and g["reason"] == "sam: 5 of 10 calls errored (more than 1%)", goals
+    assert goals["hit_rate_ratio"]["measured"] == pytest.approx(2.0)  # the figures stay for the table
+    clean = compute_goals(base, run_row(ReplayResult(hints=True, wall_s=1.0, calls=_calls(False)), {}, ws))
+    assert "reason" not in clean["hit_rate_ratio"]
+
+
+def test_pool_goals_are_void_over_a_run_with_errored_calls():
+    from hintkv.bench.pool import compute_goals
+
+    lru = {"calls": 200, "errors": 0, "hit_rate": 0.5, "pool_peak_bytes": 100}
+    spm = {"calls": 200, "errors": 2, "hit_rate": 0.5, "pool_peak_bytes": 50}
+    assert all(g["met"] and "reason" not in g for g in compute_goals(lru, spm).values())  # 1%: within
+    spm["errors"] = 3
+    for g in compute_goals(lru, spm).values():
+        assert not g["met"] and g["reason"] == "spm: 3 of 200 calls errored (more than 1%)"
+
+
+def test_swarm_live_goals_are_void_over_a_run_with_errored_calls():
+    from hintkv.bench.swarm_goals import compute_goals
+
+    lru = {"calls": 100, "errors": 0, "hit_rate": 0.3, "ttft_mean_s": 2.0, "e2e_task_mean_s": 20.0}
+    sam = {"calls": 100, "errors": 0, "hit_rate": 0.6, "ttft_mean_s": 0.5, "e2e_task_mean_s": 10.0}
+    live = {"lru": lru, "lru+host": dict(lru), "sam+host": sam}
+    goals = compute_goals(live, {}, {}, [])
+    timed = ("hit_rate_ratio", "ttft_reduction_vs_lru", "ttft_reduction_vs_lru_host", "task_e2e_reduction_vs_lru")
+    assert all(goals[k]["met"] for k in timed), goals
+    live["lru+host"]["errors"] = 40
+    goals = compute_goals(live, {}, {}, [])
+    assert not goals["ttft_reduction_vs_lru_host"]["met"]
+    assert goals["ttft_reduction_vs_lru_host"]["reason"] == "lru+host: 40 of 100 calls errored (more than 1%)"
+    assert all(goals[k]["met"] for k in timed if k != "ttft_reduction_vs_lru_host")  # they read other runs
+    sam["errors"] = 2
+    assert not any(compute_goals(live, {}, {}, [])[k]["met"] for k in timed)
+
+
+def test_an_errored_live_call_is_a_miss_in_the_hit_rate():
+    from hintkv.workload.live import LiveResult
+    from hintkv.workload.records import CallRecord
+
+    ok = CallRecord("t", "s", 0, 0.0, ttft_s=0.1, prompt_tokens=100, cached_tokens=80)
+    failed = CallRecord("t", "s", 1, 0.0, prompt_tokens=100, cached_tokens=None, error="ReadTimeout")
+    r = LiveResult(hints=True, calls=[ok, failed])
+    assert r.prompt_tokens == 200 and r.cached_tokens == 80 and r.hit_rate == pytest.approx(0.4)
