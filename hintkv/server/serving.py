@@ -7,6 +7,7 @@
                       -> GenerateRequest (4xx if it cannot be served) -> engine
                       -> stream, or collect (cancelled if the client leaves) -> response
                       -> edits applied after the generation, result on the final response
+                         (a client gone first: its evicts alone, `AfterGeneration`)
 
 Everything that can refuse a request does so before the engine is touched; the load ticket is
 released however the response ends (finished, cancelled, client gone).
@@ -18,7 +19,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, Protocol
+
+import anyio
 
 from fastapi import Request, Response
 from starlette.responses import StreamingResponse
@@ -86,20 +91,57 @@ class Endpoint(Protocol):
         ...
 
 
-class TicketedStream(StreamingResponse):
-    """A stream that gives its load ticket back however it ends, even if it never started."""
+class AfterGeneration:
+    """A generating request's edits, applied once its generation is over: with the final response
+    (`after`), or, when the client left first (`client_gone`), its evicts alone: a stop or evict turn
+    ends the session or its stale context whether or not anyone reads the reply, while an offload or a
+    prefetch for a turn nobody reads is dropped (review rev26 A11: a departed stop turn left its
+    session live, its KV held, until --session-idle-expiry)."""
 
-    def __init__(self, inner: StreamingResponse, ticket: Ticket) -> None:
-        super().__init__(inner.body_iterator, status_code=inner.status_code,
+    def __init__(self, hinted: RequestHint | None, apply: Callable[[RequestHint], Awaitable[AgentHintResult]]):
+        self.hinted = hinted
+        self.apply = apply
+        self.done = False
+
+    async def after(self) -> AgentHintResult | None:
+        self.done = True
+        return await self.apply(self.hinted) if self.hinted is not None and self.hinted.edits else None
+
+    async def client_gone(self) -> None:
+        if self.done or self.hinted is None:
+            return
+        self.done = True
+        evicts = [e for e in self.hinted.edits if e.type == "evict"]
+        if evicts:
+            with anyio.CancelScope(shield=True):  # the stream's task may be cancelled around us
+                await self.apply(replace(self.hinted, edits=evicts))
+
+
+class TicketedStream(StreamingResponse):
+    """A stream that gives its load ticket back however it ends, even if it never started, and
+    that hands its request's evicts to `edits.client_gone` when it did not run to its end."""
+
+    def __init__(self, inner: StreamingResponse, ticket: Ticket, edits: AfterGeneration) -> None:
+        super().__init__(self._noting_the_end(inner.body_iterator), status_code=inner.status_code,
                          media_type=inner.media_type)
         self.raw_headers = inner.raw_headers
         self.ticket = ticket
+        self.edits = edits
+        self.completed = False
+
+    async def _noting_the_end(self, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+        self.completed = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.ticket.release()
+            if not self.completed:
+                await self.edits.client_gone()
 
 
 def _admit(state: ServerState, tenant: str, arrival: float) -> Ticket:
@@ -124,13 +166,12 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
     hinted = call.hinted
     request_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex}"
 
-    async def apply() -> AgentHintResult:
-        assert hinted is not None
-        return await apply_hint(engine, hinted, enabled=state.hints, metrics=state.metrics,
+    async def apply(rh: RequestHint) -> AgentHintResult:
+        return await apply_hint(engine, rh, enabled=state.hints, metrics=state.metrics,
                                 executor=state.manage_pool, **call.apply_args(engine.tokenizer))
 
     if hinted is not None and hinted.manage:
-        result = await apply()
+        result = await apply(hinted)
         state.metrics.manage_latency.observe(time.perf_counter() - arrival)
         return call.management_response(request_id, engine.model_name, result)
     call.check_prompt()
@@ -154,20 +195,18 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
         )
         state.metrics.prompt_tokens.inc(len(prompt_ids))
         events = generate_text(engine, gen_req, body.stop_strings, state.metrics, times)
-
-        async def after() -> AgentHintResult | None:
-            return await apply() if hinted is not None and hinted.edits else None
-
+        edits = AfterGeneration(hinted, apply)
         if body.stream:
-            stream = call.stream(events, request_id, engine.model_name, prompt_ids, after)
-            streamed, ticket = TicketedStream(sse_response(stream), ticket), None
+            stream = call.stream(events, request_id, engine.model_name, prompt_ids, edits.after)
+            streamed, ticket = TicketedStream(sse_response(stream), ticket, edits), None
             return streamed
         try:
             text, token_ids, fin = await cancel_on_disconnect(request, collect_text(events))
         except ClientDisconnected:
+            await edits.client_gone()
             return Response(status_code=499)
         return await call.response(text, token_ids, fin, request_id, engine.model_name,
-                                   prompt_ids, after)
+                                   prompt_ids, edits.after)
     finally:
         if ticket is not None:
             ticket.release()

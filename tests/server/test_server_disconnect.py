@@ -2,7 +2,8 @@
 
 Raw sockets let the test close the connection at a moment it chooses (after the first chunk
 of a stream, or while a non-streamed request is running). Each test also checks that fewer
-tokens were generated than asked for, which only an abort can explain.
+tokens were generated than asked for, which only an abort can explain. A turn that ends its
+session (`session_control: stop`) ends it even when its client leaves mid-generation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _generated_tokens(live_server: LiveServer) -> float:
     return float(re.search(r"^hintkv_generation_tokens_total (\S+)$", text, re.M).group(1))
 
 
-def _open_request(live_server: LiveServer, stream: bool) -> socket.socket:
+def _open_request(live_server: LiveServer, stream: bool, **extra) -> socket.socket:
     body = json.dumps(
         {
             "prompt": "Go on forever:",
@@ -31,6 +32,7 @@ def _open_request(live_server: LiveServer, stream: bool) -> socket.socket:
             "temperature": 0,
             "stream": stream,
             "ignore_eos": True,
+            **extra,
         }
     ).encode()
     head = (
@@ -60,3 +62,27 @@ def test_disconnect_aborts_and_frees_kv(live_server, stream):
     assert wait_until(lambda: engine.stats().kv_blocks_in_use == 0)
     assert engine.stats().num_running == 0 and engine.stats().num_waiting == 0
     assert _generated_tokens(live_server) - before < MAX_TOKENS
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
+def test_a_stop_turn_whose_client_left_still_ends_the_session(live_server, stream):
+    """review rev26 A11: the edits ran only with the final response, so the session stayed `waiting`,
+    its KV held and ranked as live, until --session-idle-expiry."""
+    sid = f"stop-turn-left-{stream}"
+    hint = {"session_id": sid, "parent_session_id": sid}
+    first = httpx.post(live_server.v1 + "/completions", headers=live_server.headers, timeout=60,
+                       json={"prompt": "First turn of the agent " * 4, "max_tokens": 4, "agent_hint": hint})
+    assert first.status_code == 200
+    engine = live_server.engine
+    sock = _open_request(live_server, stream, agent_hint={**hint, "session_control": {"type": "stop"}})
+    try:
+        assert wait_until(lambda: engine.stats().num_running > 0)
+    finally:
+        sock.close()
+    assert wait_until(lambda: engine.stats().num_running == 0 and engine.stats().num_waiting == 0)
+
+    def session() -> dict:
+        return httpx.get(f"{live_server.v1}/sessions/{sid}", headers=live_server.headers, timeout=30).json()
+
+    assert wait_until(lambda: session()["state"] == "ended"), session()
+    assert session()["held_tokens"] == 0
