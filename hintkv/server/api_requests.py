@@ -33,6 +33,7 @@ Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]  # OpenAI's presence / freq
 Bias = Annotated[StrictFloat, Field(ge=-100, le=100)]  # OpenAI's logit_bias range
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 MAX_STOP_STRINGS = 64  # vLLM takes any number, OpenAI 4; agent frameworks send a handful
+MAX_STOP_TOKEN_IDS = 64  # vLLM's extension, uncapped there; each is checked for every token on the engine thread
 
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # Known OpenAI fields we do not implement, with the values that leave them off: any other
@@ -119,6 +120,13 @@ class _SamplingRequest(_Open):
         if len(stops) > MAX_STOP_STRINGS:  # each output piece is searched for every one on the event loop (rev26 A2)
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")
         return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _few_stop_token_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and len(ids) > MAX_STOP_TOKEN_IDS:  # as the stop strings (review rev26 A2)
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids are supported, got {len(ids)}")
+        return ids
 
     @field_validator("logit_bias")
     @classmethod

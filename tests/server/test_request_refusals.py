@@ -1,4 +1,5 @@
-"""Request fields refused, not ignored or run unbounded (review rev26 A2, A3; each failed on d9b7ee5)."""
+"""Request fields refused, not ignored or run unbounded (review rev26 A2, A3; each failed on d9b7ee5, the
+stop token ids on 26ac118)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_a_request_cannot_send_tens_of_thousands_of_stop_strings(live_server):
     r = _chat(live_server, stop=stops, max_tokens=1)
     assert r.status_code == 400, r.text[:300]
 
+
+
+def test_a_request_cannot_send_tens_of_thousands_of_stop_token_ids(live_server):
+    """The engine thread checks each new token against every stop token id, under the state lock: 65,536
+    ids cost ~1.3 ms per token per sequence (review rev26 A2). Capped as the stop strings are."""
+    r = _chat(live_server, stop_token_ids=list(range(65536)), max_tokens=1)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == "stop_token_ids"
+    assert "64" in r.json()["error"]["message"]
+    assert _chat(live_server, stop_token_ids=list(range(64)), max_tokens=1).status_code == 200
