@@ -28,13 +28,14 @@ from hintkv.server.stop_strings import StopStringMatcher
 class TextDelta:
     text: str
     token_ids: list[int]
-    times: ServeTimes | None = None  # the request's marks: `went_out` stamps the first chunk sent
+    times: ServeTimes | None = None  # the request's marks: `sending` stamps the first chunk handed out
 
-    def went_out(self) -> None:
-        """The consumer sent this delta's chunk (or, whole, collected it): `ServeTimes.sent`. A
-        consumer that holds a delta back (empty text, a buffered tool call) does not call it."""
+    def sending(self) -> None:
+        """The consumer is about to send this delta's chunk (or, whole, collected it):
+        `ServeTimes.sending`. A consumer that holds a delta back (empty text, a buffered tool call)
+        does not call it."""
         if self.times is not None:
-            self.times.sent()
+            self.times.sending()
 
 
 @dataclass(slots=True)
@@ -56,7 +57,7 @@ async def generate_text(
 ) -> AsyncIterator[TextDelta | Finished]:
     """Yield text increments of `req`, then one `Finished`. Consume it inside `aclosing`.
     Marks `times`: handed to the engine and its first token on the loop; the consumer marks the
-    first chunk that went out (`TextDelta.went_out`, or `ServeTimes.sent` at `Finished`)."""
+    first chunk handed out (`TextDelta.sending`, or `ServeTimes.sending` at `Finished`)."""
     arrival = times.arrival
     detok = IncrementalDetokenizer(engine.tokenizer)
     matcher = StopStringMatcher(stops)
@@ -112,9 +113,9 @@ async def collect_text(
         async for ev in stream:
             if isinstance(ev, Finished):
                 if ev.times is not None:
-                    ev.times.sent()  # no delta came (a stop string ended it first)
+                    ev.times.sending()  # no delta came (a stop string ended it first)
                 return "".join(pieces), token_ids, ev
-            ev.went_out()  # a whole response: its first token collected
+            ev.sending()  # a whole response: its first token collected
             pieces.append(ev.text)
             token_ids.extend(ev.token_ids)
     raise APIError(500, "generation ended without finishing", type="server_error")

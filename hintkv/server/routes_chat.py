@@ -162,10 +162,12 @@ async def _stream(
                     if not text and not body.return_token_ids:
                         continue  # held back (stop string, tool call, half a character)
                     ids = ev.token_ids if body.return_token_ids else None
+                    ev.sending()  # before the yield: the client may read the chunk before we resume
                     yield sse_event(chunk(ChatDelta(content=text), token_ids=ids))
-                    ev.went_out()
                     continue
                 rest, calls = tools.finish() if tools is not None else ("", [])
+                if ev.times is not None:
+                    ev.times.sending()  # (when no delta went out, the chunks below or the last are the first)
                 if rest:
                     yield sse_event(chunk(ChatDelta(content=rest)))
                 if calls:
@@ -174,8 +176,6 @@ async def _stream(
                         for i, c in enumerate(calls)
                     ]
                     yield sse_event(chunk(ChatDelta(tool_calls=deltas)))
-                if ev.times is not None:
-                    ev.times.sent()  # (when no delta went out, the chunks above or the last are the first)
                 reason = "tool_calls" if calls else ev.finish_reason
                 last = chunk(ChatDelta(), finish_reason=reason)
                 last.agent_hint_result = await after_generation()

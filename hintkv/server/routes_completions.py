@@ -125,12 +125,12 @@ async def _stream(
                     out = chunk(ev.text, token_ids=ev.token_ids if body.return_token_ids else None)
                     if not sent_prompt_ids:
                         out.prompt_token_ids, sent_prompt_ids = prompt_ids, True
+                    ev.sending()  # before the yield: the client may read the chunk before we resume
                     yield sse_event(out)
-                    ev.went_out()
                     continue
                 last = chunk("", finish_reason=ev.finish_reason)
                 if ev.times is not None:
-                    ev.times.sent()  # (when no delta went out, this last chunk is the first)
+                    ev.times.sending()  # (when no delta went out, this last chunk is the first)
                 last.agent_hint_result = await after_generation()
                 last.hintkv_metrics = HintkvMetrics.of(ev.metrics, ev.times)
                 yield sse_event(last)
