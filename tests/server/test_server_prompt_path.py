@@ -43,3 +43,21 @@ def test_only_a_text_prompt_takes_the_tokenizers_worker_thread(live_server):
                           timeout=60).status_code == 200
         assert pool.num_submitted == 1
     pool.shutdown()
+
+
+def test_no_route_dependency_leaves_the_event_loop():
+    """FastAPI runs a plain `def` dependency in a worker thread: the API-key check of every request was a hop out
+    of the event loop and back (two thread wake-ups before the handler started). Every route's dependencies, the
+    checks of /v1 and /metrics included, are coroutines, run on the loop."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    from hintkv.server import routes_chat, routes_completions, routes_info, routes_sessions
+
+    calls = [dep.call for module in (routes_chat, routes_completions, routes_info, routes_sessions)
+             for route in module.router.routes if isinstance(route, APIRoute)
+             for dep in route.dependant.dependencies]
+    assert {"require_api_key", "require_metrics_access"} <= {call.__name__ for call in calls}
+    assert all(inspect.iscoroutinefunction(call) for call in calls), [c.__name__ for c in calls
+                                                                      if not inspect.iscoroutinefunction(c)]
