@@ -9,7 +9,9 @@ What it adds to the contract:
   - Content keys: the key is the block's chained hash, so two instances that compute the same
     block write the same key; a put first asks the pool whether the key is there and skips the
     transfer if so (`num_dedup`). Such a block is *known* here but *owned* by whoever stored it:
-    this tier removes from the pool only what it stored itself.
+    this tier removes from the pool only what it stored itself, and (session-aware) never a block another
+    instance keeps alive: an ended session's block and a capacity victim are both released (`backend.release`),
+    which leaves a leased block in the pool (retried a while, then the pool's own eviction's).
   - Lookups reach the pool: `contains` of a key this instance never stored asks the backend, so
     a session that moves to another instance finds its prefix there.
   - Faults (`tiers.pool_worker`): timeouts and a circuit breaker (open: a miss / refused put).
@@ -297,8 +299,9 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
                 entry = self._pop(key)
                 self._stats.num_evicted += 1
                 free += 1
-                if entry.owned:
-                    self._queue(("remove", key))
+                if entry.owned:  # session-aware: as an ended session's block, it stays while another
+                    # instance keeps it alive (its live session found it here); a plain store removes it
+                    self._queue(("release" if self.session_aware else "remove", key))
                 if self._on_evict is not None:
                     try:
                         self._on_evict(key, None)

@@ -48,6 +48,6 @@ class PoolCounters:
     num_keepalive_keys: int = 0
     num_unavailable: int = 0  # operations skipped or failed because the pool was unreachable
     peak_bytes: int = 0  # the most `bytes_used` has been
-    num_released: int = 0  # ended sessions' blocks removed from the pool
-    num_release_leased: int = 0  # release attempts refused: another instance kept it alive
+    num_released: int = 0  # ended sessions' blocks and capacity victims removed from the pool
+    num_release_leased: int = 0  # release attempts refused: another instance kept the block alive
     num_lost: int = 0  # blocks this instance stored that the pool lost (a master restarted): forgotten

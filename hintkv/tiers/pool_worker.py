@@ -172,14 +172,22 @@ class PoolWorker:
     def _release(self, keys: list[bytes]) -> None:
         """Hand blocks back to the pool unless another instance keeps them alive (leased):
         those are retried on later passes for RELEASE_RETRY_S, then left to the pool's own
-        eviction. A block known here again (re-stored, re-read) is no longer ours to release."""
+        eviction. A block known here again (re-stored, re-read) is no longer ours to release; one
+        whose re-store by this instance is still queued (a capacity victim that came back) stays
+        listed without a call, so that put finds the pool's copy ours (`_do_puts`)."""
         now = time.monotonic()
         with self._lock:
             for k in keys:
                 self._releasing[k] = now + RELEASE_RETRY_S
-            todo = [k for k, deadline in self._releasing.items()
-                    if deadline > now and k not in self._entries]
-            self._releasing = {k: self._releasing[k] for k in todo}
+            listed, todo = {}, []
+            for k, deadline in self._releasing.items():
+                e = self._entries.get(k)
+                if deadline <= now or (e is not None and (e.stored or not e.owned)):
+                    continue
+                listed[k] = deadline
+                if e is None:
+                    todo.append(k)
+            self._releasing = listed
         if not todo:
             return
         try:
@@ -203,6 +211,8 @@ class PoolWorker:
                 for i, ok in enumerate(there):
                     if ok:  # content key: someone stored this very block already
                         results[i] = True
+                        if self._releasing.pop(puts[i][0], None) is not None:
+                            continue  # we did, and handed it back: not released yet, so still ours
                         if puts[i][2].owned and self._entries.get(puts[i][0]) is puts[i][2]:
                             self._num_owned -= 1
                         puts[i][2].owned = False

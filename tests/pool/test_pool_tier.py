@@ -41,7 +41,9 @@ def test_round_trip_eviction_and_removal(make_tier, backend_name):
     assert t.put([(key(3), payload(3))])[0].result(timeout=10)
     assert evicted == [key(1)]
     t.flush()
-    assert not t.contains(key(1)) and get(t, key(1)) is None  # gone from the pool, too
+    assert not t.known(key(1))
+    if backend_name != "embedded-dir":  # a victim is released: a shared directory's fresh file is leased a while
+        assert not t.contains(key(1)) and get(t, key(1)) is None  # gone from the pool, too
     assert t.remove(key(2)) and not t.remove(key(2))
     t.flush()
     assert not t.known(key(2))
@@ -60,7 +62,7 @@ def test_victims_follow_the_published_classes(make_tier):
     for i in range(3):
         t.put([(key(i), payload(i))])[0].result(timeout=10)
     t.put([(key(3), payload(3))])[0].result(timeout=10)
-    assert t.contains_many([key(i) for i in range(4)]) == [True, True, False, True]
+    assert [t.known(key(i)) for i in range(4)] == [True, True, False, True]
 
 
 def test_plain_lru_mode_ignores_sessions(make_tier):
@@ -130,6 +132,24 @@ def test_an_ended_session_block_stays_while_another_instance_keeps_it_alive(make
     a.flush()
     assert same(get(b, key(1)), payload(1))  # ...but b's lease keeps it in the pool
     assert a.pool_stats()["release_leased"] >= 1 and a.pool_stats()["released"] == 0
+
+
+def test_a_capacity_victim_another_instance_keeps_alive_stays_in_the_pool(make_tier, backend_name):
+    """Review rev26 A12: instance a, full, took as its victim a block that b's live session found and keeps alive,
+    and removed it outright; b's next load missed and recomputed (after a failover: the moved session's pooled
+    prefix, stored by its old home). A victim is released as an ended session's block is: b's lease keeps it."""
+    if backend_name == "embedded":
+        pytest.skip("the in-process pool is one instance's own")
+    a, b = make_tier(1), make_tier(4)  # a holds one block
+    assert a.put([(key(1), payload(1))])[0].result(timeout=10)
+    assert same(get(b, key(1)), payload(1))  # b's live session uses it
+    b.keep_alive([key(1)])
+    b.flush()
+    assert a.put([(key(2), payload(2))])[0].result(timeout=10)  # a needs room: key 1 is its victim
+    a.flush()
+    assert not a.known(key(1)) and a.usage().num_blocks == 1  # a's share is free for key 2 all the same
+    assert same(get(b, key(1)), payload(1)), "a removed a block b keeps alive"
+    assert a.pool_stats()["release_leased"] >= 1
 
 
 def test_the_pool_tiers_threads_run_without_openmp(make_tier):
