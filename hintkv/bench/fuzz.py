@@ -3,6 +3,7 @@
     hintkv bench fuzz --quick                    # 1,000 cases (seconds)
     hintkv bench fuzz                            # 100,000 cases, the issue's goal (~20-30 min)
     hintkv bench fuzz --transport http --cases 2000   # through a `hintkv serve` subprocess
+    hintkv bench fuzz --cases-seed N             # the cases of a run that printed seed N, again
 
 Default transport `asgi`: the real FastAPI app (`build_app`) around a real `AsyncLLM` on
 dummy:tiny with `debug_integrity` (the cache's integrity checked after every engine step), driven
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +33,7 @@ from typing import Any
 
 import httpx
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
 
 from hintkv.bench.common import (
     ServerProcess,
@@ -49,7 +52,7 @@ GOAL_CASES = 100_000
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 
 # (method, path, headers, body) -> response; raises httpx.HTTPError (or anything) on no answer
-Send = Callable[[str, str, dict[str, str], bytes], httpx.Response]
+Send = Callable[[str, str, dict[str, str | bytes], bytes], httpx.Response]
 
 
 class Target:
@@ -79,7 +82,7 @@ def asgi_target(seed: int) -> Iterator[Target]:
     lifespan = app.router.lifespan_context(app)
     loop.run_until_complete(lifespan.__aenter__())
     try:
-        def send(method: str, path: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+        def send(method: str, path: str, headers: dict[str, str | bytes], body: bytes) -> httpx.Response:
             return loop.run_until_complete(
                 client.request(method, path, headers=headers, content=body))
 
@@ -99,7 +102,7 @@ def http_target(seed: int) -> Iterator[Target]:
             "--seed", str(seed)]
     with ServerProcess(hintkv_server("dummy:tiny", name="fuzz", extra_args=args)) as srv, \
             httpx.Client(base_url=srv.base_url, timeout=60) as client:
-        def send(method: str, path: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+        def send(method: str, path: str, headers: dict[str, str | bytes], body: bytes) -> httpx.Response:
             return client.request(method, path, headers=headers, content=body)
 
         yield Target(send, lambda: srv.proc is not None and srv.proc.poll() is None,
@@ -118,13 +121,19 @@ def _metric(target: Target, name: str) -> float | None:
     return float(line.split()[-1]) if line else None
 
 
-def run(num_cases: int, seed: int, transport: str = "asgi") -> dict[str, Any]:
+def run(num_cases: int, seed: int, transport: str = "asgi", cases_seed: int | None = None) -> dict[str, Any]:
+    """`seed`: the engine's; `cases_seed`: hypothesis's (None: a new one, logged and returned, so a run's
+    failure reproduces with `--cases-seed`)."""
+    if cases_seed is None:
+        cases_seed = random.SystemRandom().randrange(2**32)
+    log(f"cases from seed {cases_seed} (--cases-seed {cases_seed} draws them again)")
     counts: collections.Counter[str] = collections.Counter()
     examples: list[str] = []
     t0 = time.perf_counter()
     with TARGETS[transport](seed) as target:
 
-        @settings(max_examples=num_cases, deadline=None, database=None, derandomize=False,
+        @hypothesis_seed(cases_seed)
+        @settings(max_examples=num_cases, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(case=cases(API_KEY))
         def one(case: Case) -> None:
@@ -141,7 +150,7 @@ def run(num_cases: int, seed: int, transport: str = "asgi") -> dict[str, Any]:
             if problem is not None:
                 counts["contract_breaks"] += 1
                 if len(examples) < 5:
-                    examples.append(f"{case.method} {case.path} {case.body[:200]!r}: {problem}")
+                    examples.append(f"{case.method} {case.path} {case.headers} {case.body[:200]!r}: {problem}")
             if counts["cases"] % 5000 == 0:
                 rate = counts["cases"] / (time.perf_counter() - t0)
                 log(f"{counts['cases']} cases ({rate:.1f}/s): {dict(counts)}")
@@ -162,7 +171,7 @@ def run(num_cases: int, seed: int, transport: str = "asgi") -> dict[str, Any]:
     for line in examples:
         log(line)
     return {
-        "transport": transport, "cases": counts["cases"], "2xx": counts["2xx"],
+        "transport": transport, "cases_seed": cases_seed, "cases": counts["cases"], "2xx": counts["2xx"],
         "4xx": counts["4xx"], "5xx": counts["5xx"], "contract_breaks": counts["contract_breaks"],
         "crashes": counts["crashes"], "internal_errors": internal,
         "integrity_violations": violations, "blocks_left": blocks_left,
@@ -176,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(p)
     p.add_argument("--cases", type=int, default=None,
                    help=f"requests to try (default {GOAL_CASES:,}; --quick: 1,000)")
+    p.add_argument("--cases-seed", type=int, default=None,
+                   help="hypothesis's seed (default: a new one each run, printed): a failing run's cases again")
     p.add_argument("--transport", choices=sorted(TARGETS), default="asgi",
                    help="asgi: the real app in-process (default); http: a server subprocess")
     args = p.parse_args(argv)
     num_cases = args.cases or (1000 if args.quick else GOAL_CASES)
-    row = run(num_cases, args.seed, args.transport)
+    row = run(num_cases, args.seed, args.transport, args.cases_seed)
     row["cases_per_s"] = row["cases"] / row["seconds"] if row["seconds"] else None
     print_table([row], ["transport", "cases", "2xx", "4xx", "5xx", "contract_breaks", "crashes",
                         "internal_errors", "integrity_violations", "blocks_left", "served_after",

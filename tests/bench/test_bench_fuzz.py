@@ -8,7 +8,8 @@ from hintkv.bench.fuzz import run
 
 
 def test_bench_fuzz_in_process_counts_every_case():
-    row = run(60, seed=2, transport="asgi")
+    row = run(60, seed=2, transport="asgi", cases_seed=2)
+    assert row["cases_seed"] == 2  # a run's cases are drawn again from the seed it reports
     assert row["cases"] == 60
     assert row["2xx"] + row["4xx"] == 60 and row["5xx"] == 0
     assert row["crashes"] == 0 and row["contract_breaks"] == 0
