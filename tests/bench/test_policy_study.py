@@ -27,8 +27,9 @@ def test_study_rows_and_goals_are_consistent(capsys):
         assert 0 < r["ttft_mean"] <= r["ttft_max"] and r["ttft_p99"] <= r["ttft_max"]  # the replay's time model
     goals = out["goals"]
     assert goals == compute_goals([{**r, "seed": 1} for r in rows], "sam")
-    for g in ("captured_headroom", "beyond_queue_everywhere", "beyond_queue_points", "peak_host_reduction"):
+    for g in ("captured_headroom", "beyond_queue_everywhere", "peak_host_reduction"):
         assert set(goals[g]) == {"target", "measured", "met"}
+    assert set(goals["beyond_queue_points"]) - {"reason"} == {"target", "measured", "met"}
     # under fcfs the best reference spans lru, qlru and the policy, all fcfs (no lru/ca run): not swarm's
     assert goals["captured_headroom_best"]["reference"] == {
         "device": ["lru:fcfs", "qlru:fcfs", "sam:fcfs"], "host": ["lru+host:fcfs", "qlru+host:fcfs", "sam+host:fcfs"]}
@@ -44,6 +45,10 @@ def test_goals_judge_every_cell_by_its_worst():
     goals = compute_goals(rows, "sam")
     assert goals["captured_headroom"]["measured"] == pytest.approx(0.25) and not goals["captured_headroom"]["met"]
     assert goals["beyond_queue_points"]["measured"] == pytest.approx(0.1) and goals["beyond_queue_points"]["met"]
+    # review rev26 A10: where no cell needs the hints beyond the queue, the goal is not judged, not met
+    nothing = compute_goals([{**r, "oracle": r["qlru"] + 0.02} for r in rows], "sam")["beyond_queue_points"]
+    assert nothing == {"target": 0.02, "measured": None, "met": None,
+                       "reason": "no cell where the oracle is 3 points above qlru+host"}
     # the host cell has headroom (oracle 10 points above lru+host): peak bytes are not judged there
     assert goals["cells_judged_for_peak_host"] == 0 and goals["peak_host_reduction_min_all_cells"] == 0.5
     assert goals["captured_pinned_min"] == pytest.approx(0.5)  # (0.3 - 0.2) / (0.4 - 0.2)
