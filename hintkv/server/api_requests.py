@@ -19,6 +19,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationInfo,
     field_validator,
 )
 
@@ -83,10 +84,11 @@ class _SamplingRequest(_Open):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None  # the newer name: it wins when both are set
     stop: StrictStr | list[StrictStr] | None = None
     seed: Seed | None = None
-    n: StrictInt = 1
-    stream: StrictBool = False
+    n: StrictInt | None = None  # OpenAI's "integer or null": null is the default, 1
+    stream: StrictBool | None = False  # "boolean or null": null is read as false
     stream_options: StreamOptions | None = None
     # Extensions (vLLM-compatible names).
     cache_salt: StrictStr | None = None
@@ -106,10 +108,22 @@ class _SamplingRequest(_Open):
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
+    def _only_one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
             raise ValueError("only n=1 is supported")
         return n
+
+    @field_validator("stream")
+    @classmethod
+    def _null_stream_is_false(cls, stream: bool | None) -> bool:
+        return bool(stream)  # (review rev26 A5: a client that sends unset fields as null)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_with_stream(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):  # OpenAI's and vLLM's 400 (review rev26 A6)
+            raise ValueError("stream_options can only be set when stream is true")
+        return options
 
     @field_validator("stop")
     @classmethod
@@ -158,6 +172,16 @@ class _SamplingRequest(_Open):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def output_param(self) -> str:
+        """The field that sets the output limit, for the errors that name it."""
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
+    @property
+    def output_limit(self) -> int | None:
+        """The request's output limit (None: what room the prompt leaves)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
 
 class ChatCompletionRequest(_SamplingRequest):
     # May be empty only in a management request (agent_hint with manage_request: true), which
@@ -165,7 +189,6 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
-    max_completion_tokens: PositiveInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("tool_choice")
@@ -179,13 +202,7 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("only tool_choice 'auto' and 'none' are supported (a forced tool call is not)")
         raise ValueError(f"tool_choice must be 'auto' or 'none', got {choice!r}")
 
-    @property
-    def output_limit(self) -> int | None:
-        """`max_completion_tokens` is the newer name of `max_tokens`; it wins when both are set."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
-
+    tool_choice: StrictStr | dict[str, Any] | None = None
     @property
     def uses_tools(self) -> bool:
         """Whether generated `<tool_call>` blocks are returned as tool_calls."""
@@ -211,4 +228,7 @@ class CompletionRequest(_SamplingRequest):
 
     @property
     def output_limit(self) -> int:
-        return self.max_tokens if self.max_tokens is not None else LEGACY_COMPLETION_MAX_TOKENS
+        """OpenAI's legacy endpoint has no `max_completion_tokens`; it is read as chat reads it, not
+        ignored (review rev26 A9: it generated the 16-token default)."""
+        limit = super().output_limit
+        return limit if limit is not None else LEGACY_COMPLETION_MAX_TOKENS

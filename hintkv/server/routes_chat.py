@@ -107,9 +107,6 @@ class ChatEndpoint:
              headers: Mapping[str, str], tenant: str) -> ChatCall:
         return ChatCall(body, raw, headers, tenant)
 
-    def output_param(self, body: ChatCompletionRequest) -> str:
-        return "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
-
 
 ENDPOINT = ChatEndpoint()
 

@@ -85,9 +85,6 @@ class CompletionEndpoint:
              headers: Mapping[str, str], tenant: str) -> CompletionCall:
         return CompletionCall(body, raw, headers, tenant)
 
-    def output_param(self, body: CompletionRequest) -> str:
-        return "max_tokens"
-
 
 ENDPOINT = CompletionEndpoint()
 

@@ -87,9 +87,6 @@ class Endpoint(Protocol):
              tenant: str) -> Call:
         """Parse the hint (HintError: 400) and keep what the rest of the request needs."""
 
-    def output_param(self, body: Any) -> str:
-        ...
-
 
 class AfterGeneration:
     """A generating request's edits, applied once its generation is over: with the final response
@@ -189,7 +186,7 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
             body,
             prompt_param=endpoint.prompt_param,
             output_limit=body.output_limit,
-            output_param=endpoint.output_param(body),
+            output_param=body.output_param,
             session=hinted.ref if hinted is not None and state.hints else None,
             tenant=tenant,
         )

@@ -1,5 +1,5 @@
-"""Request fields refused, not ignored or run unbounded (review rev26 A2, A3; each failed on d9b7ee5, the
-stop token ids on 26ac118)."""
+"""Request fields refused, not ignored or run unbounded, and nullable ones read as their defaults (review
+rev26 A2, A3, A5, A6; each failed on d9b7ee5, the stop token ids on 26ac118)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,21 @@ def test_a_request_cannot_send_tens_of_thousands_of_stop_token_ids(live_server):
     assert r.json()["error"]["param"] == "stop_token_ids"
     assert "64" in r.json()["error"]["message"]
     assert _chat(live_server, stop_token_ids=list(range(64)), max_tokens=1).status_code == 200
+
+
+@pytest.mark.parametrize("field", ["n", "stream"])
+def test_null_for_a_nullable_openai_field_is_its_default(live_server, field):
+    """OpenAI's schema has `n` and `stream` as "integer or null" / "boolean or null" (vLLM: Optional with a
+    default), as the other sampling fields here; a client that sends unset fields as null got a 400
+    (review rev26 A5)."""
+    r = _chat(live_server, **{field: None})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["object"] == "chat.completion"  # one whole reply, not a stream
+
+
+def test_stream_options_without_stream_is_a_400(live_server):
+    """OpenAI and vLLM refuse stream_options unless stream is true (review rev26 A6: it was ignored)."""
+    r = _chat(live_server, stream_options={"include_usage": True})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == "stream_options"
+    assert _chat(live_server, stream_options=None).status_code == 200

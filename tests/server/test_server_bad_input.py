@@ -67,6 +67,7 @@ BAD_REQUESTS = [
     (COMPLETIONS, '{"prompt": "x",', 400, None, None),
     (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", None),
     (COMPLETIONS, {"prompt": "x", "best_of": 3}, 400, "best_of", None),
+    (COMPLETIONS, {"prompt": "x", "max_completion_tokens": MAX_MODEL_LEN}, 400, "max_completion_tokens", None),
     (COMPLETIONS, {}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": []}, 400, "prompt", None),
     (COMPLETIONS, {"prompt": [1, True]}, 400, "prompt", None),

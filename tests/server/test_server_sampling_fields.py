@@ -73,3 +73,15 @@ def test_min_tokens_holds_back_a_stop_string(client, live_server):
     assert held_tokens >= 3 and stop in held_text  # the free outputs' text keeps its stop string
     assert text.startswith(held_text)  # greedy: the same tokens, cut where a later stop string begins
     assert text[len(held_text):].startswith(stop) if reason == "stop" else held_text == text
+
+
+def test_max_completion_tokens_limits_a_completion_too(client, live_server):
+    """OpenAI's legacy endpoint has no `max_completion_tokens`, but a client that sends chat's newer name
+    gets its limit here too, not the 16-token default (review rev26 A9); it wins over `max_tokens`."""
+    def ids(**limits) -> list[int]:
+        r = client.completions.create(model=live_server.engine.model_name, prompt=PROMPT, temperature=0,
+                                      extra_body={"return_token_ids": True, "ignore_eos": True, **limits})
+        return r.choices[0].model_extra["token_ids"]
+
+    assert len(ids(max_completion_tokens=2)) == 2
+    assert len(ids(max_completion_tokens=3, max_tokens=N)) == 3
