@@ -184,23 +184,33 @@ def parse_agent_hint(
     `num_tokens`: the bound of a `tokens` range (None: this endpoint takes no `tokens` edit).
     """
     raw = body.get("agent_hint")
-    header_session = _header(headers, SESSION_HEADER)
-    header_parent = _header(headers, PARENT_SESSION_HEADER)
-    if raw is None and header_session is None:
+    if raw is None and _header(headers, SESSION_HEADER) is None:
         return None
     if raw is not None and not isinstance(raw, Mapping):
         raise HintError("agent_hint must be an object", "agent_hint")
     data = dict(raw or {})
-    if data.get("session_id") is None and header_session is not None:
-        data["session_id"] = header_session
-        if data.get("parent_session_id") is None and header_parent is not None:
-            data["parent_session_id"] = header_parent
+    for key, value in zip(("session_id", "parent_session_id"), hint_identity(data, headers)):
+        if value is not None:
+            data[key] = value
     try:
         hint = AgentHint.model_validate(data)
     except ValidationError as exc:
         raise _to_hint_error(exc, in_body=raw is not None) from None
     _check_ranges_fit(hint, num_messages, num_tools, num_tokens)
     return hint
+
+
+def hint_identity(raw_hint: Mapping, headers: Mapping[str, str]) -> tuple[object, object]:
+    """(session_id, parent_session_id) as a request names them, unvalidated: the body's `agent_hint`'s, or,
+    when that names no session (absent or null), the headers' (a blank header counts as absent). The one
+    rule: the router places a request by what the instance will attribute it to (review rev26 A7)."""
+    session, parent = raw_hint.get("session_id"), raw_hint.get("parent_session_id")
+    header_session = _header(headers, SESSION_HEADER)
+    if session is None and header_session is not None:
+        session = header_session
+        if parent is None:
+            parent = _header(headers, PARENT_SESSION_HEADER)
+    return session, parent
 
 
 def _check_ranges_fit(hint: AgentHint, num_messages: int, num_tools: int, num_tokens: int | None) -> None:

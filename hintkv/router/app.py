@@ -37,6 +37,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
+from hintkv.protocol.agent_hint import PARENT_SESSION_HEADER, SESSION_HEADER, hint_identity
 from hintkv.router.affinity import Placement
 from hintkv.router.backends import Backend, Backends
 from hintkv.server.body import read_limited
@@ -47,8 +48,6 @@ from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect
 log = logging.getLogger(__name__)
 
 EVICT_TIMEOUT_S = 3.0  # an evict's budget (agent-hint.md: 3.0 s for a session evict)
-SESSION_HEADER = "x-session-id"
-PARENT_SESSION_HEADER = "x-parent-session-id"
 _FORWARD_HEADERS = ("authorization", SESSION_HEADER, PARENT_SESSION_HEADER, "content-type")
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
               httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
@@ -71,8 +70,7 @@ class Identity:
 
     def __init__(self, body: dict, headers) -> None:
         hint = body.get("agent_hint") if isinstance(body.get("agent_hint"), dict) else {}
-        sid = hint.get("session_id", headers.get(SESSION_HEADER))
-        parent = hint.get("parent_session_id", headers.get(PARENT_SESSION_HEADER))
+        sid, parent = hint_identity(hint, headers)  # as the instance reads it
         auth = hashlib.blake2b(headers.get("authorization", "").encode(), digest_size=8).hexdigest()
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else ""
         self.key = json.dumps([auth, salt, sid]) if isinstance(sid, str) else None
