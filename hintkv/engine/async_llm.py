@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from hintkv.config import EngineConfig
@@ -25,6 +25,7 @@ from hintkv.engine.types import (
     EditOutcome,
     EngineStats,
     GenerateRequest,
+    RequestMetrics,
     RequestOutput,
     SessionDescription,
     SessionRef,
@@ -156,8 +157,8 @@ class AsyncLLM:
             if not finished:
                 self.call(lambda e: e.abort_request(rid))
 
-    async def abort(self, request_id: str) -> None:
-        await self.run(lambda e: e.abort_request(request_id))
+    def abort(self, request_id: str) -> Awaitable[RequestMetrics | None]:
+        return asyncio.wrap_future(self.call(lambda e: e.abort_request(request_id)))  # queued now
 
     async def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:
         # a worker thread, not the engine thread: the state lock is free during forward passes

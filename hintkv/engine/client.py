@@ -7,7 +7,7 @@ the engine's side; the attributes are fixed when the engine is built.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol, runtime_checkable
 
 from hintkv.engine.types import (
@@ -15,6 +15,7 @@ from hintkv.engine.types import (
     EditOutcome,
     EngineStats,
     GenerateRequest,
+    RequestMetrics,
     RequestOutput,
     SessionDescription,
     SessionRef,
@@ -37,8 +38,10 @@ class EngineClient(Protocol):
         aborts the request and frees its KV. A request the engine refuses raises ValueError."""
         ...
 
-    async def abort(self, request_id: str) -> None:
-        """Stop a request if it still runs (its session keeps what it computed)."""
+    def abort(self, request_id: str) -> Awaitable[RequestMetrics | None]:
+        """Stop a request if it still runs (its session keeps what it computed). Queued at the call, before
+        whatever is asked after it (closing the request's `generate`); awaits its figures so far, None if it
+        had finished or is unknown."""
         ...
 
     async def manage(self, ref: SessionRef, edits: list[CacheEdit]) -> list[EditOutcome]:

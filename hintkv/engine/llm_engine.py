@@ -42,6 +42,7 @@ from hintkv.engine.types import (
     EditOutcome,
     EngineStats,
     GenerateRequest,
+    RequestMetrics,
     RequestOutput,
     SessionDescription,
     SessionRef,
@@ -228,8 +229,9 @@ class LLMEngine:
         with self.lock:
             self.scheduler.add_request(seq)
 
-    def abort_request(self, request_id: str) -> bool:
-        """Engine thread, between steps (the scheduler refuses one during a step's load wait)."""
+    def abort_request(self, request_id: str) -> RequestMetrics | None:
+        """Engine thread, between steps (the scheduler refuses one during a step's load wait); the
+        request's figures so far, None if it is unknown."""
         with self.lock:
             return self.scheduler.abort_request(request_id)
 

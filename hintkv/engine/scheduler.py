@@ -68,7 +68,7 @@ from hintkv.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutp
 from hintkv.engine.request_metrics import request_metrics
 from hintkv.engine.sequence import SeqStatus, Sequence
 from hintkv.engine.spec.proposer import Proposer
-from hintkv.engine.types import FinishReason, RequestOutput
+from hintkv.engine.types import FinishReason, RequestMetrics, RequestOutput
 
 __all__ = ["ModelRunnerOutput", "ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
@@ -173,14 +173,14 @@ class Scheduler:
         if self.queue_sessions:
             self.sam.sessions.end(session_key(QUEUE_TENANT, seq.request_id))
 
-    def abort_request(self, request_id: str) -> bool:
-        """Drop a request wherever it is (its session keeps what it computed). False: unknown."""
+    def abort_request(self, request_id: str) -> RequestMetrics | None:
+        """Drop a request wherever it is (its session keeps what it computed): its figures so far (a stop
+        string's end is an abort: the server observes them), None if it is unknown (finished)."""
         self._between_steps(f"abort_request({request_id!r})")
         seq = self.requests.get(request_id)
         if seq is None:
-            return False
-        self.finish(seq, "abort")
-        return True
+            return None
+        return self.finish(seq, "abort").metrics
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.loading)

@@ -9,7 +9,8 @@ its KV is freed even while the surrounding task is being cancelled.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -80,6 +81,8 @@ async def generate_text(
             metrics.generation_tokens.inc(len(out.new_token_ids))
             text = detok.step(out.new_token_ids[num_free:]) + (detok.flush() if out.finished else "")
             text = matcher.feed(text, free)
+            if matcher.stopped and not out.finished:  # queued before the close below aborts it too
+                _observe_when_aborted(engine.abort(req.request_id), metrics)
             if out.finished or matcher.stopped:
                 text += matcher.flush()
                 if text or out.new_token_ids:
@@ -101,6 +104,18 @@ async def generate_text(
         if not done:  # closing the engine's stream aborts the request and frees its KV
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
+
+
+def _observe_when_aborted(figures: Awaitable[RequestMetrics | None], metrics: ServerMetrics) -> None:
+    """A stop string's request is aborted in the engine: its figures reach the histograms once the abort
+    is done, off the reply's path (its `hintkv_metrics` stays absent: waiting would hold the reply up to a
+    step). Without this the histograms left out every request a stop string ended (review rev26 A8)."""
+
+    def observe(done: asyncio.Future) -> None:
+        if not done.cancelled() and done.exception() is None and done.result() is not None:
+            metrics.request.observe(done.result())
+
+    asyncio.ensure_future(figures).add_done_callback(observe)
 
 
 async def collect_text(

@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-import pytest
 from server_testing import BLOCK_SIZE, LiveServer, wait_until
 
 
@@ -48,17 +47,47 @@ def test_chat_stream_carries_the_figures_on_its_last_choice_chunk(live_server):
     assert with_metrics[0]["hintkv_metrics"]["peak_kv_blocks"] >= 1
 
 
+def _samples(live_server: LiveServer) -> dict[str, float]:
+    text = httpx.get(live_server.base_url + "/metrics", headers=live_server.headers).text
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+
+
+HISTOGRAMS = ("hintkv_request_inter_token_latency_seconds_count", "hintkv_request_decode_tokens_per_second_count",
+              "hintkv_request_peak_kv_blocks_count")
+
+
+def _idle(live_server: LiveServer) -> bool:
+    stats = live_server.engine.stats()
+    return stats.num_running == 0 and stats.num_waiting == 0
+
+
 def test_metrics_endpoint_has_request_histograms(live_server):
+    """This request's own figures are counted (review rev26 A18: `>= 1` on the session's server held
+    whatever this request did, every earlier test's requests counting)."""
+    assert wait_until(lambda: _idle(live_server))
+    before = _samples(live_server)
     _post(live_server, "/v1/completions", {"model": _model(live_server), "prompt": "a b c", "max_tokens": 3,
                                            "temperature": 0, "ignore_eos": True})
-    text = httpx.get(live_server.base_url + "/metrics", headers=live_server.headers).text
-    samples = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
-               for ln in text.splitlines() if ln and not ln.startswith("#")}
-    assert samples["hintkv_request_inter_token_latency_seconds_count"] >= 1
-    assert samples["hintkv_request_decode_tokens_per_second_count"] >= 1
-    assert samples["hintkv_request_peak_kv_blocks_count"] >= 1
-    assert "hintkv_request_spec_acceptance_ratio_count" in samples
-    assert "hintkv_spec_draft_tokens_total" in samples
+    after = _samples(live_server)
+    assert [after[h] - before[h] for h in HISTOGRAMS] == [1, 1, 1]
+    assert "hintkv_request_spec_acceptance_ratio_count" in after
+    assert "hintkv_spec_draft_tokens_total" in after
+
+
+def test_a_request_a_stop_string_ended_is_in_the_histograms(live_server):
+    """A stop string ends a request by aborting it in the engine: its figures came with no output, so the
+    histograms left out every such request, a biased sample (review rev26 A8)."""
+    body = {"model": _model(live_server), "prompt": "a b c", "temperature": 0, "ignore_eos": True}
+    text = _post(live_server, "/v1/completions", {**body, "max_tokens": 16}).json()["choices"][0]["text"]
+    # a stop string a few tokens in, of a request that would run on for seconds: the abort finds it running
+    start = next(k for k in range(len(text) // 3, len(text)) if text[k:k + 2].strip() and text.find(text[k:k + 2]) == k)
+    assert wait_until(lambda: _idle(live_server))
+    before = _samples(live_server)
+    r = _post(live_server, "/v1/completions", {**body, "max_tokens": 400, "stop": text[start:start + 2]})
+    assert r.json()["choices"][0]["text"] == text[:start]
+    assert r.json()["choices"][0]["finish_reason"] == "stop" and r.json()["usage"]["completion_tokens"] < 400
+    peak = "hintkv_request_peak_kv_blocks_count"
+    assert wait_until(lambda: _samples(live_server)[peak] >= before[peak] + 1)
 
 
 def _a_thread_waits_in_tier_stats() -> bool:
@@ -135,8 +164,8 @@ def test_stream_reports_the_servers_parts_around_the_engine(live_server):
     assert set(parts) == {"http_s", "inbox_s", "wake_s", "stream_s", "serve_s"}
     assert all(v >= 0 for v in parts.values()), parts
     assert parts["inbox_s"] >= busy_s
-    own = parts["http_s"] + parts["inbox_s"] + parts["wake_s"] + parts["stream_s"] + m["ttft_s"]
-    assert parts["serve_s"] == pytest.approx(own, abs=1e-3)
+    # (that the parts and ttft_s sum to serve_s is their definition, `ServeTimes.parts`: no check here, review
+    # rev26 A18; what this test holds is that none is negative and the inbox wait covers the held lock)
     # that stream_s ends at the first chunk that went out (not a later step's) is held without timing by
     # test_serve_times_sent.py: a loop delay against a decode step depends on the load (review_rev24 B2)
 
