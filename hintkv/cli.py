@@ -133,6 +133,12 @@ def _add_router(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
     p.add_argument("--connect-timeout", type=float, default=2.0,
                    help="seconds to reach an instance before failing over")
+    p.add_argument("--api-key", action="append", default=[], dest="api_keys", metavar="KEY",
+                   help="accept this Bearer key (repeat for several; the instances' keys); none given: "
+                        "no authentication at the router (the instances still check theirs)")
+    p.add_argument("--public-metrics", action="store_true",
+                   help="serve /metrics and /router/state without an API key (default: they need one when "
+                        "keys are set)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(run=_run_router)
@@ -148,7 +154,8 @@ def _run_router(args: argparse.Namespace) -> int:
     try:
         app = build_router_app(args.backend, max_inflight=args.max_inflight,
                                health_interval_s=args.health_interval,
-                               connect_timeout_s=args.connect_timeout)
+                               connect_timeout_s=args.connect_timeout,
+                               api_keys=tuple(args.api_keys), public_metrics=args.public_metrics)
     except ValueError as exc:
         print(f"hintkv router: {exc}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import (
     JSONResponse,
     PlainTextResponse,
@@ -41,7 +41,8 @@ from hintkv.protocol.agent_hint import PARENT_SESSION_HEADER, SESSION_HEADER, hi
 from hintkv.router.affinity import Placement
 from hintkv.router.backends import Backend, Backends
 from hintkv.server.body import read_limited
-from hintkv.server.errors import APIError
+from hintkv.server.auth import authenticate
+from hintkv.server.errors import APIError, error_response
 from hintkv.server.limits import MAX_BODY_BYTES
 from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect
 
@@ -104,7 +105,10 @@ def management_copy(body: dict, path: str) -> dict:
 
 class Router:
     def __init__(self, urls: list[str], max_inflight: int = 8, health_interval_s: float = 1.0,
-                 connect_timeout_s: float = 2.0, request_timeout_s: float = 600.0) -> None:
+                 connect_timeout_s: float = 2.0, request_timeout_s: float = 600.0,
+                 api_keys: tuple[str, ...] = (), public_metrics: bool = False) -> None:
+        self.api_keys = tuple(api_keys)  # the instances' rule (`server.auth`): none, no authentication
+        self.public_metrics = public_metrics  # /metrics and /router/state without a key
         self.backends = Backends(urls, interval_s=health_interval_s)
         self.backends.on_up = self._pay_owed
         self._paying: dict[str, asyncio.Task] = {}  # backends being sent their owed evicts
@@ -339,24 +343,38 @@ class Router:
 
 
 def build_router_app(urls: list[str], **options) -> FastAPI:
-    """The router app over `urls` (options: see `Router`). `app.state.router` is the Router."""
+    """The router app over `urls` (options: see `Router`). `app.state.router` is the Router.
+
+    With `api_keys`, every route but /health needs one of them as a Bearer key (401 before the body is
+    read), as an instance's do; /metrics and /router/state, which name the instances and their load,
+    too unless `public_metrics` (review rev26 A17: they answered anyone)."""
     router = Router(urls, **options)
+
+    async def require_key(request: Request) -> None:
+        authenticate(request, router.api_keys)
+
+    async def require_metrics_key(request: Request) -> None:
+        if not router.public_metrics:
+            authenticate(request, router.api_keys)
+
     app = FastAPI(title="hintkv router")
     app.state.router = router
+    app.add_exception_handler(APIError, lambda _, err: error_response(err))
+    keyed, metrics_keyed = [Depends(require_key)], [Depends(require_metrics_key)]
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat(request: Request) -> Response:
         return await router.forward(request, "/v1/chat/completions")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request) -> Response:
         return await router.forward(request, "/v1/completions")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=keyed)
     async def models(request: Request) -> Response:
         return await router.get_from(router.placement.least_loaded(), "/v1/models", request)
 
-    @app.get("/v1/sessions/{session_id:path}")  # as the instance's route: an id may hold a "/"
+    @app.get("/v1/sessions/{session_id:path}", dependencies=keyed)  # as the instance's route: an id may hold a "/"
     async def session(session_id: str, request: Request) -> Response:
         # the instance takes the namespace as ?cache_salt=: the placement key needs it too
         who = Identity({"cache_salt": request.query_params.get("cache_salt")},
@@ -374,7 +392,7 @@ def build_router_app(urls: list[str], **options) -> FastAPI:
                              "backends": {b.url: b.up for b in router.backends.backends.values()}},
                             status_code=200 if up else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=metrics_keyed)
     async def metrics() -> Response:
         p = router.placement
         extra = (f"# TYPE hintkv_router_requests_total counter\n"
@@ -385,7 +403,7 @@ def build_router_app(urls: list[str], **options) -> FastAPI:
                       ("least_loaded", p.num_least_loaded), ("moved", p.num_moved))))
         return PlainTextResponse(router.backends.metrics_text() + extra)
 
-    @app.get("/router/state")
+    @app.get("/router/state", dependencies=metrics_keyed)
     async def state() -> Response:
         return JSONResponse(router.state())
 
