@@ -173,7 +173,9 @@ class Router:
                 resp = await cancel_on_disconnect(request, self.client().send(req, stream=True))
             except ClientDisconnected:
                 b.inflight -= 1
-                return await self._client_gone(who, body, path, headers, b, targets)
+                # the request may not have reached `b` (cancelled waiting for a connection): its evicts go
+                # there too (an evict it did apply is a no-op the second time) (review rev27 B4)
+                return await self._client_gone(who, body, path, headers, None, targets)
             except _RETRYABLE as e:
                 b.inflight -= 1
                 self.backends.mark_down(b, type(e).__name__)
@@ -232,21 +234,21 @@ class Router:
                         media_type=resp.headers.get("content-type"))
 
     async def _evict_elsewhere(self, who: Identity, body: dict, path: str, headers: list[tuple[bytes, bytes]],
-                               served: Backend, targets: set[str] | None) -> None:
-        """A request's evict has reached `served`: the same to the session's other instances."""
+                               served: Backend | None, targets: set[str] | None) -> None:
+        """A request's evict has reached `served` (None: maybe none): the same to the session's other instances."""
         await self._fan_out(body, path, headers, served, targets, who.key)
         if who.ends_session and who.is_root:
             self.placement.forget(who.key)
 
     async def _client_gone(self, who: Identity, body: dict, path: str, headers: list[tuple[bytes, bytes]],
-                           served: Backend, targets: set[str] | None) -> Response:
+                           served: Backend | None, targets: set[str] | None) -> Response:
         """The client left before its reply; the instance aborts the generation but still applies the
         request's evicts (a stop or evict turn ends the session either way): so do the others."""
         if who.evicts:
             await self._evict_elsewhere(who, body, path, headers, served, targets)
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
-    async def _fan_out(self, body: dict, path: str, headers: list[tuple[bytes, bytes]], served: Backend,
+    async def _fan_out(self, body: dict, path: str, headers: list[tuple[bytes, bytes]], served: Backend | None,
                        targets: set[str] | None, key: str | None) -> None:
         """The evict to the other instances in `targets` (None: all of them): now to those up, and
         owed to those down (a busy instance is marked down after slow health checks, not dead),

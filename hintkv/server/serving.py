@@ -102,7 +102,10 @@ class AfterGeneration:
 
     async def after(self) -> AgentHintResult | None:
         self.done = True
-        return await self.apply(self.hinted) if self.hinted is not None and self.hinted.edits else None
+        if self.hinted is None or not self.hinted.edits:
+            return None
+        with anyio.CancelScope(shield=True):  # a client leaving mid-render must not lose them (review rev27 B3)
+            return await self.apply(self.hinted)
 
     async def client_gone(self) -> None:
         if self.done or self.hinted is None:

@@ -184,3 +184,33 @@ def test_a_sessions_owed_evicts_reach_an_instance_before_its_next_request_there(
     finally:
         router.stop()
         b.close()
+
+
+def test_a_stop_turn_whose_client_left_before_the_headers_still_reaches_the_sessions_instance():
+    """A client that leaves while the router still waits for the instance's reply headers: the request may
+    never have reached the instance (cancelled waiting for a connection), so its evict goes there as a
+    management request too; an evict the instance did apply is a no-op the second time (review rev27 B4)."""
+    home = DyingBackend(hang=True)
+    router = BackgroundServer(build_router_app([home.url], health_interval_s=60.0, connect_timeout_s=1.0)).start()
+    try:
+        hint = {"session_id": "s", "parent_session_id": "s", "session_control": {"type": "stop"}}
+        raw = json.dumps({"prompt": "hi", "max_tokens": 4, "agent_hint": hint}).encode()
+        sock = socket.create_connection(("127.0.0.1", router.port), timeout=30)
+        try:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+            deadline = time.monotonic() + 30
+            while home.completions == 0 and time.monotonic() < deadline:  # the turn is at the instance
+                time.sleep(0.05)
+            assert home.completions == 1
+        finally:
+            sock.close()
+        deadline = time.monotonic() + 30
+        while len(home.posts) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(home.posts) == 2, home.posts
+        evict = home.posts[1]
+        assert "prompt" not in evict and evict["agent_hint"]["session_control"] == {"type": "stop"}
+    finally:
+        router.stop()
+        home.close()
