@@ -202,14 +202,16 @@ def parse_agent_hint(
 
 def hint_identity(raw_hint: Mapping, headers: Mapping[str, str]) -> tuple[object, object]:
     """(session_id, parent_session_id) as a request names them, unvalidated: the body's `agent_hint`'s, or,
-    when that names no session (absent or null), the headers' (a blank header counts as absent). The one
-    rule: the router places a request by what the instance will attribute it to (review rev26 A7)."""
+    when that names no session (absent or null), the headers' (a blank header counts as absent); a gateway
+    that sends `x-session-id` alone names a root session, its own parent (review rev27 A5: every call was a
+    400; the body form still requires the parent). The one rule: the router places a request by what the
+    instance will attribute it to (review rev26 A7)."""
     session, parent = raw_hint.get("session_id"), raw_hint.get("parent_session_id")
     header_session = _header(headers, SESSION_HEADER)
     if session is None and header_session is not None:
         session = header_session
         if parent is None:
-            parent = _header(headers, PARENT_SESSION_HEADER)
+            parent = _header(headers, PARENT_SESSION_HEADER) or header_session
     return session, parent
 
 

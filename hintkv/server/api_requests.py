@@ -36,6 +36,9 @@ TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 MAX_STOP_STRINGS = 64  # vLLM takes any number, OpenAI 4; agent frameworks send a handful
 MAX_STOP_TOKEN_IDS = 64  # vLLM's extension, uncapped there; each is checked for every token on the engine thread
 
+# chat_template_kwargs the renderer sets itself, and where they come from instead
+RENDERER_ARGUMENTS = {"messages": "send the top-level 'messages'", "tools": "send the top-level 'tools'",
+                      "add_generation_prompt": "the server always adds the assistant's turn (it generates it)"}
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # Known OpenAI fields we do not implement, with the values that leave them off: any other
 # value is refused (400) rather than silently ignored.
@@ -92,7 +95,7 @@ class _SamplingRequest(_Open):
     stream_options: StreamOptions | None = None
     # Extensions (vLLM-compatible names).
     cache_salt: StrictStr | None = None
-    return_token_ids: StrictBool = False
+    return_token_ids: StrictBool | None = False  # vLLM's Optional[bool]: null is read as false
     ignore_eos: StrictBool = False
     stop_token_ids: TokenIds | None = None
     # Logit shaping and filtering (OpenAI's, then vLLM's extensions; engine/logits_shaping.py, engine/sampler.py)
@@ -113,10 +116,10 @@ class _SamplingRequest(_Open):
             raise ValueError("only n=1 is supported")
         return n
 
-    @field_validator("stream")
+    @field_validator("stream", "return_token_ids")
     @classmethod
-    def _null_stream_is_false(cls, stream: bool | None) -> bool:
-        return bool(stream)  # (review rev26 A5: a client that sends unset fields as null)
+    def _null_is_false(cls, flag: bool | None) -> bool:
+        return bool(flag)  # (review rev26 A5, rev27 A6: a client that sends unset fields as null)
 
     @field_validator("stream_options")
     @classmethod
@@ -190,6 +193,16 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_the_renderers_own(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The renderer sets these from the request itself: one here was a 400 in Python's words ("got multiple
+        values for keyword argument 'tools'"); now it says which field to use (review rev27 A6)."""
+        for key, field in RENDERER_ARGUMENTS.items():
+            if key in (kwargs or {}):
+                raise ValueError(f"chat_template_kwargs must not set {key!r}: {field}")
+        return kwargs
 
     @field_validator("tool_choice")
     @classmethod

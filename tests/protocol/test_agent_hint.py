@@ -268,15 +268,16 @@ def test_malformed_hint_names_the_field(agent_hint, num_messages, num_tools, par
         "error": {"message": info.value.message, "type": "invalid_request_error", "param": param}}
 
 
-def test_missing_identity_from_headers_names_the_header():
+def test_a_header_session_without_its_parent_is_a_root_session():
+    """A gateway that sends `x-session-id` alone (a root session's parent is itself) is served, not a 400 on
+    every call (review rev27 A5); a body hint still names its parent."""
     body = {"model": "m", "messages": []}
+    hint = parse_agent_hint(body, {"x-session-id": "h1"}, 0, 0)
+    assert (hint.session_id, hint.parent_session_id) == ("h1", "h1")
+    hint = parse_agent_hint({**body, "agent_hint": {"cache_control": {}}}, {"x-session-id": "h1"}, 0, 0)
+    assert (hint.session_id, hint.parent_session_id) == ("h1", "h1")
     with pytest.raises(HintError) as info:
-        parse_agent_hint(body, {"x-session-id": "h1"}, 0, 0)
-    assert info.value.param == "x-parent-session-id"
-    # with a body hint, the body field is the one to fix
-    body["agent_hint"] = {"cache_control": {}}
-    with pytest.raises(HintError) as info:
-        parse_agent_hint(body, {"x-session-id": "h1"}, 0, 0)
+        parse_agent_hint({**body, "agent_hint": {"session_id": "b1"}}, {}, 0, 0)
     assert info.value.param == "agent_hint.parent_session_id"
     body["agent_hint"] = {}
     with pytest.raises(HintError) as info:

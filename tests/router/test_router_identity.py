@@ -18,6 +18,7 @@ CASES = {
     "no hint, header session": ({}, HEADERS),
     "body session wins over headers": ({"agent_hint": {"session_id": "b", "parent_session_id": "bp"}}, HEADERS),
     "blank header session": ({}, {"x-session-id": "  ", "x-parent-session-id": "lead"}),
+    "header session alone": ({}, {"x-session-id": "s1"}),
     "no session anywhere": ({"model": "m"}, {}),
 }
 

@@ -1,5 +1,5 @@
 """Request fields refused, not ignored or run unbounded, and nullable ones read as their defaults (review
-rev26 A2, A3, A5, A6; each failed on d9b7ee5, the stop token ids on 26ac118)."""
+rev26 A2, A3, A5, A6; each failed on d9b7ee5, the stop token ids on 26ac118; review rev27 A6 on 22d289d)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_a_request_cannot_send_tens_of_thousands_of_stop_token_ids(live_server):
     assert _chat(live_server, stop_token_ids=list(range(64)), max_tokens=1).status_code == 200
 
 
-@pytest.mark.parametrize("field", ["n", "stream"])
+@pytest.mark.parametrize("field", ["n", "stream", "return_token_ids"])
 def test_null_for_a_nullable_openai_field_is_its_default(live_server, field):
     """OpenAI's schema has `n` and `stream` as "integer or null" / "boolean or null" (vLLM: Optional with a
     default), as the other sampling fields here; a client that sends unset fields as null got a 400
@@ -74,3 +74,13 @@ def test_stream_options_without_stream_is_a_400(live_server):
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["param"] == "stream_options"
     assert _chat(live_server, stream_options=None).status_code == 200
+
+
+@pytest.mark.parametrize("key", ["tools", "add_generation_prompt", "messages"])
+def test_chat_template_kwargs_cannot_set_the_renderers_own_arguments(live_server, key):
+    """A 400 naming the field and saying what to send instead, not Python's "got multiple values for keyword
+    argument" (review rev27 A6)."""
+    r = _chat(live_server, chat_template_kwargs={key: False})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == "chat_template_kwargs"
+    assert repr(key) in r.json()["error"]["message"] and "multiple values" not in r.json()["error"]["message"]
