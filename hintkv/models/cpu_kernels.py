@@ -35,7 +35,7 @@ _FILES = ("cpu_kernels.cpp", "cpu_attention_tiles.cpp", "cpu_attention.cpp")
 SOURCE = "\n".join((Path(__file__).parent / "csrc" / name).read_text() for name in _FILES)
 # -march=native: built on the machine that runs it; vector code is guarded by __AVX512F__
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-_FUNCTIONS = ["attention", "add_rmsnorm", "rope_", "silu_mul", "argmax_rows", "simd"]
+_FUNCTIONS = ["attention", "add_rmsnorm", "rope_", "silu_mul", "argmax_rows", "simd", "direct_scores"]
 
 
 def ops() -> ModuleType | None:

@@ -230,6 +230,23 @@ def test_the_build_takes_this_cpus_vector_paths():
     assert cpu_kernels.ops().simd() == want
 
 
+@pytest.mark.parametrize("rows,keys,d", [(3, 32, 64), (16, 17, 128), (1, 5, 64), (7, 30, 16), (4, 8, 256),
+                                           (2, 1, 64)])
+def test_direct_scores_add_each_rows_products_in_order(rows, keys, d):
+    """A few-row item's scores (decodes: csrc/cpu_attention_tiles.cpp's score_direct, whose AVX2 path runs the
+    keys in lanes) are each (row, key)'s rounded products q[i] k[i] added in order i = 0, 1, ... from 0, as the
+    plain loop adds them: the vector path changes no bit of a decode's attention. AVX-512 sums in 16 lanes."""
+    if cpu_kernels.ops().simd() == "avx512":
+        pytest.skip("the AVX-512 path sums each score in 16 lanes (another order)")
+    g = torch.Generator().manual_seed(rows * 1000 + keys * 10 + d)
+    q, k = torch.randn(rows, d, generator=g), torch.randn(keys, d, generator=g)
+    ref = torch.zeros(rows, keys)
+    for i in range(d):
+        ref = ref + q[:, i:i + 1] * k[:, i]
+    assert torch.equal(cpu_kernels.ops().direct_scores(q, k), ref)
+    assert not torch.equal(ref, q @ k.T) or d < 32  # the order matters: a matmul's sum differs in some bits
+
+
 def test_silu_mul_over_the_whole_range_of_exp():
     """The vector exp clamps to [-87.3, 88.3] and builds 2^n in the exponent bits: SiLU-mul stays within
     rtol 1e-5 of eager from -100 to 100 (saturated both ends; an odd width leaves a scalar tail)."""

@@ -336,3 +336,20 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     else at::parallel_for(0, nt, 1, work);
     return out;
 }
+
+// The test entry: the few-row items' scores (score_direct) of the rows q [R, D] (R <= DIRECT_ROWS) against the key
+// rows k [nk, D] (nk <= KT), [R, nk]
+torch::Tensor direct_scores(torch::Tensor q, torch::Tensor k) {
+    TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && q.scalar_type() == torch::kFloat32 &&
+                k.scalar_type() == torch::kFloat32 && q.is_contiguous() && k.is_contiguous() && q.size(1) == k.size(1),
+                "q, k must be contiguous float32 [R, D], [nk, D]");
+    const int64_t R = q.size(0), D = q.size(1), nk = k.size(0);
+    TORCH_CHECK(R <= DIRECT_ROWS && nk <= KT, "direct_scores: at most ", DIRECT_ROWS, " rows and ", KT, " keys");
+    std::vector<const float*> rows(nk);
+    for (int64_t j = 0; j < nk; ++j) rows[j] = k.data_ptr<float>() + j * D;
+    std::vector<float> s(R * KT);
+    score_direct(q.data_ptr<float>(), R, D, rows.data(), static_cast<int>(nk), s.data());
+    auto out = torch::empty({R, nk}, torch::kFloat32);
+    for (int64_t r = 0; r < R; ++r) std::memcpy(out.data_ptr<float>() + r * nk, s.data() + r * KT, nk * sizeof(float));
+    return out;
+}

@@ -337,9 +337,92 @@ inline void score_softmax_tile(const float* q, int64_t D, const float* kt, float
 }
 #endif
 
+#if defined(HK_AVX2)
+constexpr int64_t DIRECT_MAX_D = 256;  // head dims the AVX2 direct scores take (their K tile on the stack: 32 KB)
+
+// 8 key rows' floats [d, d + 8) (k[j] + d, j < 8) into kt[(d + i) * KT + j0 + j]: the 8 x 8 transpose
+inline void transpose8_keys(const float* const* k, int64_t d, float* kt, int j0) {
+    const __m256 r0 = _mm256_loadu_ps(k[0] + d), r1 = _mm256_loadu_ps(k[1] + d), r2 = _mm256_loadu_ps(k[2] + d),
+                 r3 = _mm256_loadu_ps(k[3] + d), r4 = _mm256_loadu_ps(k[4] + d), r5 = _mm256_loadu_ps(k[5] + d),
+                 r6 = _mm256_loadu_ps(k[6] + d), r7 = _mm256_loadu_ps(k[7] + d);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+                 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    float* o = kt + d * KT + j0;
+    _mm256_storeu_ps(o + 0 * KT, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(o + 1 * KT, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(o + 2 * KT, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(o + 3 * KT, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(o + 4 * KT, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(o + 5 * KT, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(o + 6 * KT, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(o + 7 * KT, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// RM rows' scores against NV groups of 8 keys of the transposed tile kt (from key j0): lanes are keys, and each
+// lane adds its rounded products q[d] k[d] in order d = 0, 1, ..., from 0: the plain loop's sum, bit for bit
+template <int RM, int NV>
+inline void score_lanes(const float* q, int64_t D, const float* kt, int j0, float* s) {
+    __m256 acc[RM][NV];
+    for (int i = 0; i < RM; ++i)
+        for (int u = 0; u < NV; ++u) acc[i][u] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        __m256 kv[NV];
+        for (int u = 0; u < NV; ++u) kv[u] = _mm256_loadu_ps(kt + d * KT + j0 + 8 * u);
+        for (int i = 0; i < RM; ++i) {
+            const __m256 qv = _mm256_broadcast_ss(q + i * D + d);
+            for (int u = 0; u < NV; ++u) {
+                __m256 p = _mm256_mul_ps(qv, kv[u]);
+                __asm__("" : "+x"(p));  // the product rounded before the add: the compiler may not fuse them (FMA)
+                acc[i][u] = _mm256_add_ps(acc[i][u], p);
+            }
+        }
+    }
+    for (int i = 0; i < RM; ++i)
+        for (int u = 0; u < NV; ++u) _mm256_storeu_ps(s + i * KT + j0 + 8 * u, acc[i][u]);
+}
+
+// score_direct's AVX2 path (D a multiple of 8, at most DIRECT_MAX_D): the tile's keys transposed once into kt
+// (a short last group reads a zero row), then the rows 4 at a time, two key groups a pass. The plain loop's sum is
+// a chain of adds per (row, key) (~64 dependent adds at D = 64, its products' reduction scalar): it was ~3/4 of a
+// decode step's attention on Zen 3 (perf, dummy:smollm2-135m b8), about as much as w8a8's layer GEMMs.
+inline void score_direct_avx2(const float* q, int64_t R, int64_t D, const float* const* k, int nk, float* s) {
+    alignas(32) float kt[DIRECT_MAX_D * KT];
+    static const float zeros[DIRECT_MAX_D] = {};
+    const int ng = (nk + 7) / 8;
+    for (int g = 0; g < ng; ++g) {
+        const float* rows[8];
+        for (int j = 0; j < 8; ++j) rows[j] = g * 8 + j < nk ? k[g * 8 + j] : zeros;
+        for (int64_t d = 0; d < D; d += 8) transpose8_keys(rows, d, kt, g * 8);
+    }
+    // s has KT floats a row: a short last group's lanes past nk get 0 there, which no reader takes (the softmax
+    // masks keys past nk, P V reads nk)
+    auto rows_of = [&](auto rm, int64_t r) {
+        constexpr int RM = decltype(rm)::value;
+        int g = 0;
+        for (; g + 2 <= ng; g += 2) score_lanes<RM, 2>(q + r * D, D, kt, g * 8, s + r * KT);
+        for (; g < ng; ++g) score_lanes<RM, 1>(q + r * D, D, kt, g * 8, s + r * KT);
+    };
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) rows_of(std::integral_constant<int, 4>{}, r);
+    for (; r + 2 <= R; r += 2) rows_of(std::integral_constant<int, 2>{}, r);
+    for (; r < R; ++r) rows_of(std::integral_constant<int, 1>{}, r);
+}
+#endif
+
 // S[r][j] = Q[r] . K[j] for R rows and nk key rows (k[j], in the cache): few-row items (decodes)
 // read K where it lies instead of transposing it first
 inline void score_direct(const float* q, int64_t R, int64_t D, const float* const* k, int nk, float* s) {
+#if defined(HK_AVX2)
+    if (D % 8 == 0 && D <= DIRECT_MAX_D) {
+        score_direct_avx2(q, R, D, k, nk, s);
+        return;
+    }
+#endif
     for (int j = 0; j < nk; ++j) {
         const float* kr = k[j];
         int64_t r = 0;
