@@ -9,7 +9,7 @@ rather than a silent coercion. Range checks live here too, so every handler sees
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,8 @@ from pydantic import (
 )
 
 from hintkv.engine.types import SEED_RANGE
+
+T = TypeVar("T")
 
 # OpenAI's range; non-finite numbers never get here (the body parser refuses them).
 Temperature = Annotated[StrictFloat, Field(ge=0, le=2)]
@@ -192,6 +194,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None  # false: at most one call a turn
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("chat_template_kwargs")
@@ -216,10 +219,16 @@ class ChatCompletionRequest(_SamplingRequest):
         raise ValueError(f"tool_choice must be 'auto' or 'none', got {choice!r}")
 
     tool_choice: StrictStr | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None  # false: at most one call a turn
     @property
     def uses_tools(self) -> bool:
         """Whether generated `<tool_call>` blocks are returned as tool_calls."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    def returned_calls(self, calls: list[T]) -> list[T]:
+        """The tool calls a reply carries: with `parallel_tool_calls: false`, the first only, as vLLM does (the
+        model may still write several; review rev26 A3: the field was ignored and every call came back)."""
+        return calls[:1] if self.parallel_tool_calls is False else calls
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]

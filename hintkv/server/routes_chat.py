@@ -85,6 +85,7 @@ class ChatCall:
                        model: str, prompt_ids: list[int], after: ApplyHint) -> Response:
         body = self.body
         content, calls = parse_tool_calls(text) if body.uses_tools else (text, [])
+        calls = body.returned_calls(calls)
         message = AssistantMessage(
             content=(content or None) if calls else content,
             tool_calls=[ToolCall(id=c.id, function=_function(c)) for c in calls] or None,
@@ -163,6 +164,7 @@ async def _stream(
                     yield sse_event(chunk(ChatDelta(content=text), token_ids=ids))
                     continue
                 rest, calls = tools.finish() if tools is not None else ("", [])
+                calls = body.returned_calls(calls)
                 if ev.times is not None:
                     ev.times.sending()  # (when no delta went out, the chunks below or the last are the first)
                 if rest:

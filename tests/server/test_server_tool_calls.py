@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from hintkv.server.api_requests import ChatCompletionRequest
 from hintkv.server.tool_calls import ToolCallStreamer, parse_tool_calls
 
 TWO_CALLS = (
@@ -60,3 +61,14 @@ def test_streamer_gives_back_a_call_that_does_not_parse():
     streamer = ToolCallStreamer()
     assert streamer.feed("x <tool_call>oops") == "x "
     assert streamer.finish() == ("<tool_call>oops", [])
+
+
+@pytest.mark.parametrize("parallel, names", [(None, ["get_weather", "get_time"]), (True, ["get_weather", "get_time"]),
+                                             (False, ["get_weather"])])
+def test_parallel_tool_calls_false_returns_the_first_call_only(parallel, names):
+    """OpenAI's `parallel_tool_calls: false` (an agent that runs one tool a turn): the model may still write
+    several calls; the reply carries the first, as vLLM's (review rev26 A3: the field was ignored)."""
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}],
+                                                 "parallel_tool_calls": parallel})
+    _, calls = parse_tool_calls(TWO_CALLS)
+    assert [c.name for c in body.returned_calls(calls)] == names
