@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from hintkv.server import event_loop
 from hintkv.server.app import build_app
 from hintkv.server.options import ServerOptions
 
@@ -27,8 +28,11 @@ def serve(
     log_level: str = "info",
     options: ServerOptions | None = None,
 ) -> None:
-    """Load the model, serve the OpenAI API on host:port until interrupted."""
-    asyncio.run(_serve(engine_cfg, host, port, tuple(api_keys), log_level, options))
+    """Load the model, serve the OpenAI API on host:port until interrupted, on the event loop that
+    `options.loop` names (`event_loop.py`)."""
+    options = options or ServerOptions()
+    with asyncio.Runner(loop_factory=event_loop.loop_factory(options.loop)) as runner:
+        runner.run(_serve(engine_cfg, host, port, tuple(api_keys), log_level, options))
 
 
 def start_engine(engine_cfg: EngineConfig) -> AsyncLLM:
@@ -53,7 +57,7 @@ async def _serve(
     port: int,
     api_keys: tuple[str, ...],
     log_level: str,
-    options: ServerOptions | None,
+    options: ServerOptions,
 ) -> None:
     engine = start_engine(engine_cfg)
     logger.info(
@@ -70,6 +74,7 @@ async def _serve(
             host=host,
             port=port,
             log_level=log_level,
+            http=event_loop.http_parser(options.http),
             timeout_graceful_shutdown=5,
         )
         await uvicorn.Server(config).serve()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hintkv.server import event_loop
 from hintkv.server import limits as L
 from hintkv.server.limits import RequestLimits
 
@@ -53,6 +54,14 @@ class ServerOptions:
         default=10.0,
         metadata={"help": "seconds between the periodic cache integrity checks; 0: never"},
     )
+    loop: str = field(
+        default="auto",
+        metadata={"help": "the event loop: auto (uvloop where installed, else asyncio), asyncio, uvloop"},
+    )
+    http: str = field(
+        default="auto",
+        metadata={"help": "the HTTP parser: auto (httptools where installed, else h11), h11, httptools"},
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_json_depth", "max_string_chars", "max_list_items"):
@@ -62,6 +71,7 @@ class ServerOptions:
             raise ValueError("max_queued_requests and tenant_max_concurrency must be >= 0")
         if self.tenant_rate_limit < 0 or self.integrity_check_interval < 0:
             raise ValueError("tenant_rate_limit and integrity_check_interval must be >= 0")
+        event_loop.check(self.loop, self.http)
 
     @property
     def limits(self) -> RequestLimits:
