@@ -32,6 +32,7 @@ VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "
             "kv-int8": ["--kv-cache-dtype", "int8"],
             "kv-fp8": ["--kv-cache-dtype", "fp8"],
             "bound": ["--cpu-omp-threads-bind", "auto"],  # OpenMP threads pinned as vLLM pins its own
+            "asyncio": ["--loop", "asyncio", "--http", "h11"],  # plain runs uvloop + httptools where installed
             "team": [], "team-auto": [], "regions": [], "keeper": [],
             "no-keeper": [], "linger": []}  # set by their environment (VARIANT_ENV)
 # variants that differ from plain hintkv by their environment: HINTKV_DECODE_TEAM (models/decode_layers.py: 1 one
