@@ -9,13 +9,15 @@
 A request whose instance cannot be reached (refused, reset, or no reply within the connect
 timeout) is marked down and retried on the next instance the placement picks, before anything
 was sent to the client: the session moves, and the new instance loads its prefix from the shared
-pool. A request that carries an evict (an `evict` edit or `session_control` stop/compact) goes to
-the session's instance, and the same evict, as a management request, to every other healthy
-instance the session or one of its sub-agents was ever placed on (`Placement.fanout_targets`;
-elsewhere it is unknown), so no instance keeps KV of an ended session. A client that leaves before its
-reply (streamed or not) closes the router's connection to the instance, which aborts the generation; its
-evicts still reach every instance (the instance applies them for a departed client too). Bad bodies are
-400s in the OpenAI error shape; no instance up is a 503 with Retry-After.
+pool. A request of no session that an instance refuses at capacity (503) goes to the next one too;
+a session's stays (its KV is there), with the instance's Retry-After. A request that carries an
+evict (an `evict` edit or `session_control` stop/compact) goes to the session's instance, and the
+same evict, as a management request, to every other healthy instance the session or one of its
+sub-agents was ever placed on (`Placement.fanout_targets`; elsewhere it is unknown), so no instance
+keeps KV of an ended session. A client that leaves before its reply (streamed or not) closes the
+router's connection to the instance, which aborts the generation; its evicts still reach every
+instance (the instance applies them for a departed client too). Bad bodies are 400s in the OpenAI
+error shape; no instance up is a 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -190,6 +192,12 @@ class Router:
                 b.num_errors += 1
                 return _error(502, f"backend {b.url} failed: {type(e).__name__}", type_="server_error")
             b.status_counts[resp.status_code] = b.status_counts.get(resp.status_code, 0) + 1
+            if resp.status_code == 503 and who.key is None and self.placement.least_loaded(tried) is not None:
+                # an instance at capacity (its load gate's 503): a request of no session holds no KV anywhere,
+                # so another instance serves it as well; a session's stays, with Retry-After (review rev26 A16)
+                await resp.aclose()
+                b.inflight -= 1
+                continue
             break
         if who.evicts and resp.status_code == 200:
             await self._evict_elsewhere(who, body, path, headers, b, targets)

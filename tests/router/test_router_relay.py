@@ -1,5 +1,5 @@
 """The router with backends that fail: plain TCP servers that answer /health and then, for a POST,
-die mid-stream, never answer, or answer at once.
+die mid-stream, never answer, answer at once, or answer 503 (at capacity).
 
 - A backend that dies mid-stream: the client gets an OpenAI-shaped error event and `[DONE]` (not a
   cut connection), a torn last event is dropped rather than relayed (the SDK would choke on it),
@@ -28,10 +28,10 @@ _EVENT = b'data: {"id": "c", "object": "text_completion", "choices": []}\n\n'
 class DyingBackend:
     """`event`: what it sends of the stream before it dies; `hang`: it never answers a POST."""
 
-    def __init__(self, event: bytes = _EVENT, hang: bool = False, answer: bool = False) -> None:
+    def __init__(self, event: bytes = _EVENT, hang: bool = False, answer: bool = False, full: bool = False) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.event, self.hang, self.answer = event, hang, answer
+        self.event, self.hang, self.answer, self.full = event, hang, answer, full
         self.completions = 0
         self.posts: list[dict] = []  # the POST bodies, in the order they came
         self.held: list[socket.socket] = []
@@ -58,6 +58,13 @@ class DyingBackend:
             self.posts.append(json.loads(raw) if raw else {})
             if self.hang:
                 self.held.append(conn)  # never answered: a busy instance
+                continue
+            if self.full:  # an instance at capacity: its load gate's 503
+                with conn:
+                    body = b'{"error": {"message": "server at capacity", "type": "server_overloaded"}}'
+                    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                                 b"retry-after: 1\r\nconnection: close\r\n"
+                                 + f"content-length: {len(body)}\r\n\r\n".encode() + body)
                 continue
             if self.answer:  # a management request's plain reply
                 with conn:
@@ -214,3 +221,25 @@ def test_a_stop_turn_whose_client_left_before_the_headers_still_reaches_the_sess
     finally:
         router.stop()
         home.close()
+
+
+def test_a_request_of_no_session_that_meets_a_full_instance_goes_to_another():
+    """An instance's 503 (its load gate: at capacity) was returned even for a request of no session, which
+    holds no KV anywhere and any other instance serves as well (review rev26 A16's aside); a session's
+    request stays with its instance's 503 and Retry-After (moving it would leave its KV behind)."""
+    full, free = DyingBackend(full=True), DyingBackend(answer=True)
+    router = BackgroundServer(build_router_app([full.url, free.url], health_interval_s=60.0,
+                                               connect_timeout_s=1.0)).start()
+    try:
+        r = httpx.post(f"{router.base_url}/v1/completions", json={"prompt": "hi"}, timeout=30)
+        assert (r.status_code, r.headers["x-hintkv-backend"]) == (200, free.url), r.text
+        assert full.completions == 1 and free.completions == 1  # tried the full one first (least loaded, first)
+        hint = {"session_id": "s", "parent_session_id": "s"}
+        r = httpx.post(f"{router.base_url}/v1/completions", json={"prompt": "hi", "agent_hint": hint}, timeout=30)
+        assert r.headers["x-hintkv-backend"] == full.url  # placed on the full one (no sessions on either, first)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"  # and it stays there
+        assert free.completions == 1
+    finally:
+        router.stop()
+        full.close()
+        free.close()
