@@ -104,3 +104,16 @@ def test_a_compiler_and_ninja_here_require_a_build_outside_ci(tmp_path, monkeypa
     assert cpu_ext.build_required() is True
     (tmp_path / "c++").unlink()
     assert cpu_ext.build_required() is False
+
+
+def test_no_extension_source_includes_torchs_whole_api():
+    """Every extension is built on cpu_ext.HEADERS (the Tensor, two factories, parallel_for, pybind11 and torch's
+    caster): <torch/extension.h> (torch/all.h: every ATen op, autograd, the C++ frontend) took about half of each
+    build's compile, eight times over in a fresh clone's setup. An include of it anywhere brings that back."""
+    from hintkv.models import cpu_ext
+
+    heavy = re.compile(r"#\s*include\s*<(torch/(extension|all|torch|types)\.h|ATen/ATen\.h)>")
+    files = [*(ROOT / "hintkv").rglob("*.py"), *(ROOT / "hintkv").rglob("*.cpp"), *(ROOT / "hintkv").rglob("*.h")]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in heavy.finditer(p.read_text())]
+    assert not found, found
+    assert not heavy.search(cpu_ext.HEADERS) and "#include <torch/csrc/utils/pybind.h>" in cpu_ext.HEADERS

@@ -3,7 +3,9 @@
 `load(name, source, functions, cflags)` compiles C++ source with torch.utils.cpp_extension's
 `load_inline` (g++ and ninja; ~1 minute the first time on this machine, then cached under
 ~/.cache/torch_extensions) and returns the module, or None after one warning when it cannot be
-built (no compiler, no ninja): callers then run their eager PyTorch ops. `failures()` keeps why each build
+built (no compiler, no ninja): callers then run their eager PyTorch ops. Every source is built on `HEADERS`
+(the few torch headers the kernels use), not load_inline's implicit <torch/extension.h>: that header was about
+half of each build. `failures()` keeps why each build
 failed (torch's error, which carries the compiler's output whole); where a build is expected to work
 (`build_required()`: CI, or a C++ compiler and ninja on this machine) tests/test_ci_prebuild.py fails with it
 instead of letting the kernel tests skip. The module name carries
@@ -89,8 +91,26 @@ def _build(full_name: str, source: str, cflags: list[str]) -> ModuleType:
         clear_stale_baton(build_dir, full_name)
         if not os.path.exists(os.path.join(build_dir, f"{full_name}.so")):
             log.warning("building the C++ extension %s (first use with this source; a minute or two)", full_name)
-        return load_inline(name=full_name, cpp_sources=source,
+        return load_inline(name=full_name, cpp_sources=source, no_implicit_headers=True,
                            extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+
+
+# What every extension is built on, instead of load_inline's implicit <torch/extension.h> (torch/all.h: every ATen
+# op's declaration, autograd and the C++ frontend, parsed once per extension): the Tensor, the two factories the
+# kernels call, ATen's parallel_for, and pybind11 with torch's Tensor caster and `wrap_pybind_function_no_gil`.
+# torch/types.h's `namespace torch { using namespace at; }` and its dtype names keep the sources' torch::Tensor /
+# torch::kFloat32 / torch::empty spelling.
+HEADERS = """#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
+namespace torch {
+using namespace at;
+constexpr auto kInt8 = at::kChar, kInt16 = at::kShort, kInt32 = at::kInt, kInt64 = at::kLong, kFloat32 = at::kFloat;
+}
+"""
 
 
 def bindings(functions: list[str]) -> str:
@@ -105,7 +125,7 @@ def load(name: str, source: str, functions: list[str], cflags: list[str]) -> Mod
         try:
             import torch
 
-            source = source + "\n" + bindings(functions)
+            source = HEADERS + source + "\n" + bindings(functions)
             tag = build_tag(source, cflags, os.path.dirname(torch.__file__), cpu_flags())
             _built[name] = _build(f"{name}_{tag}", source, cflags)
         except Exception as e:  # noqa: BLE001 - any build failure means: run the eager ops

@@ -57,8 +57,7 @@ from hintkv.models.linear import MklPackedKernel, OneDnnKernel, PackedKernel, W8
 from hintkv.models.team_choice import TeamChooser
 
 _CSRC = Path(__file__).parent / "csrc"
-_HEADERS = """#include <torch/extension.h>
-#include <ATen/Parallel.h>
+_HEADERS = """#include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -35,7 +35,7 @@
 // (relative error ~2e-7 on the range softmax uses); AVX2's fused softmax works in log2 units (its queries scaled by
 // log2 e as well) with exp2_8, a degree-4 polynomial of 2^f (relative error <= 1.7e-7). On AVX2 a GQA group's query
 // tile takes whole 6-row blocks (tile_tokens) and K is transposed 8 x 8 in registers.
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>

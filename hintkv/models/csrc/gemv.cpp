@@ -9,7 +9,7 @@
 // Vector code: AVX-512 (16 floats a register), else AVX2 + FMA (8; a CPU without AVX-512, e.g. AMD Zen 1, ran
 // the plain loop: one FMA chain per dot, dummy:tiny's qkv at one row 751 us), else a plain loop.
 // gemv(x [M, K] contiguous, w [N, K] contiguous, b [N] or empty) -> y [M, N], all float32.
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <cstdint>
 #include <string>

@@ -16,7 +16,7 @@
 // last_recomputed() -> int: rows the calling thread's last screened_argmax recomputed in float (all x rows together)
 // has_screen() -> bool: whether this build has the screen (AVX-512 VNNI, or AVX2's vpmaddubsw on |x| and sign(x) q,
 // e.g. AMD Zen 1 and 3; else greedy_head.py computes the logits). isa() says which ("vnni", "avx2", "").
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>

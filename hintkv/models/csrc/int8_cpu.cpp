@@ -1,5 +1,5 @@
 // W8A8's CPU ops (int8_cpu.py says what each computes and why; built by cpu_ext.load).
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>

@@ -18,7 +18,7 @@
 // 64 pauses, then sleeps on the futex word every enter() bumps. SCHED_IDLE has weight 3 against a normal thread's
 // 1024: a thread that wakes preempts it at once, and a thread that stays runnable still cedes it ~0.3% of the CPU
 // (slices of ~3 ms, review_keeper21 finding 4).
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>

@@ -17,7 +17,7 @@
 //   pack_weight(w [N, K]) -> packed [ceil(N / 16), K, 16]
 //   gemm(x [M, K], packed, n, b [N] or empty) -> y [M, N]
 //   gemm_isa() -> "avx2" (AVX2 + FMA) or "plain" (portable loop, for tests on other CPUs)
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>

@@ -5,7 +5,7 @@
 // one pool of workers per master thread), so each thread sets its own affinity inside one parallel region of
 // exactly len(cpus) threads, as vLLM's init_cpu_threads_env does. Returns each thread's Linux thread id, in
 // team order, so the caller can check the masks (os.sched_getaffinity(tid)).
-#include <torch/extension.h>
+// torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <sched.h>
 #include <sys/syscall.h>
