@@ -204,6 +204,7 @@ class PoolWorker:
 
     def _do_puts(self, puts: list[tuple[bytes, torch.Tensor, PoolEntry, PutBatch]]) -> None:
         results = [False] * len(puts)
+        kept: set[int] = set()  # ours in the pool already: handed back, not released yet
         try:
             there = self._call(self.backend.exists, [e.pkey for _, _, e, _ in puts])
             todo = [i for i, ok in enumerate(there) if not ok]
@@ -212,7 +213,8 @@ class PoolWorker:
                     if ok:  # content key: someone stored this very block already
                         results[i] = True
                         if self._releasing.pop(puts[i][0], None) is not None:
-                            continue  # we did, and handed it back: not released yet, so still ours
+                            kept.add(i)  # we did, and handed it back: not released yet, so still ours
+                            continue
                         if puts[i][2].owned and self._entries.get(puts[i][0]) is puts[i][2]:
                             self._num_owned -= 1
                         puts[i][2].owned = False
@@ -227,8 +229,8 @@ class PoolWorker:
         finished: list[PutBatch] = []
         with self._lock:
             self.counters.num_put_calls += 1
-            for (key, _, entry, batch), ok in zip(puts, results):
-                if ok and not entry.owned:
+            for i, ((key, _, entry, batch), ok) in enumerate(zip(puts, results)):
+                if ok and (not entry.owned or i in kept):
                     self.counters.num_dedup += 1
                 elif ok:
                     self._stats.num_puts += 1

@@ -152,6 +152,21 @@ def test_a_capacity_victim_another_instance_keeps_alive_stays_in_the_pool(make_t
     assert a.pool_stats()["release_leased"] >= 1
 
 
+def test_a_victim_stored_again_before_its_release_ran_stays_ours(make_tier):
+    """A put that evicts a block and stores it again in one call (capacity 2: key 0 is the victim of [0, 1, 2]):
+    the release queued for it finds it known again, so the pool's copy stays, owned here, and is not sent again."""
+    t = make_tier(2)
+    assert t.put([(key(0), payload(0))])[0].result(timeout=10)
+    t.put([(key(i), payload(i)) for i in range(3)])[0].result(timeout=10)
+    t.flush()
+    assert [t.known(key(i)) for i in range(3)] == [True, True, False]
+    assert t.usage().bytes_used == 2 * FRAME  # both owned: this instance hands them back when they go
+    s = t.pool_stats()
+    assert (s["dedup"], s["bytes_put"]) == (1, 2 * FRAME)
+    assert same(get(t, key(0)), payload(0))
+    t.check_integrity()
+
+
 def test_the_pool_tiers_threads_run_without_openmp(make_tier):
     """Its worker frames blocks (stack and copies above ATen's grain) and its call threads hand them to the backend:
     neither runs an OpenMP region, whose pool would stay beside the engine thread's (libgomp then throttles every
