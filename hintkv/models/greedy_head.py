@@ -30,7 +30,7 @@ The screen reads the float head with the w8a8 layers' hidden rows, so its token 
 when the float argmax is in its int8 top 16 AND its exact logit is at least every int8 logit outside the top 16; a row
 outside keeps its int8 logit and can win. Not guaranteed, but almost always (SmolLM2 w8a8, 2,301 eval rows in 8-row
 steps: 0 differed). So a w8a8 greedy token depends on the step's rows (rare): 1 row, 13+ rows or a verify with drafts
-take the int8 head; 2-12 rows the float argmax (VNNI build; an AVX2-only build keeps the head for every step).
+take the int8 head; 2-12 rows the float argmax (the VNNI and the AVX2 builds; a build without a screen keeps the head).
 """
 
 from __future__ import annotations
@@ -73,7 +73,11 @@ MAX_ROWS_BLOCKED = 64
 # twenty-sixth session, the blocked AVX2 screen, dummy:tiny, two w8a8 engines in one process, one thread, CPU ms,
 # median of 7 rounds, load 4.9): the head's part of a step (the int8 head + its argmax vs the screen) b8 6.14 vs 5.66
 # (per round 0.94-1.38x), b4 3.56 vs 3.40; whole steps b8 19.07 vs 19.24, b4 11.13 vs 10.98. Both are an int8 pass of
-# the same multiply work there; a gain of ~2.5% of a step, inside the steps' noise: w8a8 keeps the head on AVX2.
+# the same multiply work there; a gain of ~2.5% of a step, inside the steps' noise. On the server's TWO threads
+# (twenty-eighth session, the lead: dummy:tiny, three engines in one process, float32 / w8a8 head / w8a8 screen,
+# whole decode steps, wall ms, median of 7 interleaved rounds of 32 steps, load 1.0-1.9): b8 7.11 (head) vs 6.81
+# (screen), b4 4.10 vs 3.75 (the screen faster in every b4 round), b1 2.85 vs 2.82; one thread b8 12.00 vs 11.33,
+# b4 6.58 vs 6.38: the AVX2 build takes the screen too (its top-16 rescore and topk run on one thread in the head).
 W8A8_MIN_ROWS = 2
 
 
@@ -88,11 +92,11 @@ def max_rows() -> int:
 
 
 def screens_w8a8() -> bool:
-    """Whether w8a8 greedy steps of W8A8_MIN_ROWS..MAX_ROWS (12) rows take the screen on this build: the VNNI build, the
-    one measured cheaper than the int8 head; the AVX2 build keeps the head (there both are int8 passes of the same
-    multiply work: W8A8_MIN_ROWS' note). Only `GreedyHead.serves` asks it, after the weight's device and the kernels
-    (a CUDA model never builds this extension)."""
-    return ops().isa() == "vnni"
+    """Whether w8a8 greedy steps of W8A8_MIN_ROWS..MAX_ROWS (12) rows take the screen on this build: the VNNI and the
+    AVX2 builds, both measured cheaper than the int8 head on the server's two threads (W8A8_MIN_ROWS' note); a build
+    without a screen ("") never. Only `GreedyHead.serves` asks it, after the weight's device and the kernels (a CUDA
+    model never builds this extension)."""
+    return ops().isa() in ("vnni", "avx2")
 
 
 def quantise_rows(w: torch.Tensor, blocked: bool = False,

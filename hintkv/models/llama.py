@@ -280,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
         """[N, hidden] -> each row's argmax token without computing the logits (`greedy_head.py`), or None where
         the screen does not serve the step (`GreedyHead.serves` decides: CPU float32; under w8a8 only 2-12 rows
-        on a VNNI build): the caller then takes its head's logits. Under w8a8 the screen's token is the float
+        on a build with a screen): the caller then takes its head's logits. Under w8a8 the screen's token is the float
         head's argmax, which the int8 head's logits give almost always, not always (greedy_head.py says when)."""
         return self._greedy_head(hidden, self.quantization is not None)
 
