@@ -158,16 +158,24 @@ def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> No
 
 
 def emit_json(obj: Mapping[str, Any]) -> None:
-    """Print `obj` as one compact JSON line (the benchmark's last line of stdout)."""
-    print(json.dumps(obj, separators=(",", ":"), sort_keys=False, default=_json_default), flush=True)
+    """Print `obj` as one compact JSON line (the benchmark's last line of stdout): strict JSON, a non-finite
+    float (NaN, +-Infinity, which json.dumps would write as bare tokens no strict parser reads) is null."""
+    print(json.dumps(_finite(obj), separators=(",", ":"), sort_keys=False, default=str, allow_nan=False), flush=True)
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "__dataclass_fields__"):
-        return {k: getattr(value, k) for k in value.__dataclass_fields__}
-    return str(value)
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float made None and dataclasses made dicts, all the way down."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        return {k: _finite(getattr(value, k)) for k in value.__dataclass_fields__}
+    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", None) == 0:
+        return _finite(value.item())  # a numpy / torch scalar
+    return value
 
 
 def log(message: str) -> None:

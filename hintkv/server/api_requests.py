@@ -40,7 +40,9 @@ MAX_STOP_TOKEN_IDS = 64  # vLLM's extension, uncapped there; each is checked for
 
 # chat_template_kwargs the renderer sets itself, and where they come from instead
 RENDERER_ARGUMENTS = {"messages": "send the top-level 'messages'", "tools": "send the top-level 'tools'",
-                      "add_generation_prompt": "the server always adds the assistant's turn (it generates it)"}
+                      "add_generation_prompt": "the server always adds the assistant's turn (it generates it)",
+                      "template": "the chat template is the model's own",
+                      "self": "a name the renderer's own call takes"}
 LEGACY_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # Known OpenAI fields we do not implement, with the values that leave them off: any other
 # value is refused (400) rather than silently ignored.
@@ -218,8 +220,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("only tool_choice 'auto' and 'none' are supported (a forced tool call is not)")
         raise ValueError(f"tool_choice must be 'auto' or 'none', got {choice!r}")
 
-    tool_choice: StrictStr | dict[str, Any] | None = None
-    parallel_tool_calls: StrictBool | None = None  # false: at most one call a turn
     @property
     def uses_tools(self) -> bool:
         """Whether generated `<tool_call>` blocks are returned as tool_calls."""

@@ -102,6 +102,34 @@ def test_emit_json_is_one_compact_line(capsys):
     assert " " not in out.strip().replace('"bench"', "")
 
 
+def _strict_json(text: str):
+    """json.loads refusing NaN / Infinity / -Infinity, which Python's json writes and reads but JSON has not."""
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_emit_json_writes_every_non_finite_float_as_null(capsys):
+    """Review rev27 A1: nested, in goals, lists, tuples, dataclasses and numpy / torch scalars alike."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    @dataclasses.dataclass
+    class Row:
+        ratio: float
+        spread: tuple
+
+    emit_json({"bench": "x", "v": float("nan"), "g": goal_at_least(0.3, float("inf")),
+               "rows": [Row(float("-inf"), (1.5, float("nan")))], "np": np.float32("nan"),
+               "t": torch.tensor(float("inf")), "ok": [0.25, np.float64(2.0)]})
+    obj = _strict_json(capsys.readouterr().out)
+    assert obj["v"] is None and obj["g"]["measured"] is None
+    assert obj["rows"] == [{"ratio": None, "spread": [1.5, None]}]
+    assert obj["np"] is None and obj["t"] is None and obj["ok"] == [0.25, 2.0]
+
+
 def test_prompt_factory_prompts_never_share_a_first_token():
     pf = PromptFactory(vocab_size=200, seed=1)
     prompts = [pf.make(8) for _ in range(100)]

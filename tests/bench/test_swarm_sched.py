@@ -30,3 +30,19 @@ def test_quick_rows_and_goals_are_consistent(capsys):
     g = report["goals"]["ttft_reduction_vs_lru_host"]
     assert g["measured"] == pytest.approx(1 - rows["sam+host"]["ttft_mean_s"] / rows["lru+host"]["ttft_mean_s"])
     assert g["met"] == (g["measured"] >= 0.2)
+
+
+def test_goals_over_a_cell_without_a_baseline_are_unmet_not_a_crash():
+    """Review rev27 A3: a cell whose lru run got no first token (mean 0) or lacks a run reads as unmeasured."""
+    rows = []
+    for seed in (0, 1):
+        for run, t in (("sam+host", 1.0), ("lru+host", 2.0), ("lru", 2.0)):
+            rows.append({"kind": "swe", "seed": seed, "run": run, "ttft_mean_s": t, "task_mean_s": t})
+        rows.append({"kind": "swe", "seed": seed, "run": "unloaded", "task_mean_s": 0.5})
+    rows[2]["ttft_mean_s"] = 0.0  # seed 0's lru: no call got a first token
+    g = swarm_sched.goals(rows)
+    assert g["ttft_reduction_vs_lru"]["measured"] is None and g["ttft_reduction_vs_lru"]["met"] is False
+    assert g["ttft_reduction_vs_lru"]["per_cell"] == [None, 0.5] and "1 of 2 cells" in g["ttft_reduction_vs_lru"]["why"]
+    assert g["ttft_reduction_vs_lru_host"]["measured"] == 0.5 and "why" not in g["ttft_reduction_vs_lru_host"]
+    del rows[-1]  # seed 1 without its unloaded run
+    assert swarm_sched.goals(rows)["task_e2e_reduction_vs_lru"]["ceiling_per_cell"] == [0.75, None]

@@ -76,10 +76,10 @@ def test_stream_options_without_stream_is_a_400(live_server):
     assert _chat(live_server, stream_options=None).status_code == 200
 
 
-@pytest.mark.parametrize("key", ["tools", "add_generation_prompt", "messages"])
+@pytest.mark.parametrize("key", ["tools", "add_generation_prompt", "messages", "template", "self"])
 def test_chat_template_kwargs_cannot_set_the_renderers_own_arguments(live_server, key):
     """A 400 naming the field and saying what to send instead, not Python's "got multiple values for keyword
-    argument" (review rev27 A6)."""
+    argument" (review rev27 A6; `template` and `self`: rev27 B6)."""
     r = _chat(live_server, chat_template_kwargs={key: False})
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["param"] == "chat_template_kwargs"
