@@ -56,8 +56,9 @@ def ttft_bound(base_ttft: float | None, target: float, bounds: dict) -> dict | N
     goal's `ceiling_contended_compulsory`, and `target_within` is `goal_at_least`'s own test of it (a
     reduction against the target), so the two never disagree, at the boundary too (`need >= lower`
     differed from it in rounding: review_sim21 finding 4). `alone_srpt_ttft_s` is at the oracle's hits.
-    `bound_over_arrivals`: the same bound on every run's own arrivals; `target_within_any_arrivals`
-    whether the target is within the least of them (False: no run's arrivals leave room for it)."""
+    `bound_over_arrivals`: the same bound on every run's own arrivals; `target_within_simulated_arrivals`
+    whether the target is within the least of them (False: no simulated run's arrivals leave room for it; it
+    says nothing of the arrivals of a schedule not run: review rev27 B2 renamed it from `..._any_arrivals`)."""
     lower, alone = bounds.get("contended_compulsory_s"), bounds.get("alone_srpt_s")
     if base_ttft is None or lower is None:
         return None
@@ -67,7 +68,7 @@ def ttft_bound(base_ttft: float | None, target: float, bounds: dict) -> dict | N
     return {"arrivals": bounds.get("contended_run"), "target_ttft_s": base_ttft * (1 - target),
             "ttft_s": lower, "target_within": goal_at_least(target, _reduction(base_ttft, lower))["met"],
             "bound_over_arrivals": over, "least_over_arrivals_s": least,
-            "target_within_any_arrivals": None if least is None else goal_at_least(
+            "target_within_simulated_arrivals": None if least is None else goal_at_least(
                 target, _reduction(base_ttft, least))["met"],
             "alone_srpt_ttft_s": alone, "alone_srpt_reduction": alone_reduction,
             "target_within_alone_srpt": None if alone is None else goal_at_least(target, alone_reduction)["met"]}

@@ -30,6 +30,7 @@ Links are named "src->dst" over device, host, disk, pool; each has a bandwidth a
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +44,12 @@ LOCAL_PATH = Path(os.environ.get("HINTKV_SIM_LOCAL", Path.home() / ".cache/hintk
 class Link:
     gbps: float  # GB/s (10^9 bytes)
     latency_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.gbps) and self.gbps > 0):
+            raise ValueError(f"a link's gbps must be a finite number > 0, got {self.gbps!r}")
+        if not (math.isfinite(self.latency_ms) and self.latency_ms >= 0):
+            raise ValueError(f"a link's latency_ms must be a finite number >= 0, got {self.latency_ms!r}")
 
     def ms(self, nbytes: int) -> float:
         return self.latency_ms + nbytes / (self.gbps * 1e6) if nbytes > 0 else 0.0
@@ -71,6 +78,23 @@ class Profile:
             raise ValueError("a profile needs decode points")
         if not 0 <= self.copy_overlap <= 1:
             raise ValueError("copy_overlap must be in [0, 1]")
+        # every cost a finite, positive time (review rev27 A4, B1: a NaN passed the monotonicity check and the
+        # simulator ran with it silently; a negative or zero step made time run backwards or stand still)
+        for field_name, points, sizes in (("prefill_points", self.prefill_points, ("new", "cached")),
+                                          ("decode_points", self.decode_points, ("batch", "context"))):
+            for a, b, ms in points:
+                if not (math.isfinite(ms) and ms > 0):
+                    raise ValueError(f"{field_name}: ({sizes[0]} {a}, {sizes[1]} {b}) costs {ms!r} ms; "
+                                     "every point must be a finite time > 0")
+                if a < 1 or b < 0:
+                    raise ValueError(f"{field_name}: ({sizes[0]} {a}, {sizes[1]} {b}): {sizes[0]} must be >= 1 "
+                                     f"and {sizes[1]} >= 0")
+        for name in ("step_overhead_ms", "idle_wakeup_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.device_kv_tokens < 0:
+            raise ValueError(f"device_kv_tokens must be >= 0, got {self.device_kv_tokens}")
 
     def link(self, src: str, dst: str) -> Link:
         name = f"{src}->{dst}"
@@ -224,4 +248,8 @@ def load_profile(name: str) -> Profile:
     if not path.is_file():
         hint = " (run `hintkv sim calibrate` first)" if name == "local" else ""
         raise ValueError(f"unknown profile {name!r}: not one of {profile_names()} and no file {path}{hint}")
-    return Profile.from_json(json.loads(path.read_text()))
+    try:
+        return Profile.from_json(json.loads(path.read_text()))
+    except (KeyError, TypeError, ValueError) as exc:  # a missing field, a wrong shape, a bad value: say where
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"profile {path}: {what}") from exc

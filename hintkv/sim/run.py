@@ -115,7 +115,7 @@ def _row(r: SimResult, scheduling: str) -> dict:
     return {"config": r.config, "scheduling": scheduling, "calls": len(r.calls),
             "ttft_mean_s": r.mean_ttft_s, "ttft_p50_s": percentile(ttft, 50),
             "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
-            "e2e_call_mean_s": sum(e2e) / len(e2e), "task_mean_s": r.mean_task_s,
+            "e2e_call_mean_s": sum(e2e) / len(e2e) if e2e else None, "task_mean_s": r.mean_task_s,
             "hit_rate": r.hit_rate, "host_hit_rate": r.host_hit_tokens / max(1, r.prompt_tokens),
             "recomputed_Mtok": r.prompt_tokens_computed / 1e6,
             "peak_host_GB": r.peak_host_bytes / 1e9, "mean_host_GB": r.mean_host_bytes / 1e9,

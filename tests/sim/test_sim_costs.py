@@ -178,3 +178,41 @@ def test_calibrate_in_cpu_time_runs_on_one_thread_and_says_so(capsys):
     assert "process CPU time, 1 torch thread" in prof.source and prof.extra["timing"] == "cpu"
     assert all(ms > 0 for _, _, ms in prof.prefill_points) and prof.decode_points[0][2] > 0
     assert main(["--cpu-time", "--server", "http://127.0.0.1:9"]) == 2
+
+
+def _bad(d: dict, field: str, value) -> dict:
+    d = json.loads(json.dumps(d))
+    if field in ("prefill_points", "decode_points"):
+        d[field][0][2] = value
+    elif field == "gbps":
+        d["links"][next(iter(d["links"]))]["gbps"] = value
+    else:
+        d[field] = value
+    return d
+
+
+@pytest.mark.parametrize("field,value", [("prefill_points", float("nan")), ("prefill_points", 0.0),
+                                         ("decode_points", -1.0), ("decode_points", float("inf")),
+                                         ("gbps", 0), ("gbps", float("nan")), ("step_overhead_ms", -0.5),
+                                         ("idle_wakeup_ms", float("nan")), ("device_kv_tokens", -1)])
+def test_a_profile_refuses_a_cost_that_is_not_a_finite_positive_time(field, value):
+    """Review rev27 A4 / B1: NaN, zero, negative or infinite costs were accepted (a NaN even passed
+    `non_monotone`, and the TTFT goal then read `reachable: false` from a NaN bound)."""
+    d = load_profile("h200-llama3-8b").to_json()
+    with pytest.raises(ValueError, match=field if field != "gbps" else "gbps"):
+        Profile.from_json(_bad(d, field, value))
+
+
+def test_sim_with_a_bad_profile_file_exits_2_naming_the_file_and_the_field(tmp_path, capsys):
+    from hintkv.sim.run import main
+
+    d = load_profile("h200-llama3-8b").to_json()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_bad(d, "decode_points", float("nan"))))
+    assert main(["--profile", str(bad), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "decode_points" in err and "Traceback" not in err
+    del d["decode_points"]
+    bad.write_text(json.dumps(d))
+    assert main(["--profile", str(bad), "--quick"]) == 2
+    assert "missing field 'decode_points'" in capsys.readouterr().err
