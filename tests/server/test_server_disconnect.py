@@ -12,9 +12,14 @@ import json
 import re
 import socket
 
+import anyio
 import httpx
 import pytest
 from server_testing import API_KEY, LiveServer, wait_until
+
+from hintkv.protocol.result import AgentHintResult
+from hintkv.server.hints import RequestHint, chat_hint
+from hintkv.server.serving import AfterGeneration
 
 MAX_TOKENS = 400
 
@@ -86,3 +91,34 @@ def test_a_stop_turn_whose_client_left_still_ends_the_session(live_server, strea
 
     assert wait_until(lambda: session()["state"] == "ended"), session()
     assert session()["held_tokens"] == 0
+
+
+def test_a_departed_turns_range_evict_planned_in_after_is_carried_out():
+    """review rev27 B3: a client that left while `after()` was still planning its edits (a long window's
+    render in a worker thread) cancelled the apply, and `client_gone` then saw the turn done: a
+    `manage_request: false` messages evict was lost, the stale context held and ranked as live. The
+    apply here waits on an event at the point the render would be, so the cancel lands there every time."""
+    messages = [{"role": "user", "content": str(i)} for i in range(4)]
+    raw = {"messages": messages, "agent_hint": {"session_id": "s", "parent_session_id": "s", "context_management": {
+        "manage_request": False, "edits": [{"type": "evict", "target": "messages", "start": 1, "end": 3}]}}}
+    hinted = chat_hint(raw, {}, messages, None, "t")
+    planning, release = anyio.Event(), anyio.Event()
+    applied: list[list] = []
+
+    async def apply(rh: RequestHint) -> AgentHintResult:
+        planning.set()
+        await release.wait()  # the render
+        applied.append(rh.edits)
+        return AgentHintResult(session_id="s", parent_session_id="s", manage_request=False)
+
+    async def turn() -> None:
+        edits = AfterGeneration(hinted, apply)
+        async with anyio.create_task_group() as stream:  # the response's task, cancelled as the client leaves
+            stream.start_soon(edits.after)
+            await planning.wait()
+            stream.cancel_scope.cancel()
+            release.set()
+        await edits.client_gone()  # TicketedStream's finally: the stream did not complete
+
+    anyio.run(turn)
+    assert applied == [hinted.edits]
