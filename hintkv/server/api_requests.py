@@ -36,6 +36,7 @@ Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]  # OpenAI's presence / freq
 Bias = Annotated[StrictFloat, Field(ge=-100, le=100)]  # OpenAI's logit_bias range
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 MAX_STOP_STRINGS = 64  # vLLM takes any number, OpenAI 4; agent frameworks send a handful
+MAX_STOP_STRING_CHARS = 1024  # each piece's search and the streamed text held back grow with the longest stop
 MAX_STOP_TOKEN_IDS = 64  # vLLM's extension, uncapped there; each is checked for every token on the engine thread
 
 # chat_template_kwargs the renderer sets itself, and where they come from instead
@@ -140,6 +141,9 @@ class _SamplingRequest(_Open):
             raise ValueError("stop strings must not be empty")
         if len(stops) > MAX_STOP_STRINGS:  # each output piece is searched for every one on the event loop (rev26 A2)
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")
+        longest = max(stops, key=len, default="")
+        if len(longest) > MAX_STOP_STRING_CHARS:  # vLLM has none: a 1 MB stop held back a whole stream
+            raise ValueError(f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got {len(longest)}")
         return stop
 
     @field_validator("stop_token_ids")

@@ -10,6 +10,8 @@ import httpx
 import pytest
 from server_testing import API_KEY, LiveServer
 
+from hintkv.server.api_requests import MAX_STOP_STRING_CHARS
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]
@@ -48,6 +50,8 @@ HOSTILE = [
     (CHAT, {"messages": USER, LONE: 1}, 400, "\\ud800"),
     (CHAT, {"messages": [], "agent_hint": _evict("s" + LONE)}, 400, "agent_hint.session_id"),
     (CHAT, {"messages": USER, "temperature": 3.0}, 400, "temperature"),
+    (CHAT, {"messages": USER, "stop": ["ok", "s" * (MAX_STOP_STRING_CHARS + 1)]}, 400, "stop"),
+    (COMPLETIONS, {"prompt": "x", "stop": "s" * 1_000_000}, 400, "stop"),
     (CHAT, '{"messages": [{"role": "user", "content": "x"}], "temperature": Infinity}', 400, None),
     (CHAT, '{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
     (CHAT, '{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}', 400, None),
@@ -101,6 +105,11 @@ def test_hostile_body_is_a_4xx_naming_the_field(http, live_server, case):
     assert err["param"] == param, err
     assert internal_errors(live_server) == before == 0
     assert _serves(http)  # on the same keep-alive connection
+
+
+def test_a_stop_string_of_the_longest_length_is_served(http):
+    r = http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 2, "stop": ["s" * MAX_STOP_STRING_CHARS]})
+    assert r.status_code == 200, r.text
 
 
 def test_a_refused_evict_changes_nothing(http, live_server):
