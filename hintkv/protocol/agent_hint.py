@@ -27,6 +27,7 @@ Use: `hint = parse_agent_hint(body, request.headers, len(messages), len(tools or
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Literal
 
@@ -39,7 +40,8 @@ EditTarget = Literal["session", "messages", "tools", "tokens"]
 SessionControlType = Literal["start", "pause", "resume", "stop", "compact"]
 
 DEFAULT_TTL_S = 300.0
-MAX_TTL_S = 3600.0
+MAX_TTL_S = 3600.0  # a longer ttl is served, protected this long (CacheControl.protect_s)
+_DURATION_UNIT_S = {"s": 1, "m": 60, "h": 3600}
 MAX_ID_CHARS = 256  # session ids: long enough for any UUID-based scheme, short enough to log
 MAX_EDITS = 64  # edits per request: a request's lock hold stays in milliseconds
 
@@ -106,10 +108,35 @@ class ContextManagement(_HintModel):
 
 
 class CacheControl(_HintModel):
-    """Keep this session's KV warm for `ttl` seconds: a soft protection, never a hard lock."""
+    """Keep this session's KV warm for `ttl` seconds: a soft protection, never a hard lock.
+
+    `ttl` is seconds, or a duration as Anthropic's cache_control writes it ("5m", "1h"; also "30s").
+    More than MAX_TTL_S is served, protected for MAX_TTL_S, with a note (the spec's section 4: an
+    engine-side extension is accepted, acted on where it makes sense; review rev27 A6 b)."""
 
     type: Literal["ephemeral"] = "ephemeral"
-    ttl: float = Field(default=DEFAULT_TTL_S, gt=0, le=MAX_TTL_S)
+    ttl: float = Field(default=DEFAULT_TTL_S, gt=0)  # as asked; `protect_s` is what the server grants
+
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        match = re.fullmatch(r"([0-9]{1,9})([smh])", value)
+        if match is None:
+            raise ValueError(f"must be a number of seconds or a duration such as '5m' or '1h', got {value[:40]!r}")
+        return float(int(match[1]) * _DURATION_UNIT_S[match[2]])
+
+    @property
+    def protect_s(self) -> float:
+        return min(self.ttl, MAX_TTL_S)
+
+    @property
+    def note(self) -> str | None:
+        if self.ttl <= MAX_TTL_S:
+            return None
+        return (f"cache_control.ttl {self.ttl:g} s is above the {MAX_TTL_S:g} s at most: "
+                f"the session is protected for {MAX_TTL_S:g} s")
 
 
 class SessionControl(_HintModel):
@@ -150,6 +177,12 @@ class AgentHint(_HintModel):
     def manage_request(self) -> bool:
         """True when the request asks for its edits only, with no generation."""
         return self.context_management is not None and self.context_management.manage_request
+
+    @property
+    def notes(self) -> list[str]:
+        """What the server changed in an accepted hint (a ttl above MAX_TTL_S), for its `agent_hint_result`."""
+        note = self.cache_control.note if self.cache_control is not None else None
+        return [note] if note is not None else []
 
 
 def resolved_edits(hint: AgentHint) -> list[Edit]:

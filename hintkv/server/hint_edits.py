@@ -113,6 +113,7 @@ async def apply_hint(
         session_id=rh.hint.session_id,
         parent_session_id=rh.hint.parent_session_id,
         manage_request=rh.manage,
+        notes=list(rh.hint.notes) if enabled else [],  # what the server changed in the hint it accepted
     )
     if not enabled:
         result.notes.append(IGNORED_NOTE)

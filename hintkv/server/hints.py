@@ -80,7 +80,7 @@ def completion_hint(
 
 
 def session_ref(hint: AgentHint, tenant: str, tool: str | None) -> SessionRef:
-    ttl = hint.cache_control.ttl if hint.cache_control is not None else None
+    ttl = hint.cache_control.protect_s if hint.cache_control is not None else None
     return SessionRef(tenant, hint.session_id, hint.parent_session_id, ttl_s=ttl, tool=tool)
 
 

@@ -102,7 +102,7 @@ class AfterGeneration:
 
     async def after(self) -> AgentHintResult | None:
         self.done = True
-        if self.hinted is None or not self.hinted.edits:
+        if self.hinted is None or not (self.hinted.edits or self.hinted.hint.notes):
             return None
         with anyio.CancelScope(shield=True):  # a client leaving mid-render must not lose them (review rev27 B3)
             return await self.apply(self.hinted)

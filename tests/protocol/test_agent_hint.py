@@ -189,7 +189,22 @@ def test_cache_control_defaults_and_bounds():
     assert hint.cache_control.ttl == 300 and hint.cache_control.type == "ephemeral"
     hint = _parse({"messages": [], "agent_hint": {"session_id": "s", "parent_session_id": "p",
                                                   "cache_control": {"type": "ephemeral", "ttl": 3600}}})
-    assert hint.cache_control.ttl == 3600
+    assert hint.cache_control.ttl == 3600 and hint.cache_control.protect_s == 3600 and hint.notes == []
+
+
+@pytest.mark.parametrize("ttl, asked, note", [
+    (3601, 3601, True), (86400, 86400, True), ("5m", 300, False), ("1h", 3600, False), ("30s", 30, False),
+    ("2h", 7200, True),
+])
+def test_a_longer_or_anthropic_ttl_is_accepted_and_protects_at_most_an_hour(ttl, asked, note):
+    """The spec's section 4 takes the engine-side extensions as "accept them; act where it makes sense":
+    a ttl above 3600 protects for 3600, with a note, instead of failing the inference (review rev27 A6 b);
+    Anthropic's cache_control writes a ttl as "5m" / "1h"."""
+    hint = _parse({"messages": [], "agent_hint": {"session_id": "s", "parent_session_id": "s",
+                                                  "cache_control": {"type": "ephemeral", "ttl": ttl}}})
+    assert (hint.cache_control.ttl, hint.cache_control.protect_s) == (asked, min(asked, 3600))
+    assert hint.notes == ([f"cache_control.ttl {asked} s is above the 3600 s at most: the session is protected "
+                           "for 3600 s"] if note else [])
 
 
 CM = "agent_hint.context_management"
@@ -250,7 +265,10 @@ MALFORMED = [
                                   {"type": "offload", "target": "tools", "start": 1, "end": 3})), 0, 2,
      f"{CM}.edits[1].end"),
     (_hint(cache_control={"type": "persistent"}), 0, 0, "agent_hint.cache_control.type"),
-    (_hint(cache_control={"ttl": 3601}), 0, 0, "agent_hint.cache_control.ttl"),
+    (_hint(cache_control={"ttl": "5 minutes"}), 0, 0, "agent_hint.cache_control.ttl"),
+    (_hint(cache_control={"ttl": "0m"}), 0, 0, "agent_hint.cache_control.ttl"),
+    (_hint(cache_control={"ttl": "-1h"}), 0, 0, "agent_hint.cache_control.ttl"),
+    (_hint(cache_control={"ttl": "300"}), 0, 0, "agent_hint.cache_control.ttl"),
     (_hint(cache_control={"ttl": 0}), 0, 0, "agent_hint.cache_control.ttl"),
     (_hint(cache_control={"ttl": True}), 0, 0, "agent_hint.cache_control.ttl"),
     (_hint(cache_control="ephemeral"), 0, 0, "agent_hint.cache_control"),

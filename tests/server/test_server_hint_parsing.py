@@ -23,6 +23,13 @@ def test_chat_hint_carries_tenant_ttl_and_management_flag():
     assert rh.ref.ttl_s == 120 and rh.ref.tool is None
 
 
+def test_a_ttl_above_an_hour_protects_the_session_for_an_hour():
+    raw = {"messages": USER, "agent_hint": {"session_id": "s", "parent_session_id": "s",
+                                            "cache_control": {"ttl": 86400}}}
+    rh = chat_hint(raw, {}, USER, None, "t")
+    assert rh.ref.ttl_s == 3600 and rh.hint.cache_control.ttl == 86400 and not rh.manage
+
+
 def test_no_hint_is_none_and_headers_are_a_fallback():
     assert chat_hint({"messages": USER}, {}, USER, None, "t") is None
     rh = chat_hint({"messages": USER}, {"x-session-id": "h", "x-parent-session-id": "hp"}, USER,

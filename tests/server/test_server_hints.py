@@ -228,6 +228,23 @@ def test_session_control_alias_and_cache_control_ttl(live_server):
     assert _session(live_server, sid).json()["state"] == "suspended"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
+def test_a_ttl_above_an_hour_is_served_with_a_note(live_server, stream):
+    """review rev27 A6 b: a ttl above 3600 failed the whole inference; the spec asks the server to accept
+    an engine-side extension and act where it makes sense: protected for 3600 s, said in the result."""
+    sid = _sid(f"ttl-{stream}")
+    out = _client(live_server).chat.completions.create(
+        model=live_server.engine.model_name, messages=[{"role": "user", "content": "keep me warm"}], max_tokens=2,
+        temperature=0, stream=stream, extra_body={"agent_hint": {
+            "session_id": sid, "parent_session_id": sid, "cache_control": {"type": "ephemeral", "ttl": "2h"}}})
+    last = next(c for c in out if c.choices and c.choices[0].finish_reason) if stream else out
+    result = last.model_extra["agent_hint_result"]
+    assert result["edits"] == []
+    assert result["notes"] == ["cache_control.ttl 7200 s is above the 3600 s at most: the session is protected "
+                               "for 3600 s"]
+    assert _session(live_server, sid).status_code == 200
+
+
 def test_a_completion_with_a_prompt_and_an_alias_generates_then_applies_it(live_server):
     """A completion's prompt stands for chat's messages: with one, a session_control alias is served,
     then applied; without one it is a management request (review rev25 A8)."""
@@ -384,7 +401,7 @@ BAD_HINTS = [
     ({"session_id": "S", "parent_session_id": "S", "context_management": {"edits": []}},
      f"{CM}.manage_request"),
     ({"session_id": "S"}, "agent_hint.parent_session_id"),
-    ({"session_id": "S", "parent_session_id": "S", "cache_control": {"ttl": 7200}},
+    ({"session_id": "S", "parent_session_id": "S", "cache_control": {"ttl": "1d"}},
      "agent_hint.cache_control.ttl"),
     ("not an object", "agent_hint"),
 ]
