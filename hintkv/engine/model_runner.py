@@ -8,6 +8,7 @@ tables.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,14 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv
     return cfg.num_hidden_layers * 2 * block_size * cfg.num_key_value_heads * row * storage.itemsize
 
 
+def _long_tensor(values: array, device: torch.device) -> torch.Tensor:
+    """An int64 array as a long tensor on `device` (on the CPU it shares the array's memory, which
+    it keeps alive: 3x faster than torch.tensor of a list)."""
+    if not values:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.frombuffer(values, dtype=torch.long).to(device)
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
@@ -68,34 +77,42 @@ class ModelRunner:
 
     def prepare_inputs(self, batch: list[ScheduledSeq]) -> StepInputs:
         """The engine's one way from scheduled sequences to model inputs: each sequence's new
-        tokens after its computed ones, their positions and KV slots, its block table."""
-        bs = self.block_size
-        ids, pos, slots, tables = [], [], [], []
+        tokens after its computed ones, their positions and KV slots, its block table.
+
+        Built as int64 arrays, one tensor each at the end (`_long_tensor`): per-sequence tensor ops
+        cost ~50 us a sequence, 0.35 ms of a batch-8 decode step's CPU on the server's threads (#11)."""
+        bs, dev = self.block_size, self.device
+        ids, pos, slots = array("q"), array("q"), array("q")
+        tables: list[torch.Tensor] = []
         qsl, ctx, sample_rows = [0], [], []
         for s in batch:
-            seq, c, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            k = s.num_spec_tokens
-            ids.extend(seq.token_ids[c:c + n - k])
-            ids.extend(s.spec_token_ids)
-            p = torch.arange(c, c + n)
-            table = torch.tensor([b.block_id for b in seq.block_table], dtype=torch.long)
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            tables.append(table.to(self.device))
+            seq, n, drafts = s.seq, s.num_new_tokens, s.spec_token_ids
+            c, k = seq.num_computed_tokens, len(drafts)
+            end = c + n
+            ids.extend(seq.token_ids[c:end - k])
+            ids.extend(drafts)
+            pos.extend(range(c, end))
+            block_ids = array("q", [b.block_id for b in seq.block_table])
+            p = c
+            while p < end:  # each block's share of the new tokens: a run of consecutive slots
+                b, off = divmod(p, bs)
+                run = min(bs - off, end - p)
+                first = block_ids[b] * bs + off
+                slots.extend(range(first, first + run))
+                p += run
+            tables.append(_long_tensor(block_ids, dev))
             qsl.append(qsl[-1] + n)
-            ctx.append(c + n)
-            if s.samples:
+            ctx.append(end)
+            if end - k == seq.num_tokens:  # `ScheduledSeq.samples`
                 sample_rows.append(qsl[-1] - 1 - k)
-        dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(dev),
+            slot_mapping=_long_tensor(slots, dev),
             query_start_loc=qsl,
             context_lens=ctx,
             block_tables=tables,
             is_decode_only=all(s.num_new_tokens == 1 for s in batch),
         )
-        return StepInputs(torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(pos).to(dev),
-                          meta, sample_rows)
+        return StepInputs(_long_tensor(ids, dev), _long_tensor(pos, dev), meta, sample_rows)
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs, keep_last: list[int] | None = None) -> torch.Tensor:
