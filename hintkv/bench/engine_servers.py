@@ -34,17 +34,21 @@ VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "
             "bound": ["--cpu-omp-threads-bind", "auto"],  # OpenMP threads pinned as vLLM pins its own
             "asyncio": ["--loop", "asyncio", "--http", "h11"],  # plain runs uvloop + httptools where installed
             "team": [], "team-auto": [], "regions": [], "keeper": [],
-            "no-keeper": [], "linger": []}  # set by their environment (VARIANT_ENV)
+            "no-keeper": [], "linger": [],  # set by their environment (VARIANT_ENV)
+            "w8a8-no-keeper": ["--quantization", "w8a8"]}  # and HINTKV_CPU_KEEPER=0 (VARIANT_ENV)
 # variants that differ from plain hintkv by their environment: HINTKV_DECODE_TEAM (models/decode_layers.py: 1 one
 # region a decode step, 0 a region per kernel, auto, the default: chosen step by step, models/team_choice.py;
 # `team-auto` is the default made explicit), HINTKV_CPU_KEEPER (engine/cpu_keeper.py: idle-priority spinners keep the
 # CPUs out of idle while a step runs: `keeper` 1 always, auto the default, `no-keeper` 0; `linger` keeps them spinning
-# 1 s after the last step, as vLLM's worker polls 1 s after a request, on CPUs nothing else wants). In a run with such a
+# 1 s after the last step, as vLLM's worker polls 1 s after a request, on CPUs nothing else wants; `w8a8-no-keeper`
+# is w8a8 with 0: its ratio over `no-keeper`'s is w8a8's batch ratio without keepers, which served at b8 read below
+# the keepers' at load 4.4-5.4 (history/engine.md, "Twenty-eighth session, eng28")). In a run with such a
 # variant every other hintkv server runs without the variables the run's variants set (removed: the defaults),
 # whatever the caller exported; otherwise they keep the caller's setting.
 VARIANT_ENV = {"team": {"HINTKV_DECODE_TEAM": "1"}, "team-auto": {"HINTKV_DECODE_TEAM": "auto"},
                "regions": {"HINTKV_DECODE_TEAM": "0"}, "keeper": {"HINTKV_CPU_KEEPER": "1"},
-               "no-keeper": {"HINTKV_CPU_KEEPER": "0"}, "linger": {"HINTKV_CPU_KEEPER_LINGER_MS": "1000"}}
+               "no-keeper": {"HINTKV_CPU_KEEPER": "0"}, "linger": {"HINTKV_CPU_KEEPER_LINGER_MS": "1000"},
+               "w8a8-no-keeper": {"HINTKV_CPU_KEEPER": "0"}}
 TEAM_VARIANTS = [v for v, env in VARIANT_ENV.items() if "HINTKV_DECODE_TEAM" in env]  # float32 / w8a8 on CPU only
 KEEPER_VARIANTS = [v for v, env in VARIANT_ENV.items()  # CPU engines only
                    if any(name.startswith("HINTKV_CPU_KEEPER") for name in env)]

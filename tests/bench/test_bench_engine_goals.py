@@ -274,7 +274,7 @@ def test_a_server_without_engine_ttfts_keeps_no_null_engine_samples_in_the_json(
     assert peer.samples["engine_ms_prefill_512"] == [None, None]  # the figures themselves keep them (reports)
 
 
-@pytest.mark.parametrize("variant", ["keeper", "no-keeper", "linger"])
+@pytest.mark.parametrize("variant", ["keeper", "no-keeper", "linger", "w8a8-no-keeper"])
 def test_the_keeper_variants_are_refused_off_the_cpu(variant):
     """On a GPU the keepers are never built: either row would be plain hintkv under the variant's name
     (review_keeper21 finding 10, review_lead22 finding 5)."""
