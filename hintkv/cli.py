@@ -148,6 +148,7 @@ def _run_router(args: argparse.Namespace) -> int:
     import uvicorn
 
     from hintkv.router import build_router_app
+    from hintkv.server import event_loop
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -159,7 +160,8 @@ def _run_router(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hintkv router: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                http=event_loop.http_parser("auto"))  # the instances' parser, its header cap too
     return 0
 
 

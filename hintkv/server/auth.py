@@ -32,7 +32,9 @@ def authenticate(request: Request, api_keys: tuple[str, ...]) -> str | None:
     if not api_keys:
         return token
     # bytes, not str: compare_digest refuses str with non-ASCII characters (a header byte >= 0x80 read as latin-1)
-    sent = None if token is None else token.encode("utf-8", "surrogateescape")
+    # the header's own bytes back (Starlette decoded them as latin-1): a key with a non-ASCII character, sent as UTF-8
+    # as httpx, requests and curl send it, then matches the key's UTF-8 (review rev_rev28_a A2: it never did)
+    sent = None if token is None else token.encode("latin-1", "surrogateescape")
     if sent is None or not any(hmac.compare_digest(sent, key.encode("utf-8", "surrogateescape")) for key in api_keys):
         raise APIError(
             401,

@@ -17,12 +17,16 @@ from typing import Any, Self
 
 import uvicorn
 
+from hintkv.server.event_loop import http_parser
+
 START_TIMEOUT_S = 30.0
 
 
 class BackgroundServer:
-    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", http: str = "auto") -> None:
+        """`http`: the parser, as `hintkv serve --http` names it (auto: httptools where installed, else h11)."""
         self.app = app
+        self.http = http
         self.host = host
         self.port = 0
         self._server: uvicorn.Server | None = None
@@ -41,7 +45,8 @@ class BackgroundServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")  # upkeep runs
+        # upkeep runs; the parser `hintkv serve` would take for self.http (its header cap too)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", http=http_parser(self.http))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True

@@ -34,11 +34,59 @@ def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
     return asyncio.new_event_loop
 
 
-def http_parser(http: str) -> str:
-    """uvicorn's `http` setting for `http` (`auto`: httptools where installed)."""
+# The most bytes of a request's line and headers: h11 in uvicorn stops an unfinished head at 16 KB
+# (h11_max_incomplete_event_size: a 400); uvicorn's httptools protocol had no limit at all, so one request could make
+# the server hold any amount before an ASGI line ran (a 64 MiB header: 200 OK; review rev_rev28_a A1).
+MAX_HEADER_BYTES = 64 * 1024
+
+
+def http_parser(http: str) -> str | type:
+    """uvicorn's `http` setting for `http` (`auto`: httptools where installed): "h11", or httptools' protocol with
+    the head capped at MAX_HEADER_BYTES (`capped_httptools`)."""
     if http == "auto":
-        return "httptools" if _installed("httptools") else "h11"
-    return http
+        http = "httptools" if _installed("httptools") else "h11"
+    return capped_httptools() if http == "httptools" else http
+
+
+def capped_httptools() -> type:
+    """uvicorn's httptools protocol answering 431 and closing once a request's URL and headers pass MAX_HEADER_BYTES.
+    Counted in the parser's own callbacks, so a head split over many reads and one that arrives in a single read
+    with its body are measured alike; the body is not counted (its cap is limits.MAX_BODY_BYTES)."""
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+    class CappedHttpToolsProtocol(HttpToolsProtocol):
+        _head_bytes = 0
+        _head_too_large = False
+
+        def on_message_begin(self) -> None:
+            self._head_bytes = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)  # ": " and CRLF, as on the wire
+            super().on_header(name, value)
+
+        def _count(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._head_too_large = True
+                raise ValueError("request head too large")  # the parser stops: uvicorn calls send_400_response
+
+        def send_400_response(self, msg: str) -> None:
+            if not self._head_too_large:
+                return super().send_400_response(msg)
+            msg = f"Request line and headers over {MAX_HEADER_BYTES} bytes."
+            head = [STATUS_LINE[431], *(b"%s: %s\r\n" % kv for kv in self.server_state.default_headers),
+                    b"content-type: text/plain; charset=utf-8\r\n",
+                    b"content-length: %d\r\n" % len(msg), b"connection: close\r\n\r\n", msg.encode("ascii")]
+            self.transport.write(b"".join(head))
+            self.transport.close()
+
+    return CappedHttpToolsProtocol
 
 
 def _installed(module: str) -> bool:

@@ -40,7 +40,13 @@ def test_auto_takes_uvloop_and_httptools_where_installed():
         assert type(loop).__module__.startswith("uvloop") == HAS_UVLOOP
     finally:
         loop.close()
-    assert event_loop.http_parser("auto") == ("httptools" if HAS_HTTPTOOLS else "h11")
+    parser = event_loop.http_parser("auto")
+    if HAS_HTTPTOOLS:  # uvicorn's httptools protocol with the head capped (review rev_rev28_a A1)
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        assert isinstance(parser, type) and issubclass(parser, HttpToolsProtocol)
+        assert event_loop.http_parser("httptools") is not HttpToolsProtocol
+    else:
+        assert parser == "h11"
 
 
 @pytest.mark.skipif(HAS_UVLOOP, reason="uvloop is installed")
