@@ -79,6 +79,7 @@ class AsyncLLM:
             if not self.engine.has_work():
                 self._wake.wait(0.5)
                 self._wake.clear()
+                self.engine.idle_tick()  # the pool's keep-alive of live sessions, step or no step
                 continue
             try:
                 outputs = self.engine.step()

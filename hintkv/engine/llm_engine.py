@@ -258,6 +258,16 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def idle_tick(self) -> None:
+        """What an idle engine still owes between steps: the shared pool's keep-alive of every live session's blocks
+        (`SPM.tick`, due each KEEPALIVE_EVERY_S; otherwise it runs only inside a step's `schedule`). An agent's tool
+        call leaves its instance idle for seconds to minutes; without this, the pool lease of what the waiting
+        session holds there lapsed after 5 s and another instance's release removed it (review rev_rev28_a A4)."""
+        tiers = self.scheduler.kv.tiers
+        if tiers is not None and tiers.spm is not None:
+            with self.lock:
+                tiers.spm.tick(self.scheduler.clock())
+
     def stats(self) -> EngineStats:
         """Scheduler and pool figures for /metrics (any thread: plain counters, read unlocked)."""
         s, kv = self.scheduler, self.scheduler.kv
