@@ -58,9 +58,30 @@ def capped_httptools() -> type:
         _head_bytes = 0
         _head_too_large = False
 
+        _in_head = True
+        _raw_head = 0
+
         def on_message_begin(self) -> None:
             self._head_bytes = 0
+            self._in_head, self._raw_head = True, 0
             super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_head = False
+            super().on_message_complete()
+
+        def data_received(self, data: bytes) -> None:
+            was_in_head = self._in_head  # a read that ends a body and starts the next head is not counted
+            super().data_received(data)  # the parser first: a read that ends the head and carries body is fine
+            if was_in_head and self._in_head and not self.transport.is_closing():
+                self._raw_head += len(data)  # httptools buffers one header's pieces until it ends: count the reads
+                if self._raw_head > MAX_HEADER_BYTES:
+                    self._head_too_large = True
+                    self.send_400_response("")
 
         def on_url(self, url: bytes) -> None:
             self._count(len(url))

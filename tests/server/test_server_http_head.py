@@ -74,3 +74,22 @@ def test_a_non_ascii_api_key_authenticates_when_sent_as_utf8(live_server):
         wrong = httpx.get(srv.v1 + "/models", headers={"Authorization": "Bearer sk-caf".encode() + b"\xe9"})
     assert ok.status_code == 200, ok.text
     assert wrong.status_code == 401
+
+
+def test_one_header_value_that_never_ends_is_refused_before_it_is_held(live_server):
+    """rev_rev28_b B1: httptools hands a header to on_header only once it ends, so a cap counted there let one
+    unterminated value be buffered without limit. 1 MiB of one value, then the client stops sending (EOF): the
+    431 must already be on the wire."""
+    with BackgroundServer(build_app(live_server.engine, []), http="httptools") as srv:
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            s.settimeout(60)
+            try:
+                s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2**20)
+            except OSError:  # the server closed the connection mid-send: it refused the head in time
+                pass
+            try:
+                s.shutdown(socket.SHUT_WR)
+                reply = s.recv(64)
+            except OSError:
+                reply = b"HTTP/1.1 431 (reset after the reply)"
+    assert reply.startswith(b"HTTP/1.1 431"), reply
