@@ -103,7 +103,7 @@ class ModelRunner:
             tables.append(_long_tensor(block_ids, dev))
             qsl.append(qsl[-1] + n)
             ctx.append(end)
-            if end - k == seq.num_tokens:  # `ScheduledSeq.samples`
+            if s.samples:
                 sample_rows.append(qsl[-1] - 1 - k)
         meta = AttentionMetadata(
             slot_mapping=_long_tensor(slots, dev),

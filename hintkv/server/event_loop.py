@@ -55,11 +55,10 @@ def capped_httptools() -> type:
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     class CappedHttpToolsProtocol(HttpToolsProtocol):
-        _head_bytes = 0
-        _head_too_large = False
-
+        _head_bytes = 0  # the head's bytes as the parser's callbacks hand them over
+        _raw_head = 0  # the reads while the head is unfinished (one header's pieces wait in httptools until it ends)
         _in_head = True
-        _raw_head = 0
+        _head_too_large = False
 
         def on_message_begin(self) -> None:
             self._head_bytes = 0
