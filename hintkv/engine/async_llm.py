@@ -117,7 +117,31 @@ class AsyncLLM:
                 loop, q = entry
                 by_loop.setdefault(loop, []).append((q, out))
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_put_all, items)
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # "Event loop is closed": left to propagate, it ended the engine thread
+                self._drop_loop(loop)
+
+    def _drop_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Engine thread: `loop` was closed while requests were still registered on it (a client thread, or a
+        BackgroundServer, stopped with a stream in flight). Nobody reads their outputs again, so each is aborted
+        (its blocks freed) and forgotten; the other loops' requests go on."""
+        dead = [rid for rid, (q_loop, _) in self._queues.copy().items() if q_loop is loop]
+        for rid in dead:
+            self._queues.pop(rid, None)
+            self.engine.abort_request(rid)
+        log.warning("event loop closed with %d request(s) in flight, aborted: %s", len(dead), ", ".join(dead))
+
+    def _add(self, req: GenerateRequest) -> float:
+        """Add `req` on the engine thread; when it was in (perf_counter: the inbox wait's end, the
+        running step and the state lock, which hint edits and /metrics also take, both in it). Not
+        when its event loop closed while it waited in the inbox: nobody would read it."""
+        entry = self._queues.get(req.request_id)
+        if entry is not None and entry[0].is_closed():
+            self._drop_loop(entry[0])
+        else:
+            self.engine.add_request(req)
+        return time.perf_counter()
 
     def call(self, fn: Callable[[LLMEngine], Any]) -> concurrent.futures.Future:
         """Run `fn(engine)` on the engine thread between steps; returns a Future of its result."""
@@ -149,7 +173,7 @@ class AsyncLLM:
         finished = False
         try:
             handed = time.perf_counter()
-            taken = await self.run(lambda e: _add(e, req))
+            taken = await self.run(lambda e: self._add(req))
             while True:
                 out = await q.get()
                 finished = out.finished
@@ -197,13 +221,6 @@ class AsyncLLM:
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
         self._manage_pool.shutdown(wait=False)
         self.engine.close()
-
-
-def _add(engine: LLMEngine, req: GenerateRequest) -> float:
-    """Add `req` on the engine thread; when it was in (perf_counter: the inbox wait's end, the
-    running step and the state lock, which hint edits and /metrics also take, both in it)."""
-    engine.add_request(req)
-    return time.perf_counter()
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
