@@ -238,6 +238,7 @@ class SessionAwareManager:
         if s is None:
             return None
         bs = self.kv.block_size
+        now = self.clock()
         parent = self.sessions.sessions[s.parent].session_id if s.parent else s.session_id
         return SessionDescription(
             session_id=s.session_id,
@@ -252,4 +253,5 @@ class SessionAwareManager:
             children=sorted(self.sessions.sessions[c].session_id for c in s.children),
             predicted_gap_s=round(self.sessions.predicted_gap(s)[0], 3)
             if s.state is SessionState.WAITING else None,
+            protect_left_s=round(s.protect_until - now, 3) if s.protect_until > now else None,
         )

@@ -92,6 +92,7 @@ class SessionDescription:
     tokens_per_tier: dict[str, int]  # of them, where they are (device first)
     children: list[str]  # sub-agent session ids
     predicted_gap_s: float | None  # waiting: when it is expected back (seconds after its last request)
+    protect_left_s: float | None  # cache_control.ttl's protection still ahead (SAM's clock); None: not protected
 
 
 class KVSequence(Protocol):

@@ -2,6 +2,9 @@
 
     curl -H "Authorization: Bearer $KEY" 'localhost:8000/v1/sessions/main-0?cache_salt=team-7'
 
+`protect_left_s` / `protect_until` (Unix time, seconds): how long a `cache_control.ttl` keeps the session's KV
+warm (null when nothing does).
+
 Only the caller's own tenant is searched (its API key identity plus the optional `cache_salt`
 query parameter, as in a request body), so another tenant's session is a 404 exactly like one
 that never existed: nothing about it is revealed.
@@ -10,6 +13,7 @@ that never existed: nothing about it is revealed.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -33,4 +37,8 @@ async def get_session(request: Request, session_id: str, cache_salt: str | None 
             code="session_not_found",
             type="not_found_error",
         )
-    return Response(json.dumps(asdict(info)), media_type="application/json")
+    body = asdict(info)
+    # the engine counts on its own (monotonic) clock; a caller reads until when on the wall clock
+    left = info.protect_left_s
+    body["protect_until"] = None if left is None else round(time.time() + left, 3)
+    return Response(json.dumps(body), media_type="application/json")

@@ -26,11 +26,11 @@ class Harness:
     """The engine's bookkeeping path (scheduler + KV manager + SAM) driven without a model: each
     step's runner output is made up (one token per sampling sequence), the scheduler does the rest."""
 
-    def __init__(self, num_blocks: int, policy: str = "sam") -> None:
+    def __init__(self, num_blocks: int, policy: str = "sam", clock=time.monotonic) -> None:
         self.sessions = SessionRegistry(protect_budget_blocks=num_blocks // 2)
-        self.kv = KVCacheManager(num_blocks, BS, make_policy(policy, sessions=self.sessions))
-        self.sam = SessionAwareManager(self.kv, self.sessions)
-        self.sched = Scheduler(self.kv, max_num_seqs=8, max_num_batched_tokens=64, sam=self.sam)
+        self.kv = KVCacheManager(num_blocks, BS, make_policy(policy, sessions=self.sessions, clock=clock))
+        self.sam = SessionAwareManager(self.kv, self.sessions, clock=clock)
+        self.sched = Scheduler(self.kv, max_num_seqs=8, max_num_batched_tokens=64, sam=self.sam, clock=clock)
         self.n = 0
 
     def run(self, ref: SessionRef | None, prompt: list[int], max_tokens: int = 2) -> Sequence:
@@ -145,6 +145,28 @@ def test_tenants_cannot_touch_each_other():
     assert h.sam.apply(ref("s", tenant="mallory"), CacheEdit("evict")).action == "none"
     assert h.sessions.get("alice", "s").state is SessionState.WAITING
     assert h.sam.describe("mallory", "s") is None and h.sam.describe("alice", "s") is not None
+
+
+def test_describe_shows_the_ttl_protection_left():
+    """hard28: GET /v1/sessions/{id} did not say until when a cache_control.ttl keeps a session; `protect_left_s`
+    is that, on SAM's clock (a virtual one here), None when nothing protects the session."""
+    now = [1000.0]
+    h = Harness(32, clock=lambda: now[0])
+    h.run(ref("plain"), SYSTEM + [5])
+    h.run(SessionRef("t", "kept", "kept", ttl_s=300.0), SYSTEM + [6])
+    assert h.sam.describe("t", "plain").protect_left_s is None
+    assert h.sam.describe("t", "kept").protect_left_s == 300.0
+    now[0] += 120.25
+    assert h.sam.describe("t", "kept").protect_left_s == 179.75
+    h.sam.apply(SessionRef("t", "kept", "kept", ttl_s=60.0), CacheEdit("prefetch"))  # a ttl starts it again
+    assert h.sam.describe("t", "kept").protect_left_s == 60.0
+    now[0] += 60.0
+    assert h.sam.describe("t", "kept").protect_left_s is None, "ran out"
+    h.run(SessionRef("t", "kept", "kept", ttl_s=30.0), SYSTEM + [7])
+    assert h.sam.describe("t", "kept").protect_left_s == 30.0
+    h.sam.apply(ref("kept"), CacheEdit("offload"))  # a pause beats the ttl
+    assert h.sam.describe("t", "kept").protect_left_s is None
+    h.check()
 
 
 def test_sam_orders_unheld_then_suspended_then_waiting_then_running():

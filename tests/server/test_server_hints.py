@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 
 import httpx
@@ -228,6 +229,27 @@ def test_session_control_alias_and_cache_control_ttl(live_server):
     assert _session(live_server, sid).json()["state"] == "suspended"
 
 
+def test_get_session_shows_until_when_a_ttl_protects_it(live_server):
+    """hard28: `GET /v1/sessions/{id}` did not show a session's protection; it now says how long a
+    cache_control.ttl has left (`protect_left_s`) and until when on the wall clock (`protect_until`, Unix s)."""
+    kept, plain = _sid("kept"), _sid("plain")
+    before = time.time()
+    _chat(live_server, kept, "keep me", agent_hint={"session_id": kept, "parent_session_id": kept,
+                                                     "cache_control": {"type": "ephemeral", "ttl": "10m"}})
+    _chat(live_server, plain, "not me")
+    got = _session(live_server, kept).json()
+    after = time.time()
+    assert 0 < got["protect_left_s"] <= 600
+    assert before < got["protect_until"] <= after + 600
+    assert got["protect_until"] - got["protect_left_s"] <= after + 0.01  # (each rounded to ms)
+    bare = _session(live_server, plain).json()
+    assert bare["protect_left_s"] is None and bare["protect_until"] is None
+    _manage(live_server, kept, [], agent_hint={"session_id": kept, "parent_session_id": kept,
+                                               "session_control": {"type": "pause"}})
+    paused = _session(live_server, kept).json()
+    assert paused["protect_left_s"] is None and paused["protect_until"] is None, "a pause beats the ttl"
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])
 def test_a_ttl_above_an_hour_is_served_with_a_note(live_server, stream):
     """review rev27 A6 b: a ttl above 3600 failed the whole inference; the spec asks the server to accept
@@ -242,7 +264,8 @@ def test_a_ttl_above_an_hour_is_served_with_a_note(live_server, stream):
     assert result["edits"] == []
     assert result["notes"] == ["cache_control.ttl 7200 s is above the 3600 s at most: the session is protected "
                                "for 3600 s"]
-    assert _session(live_server, sid).status_code == 200
+    got = _session(live_server, sid).json()
+    assert 600 < got["protect_left_s"] <= 3600, "protected for the hour at most, not the 2 h asked"
 
 
 def test_a_completion_with_a_prompt_and_an_alias_generates_then_applies_it(live_server):
