@@ -16,7 +16,9 @@ makes it follow the agents, on top of what every tier already gets from `TierCon
                                            the pool's lease on every block that an active,
                                            waiting or suspended session holds (`tick`)
     ended sessions handed back             `TierConnector.remove_below` on evict: keys no other live
-                                           session holds are removed from the pool at once
+                                           session holds are released to the pool at once; one
+                                           still leased (kept alive a moment ago) is retried each
+                                           tick until the lease lapses, live sessions or none
     prefetch on hint / predicted resume    `TierConnector.prefetch` reads through the stack, pool
                                            included
     session-aware pool eviction            the engine's policy ranks the pool's victims
@@ -85,8 +87,10 @@ class SessionPoolManager:
         if not self.pool.session_aware or now - self._last_keepalive < KEEPALIVE_EVERY_S:
             return
         self._last_keepalive = now
-        if self.pool.keep_alive(self.held(), known_only=True):
+        if self.pool.keep_alive(self.held(), known_only=True):  # its pass also retries held-back releases
             self.counters.num_keepalive_ticks += 1
+        else:  # nothing live to keep: an ended session's blocks still go back once their lease lapses
+            self.pool.retry_releases()
 
     def quiet(self, now: float) -> bool:
         """`tick(now)` would do nothing (a driver may skip it: the simulator's decode stretches)."""

@@ -201,6 +201,16 @@ class PoolTier(PoolFrames, PoolWorker, Tier):
         self._queue(("keep", pkeys))
         return len(pkeys)
 
+    def retry_releases(self) -> None:
+        """Try again the releases a lease held back (a `keep_alive` pass does it too). Without a pass they
+        waited for one: an instance whose last session ended sent none, and the master kept that session's
+        blocks after our index let them go (measured with a real mooncake_master: 4 keys, 512 KB, still there
+        10 s after the evict, 5 s lease)."""
+        with self._lock:
+            if not self._releasing:
+                return
+        self._queue(("retry",))
+
     def usage(self) -> TierUsage:
         with self._lock:
             return TierUsage(len(self._entries), self.capacity_blocks, self._bytes_used())

@@ -151,6 +151,8 @@ class PoolWorker:
                 pass  # an unreachable pool is emptied by its master's own eviction (or restart)
         elif kind == "release":
             self._release([op[1] for op in ops])
+        elif kind == "retry":
+            self._release([])
         elif kind == "keep":
             # each op's keys are distinct (`keep_alive`): only several need merging
             keys = (ops[0][1] if len(ops) == 1
