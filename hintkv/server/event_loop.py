@@ -59,6 +59,21 @@ def capped_httptools() -> type:
         _raw_head = 0  # the reads while the head is unfinished (one header's pieces wait in httptools until it ends)
         _in_head = True
         _head_too_large = False
+        _running = None  # the cycle whose ASGI task runs (uvicorn's `cycle` is the newest one parsed)
+
+        def _start_asgi_task(self, cycle, app) -> None:
+            self._running = cycle
+            super()._start_asgi_task(cycle, app)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            """uvicorn tells only the newest parsed request that its client left. With requests pipelined behind
+            it, the one running was not told: its answer went to the closed transport, which uvloop refuses with a
+            RuntimeError, and each such connection counted as an internal server error with a traceback logged."""
+            running = self._running
+            if running is not None and running is not self.cycle and not running.response_complete:
+                running.disconnected = True
+                running.message_event.set()
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             self._head_bytes = 0
