@@ -44,7 +44,7 @@ from hintkv.router.affinity import Placement
 from hintkv.router.backends import Backend, Backends
 from hintkv.server.body import read_limited
 from hintkv.server.auth import authenticate
-from hintkv.server.errors import APIError, error_response
+from hintkv.server.errors import APIError, install_error_handlers
 from hintkv.server.limits import MAX_BODY_BYTES
 from hintkv.server.streaming import ClientDisconnected, cancel_on_disconnect
 
@@ -369,7 +369,7 @@ def build_router_app(urls: list[str], **options) -> FastAPI:
 
     app = FastAPI(title="hintkv router")
     app.state.router = router
-    app.add_exception_handler(APIError, lambda _, err: error_response(err))
+    install_error_handlers(app)  # the instance's: a 404 / 405 in OpenAI's shape, a client gone mid-body a 499
     keyed, metrics_keyed = [Depends(require_key)], [Depends(require_metrics_key)]
 
     @app.post("/v1/chat/completions", dependencies=keyed)
