@@ -10,7 +10,7 @@ tokens, and its TTFT is timed with the context's KV in:
   device     still in the device pool (prefill of the new tokens on a cached prefix)
   host       offloaded by an Agent Hint `offload` edit, device copies dropped: loaded back
   disk       the same with a disk tier only (files just written: the OS page cache may serve them)
-  recompute  evicted everywhere: the whole prompt is computed again
+  recompute  evicted everywhere (an evict hint, then `reset_prefix_cache`): the whole prompt is computed again
 
 plus the host->device load bandwidth the engine measured. Device, host and disk rows are the
 median of 3 resumes (fresh new tokens each), device and host (or disk) resumes interleaved so
@@ -151,6 +151,8 @@ def resume_rows(model: str, ctx: int, args) -> list[dict[str, Any]]:
         out["device"], out["host"] = _paired_rows(eng, "host", history, new, reps)
         eng.manage(SessionRef("bench", "s", "s"), [CacheEdit("evict")])
         _settle(eng)
+        # an evict hint releases the device copies (first to go, still matched until reused): drop them
+        eng.reset_prefix_cache()
         _row(eng, "mark", 0.0, 0)
         out["recompute"] = _row(eng, "recompute", *_ttft(eng, history + _tokens(vocab, new, 3), "s"))
         eng.close()

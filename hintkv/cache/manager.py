@@ -328,6 +328,13 @@ class KVCacheManager:
         itself never copies."""
         return 0 if self.tiers is None else self.tiers.flush_write_downs()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached device block no request uses (vLLM's `reset_prefix_cache`): the next
+        request computes what they held, or loads it from a lower tier, which keeps its copies.
+        Blocks of running requests stay. Returns the number of blocks dropped."""
+        self.flush_write_downs()  # a victim queued for a write-down is gathered before its block can go
+        return sum(self.pool.drop(b) for b in self.pool.cached_free_blocks())
+
     def free(self, seq: KVSequence) -> None:
         self._runs.pop(seq.request_id, None)
         if self.tiers is not None:

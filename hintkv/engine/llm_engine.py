@@ -244,6 +244,12 @@ class LLMEngine:
         with self.lock:
             return self.scheduler.manage(ref, edits)
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached device block no running request uses (any thread; vLLM's `LLM.reset_prefix_cache`,
+        which returns a bool: here the number of blocks dropped). Lower tiers keep their copies."""
+        with self.lock:
+            return self.scheduler.kv.reset_prefix_cache()
+
     def sweep_sessions(self) -> int:
         """Forget ended, idle and over-cap sessions (any thread; takes the state lock briefly)."""
         if self.janitor is None:

@@ -3,6 +3,9 @@
 Sized by `--host-cache-memory`. The buffer is `[capacity_blocks, *layout.shape]`, allocated once,
 so the tier never allocates on the hot path; a free list of slot indices and a key -> slot map
 are the whole bookkeeping. Copies in and out run on the movement engine.
+
+Batched copies (`get_many`, `_write_many`) move whole slots as slice copies of runs (`host_copy.py`),
+never by advanced indexing, on several threads when the buffer is pinned (a CUDA engine's).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from concurrent.futures import Future
 import torch
 
 from hintkv.tiers.base import OnEvict
+from hintkv.tiers.host_copy import copy_rows, copy_threads
 from hintkv.tiers.index import Entry, IndexedTier
 from hintkv.tiers.layout import BlockLayout
 from hintkv.tiers.mover import Mover, gather, resolved
@@ -29,6 +33,7 @@ class HostTier(IndexedTier):
         pin = pin and torch.cuda.is_available()  # pinning needs a CUDA driver; moot without one
         self._buf = torch.empty((self.capacity_blocks, *layout.shape), dtype=layout.dtype,
                                 pin_memory=pin)
+        self._copy_threads = copy_threads(pin)
         self._free = list(range(self.capacity_blocks - 1, -1, -1))  # pop() hands out slot 0 first
 
     batched_get = True  # `get_many` reads many blocks in one mover submission
@@ -67,11 +72,10 @@ class HostTier(IndexedTier):
             self._touch_many(touched, touched_entries)
             if ready:
                 afters = [f for s in set(slots) if (f := self._after(s)) is not None]
-                dst_rows = torch.tensor([rows[j] for j in ready])
-                src_rows = torch.tensor(slots)
+                dst_rows = [rows[j] % len(dst) for j in ready]  # a negative row counts from the end
 
                 def copy() -> bool:
-                    dst[dst_rows] = self._buf[src_rows]
+                    copy_rows(dst, dst_rows, self._buf, slots, self._copy_threads)
                     return True
                 raw = self.mover.run(f"{self.name}->{self.upper}", copy, len(ready),
                                      len(ready) * self.layout.nbytes,
@@ -105,10 +109,10 @@ class HostTier(IndexedTier):
                     ) -> tuple[list[int], Future[bool]]:
         slots = [self._free.pop() for _ in keys]
         afters = [f for s in slots if (f := self._after(s)) is not None]  # reads of old content
-        rows = torch.tensor(slots)
 
         def copy() -> bool:
-            self._buf.index_copy_(0, rows, torch.stack(srcs))
+            for slot, src in zip(slots, srcs):  # one memcpy each (was a stack, then an element-wise index_copy_)
+                self._buf[slot].copy_(src)
             return True
         raw = self.mover.run(f"{self.upper}->{self.name}", copy, len(keys),
                              len(keys) * self.layout.nbytes, gather(afters) if afters else None)
