@@ -29,6 +29,7 @@ PEER_PRESETS = {"SmolLM2-135M-Instruct": "smollm2-135m"}
 # hintkv variants measured against plain hintkv: name -> extra serve flags
 VARIANTS = {"w8a8": ["--quantization", "w8a8"], "compiled": ["--compile-step", "on"],
             "eager": ["--enforce-eager"], "no-graphs": ["--cuda-graphs", "off"],
+            "no-compile": ["--compile-step", "off"],  # on CUDA: decode graphs of the eager regions
             "kv-int8": ["--kv-cache-dtype", "int8"],
             "kv-fp8": ["--kv-cache-dtype", "fp8"],
             "bound": ["--cpu-omp-threads-bind", "auto"],  # OpenMP threads pinned as vLLM pins its own

@@ -13,7 +13,9 @@ graphs (T == 1, which dynamo specialises, and T >= 2), and add_rmsnorm two more 
 the first layer): eight graphs per process whatever the batch mix, all compiled by
 `compile_regions` at start-up (its seconds are returned and logged). GEMMs
 stay outside the graphs so packed / int8 kernels keep working. When inductor cannot build (no C++
-compiler, an unsupported platform), `compile_regions` warns and keeps the eager functions.
+compiler, an unsupported platform), `compile_regions` warns and keeps the eager functions. On CUDA
+a step of 33-2047 rows runs the eager functions anyway (`CUDA_EAGER_ROWS`: launch-bound there, where
+compiled calls measured slower).
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ def rope_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: in
     return qk[:, :num_heads], qk[:, num_heads:], x[:, num_heads + num_kv_heads:]
 
 
+# Row counts [lo, hi) whose steps run the eager regions even when compiled, on CUDA. Measured on the lent H200
+# (dummy:llama3-8b, bf16, `hintkv bench engine --device cuda --quick --variants no-compile`, the twenty-ninth
+# session; docs/benchmarks/history/engine.md), compiled over eager regions: decode (CUDA graphs) b1 1.03x, b8
+# 1.10x; prefill 2048 1.06x, 8192 1.06x faster; but prefill 512 1.38x and a cold 128-token prompt 1.43x SLOWER
+# (41 vs 29 ms). Between a graph-captured decode and a GPU-bound prefill a step is bound by its launches on the
+# CPU, where each compiled call's guards and Triton launch cost more than the eager kernels they fuse. The
+# largest decode batch bucket (cuda_graphs.BATCH_BUCKETS) stays compiled; 2048 is the smallest prefill
+# measured to gain (1024 was not measured).
+CUDA_EAGER_ROWS = (33, 2048)
+
+
 @dataclass(slots=True)
 class Regions:
     """The functions a decoder layer calls between its GEMMs; eager unless compiled."""
@@ -85,6 +98,16 @@ class Regions:
     silu_mul: Callable = silu_mul
     compiled: bool = False
     warmup_s: float = 0.0
+    eager_rows: tuple[int, int] | None = None  # [lo, hi): steps of that many rows run `EAGER` (CUDA_EAGER_ROWS)
+
+    def for_rows(self, rows: int) -> Regions:
+        """The regions a step of `rows` new tokens runs: these, or the eager ones inside `eager_rows`."""
+        if self.eager_rows is not None and self.eager_rows[0] <= rows < self.eager_rows[1]:
+            return EAGER
+        return self
+
+
+EAGER = Regions()
 
 
 def compile_regions(hidden: int, intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -111,6 +134,7 @@ def compile_regions(hidden: int, intermediate: int, num_heads: int, num_kv_heads
         warnings.warn(f"torch.compile unavailable ({type(e).__name__}: {str(e)[:200]}); running eager",
                       RuntimeWarning, stacklevel=2)
         return Regions()
-    regions = Regions(**fns, compiled=True, warmup_s=time.perf_counter() - t0)
+    regions = Regions(**fns, compiled=True, warmup_s=time.perf_counter() - t0,
+                      eager_rows=CUDA_EAGER_ROWS if torch.device(device).type == "cuda" else None)
     log.info("compiled the model step's regions in %.1f s", regions.warmup_s)
     return regions

@@ -206,6 +206,7 @@ class LlamaForCausalLM(nn.Module):
         agree with the whole step's to float32 rounding, not bit for bit (tests/models/test_last_layer_rows.py)."""
         cos, sin = self.rotary.cos_sin(positions, grow=meta.static is None)  # static: a CUDA graph
         h = F.embedding(input_ids, self.embed_tokens)
+        regions = self.regions.for_rows(h.shape[0])  # compiled, or eager where compiled steps measured slower
         fused = self._decode_layers if self.regions is self._cpp_regions else None
         out = None if fused is None else fused(h, cos, sin, kv_caches, meta)
         suffix = None if keep_last is None else suffix_rows(meta, keep_last)
@@ -213,14 +214,14 @@ class LlamaForCausalLM(nn.Module):
             h, residual = out
             if suffix is not None:  # a few-row step: every row ran, the kept ones are picked
                 h, residual = h.index_select(0, suffix[0]), residual.index_select(0, suffix[0])
-        else:
+        if out is None:
             residual = None
             last = len(self.layers) - 1
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-                h, residual = layer(h, residual, cos, sin, kv_cache, meta, self.regions, suffix if i == last else None)
+                h, residual = layer(h, residual, cos, sin, kv_cache, meta, regions, suffix if i == last else None)
         if h.shape[0] == 0:
             return h
-        return self.regions.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
+        return regions.add_rmsnorm(h, residual, self.norm.weight, self.norm.eps)[0]
 
     def prepare(self, quantization: str | None = None,
                 calibration: list[list[int]] | None = None) -> dict[str, int]:

@@ -42,3 +42,39 @@ def test_compile_falls_back_to_eager_without_a_compiler(monkeypatch):
     torch._dynamo.reset()
     assert not regions.compiled
     assert len(greedy(lm.model, [100, 101, 102], 4)) == 4  # and it still runs
+
+
+def test_regions_for_rows_runs_eager_inside_the_band():
+    from hintkv.models.compile import CUDA_EAGER_ROWS, EAGER, Regions
+
+    band = Regions(compiled=True, eager_rows=CUDA_EAGER_ROWS)
+    lo, hi = CUDA_EAGER_ROWS
+    assert band.for_rows(1) is band and band.for_rows(lo - 1) is band and band.for_rows(hi) is band
+    assert band.for_rows(lo) is EAGER and band.for_rows(hi - 1) is EAGER and not EAGER.compiled
+    plain = Regions(compiled=True)  # a CPU compile: no band
+    assert all(plain.for_rows(n) is plain for n in (1, lo, hi - 1, hi))
+
+
+def test_the_forward_takes_the_regions_of_its_row_count():
+    """A step inside the band runs the eager functions, one outside runs the model's own (counted), with the
+    same hidden states as a model on plain eager regions."""
+    from hintkv.models import compile as c
+
+    calls = []
+
+    def counted(fn):
+        def run(*a, **k):
+            calls.append(fn.__name__)
+            return fn(*a, **k)
+        return run
+
+    banded = load_model("dummy:tiny", torch.float32, "cpu", seed=5).model
+    plain = load_model("dummy:tiny", torch.float32, "cpu", seed=5).model
+    banded.regions = c.Regions(counted(c.add_rmsnorm), counted(c.rope), counted(c.silu_mul), compiled=True,
+                               eager_rows=(2, 100))
+    plain.regions = c.Regions()  # the per-op layers' eager functions (not the CPU's C++ regions)
+    a, b = OneSequence(plain, 64), OneSequence(banded, 64)
+    torch.testing.assert_close(b.hidden(list(range(100, 110))), a.hidden(list(range(100, 110))))
+    assert calls == []  # 10 rows: inside the band
+    torch.testing.assert_close(b.hidden([7]), a.hidden([7]), atol=1e-5, rtol=1e-5)
+    assert {"add_rmsnorm", "rope", "silu_mul"} <= set(calls)  # 1 row: the model's own regions
