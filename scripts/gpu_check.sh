@@ -4,6 +4,9 @@
 #
 #   OUT=/tmp/gpu_out bash scripts/gpu_check.sh
 #
+# On a CUDA machine with PyTorch but no package index (the lent H200's image): `bash scripts/gpu_bundle.sh` here
+# (wheels, the tokenizer, the calibration into .gpu/), carry .gpu/ there, `source .gpu/env.sh`, then the above.
+#
 # 1. the CUDA tests (every test that skips without CUDA runs here: compiled step, w8a8, int8 / fp8
 #    KV cache, the batched speculative verify, decode CUDA graphs vs eager tokens; the copy stream's
 #    write-downs: a look below and a prefetch while their store is in flight);
