@@ -55,7 +55,7 @@ _ids = st.one_of(
 _edit = st.fixed_dictionaries(
     {"type": st.sampled_from(["evict", "offload", "prefetch", "keep", 3])},
     optional={
-        "target": st.sampled_from(["session", "messages", "tools", "other"]),
+        "target": st.sampled_from(["session", "messages", "tools", "tokens", "other"]),
         "start": st.one_of(st.integers(-3, 6), _json_values),
         "end": st.one_of(st.integers(-3, 8), _json_values),
     },
@@ -111,6 +111,17 @@ _sampling_fields = {
     "stream_options": _json_values,
     "logprobs": _json_values,
     "agent_hint": _agent_hint,
+    # vLLM's sampling extensions and OpenAI's penalties / bias: each reaches the sampler when valid
+    "presence_penalty": st.one_of(st.floats(-3, 3), _json_values),
+    "frequency_penalty": st.one_of(st.floats(-3, 3), _json_values),
+    "repetition_penalty": st.one_of(st.floats(-1, 1e308), _json_values),
+    "logit_bias": st.one_of(st.dictionaries(st.one_of(st.integers(-1, 60000).map(str), st.text(max_size=4)),
+                                            st.one_of(st.floats(-200, 200), _json_values), max_size=4), _json_values),
+    "top_k": st.one_of(st.integers(-2, 2**63), _json_values),
+    "min_p": st.one_of(st.floats(-1, 2), _json_values),
+    "min_tokens": st.one_of(st.integers(-1, 3), _json_values),
+    "response_format": st.one_of(st.sampled_from([{"type": "text"}, {"type": "json_object"}]), _json_values),
+    "user": _json_values,
 }
 # Never absent or null (that would generate up to the whole context): cheap or invalid.
 _max_tokens = st.one_of(st.sampled_from([1, 2]), st.integers(-2, 0), st.text(max_size=3),
@@ -126,6 +137,7 @@ _chat_body = st.fixed_dictionaries(
         "tool_choice": _json_values,
         "max_completion_tokens": st.one_of(st.integers(-1, 2), _json_values),
         "chat_template_kwargs": _json_values,
+        "parallel_tool_calls": st.one_of(st.booleans(), _json_values),
     },
 )
 _completion_body = st.fixed_dictionaries(
