@@ -10,7 +10,11 @@ in float32 (`csrc/greedy_head.cpp` says how):
 
     |x . w_r - a_r| <= |x|_1 err_r + |x - x~|_1 127 scale_r,   err_r = max_i |w_ri - scale_r q_ri| + float's margin
 
-so the true argmax is always among the recomputed rows, and the answer is the argmax of the screen's own
+(the AVX2 screen, whose x has 7 bits so that vpmaddubsw takes it unsigned without a sign trick, bounds by the
+smaller of that and |x|_2 |w_r - w~_r|_2 + |x - x~|_2 |w~_r|_2, the tighter one on a model's rows: dummy:tiny's b8 steps
+recompute ~100 rows instead of ~385, and with the copy fetched 4 KiB ahead the screen runs 1.31-1.50x faster per
+round than the 8-bit one (one thread, CPU time); history/engine.md, twenty-ninth
+session), so the true argmax is always among the recomputed rows, and the answer is the argmax of the screen's own
 float32 dot products (first index on ties among them). Those sum in another order than the logits' GEMM
 (MKL / gemv), so where two logits are equal within float rounding the token may differ from
 torch.argmax of the logits (rare; both are the real argmax up to float rounding).
@@ -102,8 +106,8 @@ def screens_w8a8() -> bool:
 def quantise_rows(w: torch.Tensor, blocked: bool = False,
                   int8_weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(int8 copy, per-row scale, per-row error bound err_r, int32 row sums) of a float32 weight [V, H]: the
-    screen's arguments after x. The int8 weight is `int8.quantize_weight`'s (one rule for every int8 copy); the copy
+    """(int8 copy, per-row scale, per-row error bounds [3, V] (err_r; |w_r - w~_r|_2 plus the margin times sqrt(H);
+    |w~_r|_2), int32 row sums) of a float32 weight [V, H]: the screen's arguments after x. The int8 weight is `int8.quantize_weight`'s (one rule for every int8 copy); the copy
     is its rows [V, H], or with `blocked` (`ops().blocked()`: both screens read it) `int8.block_weight`'s 16-row blocks
     [ceil(V/16), ceil(H/64) * 16, 16, 4]. `int8_weight`: (int8 [H, V], scale [V], copy in that layout) already made
     of this `w` by those two functions (a w8a8 head kernel's), taken as they are: no new int8 copy."""
@@ -117,9 +121,16 @@ def quantise_rows(w: torch.Tensor, blocked: bool = False,
     resid = (w - q.float() * scale[:, None]).abs().amax(dim=1)
     # both dot products (int8 approximate, float exact) round: each is within H * 2^-24 * |x|_1 * amax
     # of the real value (Higham's gamma_H); 2^-22 doubles that margin once more
-    err = resid + w.abs().amax(dim=1) * (w.shape[1] * 2.0 ** -22)
+    margin = w.abs().amax(dim=1) * (w.shape[1] * 2.0 ** -22)
+    err = resid + margin
+    # the Euclidean bound's row terms, in double, rounded up: |w - w~|_2 plus the margin as |x|_1 <= sqrt(H) |x|_2
+    # takes it, and |w~|_2 (w~ = scale q)
+    approx = q.double() * scale.double()[:, None]
+    err2 = torch.linalg.vector_norm(w.double() - approx, dim=1) + margin.double() * w.shape[1] ** 0.5
+    norm2 = torch.linalg.vector_norm(approx, dim=1)
+    bounds = torch.stack((err, err2.float() * (1 + 1e-6), norm2.float() * (1 + 1e-6))).contiguous()
     wsum = q.sum(dim=1, dtype=torch.int32)
-    return copy, scale.contiguous(), err.contiguous(), wsum
+    return copy, scale.contiguous(), bounds, wsum
 
 
 class GreedyHead:

@@ -47,15 +47,16 @@ def test_near_ties_below_the_int8_error_are_decided_in_float():
     assert wrong == 0
 
 
-def test_near_ties_inside_w_int8_error_with_x_exactly_int8():
-    """x exactly int8 (|x|_inf = 127: x's quantisation error is 0), so only w's term (resid_r and the float
-    margin) covers the runner-up placed 1e-3 below the top (float dots err ~1e-5 here): dropping that term
-    gets 24 of these 40 wrong (s11 review)."""
+@pytest.mark.parametrize("levels", [127, 64])  # x's levels: the VNNI screen's 8 bits, the AVX2 screen's 7
+def test_near_ties_inside_w_int8_error_with_x_exactly_int8(levels):
+    """x exactly on the screen's levels (|x|_inf = levels: x's quantisation error is 0), so only w's term (resid_r
+    and the float margin; in the AVX2 screen's Euclidean bound |w - w~|_2 and its margin) covers the runner-up
+    placed 1e-3 below the top (float dots err ~1e-5 here): dropping that term gets 24 of these 40 wrong (s11 review)."""
     gen = torch.Generator().manual_seed(1)
     h, wrong = 256, []
     for trial in range(40):
-        x = torch.randint(-126, 127, (1, h), generator=gen).float()
-        x[0, 0] = 127
+        x = torch.randint(1 - levels, levels, (1, h), generator=gen).float()
+        x[0, 0] = levels
         w = torch.randn(500, h, generator=gen) * 0.05
         top = int((x.double() @ w.double().T).argmax())
         other = (top + 1 + trial) % 500

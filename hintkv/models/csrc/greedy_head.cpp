@@ -1,20 +1,22 @@
 // Greedy decoding's LM head on a CPU (greedy_head.py): each row's argmax of x W^T, reading W's int8 copy.
 //
-// screened_argmax(x [N, H] f32, wq, scale [V], err [V], wsum [V] i32, w [V, H] f32) -> N ints
+// screened_argmax(x [N, H] f32, wq, scale [V], err [3, V], wsum [V] i32, w [V, H] f32) -> N ints
 //   wq: the int8 copy in 16-row blocks [ceil(V/16), Hq, 16, 4] (int8.block_weight's, zero padded; greedy_head
-//   .quantise_rows makes it), read by both builds
-//   1. x's rows quantised per row: x ~ sx xq (|xq| <= 127), dx = |x - sx xq|_1 (exact, in double)
+//   .quantise_rows makes it and err), read by both builds
+//   1. x's rows quantised per row: x ~ sx xq (|xq| <= 127 VNNI, <= 64 AVX2), dx = |x - sx xq|_1, dx2 = |x - sx xq|_2
+//      (exact, in double)
 //   2. approximate logits a_r = sx scale_r (xq . wq_r): integer dot products (AVX-512 VNNI: 64
-//      multiply-adds per instruction on u8 = xq + 128, minus 128 wsum_r; AVX2: vpmaddubsw, 32 an instruction,
-//      then vpmaddwd to widen), so the step reads a quarter of the float weight's bytes (AVX2's is bound by its
-//      arithmetic at 8 rows: the int8 gemv's work per product)
-//   3. |x . w_r - a_r| <= |x|_1 err_r + dx 127 scale_r =: b_r (err_r: the row's largest rounding error
-//      plus float summation's margin); lo = max_r (a_r - b_r) is below the argmax's value, so the
+//      multiply-adds per instruction on u8 = xq + 128, minus 128 wsum_r; AVX2: vpmaddubsw on u8 = xq + 64, 32 an
+//      instruction, then vpmaddwd to widen, minus 64 wsum_r), so the step reads a quarter of the float weight's bytes
+//   3. |x . w_r - a_r| <= |x|_1 err_r + dx 127 scale_r =: b_r (err[0]: the row's largest rounding error plus float
+//      summation's margin); the AVX2 screen takes the smaller of that and |x|_2 err[1]_r + dx2 err[2]_r (err[1]:
+//      |w_r - scale_r q_r|_2 plus the margin times sqrt(H), err[2]: |scale_r q_r|_2: Cauchy-Schwarz on each part of
+//      x . w - x~ . w~ = x . (w - w~) + (x - x~) . w~). lo = max_r (a_r - b_r) is below the argmax's value, so the
 //      argmax is among the rows with a_r + b_r >= lo, which get exact float32 dot products
 //   The first of equal exact values wins (torch.argmax's rule); every token is < V. Empty result (the caller
 //   computes the logits): a row of x not finite, or a bound that is not finite in float (|x|_1 past float's range)
 // last_recomputed() -> int: rows the calling thread's last screened_argmax recomputed in float (all x rows together)
-// has_screen() -> bool: whether this build has the screen (AVX-512 VNNI, or AVX2's vpmaddubsw on |x| and sign(x) q,
+// has_screen() -> bool: whether this build has the screen (AVX-512 VNNI, or AVX2's vpmaddubsw on 7-bit x and q,
 // e.g. AMD Zen 1 and 3; else greedy_head.py computes the logits). isa() says which ("vnni", "avx2", "").
 // torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
@@ -35,17 +37,20 @@
 #define HINTKV_VNNI 1
 #define HINTKV_SCREEN 1
 #elif defined(__AVX2__)
-#define HINTKV_SCREEN 1  // AVX2 without VNNI (AMD Zen 1): vpmaddubsw on |x| and sign(x) q
+#define HINTKV_SCREEN 1  // AVX2 without VNNI (AMD Zen 1 and 3): vpmaddubsw on u8 x (7 bits) and s8 q
 #endif
 
 namespace {
 
 constexpr int64_t PREFETCH_ROWS = 16;
 #if defined(HINTKV_VNNI)
-constexpr int kOffset = 128;  // x's int8 values go in as u8 = xq + 128 (dpbusd is u8 x s8): 128 wsum_r comes back out
+constexpr int kLevels = 127;  // x's rows in 8 bits, |xq| <= 127
+constexpr int kShift = 7;  // x's int8 values go in as u8 = xq + 128 (dpbusd is u8 x s8): 128 wsum_r comes back out
 #else
-constexpr int kOffset = 0;  // AVX2 keeps them signed
+constexpr int kLevels = 64;  // x's rows in 7 bits, |xq| <= 64: vpmaddubsw's int16 pair sums of u8 = xq + 64 (at
+constexpr int kShift = 6;   // most 128) and q (|q| <= 127) fit (2 x 128 x 127 = 32512); 64 wsum_r comes back out
 #endif
+constexpr int kOffset = 1 << kShift;
 
 inline float float_dot(const float* x, const float* w, int64_t H) {
     int64_t d = 0;
@@ -101,6 +106,8 @@ struct Screen {
     const uint8_t* u;                   // x's rows (u8 xq + kOffset), row stride 4 Hq (read 4 at a time: memcpy)
     const int8_t* wb;                   // the blocked copy [Vb][Hq][16][4]
     const float *sp, *ep, *sx, *l1, *dx;
+    const float *e2p, *n2p, *l2, *dx2;  // the Euclidean bound's terms (AVX2): rows' |w - w~|_2 (+ margin), |w~|_2;
+                                        // x rows' |x|_2, |x - x~|_2
     const int32_t* wsp;
     int64_t N, V, Hq, ld;               // ld = Vb * 16
     float* hi;                          // [N][ld]: a_r + b_r (-inf past V)
@@ -171,12 +178,18 @@ void screen_all(const Screen& sc, float* lo_out) {
 }
 
 #else
-// AVX2 (no VNNI): the same blocks, x signed (kOffset 0). vpmaddubsw multiplies |x| (u8) by sign(x) q (s8) into int16
-// pair sums, exact since 2 x 127 x 127 < 2^15, and vpmaddwd by 1 widens them to int32 quad sums: a block's 16 dot
-// products per x row in two registers (channels 0-7, 8-15), no horizontal sums (the row-major screen this replaced
-// reduced each (row, x row) pair's register horizontally). A pass takes at most 4 x rows (8 accumulators of 16 ymm
-// registers); a group's further rows take further passes over the same block, then in L1. The int8 gemv's AVX2 loop
-// does the same work per product (int8_gemv.cpp).
+// AVX2 (no VNNI): the same blocks, x in 7 bits as u8 = xq + 64 (kOffset). vpmaddubsw multiplies u8 x by the s8 copy
+// into int16 pair sums, exact since 2 x 128 x 127 < 2^15, and vpmaddwd by 1 widens them to int32 quad sums: a block's
+// 16 dot products per x row in two registers (channels 0-7, 8-15), no horizontal sums. Three vector ops a 32 products
+// (8-bit x took five: vpmaddubsw on |x| and sign(x) q, a vpsignb per weight vector and a vpabsb per broadcast). A
+// pass takes at most 4 x rows (8 accumulators of 16 ymm registers); a group's further rows take further passes over
+// the same block, then in L1.
+// The copy is read as one stream (a block's 16 rows, then the next block's); a line is fetched 4 KiB ahead. At 512
+// bytes (the VNNI screen's distance) the first vpmaddubsw on each new line held a fifth of the pass's samples (perf).
+// dummy:tiny's head, its captured decode rows, one thread, CPU time, 9 interleaved rounds (load 3-4): 512 bytes took
+// 0.97-1.17x the time of 2 KiB per round at 8 rows and 1.08-1.67x at 1 row; 4 KiB against 2 KiB 0.91-1.09 at 8 rows.
+constexpr int64_t kFetchAhead = 4096;
+
 template <int P>
 inline void block_pass(const uint8_t* u, int64_t Hq, const int8_t* wb, __m256i (*out)[2]) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -184,15 +197,15 @@ inline void block_pass(const uint8_t* u, int64_t Hq, const int8_t* wb, __m256i (
     for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_si256();
     for (int64_t kq = 0; kq < Hq; ++kq) {
         const int8_t* line = wb + kq * 64;
-        _mm_prefetch(reinterpret_cast<const char*>(line + 512), _MM_HINT_T0);  // across the next block's start
+        _mm_prefetch(reinterpret_cast<const char*>(line + kFetchAhead), _MM_HINT_T0);
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32));
         for (int p = 0; p < P; ++p) {
             int32_t quad;  // x's 4 bytes; memcpy, not an int32_t* into the u8 buffer (strict aliasing)
             std::memcpy(&quad, u + (p * Hq + kq) * 4, sizeof quad);
-            const __m256i av = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(av);
-            acc[p][0] = _mm256_add_epi32(acc[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, av)), ones));
-            acc[p][1] = _mm256_add_epi32(acc[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, av)), ones));
+            const __m256i av = _mm256_set1_epi32(quad);
+            acc[p][0] = _mm256_add_epi32(acc[p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(av, w0), ones));
+            acc[p][1] = _mm256_add_epi32(acc[p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(av, w1), ones));
         }
     }
     for (int p = 0; p < P; ++p) out[p][0] = acc[p][0], out[p][1] = acc[p][1];
@@ -208,12 +221,20 @@ inline void block_bounds(const Screen& sc, int64_t v, int g0, const __m256i (*ac
         const __m256i livei = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256 live = _mm256_castsi256_ps(livei);
         const __m256 s = _mm256_maskload_ps(sc.sp + r, livei), e = _mm256_maskload_ps(sc.ep + r, livei);
+        const __m256 e2 = _mm256_maskload_ps(sc.e2p + r, livei), n2 = _mm256_maskload_ps(sc.n2p + r, livei);
+        const __m256i comp = _mm256_slli_epi32(_mm256_maskload_epi32(sc.wsp + r, livei), kShift);  // 64 wsum_r
+        const __m256 up = _mm256_set1_ps(1.f + 1e-6f);
         for (int p = 0; p < P; ++p) {
             const int g = g0 + p;
-            const __m256 dot = _mm256_cvtepi32_ps(acc[p][h]);
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[p][h], comp));
             const __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.sx[g]), s), dot);
-            const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.dx[g] * 127.f), s), _mm256_set1_ps(1.f + 1e-6f));
-            const __m256 bnd = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(sc.l1[g]), e), t);
+            const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.dx[g] * 127.f), s), up);
+            // the smaller of two bounds: |x|_1 err_r + |x - x~|_1 127 s_r, and |x|_2 |w - w~|_2 + |x - x~|_2 |w~|_2
+            // (Cauchy-Schwarz on each part; float's margin is in e2: greedy_head.quantise_rows)
+            const __m256 b1 = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(sc.l1[g]), e), t);
+            const __m256 b2 = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(sc.l2[g]), e2,
+                                                            _mm256_mul_ps(_mm256_set1_ps(sc.dx2[g]), n2)), up);
+            const __m256 bnd = _mm256_min_ps(b2, b1);  // b1 where b2 is NaN
             lo[g] = _mm256_blendv_ps(lo[g], _mm256_max_ps(lo[g], _mm256_sub_ps(a, bnd)), live);
             _mm256_storeu_ps(sc.hi + g * sc.ld + r, _mm256_blendv_ps(ninf, _mm256_add_ps(a, bnd), live));
         }
@@ -272,6 +293,7 @@ void screen_rows(Screen sc, float* lo) {
     for (int64_t n0 = 0; n0 < N;) {
         Screen part = sc;
         part.u += n0 * sc.Hq * 4, part.sx += n0, part.l1 += n0, part.dx += n0, part.hi += n0 * ld;
+        part.l2 += n0, part.dx2 += n0;
         const int64_t g = std::min<int64_t>(N - n0, 12);
         switch (g) {
             case 1: screen_all<1>(part, lo + n0); break;
@@ -327,6 +349,11 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
                 "w must be contiguous float32 [V, H]");
     TORCH_CHECK(wq.dim() == 4 && wq.scalar_type() == torch::kInt8 && wq.is_contiguous() && wq.size(0) == (V + 15) / 16 &&
                 wq.size(2) == 16 && wq.size(3) == 4 && wq.size(1) * 4 >= H, "wq must be contiguous int8 [ceil(V/16), Hq, 16, 4]");
+    TORCH_CHECK(err.dim() == 2 && err.scalar_type() == torch::kFloat32 && err.is_contiguous() && err.size(0) == 3 &&
+                err.size(1) == V, "err must be contiguous float32 [3, V] (greedy_head.quantise_rows)");
+    TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == V &&
+                wsum.scalar_type() == torch::kInt32 && wsum.is_contiguous() && wsum.numel() == V,
+                "scale must be contiguous float32 [V], wsum int32 [V]");
     const int64_t Hp = wq.size(1) * 4;
     const float* xp = x.data_ptr<float>();
     const int8_t* qp = wq.data_ptr<int8_t>();
@@ -336,24 +363,30 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     const float* wp = w.data_ptr<float>();
     static thread_local std::vector<uint8_t> ubuf;
     uint8_t* u = scratch(ubuf, N * Hp);
-    std::vector<float> l1(N), dx(N), sx(N);
+    std::vector<float> l1(N), dx(N), sx(N), l2(N), dx2(N);
     recomputed_rows = 0;
     for (int64_t n = 0; n < N; ++n) {
         const float* xr = xp + n * H;
-        double amax = 0.0, s1 = 0.0;
-        for (int64_t d = 0; d < H; ++d) amax = std::max(amax, double(std::fabs(xr[d]))), s1 += std::fabs(xr[d]);
-        if (!std::isfinite(s1)) return {};
-        const float s = amax > 0 ? static_cast<float>(amax / 127.0) : 1.f;
-        double e = 0.0;
+        double amax = 0.0, s1 = 0.0, s2 = 0.0;
         for (int64_t d = 0; d < H; ++d) {
-            const float qv = std::min(127.f, std::max(-127.f, std::nearbyint(xr[d] / s)));
+            const double v = std::fabs(xr[d]);
+            amax = std::max(amax, v), s1 += v, s2 += v * v;
+        }
+        if (!std::isfinite(s1)) return {};
+        const float s = amax > 0 ? static_cast<float>(amax / kLevels) : 1.f;
+        double e = 0.0, e2 = 0.0;
+        for (int64_t d = 0; d < H; ++d) {
+            const float qv = std::min(float(kLevels), std::max(-float(kLevels), std::nearbyint(xr[d] / s)));
             u[n * Hp + d] = static_cast<uint8_t>(static_cast<int>(qv) + kOffset);
-            e += std::fabs(double(xr[d]) - double(qv) * double(s));
+            const double r = std::fabs(double(xr[d]) - double(qv) * double(s));
+            e += r, e2 += r * r;
         }
         std::fill(u + n * Hp + H, u + (n + 1) * Hp, uint8_t(0));
         sx[n] = s;
         l1[n] = static_cast<float>(s1 * (1.0 + 1e-6));  // rounded up: the bound stays a bound
         dx[n] = static_cast<float>(e * (1.0 + 1e-6));
+        l2[n] = static_cast<float>(std::sqrt(s2) * (1.0 + 1e-6));
+        dx2[n] = static_cast<float>(std::sqrt(e2) * (1.0 + 1e-6));
         if (!std::isfinite(l1[n]) || !std::isfinite(dx[n])) return {};  // an infinite bound screens nothing out
     }
     std::atomic<int64_t> recomputed{0};
@@ -364,8 +397,8 @@ std::vector<int64_t> screened_argmax(torch::Tensor x, torch::Tensor wq, torch::T
     static thread_local std::vector<float> hbuf;
     float* hi = scratch(hbuf, N * ld);
     std::vector<float> lo(N, -std::numeric_limits<float>::infinity());  // lo: below the argmax's exact value
-    screen_rows(Screen{u, qp, sp, ep, sx.data(), l1.data(), dx.data(), wsp, N, V,
-                       Hp / 4, ld, hi}, lo.data());
+    screen_rows(Screen{u, qp, sp, ep, sx.data(), l1.data(), dx.data(), ep + V, ep + 2 * V, l2.data(), dx2.data(), wsp,
+                       N, V, Hp / 4, ld, hi}, lo.data());
     at::parallel_for(0, N, 1, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
             const float* hn = hi + n * ld;
