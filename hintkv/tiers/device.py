@@ -3,8 +3,13 @@
 The model runner owns, per layer, one tensor `kv: [2, num_blocks, block_size, num_kv_heads,
 head_dim]` (K and V). A block leaving the device is gathered across all layers into one payload
 `[num_layers, 2, block_size, num_kv_heads, head_dim]` (`layout.BlockLayout.shape`); a block
-coming back is scattered into its new block ids. Both are one indexed copy per layer for the
-whole batch of blocks, never a Python loop over blocks.
+coming back is scattered into its new block ids. On CUDA both are one indexed copy per layer for
+the whole batch of blocks. On a CPU each copy is one piece of the blocks (a slice of consecutive ids,
+else one indexed copy), of one K or V half of one layer, under `CPU_COPY_ELEMS` elements
+(`_cpu_pieces`): PyTorch runs a copy that small on the calling thread, where a larger one opens an
+OpenMP region whose barrier, on a loaded 2-core box, took a 2K-token SmolLM2 resume's scatter (94 MB)
+from ~36 ms to 411-943 ms. In pieces: 39-42 ms (ids in one run), 48-63 ms (scattered) at load 4.8
+(twenty-ninth session).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from hintkv.tiers.layout import BlockLayout
+
+CPU_COPY_ELEMS = 32768  # at::internal::GRAIN_SIZE: a copy of fewer elements runs without an OpenMP region
 
 
 class DeviceBlockIO:
@@ -34,6 +41,13 @@ class DeviceBlockIO:
     def read(self, block_ids: list[int], out: torch.Tensor) -> None:
         """Gather blocks `block_ids` into `out: [len(block_ids), *layout.shape]` (any device)."""
         self._check(block_ids, out)
+        if self.device.type == "cpu":
+            for j, n, first, idx in _cpu_pieces(block_ids, self.kv_caches[0][0, 0].numel()):
+                for layer, kv in enumerate(self.kv_caches):
+                    for half in (0, 1):
+                        rows = kv[half, first:first + n] if idx is None else kv[half].index_select(0, idx)
+                        out[j:j + n, layer, half].copy_(rows)
+            return
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         for layer, kv in enumerate(self.kv_caches):
             # [2, n, ...] -> [n, 2, ...]: the payload keeps each block's K and V together
@@ -66,6 +80,15 @@ class DeviceBlockIO:
         self._check(block_ids, src)
         if len(set(block_ids)) != len(block_ids):
             raise ValueError("block ids of one write must be distinct")
+        if self.device.type == "cpu" and src.device.type == "cpu":
+            for j, n, first, idx in _cpu_pieces(block_ids, self.kv_caches[0][0, 0].numel()):
+                for layer, kv in enumerate(self.kv_caches):
+                    for half in (0, 1):
+                        if idx is None:
+                            kv[half, first:first + n].copy_(src[j:j + n, layer, half])
+                        else:
+                            kv[half].index_copy_(0, idx, src[j:j + n, layer, half])
+            return
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         src = src.to(self.device, non_blocking=True)
         for layer, kv in enumerate(self.kv_caches):
@@ -78,3 +101,18 @@ class DeviceBlockIO:
                              f"{self.layout.dtype}")
         if block_ids and not all(0 <= b < self.num_blocks for b in block_ids):
             raise ValueError(f"block ids must be in [0, {self.num_blocks})")
+
+
+def _cpu_pieces(block_ids: list[int], block_elems: int) -> list[tuple[int, int, int, torch.Tensor | None]]:
+    """The payload rows in pieces of fewer than CPU_COPY_ELEMS elements per K or V half (at least one block):
+    (first row, rows, first block id, None) where the piece's block ids are consecutive (a slice), else
+    (first row, rows, -1, their ids) (one indexed copy): a bounded number of copies however scattered the ids."""
+    most = max(1, (CPU_COPY_ELEMS - 1) // block_elems)
+    out: list[tuple[int, int, int, torch.Tensor | None]] = []
+    for j in range(0, len(block_ids), most):
+        ids = block_ids[j:j + most]
+        if ids[-1] - ids[0] == len(ids) - 1 and all(b - a == 1 for a, b in zip(ids, ids[1:])):
+            out.append((j, len(ids), ids[0], None))
+        else:
+            out.append((j, len(ids), -1, torch.tensor(ids, dtype=torch.long)))
+    return out

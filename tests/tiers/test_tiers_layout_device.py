@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hintkv.tiers.device import DeviceBlockIO
 from hintkv.tiers.layout import BlockLayout
@@ -60,3 +62,33 @@ def test_rejects_bad_shapes_and_ids():
         io.write([1, 1], torch.empty(2, *io.layout.shape))
     with pytest.raises(ValueError):
         DeviceBlockIO([torch.zeros(2, 3, 4, 2, 8), torch.zeros(2, 4, 4, 2, 8)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_cpu_pieces_gather_and_scatter_like_indexed_copies(data):
+    """The CPU's piecewise copies (`device._cpu_pieces`: slices of consecutive ids, indexed copies of scattered
+    ones, pieces under CPU_COPY_ELEMS) give the indexed gather's bytes and write exactly the named blocks."""
+    from hintkv.tiers import device as dev
+
+    num_blocks = 12
+    ids = data.draw(st.permutations(range(num_blocks)))[:data.draw(st.integers(1, num_blocks))]
+    ids = sorted(ids) if data.draw(st.booleans()) else ids  # runs, or any order
+    kv = [torch.randn(2, num_blocks, 2, 1, 3) for _ in range(3)]
+    io = DeviceBlockIO(kv)
+    saved, dev.CPU_COPY_ELEMS = dev.CPU_COPY_ELEMS, data.draw(st.sampled_from([2, 7, 13, 32768]))  # 1-3 blocks a piece
+    try:
+        got = torch.empty((len(ids), *io.layout.shape))
+        io.read(ids, got)
+        idx = torch.tensor(ids)
+        want = torch.stack([k.index_select(1, idx).transpose(0, 1) for k in kv], dim=1)
+        assert torch.equal(got, want)
+        before = [k.clone() for k in kv]
+        src = torch.randn_like(got)
+        io.write(ids, src)
+        for layer, (k, old) in enumerate(zip(kv, before)):
+            expect = old.clone()
+            expect.index_copy_(1, idx, src[:, layer].transpose(0, 1))
+            assert torch.equal(k, expect)
+    finally:
+        dev.CPU_COPY_ELEMS = saved
