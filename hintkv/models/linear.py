@@ -190,9 +190,9 @@ class OneDnnKernel(MklPackedKernel):
 class PackedKernel(MklPackedKernel):
     """CPU float32 where `cpu_gemm()` picks packed: few rows as `mkl` (gemv_cpu), more through our own GEMM on the
     weight packed once at load into 16-column panels (`packed_gemm.py`: a 6 x 16 AVX2 + FMA micro-kernel, BLIS's
-    loops, the rows split over torch's OpenMP team; any thread count gives the same bits). Like `onednn`'s, the
-    packed copy is a second float32 weight, one for every row count, built at load (`warm`); the LM head's when a
-    step can give it more than 12 rows (`LlamaForCausalLM.warm_head`)."""
+    loops, the work taken in units by torch's OpenMP team as each thread gets to them; any thread count gives the
+    same bits). Like `onednn`'s, the packed copy is a second float32 weight, one for every row count, built at load
+    (`warm`); the LM head's when a step can give it more than 12 rows (`LlamaForCausalLM.warm_head`)."""
 
     name = "packed"
     num_packs = 0  # weights packed in this process (tests count them)

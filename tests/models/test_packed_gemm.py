@@ -1,6 +1,6 @@
 """`packed_gemm` (csrc/packed_gemm.cpp), the `packed` linear kernel's GEMM: y = x W^T (+ b) on the weight packed in
 16-column panels, against a float64 matmul over ragged shapes (M, N, K off the 6 x 16 tile and the 256-deep K block),
-the same bits at one thread and two, bad operands refused. (The real SmolLM2 on the `packed` kernel decodes the same
+the same bits at one thread, two and three, bad operands refused. (The real SmolLM2 on the `packed` kernel decodes the same
 greedy tokens as every GEMM through F.linear: tests/models/test_linear_kernels.py.)
 
 Tolerance (stated): |y - y64| <= 1e-6 K^0.5 (|x| |W|^T) + 1e-6 per value. Each y value is one float32 FMA chain per
@@ -65,19 +65,25 @@ def test_packed_columns_past_n_are_zero_and_x_may_be_a_view():
     _assert_within_bound(y, x, w, None)
 
 
-def test_one_thread_and_two_give_the_same_bits():
-    """The rows are split over the team in whole 6-row tiles and each y value's sum runs in the same order."""
-    x, w, b = _operands(301, 200, 700)
+# one row block, three (x packed once, shared by row block x panel group units), nine (a row block a unit), three of
+# an x past SHARED_X_MAX (2^21 floats: a row block a unit)
+@pytest.mark.parametrize(("m", "k"), [(128, 700), (301, 700), (1200, 700), (300, 7200)])
+def test_any_thread_count_gives_the_same_bits(m, k):
+    """The team takes the work in units (row blocks, or row blocks x panel groups) as it gets to them, and each y
+    value's sum runs in the same order in any unit: one thread, two and three give the same bits, call after call."""
+    x, w, b = _operands(m, 200, k, seed=m)
     packed = packed_gemm.pack(w)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = packed_gemm.gemm(x, packed, 200, b)
-        torch.set_num_threads(2)
-        two = packed_gemm.gemm(x, packed, 200, b)
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            for _ in range(3):
+                assert torch.equal(packed_gemm.gemm(x, packed, 200, b), one)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    _assert_within_bound(one, x, w, b)
 
 
 def test_empty_operands():

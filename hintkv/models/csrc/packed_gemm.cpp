@@ -11,8 +11,15 @@
 // Loops (per thread, over its rows): K in blocks of KC (a 16-column panel's KC rows, 16 KiB at KC = 256, stay in
 // L1 while every row tile of the block passes over them); rows in blocks of MC, packed MR-row K-major (the
 // broadcasts read one contiguous stream; the MC x KC block, 144 KiB, stays in L2); then panels; then row tiles.
-// The rows are split across torch's OpenMP team (at::parallel_for, as the other C++ ops): each thread owns
-// whole row tiles, so any thread count gives the same bits (each y value sums its K products in the same order).
+// The work is shared by torch's OpenMP team (at::parallel_for, as the other C++ ops) in units that each thread takes
+// from a counter as it gets to them (as cpu_attention's items), not in one fixed share a thread: the step then
+// waits for the work left, not for the slower thread's half. A served 128-token step's two threads ran 45-60 ms
+// when both had a CPU and up to twice that when one shared its CPU or its vCPU was stolen by the host, the other
+// then idle at every GEMM's end (history/engine.md, "Twenty-ninth session, eng29"). A unit is a block of MC rows
+// (many rows: each unit packs its own rows, as before) or, with fewer row blocks than UNITS_PER_THREAD a thread, a
+// block of rows x a group of panels; x (up to SHARED_X_MAX) is then packed once for the call into a buffer the units
+// share, each (row block, K block) packed by the first unit to claim it. Every y value sums its K products in the
+// same order in any unit, so any thread count and any split give the same bits.
 //
 //   pack_weight(w [N, K]) -> packed [ceil(N / 16), K, 16]
 //   gemm(x [M, K], packed, n, b [N] or empty) -> y [M, N]
@@ -20,6 +27,9 @@
 // torch: cpu_ext.HEADERS, put first when it is built
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <vector>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -30,6 +40,8 @@
 namespace {
 
 constexpr int64_t MR = 6, NR = 16, KC = 256, MC = 144;  // MC: a multiple of MR
+constexpr int64_t UNITS_PER_THREAD = 4;  // the units a call is cut into, per thread of the team (at least)
+constexpr int64_t SHARED_X_MAX = int64_t(2) << 20;  // floats (8 MiB): the most of x packed whole for a call
 
 // c[i * ldc + j] (+)= sum_k a[k * MR + i] * b[k * NR + j] (+ bias[j]) for the first `rows` x `cols` of the tile.
 // first: this is the first K block (store, and add the bias), else accumulate onto c.
@@ -124,6 +136,79 @@ void gemm_rows(const float* x, int64_t K, const float* w, int64_t N, const float
     }
 }
 
+// y rows [r0, r1) (one row block) x panels [p0, p1) from x packed whole (`ax`: K block k0 at ax + k0 * mpad,
+// its rows t at + t * kc, as pack_rows lays them out); `ready(kb)` waits until K block kb of these rows is packed
+template <typename Ready>
+void gemm_unit(const float* ax, int64_t mpad, int64_t K, const float* w, int64_t N, const float* bias, float* y,
+               int64_t r0, int64_t r1, int64_t p0, int64_t p1, Ready ready) {
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min(KC, K - k0);
+        ready(k0 / KC);
+        const float* a = ax + k0 * mpad + r0 * kc;
+        for (int64_t p = p0; p < p1; ++p) {
+            const float* b = w + p * K * NR + k0 * NR;
+            const int64_t cols = std::min(NR, N - p * NR);
+            for (int64_t t = r0; t < r1; t += MR)
+                micro(kc, a + (t - r0) * kc, b, y + t * N + p * NR, N, std::min(MR, r1 - t), cols, k0 == 0,
+                      bias ? bias + p * NR : nullptr);
+        }
+    }
+}
+
+inline void spin_pause() {
+#if defined(__AVX2__) && defined(__FMA__)
+    _mm_pause();
+#endif
+}
+
+// y = x W^T (+ b) over the team in units (the header): row blocks, or row blocks x panel groups on x packed once
+void gemm_shared(const float* x, int64_t M, int64_t K, const float* w, int64_t N, const float* bias, float* y) {
+    const int64_t panels = (N + NR - 1) / NR, rblocks = (M + MC - 1) / MC;
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ((M + MR - 1) / MR) * panels));
+    std::atomic<int64_t> next{0};
+    const int64_t mpad = ((M + MR - 1) / MR) * MR;
+    // enough row blocks (or an x too large to pack whole): a row block a unit, each packing its own, as one thread does
+    if (nt == 1 || rblocks >= UNITS_PER_THREAD * nt || mpad * K > SHARED_X_MAX) {
+        auto rows = [&](int64_t, int64_t) {
+            for (int64_t rb; (rb = next.fetch_add(1, std::memory_order_relaxed)) < rblocks;)
+                gemm_rows(x, K, w, N, bias, y, rb * MC, std::min(M, (rb + 1) * MC));
+        };
+        if (nt == 1) rows(0, 1);
+        else at::parallel_for(0, nt, 1, rows);
+        return;
+    }
+    const int64_t per_block = std::min(panels, (UNITS_PER_THREAD * nt + rblocks - 1) / rblocks);
+    const int64_t group = (panels + per_block - 1) / per_block, groups = (panels + group - 1) / group;
+    const int64_t kblocks = (K + KC - 1) / KC, units = rblocks * groups;
+    // x packed whole on the calling thread's buffer (kept: no page faults a call), shared by the team's units
+    static thread_local std::vector<float> xbuf;
+    if (static_cast<int64_t>(xbuf.size()) < mpad * K) xbuf.resize(mpad * K);
+    float* ax = xbuf.data();
+    // per (row block, K block): 0 not packed, 1 being packed, 2 packed
+    std::unique_ptr<std::atomic<int>[]> state(new std::atomic<int>[rblocks * kblocks]);
+    for (int64_t i = 0; i < rblocks * kblocks; ++i) state[i].store(0, std::memory_order_relaxed);
+    auto work = [&](int64_t, int64_t) {
+        for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
+            const int64_t rb = u / groups, g = u % groups, r0 = rb * MC, r1 = std::min(M, r0 + MC);
+            std::atomic<int>* st = state.get() + rb * kblocks;
+            for (int64_t kb = 0; kb < kblocks; ++kb) {  // claim and pack what no unit has claimed yet
+                int expected = 0;
+                if (st[kb].load(std::memory_order_relaxed) == 0 &&
+                    st[kb].compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+                    const int64_t k0 = kb * KC, kc = std::min(KC, K - k0);
+                    pack_rows(x, K, r0, r1 - r0, k0, kc, ax + k0 * mpad + r0 * kc);
+                    st[kb].store(2, std::memory_order_release);
+                }
+            }
+            gemm_unit(ax, mpad, K, w, N, bias, y, r0, r1, g * group, std::min(panels, (g + 1) * group),
+                      [&](int64_t kb) {  // another unit's pack of this block, under way: microseconds
+                          while (st[kb].load(std::memory_order_acquire) != 2) spin_pause();
+                      });
+        }
+    };
+    at::parallel_for(0, nt, 1, work);
+}
+
 }  // namespace
 
 torch::Tensor pack_weight(torch::Tensor w) {
@@ -159,10 +244,7 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t n, torch::Tens
     const float* wp = packed.data_ptr<float>();
     const float* bp = has_b ? b.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    const int64_t tiles = (M + MR - 1) / MR;
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-        gemm_rows(xp, K, wp, n, bp, yp, t0 * MR, std::min(M, t1 * MR));
-    });
+    gemm_shared(xp, M, K, wp, n, bp, yp);
     return y;
 }
 
