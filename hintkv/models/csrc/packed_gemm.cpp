@@ -18,8 +18,9 @@
 // then idle at every GEMM's end (history/engine.md, "Twenty-ninth session, eng29"). A unit is a block of MC rows
 // (many rows: each unit packs its own rows, as before) or, with fewer row blocks than UNITS_PER_THREAD a thread, a
 // block of rows x a group of panels; x (up to SHARED_X_MAX) is then packed once for the call into a buffer the units
-// share, each (row block, K block) packed by the first unit to claim it. Every y value sums its K products in the
-// same order in any unit, so any thread count and any split give the same bits.
+// share, each (row block, K block) packed by the first unit to reach it (a unit that finds it still being packed
+// packs its own copy instead of waiting). Every y value sums its K products in the same order in any unit, so any
+// thread count and any split give the same bits.
 //
 //   pack_weight(w [N, K]) -> packed [ceil(N / 16), K, 16]
 //   gemm(x [M, K], packed, n, b [N] or empty) -> y [M, N]
@@ -136,15 +137,14 @@ void gemm_rows(const float* x, int64_t K, const float* w, int64_t N, const float
     }
 }
 
-// y rows [r0, r1) (one row block) x panels [p0, p1) from x packed whole (`ax`: K block k0 at ax + k0 * mpad,
-// its rows t at + t * kc, as pack_rows lays them out); `ready(kb)` waits until K block kb of these rows is packed
-template <typename Ready>
-void gemm_unit(const float* ax, int64_t mpad, int64_t K, const float* w, int64_t N, const float* bias, float* y,
-               int64_t r0, int64_t r1, int64_t p0, int64_t p1, Ready ready) {
+// y rows [r0, r1) (one row block) x panels [p0, p1); `packed(kb, kc)` gives K block kb of these rows packed as
+// pack_rows lays them out (the shared copy, or this thread's own when another thread is still packing it)
+template <typename Packed>
+void gemm_unit(int64_t K, const float* w, int64_t N, const float* bias, float* y, int64_t r0, int64_t r1, int64_t p0,
+               int64_t p1, Packed packed) {
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        ready(k0 / KC);
-        const float* a = ax + k0 * mpad + r0 * kc;
+        const float* a = packed(k0 / KC, kc);
         for (int64_t p = p0; p < p1; ++p) {
             const float* b = w + p * K * NR + k0 * NR;
             const int64_t cols = std::min(NR, N - p * NR);
@@ -153,12 +153,6 @@ void gemm_unit(const float* ax, int64_t mpad, int64_t K, const float* w, int64_t
                       bias ? bias + p * NR : nullptr);
         }
     }
-}
-
-inline void spin_pause() {
-#if defined(__AVX2__) && defined(__FMA__)
-    _mm_pause();
-#endif
 }
 
 // y = x W^T (+ b) over the team in units (the header): row blocks, or row blocks x panel groups on x packed once
@@ -188,22 +182,27 @@ void gemm_shared(const float* x, int64_t M, int64_t K, const float* w, int64_t N
     std::unique_ptr<std::atomic<int>[]> state(new std::atomic<int>[rblocks * kblocks]);
     for (int64_t i = 0; i < rblocks * kblocks; ++i) state[i].store(0, std::memory_order_relaxed);
     auto work = [&](int64_t, int64_t) {
+        alignas(64) static thread_local float own[MC * KC];  // a block another thread is still packing, packed here
         for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
             const int64_t rb = u / groups, g = u % groups, r0 = rb * MC, r1 = std::min(M, r0 + MC);
             std::atomic<int>* st = state.get() + rb * kblocks;
-            for (int64_t kb = 0; kb < kblocks; ++kb) {  // claim and pack what no unit has claimed yet
-                int expected = 0;
-                if (st[kb].load(std::memory_order_relaxed) == 0 &&
-                    st[kb].compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
-                    const int64_t k0 = kb * KC, kc = std::min(KC, K - k0);
-                    pack_rows(x, K, r0, r1 - r0, k0, kc, ax + k0 * mpad + r0 * kc);
+            // the shared copy once packed; the first to reach a block packs it there; one that finds it being packed
+            // packs its own copy rather than wait (a packer the OS took off its CPU would hold every other thread)
+            auto packed = [&](int64_t kb, int64_t kc) -> const float* {
+                const int64_t k0 = kb * KC;
+                float* shared = ax + k0 * mpad + r0 * kc;
+                int s0 = st[kb].load(std::memory_order_acquire);
+                if (s0 == 2) return shared;
+                if (s0 == 0 && st[kb].compare_exchange_strong(s0, 1, std::memory_order_acquire)) {
+                    pack_rows(x, K, r0, r1 - r0, k0, kc, shared);
                     st[kb].store(2, std::memory_order_release);
+                    return shared;
                 }
-            }
-            gemm_unit(ax, mpad, K, w, N, bias, y, r0, r1, g * group, std::min(panels, (g + 1) * group),
-                      [&](int64_t kb) {  // another unit's pack of this block, under way: microseconds
-                          while (st[kb].load(std::memory_order_acquire) != 2) spin_pause();
-                      });
+                if (s0 == 2) return shared;  // packed between the load and the exchange
+                pack_rows(x, K, r0, r1 - r0, k0, kc, own);
+                return own;
+            };
+            gemm_unit(K, w, N, bias, y, r0, r1, g * group, std::min(panels, (g + 1) * group), packed);
         }
     };
     at::parallel_for(0, nt, 1, work);
