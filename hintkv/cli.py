@@ -63,12 +63,20 @@ def config_from_args(cls: type, args: argparse.Namespace):
     return cls(**values)
 
 
+def _port(text: str) -> int:
+    """A TCP port (0: any free one); 99999 was taken and the server said it ran on it."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, not {port}")
+    return port
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from hintkv.server.options import ServerOptions  # light: no engine, no torch
 
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -127,7 +135,7 @@ def _add_router(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", action="append", required=True, metavar="URL",
                    help="a hintkv instance (repeat: --backend http://127.0.0.1:8001 ...)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--max-inflight", type=int, default=8,
                    help="a parent's instance has room for a sub-agent below this many requests")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
@@ -200,6 +208,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from hintkv.models.host_memory import keep_freed_memory  # light: ctypes only
 
     keep_freed_memory()  # before torch starts any thread: glibc keeps an arena a thread took before the cap
+    from hintkv.models.loader import check_model_spec  # torch: serve loads it next anyway
     from hintkv.server import serve
     from hintkv.server.options import ServerOptions
 
@@ -209,6 +218,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = engine_config_from_args(args)
         options = config_from_args(ServerOptions, args)
+        check_model_spec(cfg.model)
     except ValueError as exc:
         print(f"hintkv serve: {exc}", file=sys.stderr)
         return 2

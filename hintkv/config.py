@@ -205,6 +205,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a positive power of two")
+        if self.max_model_len is not None and self.max_model_len < 1:  # 0 read as unset, -5 refused every request
+            raise ValueError("max_model_len must be >= 1 (leave it unset for the model's own)")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
         if self.kv_cache_memory is not None:

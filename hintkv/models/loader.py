@@ -20,6 +20,7 @@ from hintkv.models.config import ModelConfig
 from hintkv.models.llama import LlamaForCausalLM
 from hintkv.models.presets import (
     DEFAULT_MODEL,
+    PRESETS,
     init_random_,
     preset_config,
     smollm2_gguf_path,
@@ -65,7 +66,24 @@ def weights_id(model: torch.nn.Module, quantization: str | None, sample: int = 1
     return h.hexdigest()
 
 
+def check_model_spec(spec: str | None) -> None:
+    """Raise ValueError, naming what `load_model` takes, when `spec` is none of them (before loading anything:
+    `hintkv serve --model` with a typo was a traceback once the engine started)."""
+    if spec is None or spec == DEFAULT_MODEL:
+        return
+    if spec.startswith("dummy:"):
+        preset = spec.removeprefix("dummy:")
+        if preset not in PRESETS:
+            raise ValueError(f"cannot load model {spec!r}: no preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
+        return
+    path = Path(spec).expanduser()
+    if not ((path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").is_file())):
+        raise ValueError(f"cannot load model {spec!r}: not {DEFAULT_MODEL}, dummy:<preset>, a .gguf file "
+                         "or a Hugging Face checkpoint directory")
+
+
 def _load(spec: str | None, dtype: torch.dtype, device: str | torch.device, seed: int) -> LoadedModel:
+    check_model_spec(spec)
     if spec is None or spec == DEFAULT_MODEL:
         return _from_gguf(smollm2_gguf_path(), dtype, device, DEFAULT_MODEL)
     if spec.startswith("dummy:"):
@@ -82,8 +100,7 @@ def _load(spec: str | None, dtype: torch.dtype, device: str | torch.device, seed
 
         cfg, sd, tok = read_hf_checkpoint(path)
         return _build(path.name, cfg, sd, tok, dtype, device)
-    raise ValueError(f"cannot load model {spec!r}: not {DEFAULT_MODEL}, dummy:<preset>, a .gguf file "
-                     "or a Hugging Face checkpoint directory")
+    raise AssertionError(f"check_model_spec let {spec!r} through")
 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: str | torch.device, name: str) -> LoadedModel:

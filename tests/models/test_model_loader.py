@@ -94,7 +94,7 @@ def test_missing_or_misshapen_weights_are_rejected():
 def test_unknown_spec_is_rejected(tmp_path):
     with pytest.raises(ValueError):
         load_model(str(tmp_path / "nowhere"))
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="no preset 'nope'; known: .*tiny"):  # a bad value, as any other spec
         load_model("dummy:nope")
 
 

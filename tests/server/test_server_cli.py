@@ -108,3 +108,26 @@ def test_server_options_from_flags():
     assert opts == ServerOptions(api_keys=("k",), public_metrics=True, max_body_bytes=1000,
                                  tenant_rate_limit=2.5, max_queued_requests=3)
     assert main(["serve", "--max-body-bytes", "0"]) == 2
+
+
+@pytest.mark.parametrize(("model", "said"), [
+    ("nope:x", "cannot load model 'nope:x'"),  # was a traceback once the engine started
+    ("dummy:nope", "no preset 'nope'"),  # was a KeyError traceback
+])
+def test_a_model_that_cannot_load_is_a_usage_error_before_anything_loads(model, said, capsys):
+    assert main(["serve", "--model", model]) == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("length", [-5, 0])
+def test_max_model_len_below_one_is_refused(length):
+    """-5 was served, refusing every request; 0 was read as unset."""
+    with pytest.raises(ValueError, match="max_model_len must be >= 1"):
+        EngineConfig(model="dummy:tiny", max_model_len=length)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["router", "--backend", "http://127.0.0.1:9"]])
+def test_a_port_out_of_range_is_a_usage_error(command, capsys):
+    with pytest.raises(SystemExit) as exc:  # 99999 was taken: the server said it ran on http://...:99999
+        build_parser().parse_args([*command, "--port", "99999"])
+    assert exc.value.code == 2 and "a port is 0-65535, not 99999" in capsys.readouterr().err
