@@ -232,8 +232,8 @@ inline void block_bounds(const Screen& sc, int64_t v, int g0, const __m256i (*ac
             // the smaller of two bounds: |x|_1 err_r + |x - x~|_1 127 s_r, and |x|_2 |w - w~|_2 + |x - x~|_2 |w~|_2
             // (Cauchy-Schwarz on each part; float's margin is in e2: greedy_head.quantise_rows)
             const __m256 b1 = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(sc.l1[g]), e), t);
-            const __m256 b2 = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(sc.l2[g]), e2,
-                                                            _mm256_mul_ps(_mm256_set1_ps(sc.dx2[g]), n2)), up);
+            const __m256 b2 = _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(sc.l2[g]), e2),
+                                                          _mm256_mul_ps(_mm256_set1_ps(sc.dx2[g]), n2)), up);
             const __m256 bnd = _mm256_min_ps(b2, b1);  // b1 where b2 is NaN
             lo[g] = _mm256_blendv_ps(lo[g], _mm256_max_ps(lo[g], _mm256_sub_ps(a, bnd)), live);
             _mm256_storeu_ps(sc.hi + g * sc.ld + r, _mm256_blendv_ps(ninf, _mm256_add_ps(a, bnd), live));
