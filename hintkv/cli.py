@@ -208,7 +208,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from hintkv.models.host_memory import keep_freed_memory  # light: ctypes only
 
     keep_freed_memory()  # before torch starts any thread: glibc keeps an arena a thread took before the cap
-    from hintkv.models.loader import check_model_spec  # torch: serve loads it next anyway
+    from hintkv.models.loader import model_source  # torch: serve loads it next anyway
     from hintkv.server import serve
     from hintkv.server.options import ServerOptions
 
@@ -218,7 +218,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = engine_config_from_args(args)
         options = config_from_args(ServerOptions, args)
-        check_model_spec(cfg.model)
+        model_source(cfg.model)
     except ValueError as exc:
         print(f"hintkv serve: {exc}", file=sys.stderr)
         return 2

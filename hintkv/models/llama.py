@@ -214,7 +214,7 @@ class LlamaForCausalLM(nn.Module):
             h, residual = out
             if suffix is not None:  # a few-row step: every row ran, the kept ones are picked
                 h, residual = h.index_select(0, suffix[0]), residual.index_select(0, suffix[0])
-        if out is None:
+        else:
             residual = None
             last = len(self.layers) - 1
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):

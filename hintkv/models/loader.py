@@ -66,41 +66,41 @@ def weights_id(model: torch.nn.Module, quantization: str | None, sample: int = 1
     return h.hexdigest()
 
 
-def check_model_spec(spec: str | None) -> None:
-    """Raise ValueError, naming what `load_model` takes, when `spec` is none of them (before loading anything:
-    `hintkv serve --model` with a typo was a traceback once the engine started)."""
+def model_source(spec: str | None) -> tuple[str, Path | str | None]:
+    """What `spec` names, before loading anything: ("default", None), ("dummy", preset), ("gguf", file) or ("hf",
+    checkpoint dir); ValueError naming what `load_model` takes when it is none of them (`hintkv serve --model` with a
+    typo was a traceback once the engine started)."""
     if spec is None or spec == DEFAULT_MODEL:
-        return
+        return "default", None
     if spec.startswith("dummy:"):
         preset = spec.removeprefix("dummy:")
         if preset not in PRESETS:
             raise ValueError(f"cannot load model {spec!r}: no preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
-        return
+        return "dummy", preset
     path = Path(spec).expanduser()
-    if not ((path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").is_file())):
-        raise ValueError(f"cannot load model {spec!r}: not {DEFAULT_MODEL}, dummy:<preset>, a .gguf file "
-                         "or a Hugging Face checkpoint directory")
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf", path
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf", path
+    raise ValueError(f"cannot load model {spec!r}: not {DEFAULT_MODEL}, dummy:<preset>, a .gguf file "
+                     "or a Hugging Face checkpoint directory")
 
 
 def _load(spec: str | None, dtype: torch.dtype, device: str | torch.device, seed: int) -> LoadedModel:
-    check_model_spec(spec)
-    if spec is None or spec == DEFAULT_MODEL:
+    kind, source = model_source(spec)
+    if kind == "default":
         return _from_gguf(smollm2_gguf_path(), dtype, device, DEFAULT_MODEL)
-    if spec.startswith("dummy:"):
-        preset = spec.removeprefix("dummy:")
-        cfg = preset_config(preset)
+    if kind == "dummy":
+        cfg = preset_config(source)
         model = LlamaForCausalLM(cfg, dtype=dtype, device=device)
         init_random_(model, seed)
         return LoadedModel(spec, cfg, model.eval(), smollm2_tokenizer())
-    path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return _from_gguf(path, dtype, device, path.stem)
-    if path.is_dir() and (path / "config.json").is_file():
-        from hintkv.models.hf_loader import read_hf_checkpoint
+    if kind == "gguf":
+        return _from_gguf(source, dtype, device, source.stem)
+    from hintkv.models.hf_loader import read_hf_checkpoint
 
-        cfg, sd, tok = read_hf_checkpoint(path)
-        return _build(path.name, cfg, sd, tok, dtype, device)
-    raise AssertionError(f"check_model_spec let {spec!r} through")
+    cfg, sd, tok = read_hf_checkpoint(source)
+    return _build(source.name, cfg, sd, tok, dtype, device)
 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: str | torch.device, name: str) -> LoadedModel:

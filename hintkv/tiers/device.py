@@ -42,11 +42,7 @@ class DeviceBlockIO:
         """Gather blocks `block_ids` into `out: [len(block_ids), *layout.shape]` (any device)."""
         self._check(block_ids, out)
         if self.device.type == "cpu":
-            for j, n, first, idx in _cpu_pieces(block_ids, self.kv_caches[0][0, 0].numel()):
-                for layer, kv in enumerate(self.kv_caches):
-                    for half in (0, 1):
-                        rows = kv[half, first:first + n] if idx is None else kv[half].index_select(0, idx)
-                        out[j:j + n, layer, half].copy_(rows)
+            self._cpu_copy(block_ids, out, into_payload=True)
             return
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         for layer, kv in enumerate(self.kv_caches):
@@ -81,18 +77,25 @@ class DeviceBlockIO:
         if len(set(block_ids)) != len(block_ids):
             raise ValueError("block ids of one write must be distinct")
         if self.device.type == "cpu" and src.device.type == "cpu":
-            for j, n, first, idx in _cpu_pieces(block_ids, self.kv_caches[0][0, 0].numel()):
-                for layer, kv in enumerate(self.kv_caches):
-                    for half in (0, 1):
-                        if idx is None:
-                            kv[half, first:first + n].copy_(src[j:j + n, layer, half])
-                        else:
-                            kv[half].index_copy_(0, idx, src[j:j + n, layer, half])
+            self._cpu_copy(block_ids, src, into_payload=False)
             return
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         src = src.to(self.device, non_blocking=True)
         for layer, kv in enumerate(self.kv_caches):
             kv.index_copy_(1, idx, src[:, layer].transpose(0, 1))
+
+    def _cpu_copy(self, block_ids: list[int], payload: torch.Tensor, into_payload: bool) -> None:
+        """`read` (into_payload) or `write` on a CPU cache, piece by piece (`_cpu_pieces`)."""
+        for j, n, first, idx in _cpu_pieces(block_ids, self.kv_caches[0][0, 0].numel()):
+            for layer, kv in enumerate(self.kv_caches):
+                for half in (0, 1):
+                    rows = payload[j:j + n, layer, half]
+                    if into_payload:
+                        rows.copy_(kv[half, first:first + n] if idx is None else kv[half].index_select(0, idx))
+                    elif idx is None:
+                        kv[half, first:first + n].copy_(rows)
+                    else:
+                        kv[half].index_copy_(0, idx, rows)
 
     def _check(self, block_ids: list[int], t: torch.Tensor) -> None:
         expected = (len(block_ids), *self.layout.shape)
@@ -111,7 +114,7 @@ def _cpu_pieces(block_ids: list[int], block_elems: int) -> list[tuple[int, int, 
     out: list[tuple[int, int, int, torch.Tensor | None]] = []
     for j in range(0, len(block_ids), most):
         ids = block_ids[j:j + most]
-        if ids[-1] - ids[0] == len(ids) - 1 and all(b - a == 1 for a, b in zip(ids, ids[1:])):
+        if all(b - a == 1 for a, b in zip(ids, ids[1:])):
             out.append((j, len(ids), ids[0], None))
         else:
             out.append((j, len(ids), -1, torch.tensor(ids, dtype=torch.long)))

@@ -111,7 +111,7 @@ class HostTier(IndexedTier):
         afters = [f for s in slots if (f := self._after(s)) is not None]  # reads of old content
 
         def copy() -> bool:
-            for slot, src in zip(slots, srcs):  # one memcpy each (was a stack, then an element-wise index_copy_)
+            for slot, src in zip(slots, srcs):  # one memcpy each, no stacked copy
                 self._buf[slot].copy_(src)
             return True
         raw = self.mover.run(f"{self.upper}->{self.name}", copy, len(keys),
